@@ -1,0 +1,1 @@
+"""One module per CLI command group; each defines `register(app: typer.Typer)`."""

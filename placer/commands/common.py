@@ -1,0 +1,42 @@
+"""What every command shares: the domain-error boundary and JSON printing."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from placer.errors import PlacerError
+from solvers.errors import SolverError
+from traces.errors import TraceError
+
+DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, FileNotFoundError)
+
+
+def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
+    """Register `fn` as `placer NAME`; a domain error becomes one line on stderr and exit 1."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            try:
+                return fn(*args, **kw)
+            except DOMAIN_ERRORS as exc:
+                message = str(exc)
+                if isinstance(exc, FileNotFoundError) and exc.filename:
+                    message = f"no such file or directory: {exc.filename}"
+                typer.echo(f"error: {message}", err=True)
+                raise typer.Exit(1) from exc
+
+        app.command(name, **kwargs)(wrapper)
+        return fn
+
+    return decorate
+
+
+def print_json(obj: Any) -> None:
+    """Print `obj` as indented JSON on stdout (the `--json` contract for scripts)."""
+    typer.echo(json.dumps(obj, indent=2, sort_keys=False))

@@ -1,0 +1,71 @@
+"""`placer hardware list|show` and `placer probe`: the serving box."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from placer.commands.common import command, print_json
+from placer.hardware import HardwareSpec, load_spec, preset_names
+from placer.probe import probe as run_probe
+from placer.probe import spec_fragment
+from placer.units import format_bytes
+
+
+def register(app: typer.Typer) -> None:
+    hardware = typer.Typer(help="Hardware specs: the presets that ship with placer.",
+                           no_args_is_help=True)
+    app.add_typer(hardware, name="hardware")
+
+    @command(hardware, "list")
+    def list_presets() -> None:
+        """List the hardware presets."""
+        for name in preset_names():
+            typer.echo(f"{name:24s} {load_spec(name).description}")
+
+    @command(hardware, "show")
+    def show(
+        name: Annotated[str, typer.Argument(help="Preset name or path to a spec .toml.")],
+        json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+    ) -> None:
+        """Show one hardware spec (a preset or a TOML file), validated."""
+        spec = load_spec(name)
+        if json_out:
+            print_json(spec.to_json())
+        else:
+            print_spec(spec)
+
+    @command(app, "probe")
+    def probe(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False
+              ) -> None:
+        """Measure each visible GPU's pinned host-to-device bandwidth and per-copy latency,
+        and print a spec fragment. Exits non-zero where no GPU is visible."""
+        results = run_probe()
+        if json_out:
+            print_json([r.__dict__ for r in results])
+        else:
+            for r in results:
+                typer.echo(f"# card {r.index} {r.name}: {r.h2d_bandwidth / 1e9:.2f} GB/s pinned "
+                           f"H2D, {r.latency_us:.2f} us per 4 KiB copy")
+            typer.echo(spec_fragment(results))
+
+
+def print_spec(spec: HardwareSpec) -> None:
+    """A human table of a spec."""
+    table = Table(title=f"{spec.name}: {spec.description}")
+    for col in ("card", "model", "vram", "reserved", "free for experts", "H2D", "latency"):
+        table.add_column(col)
+    for c in spec.cards:
+        table.add_row(str(c.index), c.model, format_bytes(c.vram),
+                      format_bytes(c.vram - c.free_bytes), format_bytes(c.free_bytes),
+                      f"{c.h2d_bandwidth / 1e9:.1f} GB/s", f"{c.latency_s * 1e6:.1f} us")
+    console = Console()
+    console.print(table)
+    for link in spec.links:
+        console.print(f"link {link.name}: cards {list(link.cards)}, "
+                      f"{link.bandwidth / 1e9:.1f} GB/s shared")
+    steps = ", ".join(f"B={b}: {ms} ms" for b, ms in spec.base_step_ms)
+    console.print(f"base decode step: {steps}; host RAM {format_bytes(spec.host_ram)}")

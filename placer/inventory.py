@@ -1,0 +1,423 @@
+"""The checkpoint inventory: every routed expert's tensors as exact byte ranges.
+
+Read from `config.json` and the safetensors headers only, never the tensor bytes. Two on-disk
+layouts reduce to the same thing:
+
+- one tensor per expert (`...layers.L.mlp.experts.E.gate_proj.weight`, Qwen/OLMoE/DeepSeek;
+  `...layers.L.block_sparse_moe.experts.E.w1.weight`, Mixtral), where expert E's part of the
+  tensor is the whole tensor;
+- fused tensors whose first dimension is the expert (`...layers.L.mlp.experts.gate_up_proj`,
+  its bias, and MXFP4 `*_blocks` / `*_scales`, gpt-oss): in row-major order expert E is the
+  contiguous range [E * n, (E + 1) * n) of the tensor's n * experts bytes.
+
+An expert's bytes are its tensors' ranges in tensor-name order (`Expert.tensors`); pages are
+cut over that byte stream. Quantization scales belong to their expert; shared experts and
+routers are dense.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from placer.errors import PlacerError
+from placer.safetensors_header import FileHeader, TensorHeader, read_header, tensor_bytes
+
+INDEX_FILE = "model.safetensors.index.json"
+_LAYER = r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\."
+PER_EXPERT = re.compile(_LAYER + r"(?P<expert>\d+)\.(?P<rest>.+)$")
+FUSED = re.compile(_LAYER + r"(?P<rest>[A-Za-z_][\w.]*)$")
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
+# Config keys that say nothing about the model itself (written by whichever tool saved it).
+VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
+
+
+@dataclass(frozen=True)
+class TensorRange:
+    """One expert's bytes within one checkpoint tensor.
+
+    `name` is the tensor's name in the checkpoint (the fused name for a fused tensor),
+    `offset` the absolute byte offset of this expert's bytes in `file`, `shape` the shape of
+    this expert's part. For a fused tensor `fused_shape` is the whole tensor's shape and
+    `tensor_offset` where this expert's part starts within the tensor's bytes.
+    `file` and `offset` are None in an inventory estimated from a config alone.
+    """
+
+    name: str
+    file: str | None
+    offset: int | None
+    length: int
+    dtype: str
+    shape: tuple[int, ...]
+    fused_shape: tuple[int, ...] | None = None
+    tensor_offset: int = 0
+
+    def to_json(self) -> dict:
+        d = {"name": self.name, "file": self.file, "offset": self.offset,
+             "length": self.length, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.fused_shape is not None:
+            d["fused_shape"] = list(self.fused_shape)
+            d["tensor_offset"] = self.tensor_offset
+        return d
+
+
+@dataclass(frozen=True)
+class Expert:
+    """A routed expert: `layer` is the decoder layer index, `expert` its id in that layer."""
+
+    layer: int
+    expert: int
+    tensors: tuple[TensorRange, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.length for t in self.tensors)
+
+    def to_json(self) -> dict:
+        return {"layer": self.layer, "expert": self.expert, "bytes": self.bytes,
+                "tensors": [t.to_json() for t in self.tensors]}
+
+
+@dataclass(frozen=True)
+class DenseTensor:
+    """A non-expert tensor (attention, norms, routers, shared experts, embeddings)."""
+
+    name: str
+    file: str | None
+    offset: int | None
+    length: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What a checkpoint holds, as the solver, emitter and runtime need it.
+
+    `experts` is sorted by (layer, expert) and holds every routed expert of every MoE layer
+    exactly once; `moe_layers` lists decoder layer indices with routed experts.
+    """
+
+    architecture: str
+    model_type: str
+    num_layers: int
+    moe_layers: tuple[int, ...]
+    experts_per_layer: int
+    top_k: int
+    shared_experts: int
+    experts: tuple[Expert, ...]
+    dense_tensors: tuple[DenseTensor, ...]
+    files: tuple[SourceFile, ...]
+    fingerprint: str
+    estimated: bool = False
+    config: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def dense_layers(self) -> tuple[int, ...]:
+        moe = set(self.moe_layers)
+        return tuple(i for i in range(self.num_layers) if i not in moe)
+
+    @property
+    def dense_bytes(self) -> int:
+        return sum(t.length for t in self.dense_tensors)
+
+    @property
+    def expert_bytes_total(self) -> int:
+        return sum(e.bytes for e in self.experts)
+
+    def expert(self, layer: int, expert: int) -> Expert:
+        """The expert `expert` of decoder layer `layer`."""
+        ordinal = self.moe_layers.index(layer)
+        return self.experts[ordinal * self.experts_per_layer + expert]
+
+    def expert_bytes(self) -> np.ndarray:
+        """[L, E] int64 bytes of each expert; row i is the i-th MoE layer."""
+        sizes = np.array([e.bytes for e in self.experts], dtype=np.int64)
+        return sizes.reshape(len(self.moe_layers), self.experts_per_layer)
+
+    def to_json(self, *, with_experts: bool = True) -> dict:
+        sizes = self.expert_bytes()
+        d = {
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "fingerprint": self.fingerprint,
+            "estimated": self.estimated,
+            "num_layers": self.num_layers,
+            "moe_layers": list(self.moe_layers),
+            "dense_layers": list(self.dense_layers),
+            "experts_per_layer": self.experts_per_layer,
+            "top_k": self.top_k,
+            "shared_experts": self.shared_experts,
+            "bytes_per_expert": {"min": int(sizes.min()), "max": int(sizes.max())},
+            "expert_bytes_total": self.expert_bytes_total,
+            "dense_bytes": self.dense_bytes,
+            "files": [{"name": f.name, "size": f.size} for f in self.files],
+        }
+        if with_experts:
+            d["experts"] = [e.to_json() for e in self.experts]
+        return d
+
+
+def read_config(path: Path) -> dict:
+    """Read a config.json; for a multimodal wrapper, the text model's config."""
+    path = Path(path)
+    if not path.is_file():
+        raise PlacerError(f"no config.json at {path}")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(config.get("text_config"), dict):
+        config = {**config["text_config"], "architectures": config.get("architectures")}
+    return config
+
+
+def moe_shape(config: dict) -> tuple[int, int, int, int]:
+    """(num_layers, experts per layer, top_k, shared experts) from a config, or a PlacerError."""
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
+    top_k = next((config[k] for k in TOP_K_KEYS if config.get(k)), None)
+    if not experts or not top_k:
+        kind = config.get("model_type", "unknown")
+        raise PlacerError(f"not an MoE model: config of model_type {kind!r} names no routed "
+                          f"experts ({'/'.join(EXPERT_COUNT_KEYS)}) and top-k")
+    layers = config.get("num_hidden_layers")
+    if not layers:
+        raise PlacerError("config.json has no num_hidden_layers")
+    shared = config.get("n_shared_experts") or 0
+    if not shared and config.get("shared_expert_intermediate_size"):
+        shared = 1
+    return int(layers), int(experts), int(top_k), int(shared)
+
+
+def config_moe_layers(config: dict) -> tuple[int, ...]:
+    """Decoder layers with routed experts, as the config describes them."""
+    layers = int(config["num_hidden_layers"])
+    first_dense = int(config.get("first_k_dense_replace") or 0)
+    freq = int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or 1)
+    dense_only = set(config.get("mlp_only_layers") or [])
+    return tuple(i for i in range(layers)
+                 if i >= first_dense and i % freq == 0 and i not in dense_only)
+
+
+def read_inventory(checkpoint: Path) -> Inventory:
+    """The inventory of the checkpoint directory `checkpoint` (headers only)."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise PlacerError(f"checkpoint directory not found: {checkpoint}")
+    config = read_config(checkpoint / "config.json")
+    num_layers, num_experts, top_k, shared = moe_shape(config)
+    headers = [read_header(checkpoint / name) for name in _shard_names(checkpoint)]
+    experts: dict[tuple[int, int], list[TensorRange]] = {}
+    dense: list[DenseTensor] = []
+    for header in headers:
+        for t in header.tensors:
+            ranges = _expert_ranges(header, t, num_experts)
+            if ranges is None:
+                dense.append(DenseTensor(t.name, header.path.name, t.offset, t.length,
+                                         t.dtype, t.shape))
+            for key, r in ranges or ():
+                experts.setdefault(key, []).append(r)
+    moe_layers = tuple(sorted({layer for layer, _ in experts}))
+    if not moe_layers:
+        raise PlacerError(f"not an MoE model: no routed expert tensors in {checkpoint}")
+    expected = config_moe_layers(config)
+    if moe_layers != expected:
+        raise PlacerError(f"config.json says MoE layers {list(expected)} but the checkpoint has "
+                          f"routed experts in layers {list(moe_layers)}")
+    return _assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
+                     tuple(SourceFile(h.path.name, h.size) for h in headers), estimated=False)
+
+
+def _shard_names(checkpoint: Path) -> list[str]:
+    index = checkpoint / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise PlacerError(f"{index}: not a valid safetensors index") from None
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (checkpoint / n).is_file()]
+        if missing:
+            raise PlacerError(f"{INDEX_FILE} names a missing shard: {missing[0]}")
+        return names
+    names = sorted(p.name for p in checkpoint.glob("*.safetensors"))
+    if not names:
+        raise PlacerError(f"no *.safetensors files in {checkpoint}")
+    return names
+
+
+def _expert_ranges(header: FileHeader, t: TensorHeader, num_experts: int
+                   ) -> list[tuple[tuple[int, int], TensorRange]] | None:
+    """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
+    file = header.path.name
+    m = PER_EXPERT.search(t.name)
+    if m:
+        key = (int(m["layer"]), int(m["expert"]))
+        if key[1] >= num_experts:
+            raise PlacerError(f"{file}: tensor {t.name!r} names expert {key[1]} but the config "
+                              f"has {num_experts} experts per layer")
+        return [(key, TensorRange(t.name, file, t.offset, t.length, t.dtype, t.shape))]
+    m = FUSED.search(t.name)
+    if not m:
+        return None
+    if not t.shape or t.shape[0] != num_experts:
+        raise PlacerError(f"{file}: fused expert tensor {t.name!r} has shape {list(t.shape)}, "
+                          f"expected first dimension {num_experts}")
+    per = t.length // num_experts
+    layer = int(m["layer"])
+    return [((layer, e), TensorRange(t.name, file, t.offset + e * per, per, t.dtype,
+                                     t.shape[1:], t.shape, e * per))
+            for e in range(num_experts)]
+
+
+def _assemble(config: dict, num_layers: int, num_experts: int, top_k: int, shared: int,
+              moe_layers: tuple[int, ...], experts: dict[tuple[int, int], list[TensorRange]],
+              dense: list[DenseTensor], files: tuple[SourceFile, ...], *, estimated: bool
+              ) -> Inventory:
+    ordered = []
+    for layer in moe_layers:
+        for e in range(num_experts):
+            ranges = experts.get((layer, e))
+            if not ranges:
+                raise PlacerError(f"layer {layer} has no tensors for expert {e} "
+                                  f"(config says {num_experts} experts per layer)")
+            ordered.append(Expert(layer, e, tuple(sorted(ranges, key=lambda r: r.name))))
+    dense.sort(key=lambda d: d.name)
+    arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    return Inventory(
+        architecture=arch, model_type=str(config.get("model_type", "unknown")),
+        num_layers=num_layers, moe_layers=moe_layers, experts_per_layer=num_experts,
+        top_k=top_k, shared_experts=shared, experts=tuple(ordered), dense_tensors=tuple(dense),
+        files=files, fingerprint=fingerprint(config, ordered, dense), estimated=estimated,
+        config=config)
+
+
+def fingerprint(config: dict, experts: list[Expert], dense: list[DenseTensor]) -> str:
+    """sha256 (hex, 16 chars) of the config (less volatile keys) and every tensor's name,
+    dtype and shape: the same model in another file layout keeps its fingerprint."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in config.items() if k not in VOLATILE_CONFIG_KEYS},
+                        sort_keys=True).encode())
+    for ex in experts:
+        for r in ex.tensors:
+            h.update(f"{ex.layer}/{ex.expert}/{r.name}/{r.dtype}/{r.shape}\n".encode())
+    for d in dense:
+        h.update(f"{d.name}/{d.dtype}/{d.shape}\n".encode())
+    return h.hexdigest()[:16]
+
+
+# --- planning before download: an inventory estimated from a config alone ------------------
+
+EXPERT_DTYPES = ("bf16", "fp8", "mxfp4")
+
+
+def _matrix(name: str, rows: int, cols: int, dtype: str) -> list[tuple[str, str, tuple]]:
+    """The tensors one weight matrix is stored as in `dtype` (with its quantization scales)."""
+    if dtype == "bf16":
+        return [(f"{name}.weight", "BF16", (rows, cols))]
+    if dtype == "fp8":  # DeepSeek-V3 style: 128 x 128 block scales in fp32
+        return [(f"{name}.weight", "F8_E4M3", (rows, cols)),
+                (f"{name}.weight_scale_inv", "F32",
+                 (math.ceil(rows / 128), math.ceil(cols / 128)))]
+    if dtype == "mxfp4":  # OCP MX: 32-element blocks of fp4 (16 bytes) + one E8M0 scale
+        blocks = math.ceil(cols / 32)
+        return [(f"{name}_blocks", "U8", (rows, blocks, 16)), (f"{name}_scales", "U8",
+                                                               (rows, blocks))]
+    raise PlacerError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPERT_DTYPES)}")
+
+
+def estimate_inventory(config_path: Path, expert_dtype: str = "bf16",
+                       dense_dtype: str = "bf16") -> Inventory:
+    """An inventory estimated from `config.json` alone, to size a box before downloading.
+
+    Experts are gate/up/down projections of hidden x moe_intermediate stored in
+    `expert_dtype` (fp8 with 128x128 block scales, mxfp4 with 32-element block scales);
+    dense bytes count embeddings, lm_head, attention (MLA or GQA), norms, routers, dense MLP
+    layers and shared experts, matrices in `dense_dtype`, vectors and embeddings in bf16.
+    """
+    config = read_config(Path(config_path))
+    num_layers, num_experts, top_k, shared = moe_shape(config)
+    hidden = int(config["hidden_size"])
+    inter = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    moe_layers = config_moe_layers(config)
+    experts: dict[tuple[int, int], list[TensorRange]] = {}
+    for layer in moe_layers:
+        for e in range(num_experts):
+            prefix = f"model.layers.{layer}.mlp.experts.{e}"
+            tensors = (_matrix(f"{prefix}.gate_proj", inter, hidden, expert_dtype)
+                       + _matrix(f"{prefix}.up_proj", inter, hidden, expert_dtype)
+                       + _matrix(f"{prefix}.down_proj", hidden, inter, expert_dtype))
+            experts[(layer, e)] = [TensorRange(n, None, None, tensor_bytes(dt, s), dt, s)
+                                   for n, dt, s in tensors]
+    dense = [DenseTensor(n, None, None, tensor_bytes(dt, s), dt, s)
+             for n, dt, s in _dense_tensors(config, moe_layers, shared, dense_dtype)]
+    return _assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
+                     (), estimated=True)
+
+
+def _dense_tensors(config: dict, moe_layers: tuple[int, ...], shared: int, dtype: str
+                   ) -> list[tuple[str, str, tuple]]:
+    hidden = int(config["hidden_size"])
+    vocab = int(config["vocab_size"])
+    heads = int(config["num_attention_heads"])
+    out = [("model.embed_tokens.weight", "BF16", (vocab, hidden)),
+           ("model.norm.weight", "BF16", (hidden,))]
+    if not config.get("tie_word_embeddings"):
+        out.append(("lm_head.weight", "BF16", (vocab, hidden)))
+    moe_inter = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    for layer in range(int(config["num_hidden_layers"])):
+        p = f"model.layers.{layer}"
+        out += [(f"{p}.input_layernorm.weight", "BF16", (hidden,)),
+                (f"{p}.post_attention_layernorm.weight", "BF16", (hidden,))]
+        out += _attention(config, p, hidden, heads, dtype)
+        if layer in moe_layers:
+            out.append((f"{p}.mlp.gate.weight", "BF16",
+                        (int(next(config[k] for k in EXPERT_COUNT_KEYS if config.get(k))),
+                         hidden)))
+            for name in ("gate_proj", "up_proj"):
+                out += _matrix(f"{p}.mlp.shared_experts.{name}", shared * moe_inter, hidden,
+                               dtype) if shared else []
+            out += _matrix(f"{p}.mlp.shared_experts.down_proj", hidden, shared * moe_inter,
+                           dtype) if shared else []
+        else:
+            inter = int(config["intermediate_size"])
+            out += (_matrix(f"{p}.mlp.gate_proj", inter, hidden, dtype)
+                    + _matrix(f"{p}.mlp.up_proj", inter, hidden, dtype)
+                    + _matrix(f"{p}.mlp.down_proj", hidden, inter, dtype))
+    return out
+
+
+def _attention(config: dict, p: str, hidden: int, heads: int, dtype: str
+               ) -> list[tuple[str, str, tuple]]:
+    a = f"{p}.self_attn"
+    if config.get("kv_lora_rank"):  # multi-head latent attention (DeepSeek-V2/V3)
+        kv_rank, rope = int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"])
+        nope, v = int(config["qk_nope_head_dim"]), int(config["v_head_dim"])
+        q_rank = config.get("q_lora_rank")
+        q = (_matrix(f"{a}.q_a_proj", int(q_rank), hidden, dtype)
+             + [(f"{a}.q_a_layernorm.weight", "BF16", (int(q_rank),))]
+             + _matrix(f"{a}.q_b_proj", heads * (nope + rope), int(q_rank), dtype)
+             if q_rank else _matrix(f"{a}.q_proj", heads * (nope + rope), hidden, dtype))
+        return q + (_matrix(f"{a}.kv_a_proj_with_mqa", kv_rank + rope, hidden, dtype)
+                    + [(f"{a}.kv_a_layernorm.weight", "BF16", (kv_rank,))]
+                    + _matrix(f"{a}.kv_b_proj", heads * (nope + v), kv_rank, dtype)
+                    + _matrix(f"{a}.o_proj", hidden, heads * v, dtype))
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    kv = int(config.get("num_key_value_heads") or heads)
+    return (_matrix(f"{a}.q_proj", heads * head_dim, hidden, dtype)
+            + _matrix(f"{a}.k_proj", kv * head_dim, hidden, dtype)
+            + _matrix(f"{a}.v_proj", kv * head_dim, hidden, dtype)
+            + _matrix(f"{a}.o_proj", hidden, heads * head_dim, dtype))
