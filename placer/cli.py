@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from placer.commands import collect, hardware, inspect, traces
+from placer.commands import collect, emit, evaluate, hardware, inspect, solve, traces
 
 app = typer.Typer(
     name="placer",
@@ -18,7 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-for module in (inspect, hardware, collect, traces):
+for module in (inspect, hardware, collect, traces, solve, emit, evaluate):
     module.register(app)
 
 

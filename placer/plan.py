@@ -1,0 +1,209 @@
+"""The placement plan: which pages of which expert stay resident on which card.
+
+A plan is what `placer solve` writes and `placer emit` turns into files; the manifest is the
+plan plus where every byte landed. Pages are cut over an expert's byte stream (its tensors'
+ranges in inventory order): page i covers [i * page_size, min((i + 1) * page_size, bytes)),
+one page per expert when `page_size` is None. Residency is always a prefix of pages, so an
+expert's cold part is one contiguous suffix: staging it is one copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from placer.errors import PlacerError
+from placer.hardware import HardwareSpec, spec_from_json
+from placer.inventory import Inventory
+
+PLAN_FORMAT = "placer-plan"
+PLAN_VERSION = 1
+PLACER_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Page:
+    index: int
+    offset: int  # within the expert's byte stream
+    length: int
+    resident: bool
+
+
+@dataclass(frozen=True)
+class ExpertPlacement:
+    layer: int
+    expert: int
+    card: int  # expert-parallel home: the card that computes it and stages its cold pages
+    bytes: int
+    pages: tuple[Page, ...]
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(p.length for p in self.pages if p.resident)
+
+    @property
+    def resident_pages(self) -> int:
+        return sum(p.resident for p in self.pages)
+
+
+@dataclass(frozen=True)
+class CardPlan:
+    index: int
+    budget_bytes: int     # VRAM for expert pages and the staging buffer
+    staging_bytes: int    # the staging buffer for the chosen concurrency
+    resident_bytes: int   # resident expert pages (<= budget_bytes - staging_bytes)
+    homed_bytes: int      # all experts homed on this card
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.budget_bytes - self.staging_bytes
+
+
+@dataclass
+class Plan:
+    """A placement plan (see module docstring). `experts` is sorted by (layer, expert)."""
+
+    model: dict                 # fingerprint, architecture, moe_layers, experts_per_layer, top_k
+    hardware: HardwareSpec
+    budget: dict                # how the budget was given: {"mode", "value", "concurrency"}
+    page_size: int | None
+    ep: str
+    solver: dict                # name, objective, bound, gap, seconds, status, seed, ...
+    cards: list[CardPlan]
+    experts: list[ExpertPlacement]
+    calibration: list[dict] = field(default_factory=list)  # profiles solved on, with counts
+    predicted: list[dict] = field(default_factory=list)    # per profile and concurrency
+    robust: dict | None = None
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return list(self.model["moe_layers"])
+
+    @property
+    def experts_per_layer(self) -> int:
+        return int(self.model["experts_per_layer"])
+
+    def matrix(self, attr: str) -> np.ndarray:
+        """[L, E] array of an ExpertPlacement attribute (card, bytes, resident_pages, ...)."""
+        values = np.array([getattr(e, attr) for e in self.experts], dtype=np.int64)
+        return values.reshape(len(self.moe_layers), self.experts_per_layer)
+
+    def expert(self, layer: int, expert: int) -> ExpertPlacement:
+        return self.experts[self.moe_layers.index(layer) * self.experts_per_layer + expert]
+
+    def to_json(self) -> dict:
+        return {
+            "format": PLAN_FORMAT, "version": PLAN_VERSION, "placer_version": PLACER_VERSION,
+            "model": self.model, "hardware": self.hardware.to_json(), "budget": self.budget,
+            "page_size": self.page_size, "ep": self.ep, "solver": self.solver,
+            "cards": [{"index": c.index, "budget_bytes": c.budget_bytes,
+                       "capacity_bytes": c.capacity_bytes, "resident_bytes": c.resident_bytes,
+                       "staging_bytes": c.staging_bytes, "homed_bytes": c.homed_bytes}
+                      for c in self.cards],
+            "experts": [{"layer": e.layer, "expert": e.expert, "card": e.card, "bytes": e.bytes,
+                         "resident_bytes": e.resident_bytes,
+                         "pages": [{"index": p.index, "offset": p.offset, "length": p.length,
+                                    "resident": p.resident} for p in e.pages]}
+                        for e in self.experts],
+            "calibration": self.calibration, "predicted": self.predicted, "robust": self.robust,
+        }
+
+
+def plan_from_json(d: dict) -> Plan:
+    """Read a plan (or the plan part of a manifest) from its JSON form."""
+    if d.get("format") not in (PLAN_FORMAT, "placer-manifest"):
+        raise PlacerError("not a placer plan or manifest (no 'format': 'placer-plan')")
+    if d.get("version") != PLAN_VERSION:
+        raise PlacerError(f"plan version {d.get('version')} is not supported "
+                          f"(this placer reads version {PLAN_VERSION})")
+    try:
+        return Plan(
+            model=d["model"], hardware=spec_from_json(d["hardware"]), budget=d["budget"],
+            page_size=d["page_size"], ep=d["ep"], solver=d["solver"],
+            cards=[CardPlan(c["index"], c["budget_bytes"], c["staging_bytes"],
+                            c["resident_bytes"], c["homed_bytes"]) for c in d["cards"]],
+            experts=[ExpertPlacement(e["layer"], e["expert"], e["card"], e["bytes"],
+                                     tuple(Page(p["index"], p["offset"], p["length"],
+                                                p["resident"]) for p in e["pages"]))
+                     for e in d["experts"]],
+            calibration=d.get("calibration", []), predicted=d.get("predicted", []),
+            robust=d.get("robust"))
+    except (KeyError, TypeError) as exc:
+        raise PlacerError(f"malformed plan: missing or bad field {exc}") from None
+
+
+def read_plan(path: Path) -> Plan:
+    """Read a plan.json or manifest.json file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "manifest.json"
+    if not path.is_file():
+        raise PlacerError(f"plan not found: {path}")
+    try:
+        return plan_from_json(json.loads(path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+
+
+def write_json_atomic(obj: dict, path: Path) -> None:
+    """Write `obj` as JSON to `path` via a temporary file, fsync and rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def page_spans(nbytes: int, page_size: int | None) -> list[tuple[int, int]]:
+    """(offset, length) of each page of an expert of `nbytes` bytes."""
+    if page_size is None or page_size >= nbytes:
+        return [(0, nbytes)]
+    return [(o, min(page_size, nbytes - o)) for o in range(0, nbytes, page_size)]
+
+
+def num_pages(expert_bytes: np.ndarray, page_size: int | None) -> np.ndarray:
+    """[L, E] number of pages of each expert."""
+    if page_size is None:
+        return np.ones_like(expert_bytes)
+    return np.maximum(1, -(-expert_bytes // page_size))
+
+
+def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
+               resident_pages: np.ndarray, page_size: int | None, budget_bytes: np.ndarray,
+               staging_bytes: np.ndarray, budget: dict, ep: str, solver: dict) -> Plan:
+    """Assemble a plan from a solved placement.
+
+    home, resident_pages: [L, E] int (card of each expert, leading pages resident);
+    budget_bytes, staging_bytes: [C] int.
+    """
+    experts = []
+    for i, ex in enumerate(inv.experts):
+        l, e = divmod(i, inv.experts_per_layer)
+        r = int(resident_pages[l, e])
+        spans = page_spans(ex.bytes, page_size)
+        experts.append(ExpertPlacement(
+            ex.layer, ex.expert, int(home[l, e]), ex.bytes,
+            tuple(Page(j, o, n, j < r) for j, (o, n) in enumerate(spans))))
+    cards = []
+    for c in range(len(spec.cards)):
+        mine = [x for x in experts if x.card == c]
+        cards.append(CardPlan(c, int(budget_bytes[c]), int(staging_bytes[c]),
+                              sum(x.resident_bytes for x in mine), sum(x.bytes for x in mine)))
+    model = {"fingerprint": inv.fingerprint, "architecture": inv.architecture,
+             "model_type": inv.model_type, "num_layers": inv.num_layers,
+             "moe_layers": list(inv.moe_layers), "experts_per_layer": inv.experts_per_layer,
+             "top_k": inv.top_k, "estimated": inv.estimated}
+    return Plan(model, spec, budget, page_size, ep, solver, cards, experts)
