@@ -40,3 +40,14 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
 def print_json(obj: Any) -> None:
     """Print `obj` as indented JSON on stdout (the `--json` contract for scripts)."""
     typer.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def parse_list(text: str, kind: type, what: str) -> list:
+    """A comma-separated option value ("1,8") as a list of `kind`."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PlacerError(f"{what}: cannot read {text!r} as a comma-separated list") from None
+    if not values:
+        raise PlacerError(f"{what}: empty list")
+    return values

@@ -1,7 +1,96 @@
-"""Placeholder until this command group lands."""
+"""`placer evaluate`: what a placement costs on held-out traffic, before deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from placer.commands.common import command, parse_list, print_json
+from placer.plan import read_plan
 
 
 def register(app: typer.Typer) -> None:
-    """Register nothing yet."""
+    @command(app, "evaluate")
+    def evaluate_cmd(
+        plan_path: Annotated[Path, typer.Argument(
+            metavar="PLAN_OR_MANIFEST", help="plan.json, manifest.json or a placed directory.")],
+        traces: Annotated[list[Path] | None, typer.Option(
+            help="Trace directory to replay (repeat for several traffic sets).")] = None,
+        concurrency: Annotated[str | None, typer.Option(
+            help="Concurrent sequences, e.g. 1,8 (default: the plan's).")] = None,
+        steps: Annotated[int | None, typer.Option(
+            help="Decode steps sampled per trace set and concurrency (default: the plan's).")
+        ] = None,
+        seed: Annotated[int | None, typer.Option(help="Sampling seed (default: the plan's).")
+                        ] = None,
+        oracle_time_limit: Annotated[float, typer.Option(
+            help="Seconds for the oracle ILP on each traffic set.")] = 10.0,
+        curve: Annotated[bool, typer.Option(
+            help="Also show held-out figures against the amount of calibration traffic.")
+        ] = False,
+        folds: Annotated[int, typer.Option(help="Folds over sequences for --curve.")] = 4,
+        plot: Annotated[Path | None, typer.Option(help="Write a PNG of per-layer staging "
+                                                       "and drift heatmaps.")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
+                            ] = False,
+    ) -> None:
+        """Replay held-out traffic against a placement and the layer-offload, uniform and
+        oracle baselines at the same budget; warn where the placement is predicted worse."""
+        from placer.evaluate import EvalOptions, calibration_curve, evaluate
+        from placer.plots import plot_evaluation
+
+        plan = read_plan(plan_path)
+        trace_dirs = list(traces or [])
+        opts = EvalOptions(
+            concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
+            if concurrency else None, num_steps=steps, seed=seed,
+            oracle_time_limit=oracle_time_limit)
+        report = evaluate(plan, trace_dirs, opts)
+        if curve:
+            report["curve"] = calibration_curve(plan, folds=folds, seed=seed, num_steps=steps)
+        if plot:
+            report["plot"] = str(plot_evaluation(plan, report, trace_dirs, plot))
+        if json_out:
+            print_json({k: v for k, v in report.items() if k != "per_layer"})
+        else:
+            print_report(report)
+
+
+def print_report(report: dict) -> None:
+    """Every row reads: placement X, layer offload Y, uniform U, oracle Z."""
+    console = Console()
+    table = Table(title=f"predicted on replayed traffic ({report['steps']} sampled decode steps "
+                        f"per row, seed {report['seed']})")
+    for col in ("traffic", "B", "", "hit rate", "staged KiB/token", "transfers/token",
+                "stall ms/step", "tok/s"):
+        table.add_column(col, justify="right")
+    for r in report["results"]:
+        for i, line in enumerate(("placement", "layer", "uniform", "oracle")):
+            f = r[line]
+            table.add_row(r["traces"] if i == 0 else "", str(r["concurrency"]) if i == 0 else "",
+                          "layer offload" if line == "layer" else line, f"{f['hit_rate']:.3f}",
+                          f"{f['staged_bytes_per_token'] / 1024:.1f}",
+                          f"{f['transfers_per_token']:.2f}", f"{f['stall_ms_per_step']:.4f}",
+                          f"{f['tokens_per_s']:.2f}", end_section=i == 3)
+    console.print(table)
+    for d in report["drift"]:
+        console.print(f"drift {d['traces']}: Jensen-Shannon divergence from the calibration "
+                      f"profile {d['js_mean_bits']:.4f} bits (mean over layers)")
+    if "curve" in report:
+        curve = Table(title="held-out figures vs calibration traffic (k-fold over sequences)")
+        for col in ("line", "share of training sequences", "calibration tokens", "hit rate",
+                    "stall ms/step"):
+            curve.add_column(col, justify="right")
+        for row in report["curve"]:
+            curve.add_row(row["line"], "" if row["fraction"] is None else f"{row['fraction']:g}",
+                          f"{row['tokens']:.0f}" if "tokens" in row else "",
+                          f"{row['hit_rate']:.3f}", f"{row['stall_ms_per_step']:.4f}")
+        console.print(curve)
+    for v in report["verdicts"]:
+        console.print(v["message"], style="bold red" if not v["ok"] else "green")
+    if "plot" in report:
+        console.print(f"plot written to {report['plot']}")

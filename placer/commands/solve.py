@@ -1,7 +1,121 @@
-"""Placeholder until this command group lands."""
+"""`placer solve`: which expert pages stay resident on each card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from placer.commands.common import command, parse_list, print_json
+from placer.errors import PlacerError
+from placer.hardware import load_spec
+from placer.inventory import EXPERT_DTYPES, estimate_inventory, read_inventory
+from placer.plan import Plan, write_json_atomic
+from placer.solve_options import DEFAULT_STEPS, SOLVERS, SolveOptions
+from placer.units import format_bytes, parse_bytes
 
 
 def register(app: typer.Typer) -> None:
-    """Register nothing yet."""
+    @command(app, "solve")
+    def solve(
+        hardware: Annotated[str, typer.Option(
+            help="Hardware spec: a preset name (placer hardware list) or a .toml file.")],
+        out: Annotated[Path, typer.Option(help="Where to write the plan (plan.json).")],
+        model: Annotated[Path | None, typer.Option(
+            help="Checkpoint directory (reads its headers only).")] = None,
+        config: Annotated[Path | None, typer.Option(
+            help="Plan from a config.json alone, before downloading the weights.")] = None,
+        expert_dtype: Annotated[str, typer.Option(
+            help=f"With --config: expert dtype ({', '.join(EXPERT_DTYPES)}).")] = "bf16",
+        dense_dtype: Annotated[str, typer.Option(
+            help=f"With --config: dense dtype ({', '.join(EXPERT_DTYPES)}).")] = "bf16",
+        traces: Annotated[list[Path] | None, typer.Option(
+            help="Trace directory to learn from (repeat for several profiles).")] = None,
+        solver: Annotated[str, typer.Option(help=f"One of {', '.join(SOLVERS)}.")] = "ilp",
+        budget: Annotated[str | None, typer.Option(
+            help="VRAM per card for expert pages and the staging buffer, e.g. 20GiB.")] = None,
+        offload: Annotated[float | None, typer.Option(
+            help="Share of each card's expert bytes that stays on the host, e.g. 0.3.")
+        ] = None,
+        concurrency: Annotated[str, typer.Option(
+            help="Concurrent sequences to optimize for, e.g. 1,8.")] = "1",
+        weights: Annotated[str | None, typer.Option(
+            help="Weight of each concurrency in the objective, e.g. 0.5,0.5.")] = None,
+        ep: Annotated[str, typer.Option(
+            help="Expert-parallel homes: contiguous (vLLM/SGLang default) or balanced.")
+        ] = "contiguous",
+        page_size: Annotated[str | None, typer.Option(
+            help="Cut experts into pages of this size (default: one page per expert).")
+        ] = None,
+        robust: Annotated[bool, typer.Option(
+            help="Minimize the worst stall ratio to layer offload across the --traces sets.")
+        ] = False,
+        time_limit: Annotated[float, typer.Option(help="ILP time limit in seconds.")] = 60.0,
+        seed: Annotated[int, typer.Option(help="Seed for step sampling and solvers.")] = 0,
+        steps: Annotated[int, typer.Option(
+            help="Decode steps sampled per profile and concurrency.")] = DEFAULT_STEPS,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
+                            ] = False,
+    ) -> None:
+        """Solve which expert pages stay resident on each GPU, within a VRAM budget, from
+        routing traces; the rest stay in pinned host memory and are staged when selected."""
+        from placer.solve import solve_plan
+
+        if (model is None) == (config is None):
+            raise PlacerError("give --model CHECKPOINT_DIR or --config config.json (not both)")
+        inv = (read_inventory(model) if model is not None
+               else estimate_inventory(config, expert_dtype, dense_dtype))
+        opts = SolveOptions(
+            solver=solver, budget=parse_bytes(budget, "--budget") if budget else None,
+            offload=offload, concurrency=tuple(parse_list(concurrency, int, "--concurrency")),
+            weights=tuple(parse_list(weights, float, "--weights")) if weights else None,
+            ep=ep, page_size=parse_bytes(page_size, "--page-size") if page_size else None,
+            robust=robust, time_limit=time_limit, seed=seed, num_steps=steps)
+        plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
+        write_json_atomic(plan.to_json(), out)
+        if json_out:
+            print_json(plan.to_json())
+        else:
+            print_plan(plan, out)
+
+
+def print_plan(plan: Plan, out: Path) -> None:
+    """The human summary of a plan: solver quality, cards, predicted figures."""
+    console = Console()
+    s = plan.solver
+    console.print(f"solver {s['name']}: objective {s['objective']:.6g} ({s['objective_unit']}), "
+                  f"bound {s['bound']:.6g}, gap {100 * s['gap']:.2f}%, {s['seconds']:.2f} s, "
+                  f"{s['status']}")
+    cards = Table(title="cards")
+    for col in ("card", "budget", "staging", "resident", "homed experts", "cold"):
+        cards.add_column(col, justify="right")
+    for c in plan.cards:
+        cards.add_row(str(c.index), format_bytes(c.budget_bytes), format_bytes(c.staging_bytes),
+                      format_bytes(c.resident_bytes), format_bytes(c.homed_bytes),
+                      format_bytes(c.homed_bytes - c.resident_bytes))
+    console.print(cards)
+    console.print(prediction_table(plan.predicted, "predicted on calibration traffic"))
+    if plan.robust:
+        ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
+        console.print(f"robust: stall / layer-offload stall per profile: {ratios}")
+    console.print(f"plan written to {out}")
+
+
+def prediction_table(rows: list[dict], title: str) -> Table:
+    """One row per (profile, concurrency): placement vs layer offload vs uniform."""
+    table = Table(title=title)
+    for col in ("traffic", "B", "placement stall ms/step", "tok/s", "hit rate",
+                "layer offload ms/step", "tok/s ", "uniform ms/step", "vs layer"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        p, lay, uni = r["placement"], r["layer"], r["uniform"]
+        ratio = p["stall_ms_per_step"] / lay["stall_ms_per_step"] if lay["stall_ms_per_step"] \
+            else float("nan")
+        table.add_row(r["profile"], str(r["concurrency"]), f"{p['stall_ms_per_step']:.3f}",
+                      f"{p['tokens_per_s']:.2f}", f"{p['hit_rate']:.3f}",
+                      f"{lay['stall_ms_per_step']:.3f}", f"{lay['tokens_per_s']:.2f}",
+                      f"{uni['stall_ms_per_step']:.3f}", f"{ratio:.3f}x")
+    return table

@@ -1,0 +1,5 @@
+"""`python -m placer` runs the CLI."""
+
+from placer.cli import main
+
+main()

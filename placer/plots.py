@@ -1,0 +1,57 @@
+"""Pictures of a placement: per-layer staged bytes against baselines, and drift heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from placer.evaluate import calibration_counts
+from placer.plan import Plan
+from traces.profile import load_profile
+
+LINES = ("placement", "layer", "uniform", "oracle")
+
+
+def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path) -> Path:
+    """For each trace set: per-layer staged bytes per token (placement vs layer offload,
+    uniform, oracle) at the first concurrency, and traffic minus calibration frequency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    calib = calibration_counts(plan)
+    fig, axes = plt.subplots(len(trace_dirs), 2, figsize=(13, 3.6 * len(trace_dirs)),
+                             squeeze=False)
+    first_b = report["results"][0]["concurrency"]
+    per_layer = [p for p in report["per_layer"] if p["concurrency"] == first_b]
+    for row, (trace_dir, staged) in enumerate(zip(trace_dirs, per_layer, strict=True)):
+        ax = axes[row][0]
+        for line in LINES:
+            ax.plot(plan.moe_layers, np.array(staged["staged_bytes_per_token"][line]) / 2**20,
+                    marker="o", label=line)
+        ax.set_title(f"{trace_dir}: staged MiB per token by layer (B={first_b})")
+        ax.set_xlabel("MoE layer")
+        ax.set_ylabel("MiB / token")
+        ax.legend()
+        ax = axes[row][1]
+        traffic = load_profile(trace_dir).counts.astype(np.float64)
+        diff = _share(traffic) - (_share(calib) if calib is not None else 0.0)
+        lim = float(np.abs(diff).max()) or 1.0
+        im = ax.imshow(diff, aspect="auto", cmap="coolwarm", vmin=-lim, vmax=lim)
+        ax.set_title("traffic minus calibration: share of each layer's selections")
+        ax.set_xlabel("expert")
+        ax.set_ylabel("MoE layer ordinal")
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _share(counts: np.ndarray) -> np.ndarray:
+    s = counts.sum(axis=1, keepdims=True)
+    return counts / np.where(s > 0, s, 1)
