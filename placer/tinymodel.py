@@ -41,7 +41,8 @@ def _config_kwargs(arch: str, layers: int, experts: int, top_k: int, hidden: int
                             num_experts_per_tok=top_k, n_shared_experts=1,
                             first_k_dense_replace=1, n_group=2, topk_group=1,
                             kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
-                            qk_nope_head_dim=8, v_head_dim=8, rope_scaling=None),
+                            qk_nope_head_dim=8, v_head_dim=8, rope_scaling=None,
+                            num_key_value_heads=4),  # MLA: one KV head per attention head
         "gpt_oss": dict(num_local_experts=experts, num_experts_per_tok=top_k, head_dim=head_dim,
                         sliding_window=16,
                         layer_types=["sliding_attention", "full_attention"] * (layers // 2)

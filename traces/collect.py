@@ -1,0 +1,451 @@
+"""Running a real Hugging Face MoE model over corpora and writing its routing as traces.
+
+`collect()` loads the checkpoint with transformers (local files only), hooks its experts
+modules (`traces.capture`), and for each corpus writes one trace file
+`<out>/<tag>-<run_id>.parquet` (format: `traces.schema`).
+
+Modes:
+- `score`: documents are right-padded into batches and run through one forward pass; every
+  real token's routing is recorded with phase `decode`.
+- `generate`: documents are prompts, left-padded; `model.generate` decodes greedily up to
+  `max_new_tokens`. Prompt tokens are `prefill` rows; every generated token fed back through
+  the model is a `decode` row, until the sequence's end-of-sequence token.
+
+Padding tokens (attention mask 0) are never recorded. `max_tokens` bounds the recorded
+tokens of each corpus (exactly in score mode: the last batch is trimmed; in generate mode
+no new batch starts once it is reached).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from traces.capture import RouterCapture, Routing
+from traces.corpora import Corpus, Document, random_corpus
+from traces.dataset import scan
+from traces.errors import TraceError
+from traces.schema import KIND_COUNTS, KIND_TOKENS, PHASES, SEQ_ID_SHIFT
+from traces.writer import TraceWriter
+
+MODES = ("score", "generate")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What the traces record about the model (from the checkpoint inventory)."""
+
+    fingerprint: str
+    num_layers: int
+    moe_layers: tuple[int, ...]
+    experts_per_layer: int
+    top_k: int
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    """How to run the model; see `placer collect --help`."""
+
+    mode: str = "score"
+    batch_size: int = 8
+    max_length: int = 512
+    max_new_tokens: int = 32
+    max_tokens: int | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    weights: bool = True
+    tokenizer: Path | None = None
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    """One written trace file."""
+
+    tag: str
+    path: Path
+    tokens: int
+    sequences: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """The recorded tokens of one batch, sorted by (seq_id, pos): 1-D arrays of length N,
+    `experts` [N, L, k] int16 and `weights` [N, L, k] float32 or None."""
+
+    seq_id: np.ndarray
+    pos: np.ndarray
+    token: np.ndarray
+    phase: np.ndarray
+    experts: np.ndarray
+    weights: np.ndarray | None
+
+
+def check_options(options: CollectOptions) -> None:
+    """TraceError for an option out of range."""
+    if options.mode not in MODES:
+        raise TraceError(f"--mode must be one of {', '.join(MODES)}, got {options.mode!r}")
+    if options.dtype not in DTYPES:
+        raise TraceError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype!r}")
+    for name in ("batch_size", "max_length", "max_new_tokens"):
+        if getattr(options, name) < 1:
+            raise TraceError(f"--{name.replace('_', '-')} must be >= 1")
+    if options.max_tokens is not None and options.max_tokens < 1:
+        raise TraceError("--max-tokens must be >= 1")
+
+
+def check_out_dir(out_dir: Path, fingerprint: str) -> None:
+    """Refuse an output directory that holds imported counts or traces of another model."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise TraceError(f"--out {out_dir} exists and is not a directory")
+    td = scan(out_dir)
+    if td.kind == KIND_COUNTS:
+        raise TraceError(f"{out_dir} holds imported counts; collect into another directory")
+    if td.kind == KIND_TOKENS and td.model["fingerprint"] != fingerprint:
+        raise TraceError(f"{out_dir} holds traces of another model (fingerprint "
+                         f"{td.model['fingerprint'][:16]}, this model {fingerprint[:16]}); "
+                         f"collect into another directory")
+
+
+def load_tokenizer(model_dir: Path, tokenizer: Path | None):
+    """The checkpoint's tokenizer (or the one at `tokenizer`), or a TraceError if none."""
+    from transformers import AutoTokenizer
+
+    path = Path(tokenizer) if tokenizer is not None else Path(model_dir)
+    if not path.is_dir() or not any((path / f).is_file() for f in TOKENIZER_FILES):
+        hint = "" if tokenizer is not None else "; pass --tokenizer PATH"
+        raise TraceError(f"no tokenizer in {path} (none of {', '.join(TOKENIZER_FILES)}){hint}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise TraceError(f"cannot load the tokenizer in {path}: "
+                         f"{str(exc).strip().splitlines()[0]}") from None
+    return tok
+
+
+def load_model(model_dir: Path, device: str, dtype: str):
+    """The checkpoint as a transformers causal LM in eval mode on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True,
+            dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+    except (OSError, ValueError, KeyError) as exc:
+        raise TraceError(f"transformers cannot load {model_dir}: "
+                         f"{str(exc).strip().splitlines()[0]}") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return model.to(device).eval()
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when present, else cpu."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: ModelIdentity,
+            options: CollectOptions = CollectOptions(), *,
+            random_tokens: int | None = None) -> list[CollectResult]:
+    """Run the model over every corpus (plus `random_tokens` uniform random token ids, tag
+    `random`, in documents of `max_length`) and write one trace file per corpus."""
+    import torch
+
+    check_options(options)
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, identity.fingerprint)
+    if not corpora and not random_tokens:
+        raise TraceError("nothing to collect: give --corpus PATH or --random-tokens N")
+    tags = [c.tag for c in corpora] + (["random"] if random_tokens else [])
+    if len(set(tags)) != len(tags):
+        raise TraceError(f"corpus tags must be distinct, got {tags}; set them with --tag")
+    tokenizer = load_tokenizer(model_dir, options.tokenizer)
+    if random_tokens:
+        special = set(tokenizer.all_special_ids)
+        vocab = [i for i in range(len(tokenizer)) if i not in special]
+        corpora = [*corpora, random_corpus(random_tokens, vocab=vocab,
+                                           doc_length=options.max_length, seed=options.seed)]
+    device = resolve_device(options.device)
+    torch.manual_seed(options.seed)
+    model = load_model(model_dir, device, options.dtype)
+    capture = RouterCapture(model, weights=options.weights)
+    if capture.layers != tuple(identity.moe_layers):
+        raise TraceError(f"the model routes experts in layers {list(capture.layers)}, the "
+                         f"inventory says {list(identity.moe_layers)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    with capture, torch.inference_mode():
+        for corpus in corpora:
+            results.append(_collect_corpus(model, tokenizer, capture, corpus, out_dir, identity,
+                                           options, device))
+    return results
+
+
+def _run_id(out_dir: Path, identity: ModelIdentity, corpus: Corpus,
+            options: CollectOptions) -> int:
+    """A 31-bit id from the run's identity, bumped until unused in `out_dir`."""
+    ident = json.dumps({"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
+                        "tag": corpus.tag, **asdict(options), "tokenizer": str(options.tokenizer)},
+                       sort_keys=True, default=str)
+    run_id = int(hashlib.sha256(ident.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+    used = {m.get("run_id") for m in scan(out_dir).metas}
+    while run_id in used:
+        run_id = (run_id + 1) & 0x7FFFFFFF
+    return run_id
+
+
+def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, out_dir: Path,
+                    identity: ModelIdentity, options: CollectOptions,
+                    device: str) -> CollectResult:
+    run_id = _run_id(out_dir, identity, corpus, options)
+    base = run_id << SEQ_ID_SHIFT
+    meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
+            "corpus_sha256": corpus.sha256, "mode": options.mode, "run_id": run_id,
+            "seq_id_base": base, "weights": options.weights, "max_length": options.max_length,
+            "max_new_tokens": options.max_new_tokens if options.mode == "generate" else None,
+            "seed": options.seed}
+    layers = np.asarray(identity.moe_layers, dtype=np.int16)
+    path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
+    budget = options.max_tokens
+    tokens = sequences = 0
+    with TraceWriter(path, tag=corpus.tag, top_k=identity.top_k, meta=meta) as writer, \
+            _Progress(corpus, options) as advance:
+        for batch in _batches(_encode(corpus, tokenizer, options), options.batch_size):
+            if budget is not None:
+                if tokens >= budget:
+                    break
+                if options.mode == "score":
+                    batch = _trim(batch, budget - tokens)
+            ids = base + sequences + np.arange(len(batch), dtype=np.int64)
+            if options.mode == "score":
+                rows = _score(model, capture, batch, ids, tokenizer, device)
+            else:
+                rows = _generate(model, capture, batch, ids, tokenizer, device, options)
+            _check_top_k(rows, identity)
+            n, num_layers = len(rows.seq_id), len(layers)
+            writer.write(np.repeat(rows.seq_id, num_layers), np.repeat(rows.pos, num_layers),
+                         np.repeat(rows.token, num_layers), np.repeat(rows.phase, num_layers),
+                         np.tile(layers, n), rows.experts.reshape(n * num_layers, -1),
+                         None if rows.weights is None
+                         else rows.weights.reshape(n * num_layers, -1))
+            tokens += n
+            sequences += len(batch)
+            advance(len(batch), n)
+        if tokens == 0:
+            raise TraceError(f"corpus {corpus.source} produced no tokens")
+        writer.close()
+    return CollectResult(corpus.tag, path, tokens, sequences, writer.rows)
+
+
+def _check_top_k(rows: _Tokens, identity: ModelIdentity) -> None:
+    k = rows.experts.shape[-1]
+    if k != identity.top_k:
+        raise TraceError(f"the model's routers select {k} experts per token, the inventory "
+                         f"says top-k {identity.top_k}")
+
+
+def _encode(corpus: Corpus, tokenizer, options: CollectOptions) -> Iterator[list[int]]:
+    """Token ids of each non-empty document, at most `max_length` of them."""
+    generation_prompt = options.mode == "generate"
+    for doc in corpus.documents():
+        ids = _encode_document(doc, tokenizer, generation_prompt)[:options.max_length]
+        if ids:
+            yield ids
+
+
+def _encode_document(doc: Document, tokenizer, generation_prompt: bool) -> list[int]:
+    if doc.token_ids is not None:
+        return list(doc.token_ids)
+    if doc.messages is None:
+        return tokenizer(doc.text, add_special_tokens=True)["input_ids"]
+    messages = list(doc.messages)
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+    return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def _batches(docs: Iterator[list[int]], size: int) -> Iterator[list[list[int]]]:
+    batch: list[list[int]] = []
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _trim(batch: list[list[int]], budget: int) -> list[list[int]]:
+    """The documents of `batch`, cut so that they hold at most `budget` tokens."""
+    out = []
+    for doc in batch:
+        if budget <= 0:
+            break
+        out.append(doc[:budget])
+        budget -= len(out[-1])
+    return out
+
+
+def _pad(batch: list[list[int]], pad_id: int, left: bool):
+    """input_ids and attention_mask [B, T] int64 numpy arrays."""
+    width = max(len(d) for d in batch)
+    ids = np.full((len(batch), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), width), dtype=np.int64)
+    for b, doc in enumerate(batch):
+        cols = slice(width - len(doc), width) if left else slice(0, len(doc))
+        ids[b, cols] = doc
+        mask[b, cols] = 1
+    return ids, mask
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return 0 if pad is None else int(pad)
+
+
+def _one_call(calls: list[Routing], expected: int) -> Routing:
+    if len(calls) != 1 or calls[0].experts.shape[1] != expected:
+        raise RuntimeError(f"expected one experts call of {expected} rows, got "
+                           f"{[c.experts.shape[1] for c in calls]}")
+    return calls[0]
+
+
+def _score(model, capture: RouterCapture, batch: list[list[int]], seq_ids: np.ndarray,
+           tokenizer, device: str) -> _Tokens:
+    import torch
+
+    ids, mask = _pad(batch, _pad_id(tokenizer), left=False)
+    capture.take()
+    model(input_ids=torch.from_numpy(ids).to(device),
+          attention_mask=torch.from_numpy(mask).to(device), use_cache=False)
+    routing = _one_call(capture.take(), ids.size)
+    b, t = np.nonzero(mask)
+    flat = b * ids.shape[1] + t
+    return _Tokens(seq_id=seq_ids[b], pos=t.astype(np.int32), token=ids[b, t],
+                   phase=np.full(len(b), DECODE, dtype=np.int32),
+                   experts=routing.experts[:, flat].transpose(1, 0, 2),
+                   weights=None if routing.weights is None
+                   else routing.weights[:, flat].transpose(1, 0, 2))
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def _generate(model, capture: RouterCapture, batch: list[list[int]], seq_ids: np.ndarray,
+              tokenizer, device: str, options: CollectOptions) -> _Tokens:
+    """Prefill rows for the prompts, then one decode row per generated token fed back."""
+    import torch
+
+    pad = _pad_id(tokenizer)
+    eos = _eos_ids(model, tokenizer)
+    ids, mask = _pad(batch, pad, left=True)
+    capture.take()
+    out = model.generate(input_ids=torch.from_numpy(ids).to(device),
+                         attention_mask=torch.from_numpy(mask).to(device),
+                         max_new_tokens=options.max_new_tokens, do_sample=False,
+                         pad_token_id=pad, eos_token_id=eos or None,
+                         top_p=None, top_k=None, temperature=None)
+    calls = capture.take()
+    width = ids.shape[1]
+    generated = out[:, width:].cpu().numpy()
+    prefill = calls[0]
+    if prefill.experts.shape[1] != ids.size or any(c.experts.shape[1] != len(batch)
+                                                   for c in calls[1:]):
+        raise RuntimeError("generate() called the experts with unexpected shapes: "
+                           f"{[c.experts.shape[1] for c in calls]}")
+    lengths = mask.sum(axis=1)
+    b, t = np.nonzero(mask)
+    parts = [(b, t - (width - lengths[b]), ids[b, t], np.full(len(b), PREFILL),
+              prefill, b * width + t)]
+    ended = np.zeros(len(batch), dtype=bool)
+    for step, call in enumerate(calls[1:]):
+        ended |= np.isin(generated[:, step], eos)
+        alive = np.flatnonzero(~ended)
+        parts.append((alive, lengths[alive] + step, generated[alive, step],
+                      np.full(len(alive), DECODE), call, alive))
+    seq = np.concatenate([p[0] for p in parts])
+    pos = np.concatenate([p[1] for p in parts]).astype(np.int32)
+    order = np.lexsort((pos, seq))
+    experts = np.concatenate([p[4].experts[:, p[5]] for p in parts], axis=1)
+    weights = (None if prefill.weights is None
+               else np.concatenate([p[4].weights[:, p[5]] for p in parts], axis=1))
+    return _Tokens(seq_id=seq_ids[seq[order]], pos=pos[order],
+                   token=np.concatenate([p[2] for p in parts])[order],
+                   phase=np.concatenate([p[3] for p in parts]).astype(np.int32)[order],
+                   experts=experts[:, order].transpose(1, 0, 2),
+                   weights=None if weights is None else weights[:, order].transpose(1, 0, 2))
+
+
+class _Progress:
+    """A rich progress bar on stderr (tokens/s, ETA); yields `advance(documents, tokens)`.
+
+    It counts tokens when the total is known (`max_tokens`, random tokens), else documents."""
+
+    def __init__(self, corpus: Corpus, options: CollectOptions) -> None:
+        self.corpus, self.options = corpus, options
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        known = [n for n in (self.options.max_tokens, self.corpus.random_tokens) if n]
+        total_tokens = min(known) if known else None
+        self.by_tokens = total_tokens is not None
+        self.start = time.perf_counter()
+        self.tokens = 0
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                            console=Console(stderr=True), disable=not self.options.progress,
+                            transient=False)
+        self.bar.start()
+        unit = "tokens" if self.by_tokens else "docs"
+        self.task = self.bar.add_task(
+            f"{self.corpus.tag} ({unit})", rate="",
+            total=total_tokens if self.by_tokens else self.corpus.num_documents)
+        return self.advance
+
+    def advance(self, documents: int, tokens: int) -> None:
+        self.tokens += tokens
+        rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.update(self.task, advance=tokens if self.by_tokens else documents,
+                        rate=f"{self.tokens} tok, {rate:,.0f} tok/s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()

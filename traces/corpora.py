@@ -1,0 +1,228 @@
+"""Sample traffic for `placer collect`: corpora read as streams of documents.
+
+Formats (chosen by the file suffix):
+
+- `.txt`: one document per block of lines separated by blank lines.
+- `.jsonl`: one document per line, either a text field (`text_field`, default `text`), or a
+  chat: `messages` (a list of `{"role", "content"}`, rendered with the tokenizer's chat
+  template) or `turns` (a list of user messages, one conversation per line). The first record
+  decides which; every later record must have the same field.
+- `.parquet`: one document per row of the `text_field` column.
+
+A corpus is validated and counted in one cheap pass when it is opened, so a missing field or
+an empty file is reported before any model is loaded. Documents are then streamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from traces.errors import TraceError
+
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+RANDOM_TAG = "random"
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One sequence of traffic: exactly one of `text`, `messages` or `token_ids` is set."""
+
+    text: str | None = None
+    messages: tuple[dict, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A validated corpus: `documents()` streams its `num_documents` documents.
+
+    `kind` is one of text | jsonl-text | chat | turns | parquet | random; `sha256` identifies
+    the file's bytes (for `random`, the generator's parameters).
+    """
+
+    tag: str
+    kind: str
+    sha256: str
+    num_documents: int
+    path: Path | None = None
+    text_field: str = "text"
+    random_tokens: int = 0
+    doc_length: int = 0
+    seed: int = 0
+    vocab: tuple[int, ...] = ()
+
+    @property
+    def source(self) -> str:
+        """The corpus file name, or `random`."""
+        return self.path.name if self.path is not None else RANDOM_TAG
+
+    def documents(self) -> Iterator[Document]:
+        """Stream the documents in file order."""
+        if self.kind == "random":
+            yield from _random_documents(self)
+        elif self.kind == "text":
+            yield from (Document(text=t) for t in _text_blocks(self.path))
+        elif self.kind == "parquet":
+            yield from (Document(text=t) for t in _parquet_texts(self.path, self.text_field))
+        else:
+            for _, record in _jsonl_records(self.path):
+                yield _jsonl_document(record, self.kind, self.text_field)
+
+
+def check_tag(tag: str) -> str:
+    """`tag` if it is a safe file-name token, else a TraceError."""
+    if not TAG_PATTERN.match(tag):
+        raise TraceError(f"bad tag {tag!r}: use letters, digits, '_', '-', '.'")
+    return tag
+
+
+def open_corpus(path: Path, *, tag: str | None = None, text_field: str = "text") -> Corpus:
+    """Validate the corpus at `path` (exists, known format, field present, not empty)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"corpus not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise TraceError(f"corpus {path}: unknown format {suffix!r} (use {', '.join(SUFFIXES)})")
+    tag = check_tag(tag if tag is not None else path.stem)
+    if suffix == ".txt":
+        kind, count = "text", sum(1 for _ in _text_blocks(path))
+    elif suffix == ".parquet":
+        kind, count = "parquet", _parquet_count(path, text_field)
+    else:
+        kind, count = _jsonl_scan(path, text_field)
+    if count == 0:
+        raise TraceError(f"corpus {path} is empty (no documents)")
+    return Corpus(tag=tag, kind=kind, sha256=_file_sha256(path), num_documents=count,
+                  path=path, text_field=text_field)
+
+
+def random_corpus(num_tokens: int, *, vocab: list[int], doc_length: int, seed: int) -> Corpus:
+    """Uniform random token ids from `vocab`: `num_tokens` in documents of `doc_length`."""
+    if num_tokens < 1 or doc_length < 1:
+        raise TraceError(f"--random-tokens and the document length must be >= 1, got "
+                         f"{num_tokens} and {doc_length}")
+    if not vocab:
+        raise TraceError("the tokenizer has no non-special token ids to draw from")
+    ident = json.dumps({"random_tokens": num_tokens, "doc_length": doc_length, "seed": seed,
+                        "vocab": [len(vocab), vocab[0], vocab[-1]]}, sort_keys=True)
+    return Corpus(tag=RANDOM_TAG, kind="random", sha256=hashlib.sha256(ident.encode()).hexdigest(),
+                  num_documents=-(-num_tokens // doc_length), random_tokens=num_tokens,
+                  doc_length=doc_length, seed=seed, vocab=tuple(vocab))
+
+
+def _random_documents(corpus: Corpus) -> Iterator[Document]:
+    vocab = np.asarray(corpus.vocab, dtype=np.int64)
+    for i in range(corpus.num_documents):
+        n = min(corpus.doc_length, corpus.random_tokens - i * corpus.doc_length)
+        rng = np.random.default_rng([corpus.seed, i])
+        yield Document(token_ids=tuple(int(t) for t in vocab[rng.integers(0, len(vocab), n)]))
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _text_blocks(path: Path) -> Iterator[str]:
+    block: list[str] = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                block.append(line.rstrip("\n"))
+            elif block:
+                yield "\n".join(block)
+                block = []
+    if block:
+        yield "\n".join(block)
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"corpus {path} line {number}: not JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise TraceError(f"corpus {path} line {number}: not a JSON object")
+            yield number, record
+
+
+def _jsonl_kind(record: dict, text_field: str) -> str | None:
+    if text_field in record:
+        return "jsonl-text"
+    if "messages" in record:
+        return "chat"
+    if "turns" in record:
+        return "turns"
+    return None
+
+
+def _jsonl_scan(path: Path, text_field: str) -> tuple[str, int]:
+    kind, count = None, 0
+    for number, record in _jsonl_records(path):
+        found = _jsonl_kind(record, text_field)
+        if kind is None:
+            kind = found
+        if found is None or found != kind:
+            raise TraceError(f"corpus {path} line {number}: no field {text_field!r} (nor "
+                             f"'messages' / 'turns'); fields: {', '.join(sorted(record))}; "
+                             f"choose the text field with --text-field")
+        _jsonl_document(record, kind, text_field, where=f"corpus {path} line {number}")
+        count += 1
+    return kind or "jsonl-text", count
+
+
+def _jsonl_document(record: dict, kind: str, text_field: str, where: str = "corpus") -> Document:
+    if kind == "jsonl-text":
+        text = record[text_field]
+        if not isinstance(text, str):
+            raise TraceError(f"{where}: field {text_field!r} is not a string")
+        return Document(text=text)
+    if kind == "turns":
+        turns = record["turns"]
+        if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+            raise TraceError(f"{where}: 'turns' is not a list of strings")
+        return Document(messages=tuple({"role": "user", "content": t} for t in turns))
+    messages = record["messages"]
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
+            for m in messages):
+        raise TraceError(f"{where}: 'messages' is not a list of {{role, content}} objects")
+    return Document(messages=tuple({"role": m["role"], "content": m["content"]}
+                                   for m in messages))
+
+
+def _parquet_count(path: Path, text_field: str) -> int:
+    try:
+        schema = pq.read_schema(path)
+    except OSError as exc:
+        raise TraceError(f"corpus {path}: not a readable Parquet file ({exc})") from None
+    if text_field not in schema.names:
+        raise TraceError(f"corpus {path}: no column {text_field!r} (columns: "
+                         f"{', '.join(schema.names)}); choose one with --text-field")
+    return sum(1 for _ in _parquet_texts(path, text_field))
+
+
+def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
+    for batch in pq.ParquetFile(path).iter_batches(columns=[text_field], batch_size=4096):
+        for text in batch.column(0).to_pylist():
+            if text is not None:
+                if not isinstance(text, str):
+                    raise TraceError(f"corpus {path}: column {text_field!r} is not text")
+                yield text

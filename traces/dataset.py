@@ -1,0 +1,164 @@
+"""A trace directory as a dataset: finding its files, their metadata, compatibility checks.
+
+A directory holds either per-token trace files (kind `tokens`, from `placer collect`) or one
+imported count matrix (kind `counts`, `counts.parquet`); see `traces.schema`. Files are found
+recursively (hive partitions such as `host=a/tag=chat/` are fine); names starting with `.` or
+`_` and unfinished `*.parquet.tmp` files are skipped. Only file footers are read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from traces.errors import TraceError
+from traces.schema import KIND_COUNTS, KIND_TOKENS, read_meta
+
+BATCH_ROWS = 1 << 20
+READAHEAD = 2  # batches read ahead: memory stays a few batches, whatever the trace size
+MODEL_KEYS = ("fingerprint", "num_layers", "moe_layers", "experts_per_layer", "top_k")
+
+
+@dataclass(frozen=True)
+class TraceDir:
+    """The trace files under `root` and their metadata; `kind` is tokens, counts or empty."""
+
+    root: Path
+    kind: str
+    files: tuple[Path, ...]
+    metas: tuple[dict, ...]
+
+    @property
+    def model(self) -> dict:
+        """The model identity the traces share: fingerprint, num_layers, moe_layers,
+        experts_per_layer, top_k (for counts: num_moe_layers, num_experts, top_k)."""
+        meta = self.metas[0]
+        if self.kind == KIND_COUNTS:
+            return {k: meta[k] for k in ("num_moe_layers", "num_experts", "top_k")}
+        return {k: meta[k] for k in MODEL_KEYS}
+
+    def dataset(self) -> ds.Dataset:
+        """The per-token files as one `pyarrow.dataset` (streamed by every reader)."""
+        if self.kind != KIND_TOKENS:
+            raise TraceError(f"{self.root} holds imported counts, not per-token traces")
+        return ds.dataset([str(f) for f in self.files], format="parquet")
+
+
+def _visible(path: Path, root: Path) -> bool:
+    return not any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
+
+
+def scan(trace_dir: Path) -> TraceDir:
+    """All trace files under `trace_dir` (which must be a directory; it may be empty)."""
+    root = Path(trace_dir)
+    if not root.is_dir():
+        raise TraceError(f"trace directory not found: {root}")
+    files = tuple(sorted(p for p in root.rglob("*.parquet") if p.is_file() and _visible(p, root)))
+    metas = tuple(read_meta(f) for f in files)
+    kinds = {m.get("kind") for m in metas}
+    if len(kinds) > 1:
+        raise TraceError(f"{root} mixes per-token traces and imported counts; keep them apart")
+    kind = kinds.pop() if kinds else "empty"
+    if kind not in (KIND_TOKENS, KIND_COUNTS, "empty"):
+        raise TraceError(f"{files[0]}: unknown trace kind {kind!r}")
+    if kind == KIND_COUNTS and len(files) > 1:
+        raise TraceError(f"{root} holds {len(files)} count matrices; one directory, one matrix")
+    if kind == KIND_TOKENS:
+        first = {k: metas[0].get(k) for k in MODEL_KEYS}
+        for f, m in zip(files[1:], metas[1:], strict=True):
+            if {k: m.get(k) for k in MODEL_KEYS} != first:
+                raise TraceError(f"{root} holds traces of different models ({files[0].name} "
+                                 f"and {f.relative_to(root)})")
+    return TraceDir(root, kind, files, metas)
+
+
+def open_traces(trace_dir: Path) -> TraceDir:
+    """Like `scan`, but a directory without any trace is a TraceError."""
+    td = scan(trace_dir)
+    if td.kind == "empty":
+        raise TraceError(f"no traces in {td.root} (no *.parquet files)")
+    return td
+
+
+def check_fingerprint(trace_dir: Path, fingerprint: str) -> None:
+    """TraceError unless every per-token trace in `trace_dir` was collected from the model
+    with `fingerprint` (imported counts carry none and are refused here: see check_shape)."""
+    td = open_traces(trace_dir)
+    if td.kind == KIND_COUNTS:
+        raise TraceError(f"{td.root} holds imported counts without a model fingerprint")
+    found = td.model["fingerprint"]
+    if found != fingerprint:
+        raise TraceError(f"traces in {td.root} were collected from another model "
+                         f"(fingerprint {found[:16]}, this model {fingerprint[:16]})")
+
+
+def check_shape(trace_dir: Path, num_moe_layers: int, num_experts: int) -> None:
+    """TraceError unless the traces in `trace_dir` have `num_moe_layers` x `num_experts`."""
+    td = open_traces(trace_dir)
+    model = td.model
+    if td.kind == KIND_COUNTS:
+        shape = (model["num_moe_layers"], model["num_experts"])
+    else:
+        shape = (len(model["moe_layers"]), model["experts_per_layer"])
+    if shape != (num_moe_layers, num_experts):
+        raise TraceError(f"traces in {td.root} are for {shape[0]} MoE layers x {shape[1]} "
+                         f"experts, the model has {num_moe_layers} x {num_experts}")
+
+
+def check_compatible(trace_dir: Path, fingerprint: str, moe_layers: list[int] | tuple[int, ...],
+                     num_experts: int) -> None:
+    """The one check every command that reads traces makes: the fingerprint for per-token
+    traces, the (MoE layers x experts) shape for imported count matrices."""
+    td = open_traces(trace_dir)
+    if td.kind == KIND_COUNTS:
+        check_shape(trace_dir, len(moe_layers), num_experts)
+    else:
+        check_fingerprint(trace_dir, fingerprint)
+
+
+def _filter(phase: str | None, tags: list[str] | None) -> ds.Expression | None:
+    expr = None
+    if phase is not None:
+        expr = pc.field("phase") == phase
+    if tags is not None:
+        tag_expr = pc.field("tag").isin(list(tags))
+        expr = tag_expr if expr is None else expr & tag_expr
+    return expr
+
+
+def stream_rows(td: TraceDir, columns: list[str], phase: str | None, tags: list[str] | None,
+                seq_ids: set[int] | None, first_layer_only: bool = False) -> Iterator[dict]:
+    """Stream the per-token rows of `phase` (None: all), `tags` and `seq_ids` (None: all),
+    only of the first MoE layer if `first_layer_only` (one row per token), as batches
+    {column: numpy array}; `experts` is [N, k] int16, dictionary columns become str arrays."""
+    expr = _filter(phase, tags)
+    if first_layer_only:
+        first = pc.field("layer") == pa.scalar(td.model["moe_layers"][0], pa.int16())
+        expr = first if expr is None else expr & first
+    needed = list(dict.fromkeys([*columns, *(["seq_id"] if seq_ids is not None else [])]))
+    allowed = None if seq_ids is None else np.fromiter(seq_ids, dtype=np.int64)
+    k = td.model["top_k"]
+    batches = td.dataset().to_batches(
+        columns=needed, filter=expr, batch_size=BATCH_ROWS, batch_readahead=READAHEAD,
+        fragment_readahead=1, fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
+    for batch in batches:
+        out = {}
+        for name in needed:
+            col = batch.column(name)
+            if name == "experts":
+                out[name] = col.flatten().to_numpy().reshape(-1, k)
+            elif pa.types.is_dictionary(col.type):
+                out[name] = np.array(col.dictionary.to_pylist())[col.indices.to_numpy()]
+            else:
+                out[name] = col.to_numpy()
+        if allowed is not None:
+            keep = np.isin(out["seq_id"], allowed)
+            out = {name: arr[keep] for name, arr in out.items()}
+        if len(out[needed[0]]):
+            yield out

@@ -1,0 +1,105 @@
+"""Importing other tools' routing dumps: count matrices (MoE layers x experts).
+
+A count matrix `[L, E]` (`.npy`, or `.csv` with an optional header row) holds, in row i, how
+often each expert of the i-th MoE layer was selected. It is stored as `counts.parquet`
+(see `traces.schema`) so that `load_profile(DIR)` returns a per_token=False Profile.
+It has no fingerprint: `traces.dataset.check_shape` guards its use with a model.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.corpora import check_tag
+from traces.dataset import scan
+from traces.errors import TraceError
+from traces.schema import COUNTS_FILE, KIND_COUNTS, counts_schema
+
+
+def read_count_matrix(path: Path) -> np.ndarray:
+    """[L, E] int64 from a `.npy` or `.csv` file of non-negative integer counts."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"count matrix not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        try:
+            raw = np.load(path, allow_pickle=False)
+        except ValueError as exc:
+            raise TraceError(f"{path}: not a numeric .npy array ({exc})") from None
+    elif suffix == ".csv":
+        raw = _read_csv(path)
+    else:
+        raise TraceError(f"{path}: unknown count format {suffix!r} (use .npy or .csv)")
+    if raw.ndim != 2 or 0 in raw.shape:
+        raise TraceError(f"{path}: expected a 2-D (MoE layers x experts) matrix, got shape "
+                         f"{raw.shape}")
+    if not np.issubdtype(raw.dtype, np.number) or not np.all(np.isfinite(raw)) \
+            or np.any(raw < 0) or np.any(raw != np.round(raw)):
+        raise TraceError(f"{path}: counts must be finite non-negative integers")
+    return raw.astype(np.int64)
+
+
+def _read_csv(path: Path) -> np.ndarray:
+    with path.open(newline="") as f:
+        rows = [r for r in csv.reader(f) if any(cell.strip() for cell in r)]
+    if rows and not _numeric(rows[0]):
+        rows = rows[1:]
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise TraceError(f"{path}: expected rows of equal length (one per MoE layer)")
+    for number, row in enumerate(rows, 1):
+        if not _numeric(row):
+            raise TraceError(f"{path}: data row {number} is not numeric")
+    return np.array([[float(c) for c in r] for r in rows])
+
+
+def _numeric(row: list[str]) -> bool:
+    try:
+        [float(c) for c in row]
+    except ValueError:
+        return False
+    return True
+
+
+def import_counts(path: Path, out_dir: Path, *, top_k: int, tag: str | None = None,
+                  tokens: int | None = None) -> Path:
+    """Store the count matrix at `path` as `out_dir/counts.parquet`; returns that path.
+
+    `top_k`: experts each token selects (frequencies are counts / tokens); `tokens`: tokens
+    counted (default: the largest row sum / top_k, rounded up)."""
+    counts = read_count_matrix(path)
+    num_layers, num_experts = counts.shape
+    if not 1 <= top_k <= num_experts:
+        raise TraceError(f"--top-k must be in [1, {num_experts}], got {top_k}")
+    tag = check_tag(tag if tag is not None else Path(path).stem)
+    implied = math.ceil(int(counts.sum(axis=1).max()) / top_k)
+    if tokens is None:
+        tokens = implied
+    elif tokens < implied:
+        raise TraceError(f"--tokens {tokens} is too few: a layer has "
+                         f"{int(counts.sum(axis=1).max())} selections of top-k {top_k}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and scan(out_dir).kind != "empty":
+        raise TraceError(f"{out_dir} already holds traces; import into an empty directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": KIND_COUNTS, "tag": tag, "top_k": top_k, "tokens": tokens,
+            "num_moe_layers": num_layers, "num_experts": num_experts,
+            "source": Path(path).name,
+            "source_sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+    schema = counts_schema(meta)
+    table = pa.Table.from_arrays([pa.array(np.arange(num_layers, dtype=np.int16)),
+                                  pa.array(list(counts), type=pa.list_(pa.int64()))],
+                                 schema=schema)
+    final = out_dir / COUNTS_FILE
+    tmp = final.with_name(final.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, final)
+    return final

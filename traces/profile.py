@@ -1,0 +1,274 @@
+"""Profiles: what the solver consumes from a trace directory.
+
+`load_profile` aggregates per-(MoE layer, expert) selection counts; `sample_steps` draws
+decode steps of B concurrent tokens from distinct sequences; `split_sequences` makes k folds
+of sequence ids for calibration / held-out evaluation. Every reader streams the Parquet
+dataset batch by batch (`traces.dataset`), so memory is bounded by one batch plus the
+outputs (and, for sampling, one small record per sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from traces.dataset import TraceDir, open_traces, stream_rows
+from traces.errors import TraceError
+from traces.schema import KIND_COUNTS
+
+CHUNK_CELLS = 1 << 23
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Selection counts of one trace directory (or of an imported count matrix)."""
+
+    name: str                     # tag(s) or directory name
+    moe_layers: tuple[int, ...]   # decoder layer indices (0..L-1 ordinals for imported counts)
+    num_experts: int
+    top_k: int
+    fingerprint: str | None       # None for imported count matrices
+    counts: np.ndarray            # [L, E] int64 selections per (MoE layer ordinal, expert)
+    tokens: int                   # tokens counted
+    sequences: int
+    per_token: bool               # False for imported count matrices (frequencies only)
+
+    def frequency(self) -> np.ndarray:
+        """[L, E] float64: P(expert selected by one token) = counts / tokens."""
+        return self.counts / max(self.tokens, 1)
+
+
+def _layer_lut(moe_layers: tuple[int, ...]) -> np.ndarray:
+    lut = np.full(max(moe_layers) + 1, -1, dtype=np.int64)
+    lut[list(moe_layers)] = np.arange(len(moe_layers))
+    return lut
+
+
+def _name(td: TraceDir, tags: list[str] | None) -> str:
+    if tags:
+        return "+".join(tags)
+    found = sorted({m["tag"] for m in td.metas})
+    return found[0] if len(found) == 1 else td.root.name
+
+
+def _decode_or_all(td: TraceDir, phase: str | None, tags: list[str] | None,
+                   seq_ids: set[int] | None) -> str | None:
+    """`phase` if any selected row has it, else None (use every row)."""
+    if phase is None:
+        return None
+    for _ in stream_rows(td, ["seq_id"], phase, tags, seq_ids, first_layer_only=True):
+        return phase
+    return None
+
+
+def load_profile(trace_dir: Path, *, phase: str | None = "decode",
+                 tags: list[str] | None = None, seq_ids: set[int] | None = None) -> Profile:
+    """Aggregate the rows of `phase` (None: all rows; if no row has `phase`, all rows are
+    used), restricted to `tags` and `seq_ids` when given, into a Profile. Streams."""
+    td = open_traces(trace_dir)
+    if td.kind == KIND_COUNTS:
+        return _counts_profile(td, tags, seq_ids)
+    model = td.model
+    layers, num_experts, k = tuple(model["moe_layers"]), model["experts_per_layer"], model["top_k"]
+    lut = _layer_lut(layers)
+    phase = _decode_or_all(td, phase, tags, seq_ids)
+    counts = np.zeros(len(layers) * num_experts, dtype=np.int64)
+    rows = np.zeros(len(layers), dtype=np.int64)
+    seen: list[np.ndarray] = []
+    for b in stream_rows(td, ["seq_id", "layer", "experts"], phase, tags, seq_ids):
+        ordinal = lut[b["layer"]]
+        counts += np.bincount((ordinal[:, None] * num_experts + b["experts"]).ravel(),
+                              minlength=counts.size)
+        rows += np.bincount(ordinal, minlength=len(layers))
+        seen.append(np.unique(b["seq_id"][ordinal == 0]))
+    if not seen:
+        raise TraceError(f"no trace rows in {td.root} match tags={tags} and the given seq_ids")
+    return Profile(name=_name(td, tags), moe_layers=layers, num_experts=num_experts, top_k=k,
+                   fingerprint=model["fingerprint"], counts=counts.reshape(len(layers), -1),
+                   tokens=int(rows.max()), sequences=len(np.unique(np.concatenate(seen))),
+                   per_token=True)
+
+
+def _counts_profile(td: TraceDir, tags: list[str] | None, seq_ids: set[int] | None) -> Profile:
+    meta = td.metas[0]
+    if tags is not None and meta["tag"] not in tags:
+        raise TraceError(f"{td.root} holds imported counts tagged {meta['tag']!r}, not {tags}")
+    if seq_ids is not None:
+        raise TraceError(f"{td.root} holds imported counts: no sequences to restrict to")
+    table = pq.read_table(td.files[0])
+    order = np.argsort(table.column("layer").to_numpy())
+    counts = np.array(table.column("counts").to_pylist(), dtype=np.int64)[order]
+    return Profile(name=meta["tag"], moe_layers=tuple(range(meta["num_moe_layers"])),
+                   num_experts=meta["num_experts"], top_k=meta["top_k"], fingerprint=None,
+                   counts=counts, tokens=meta["tokens"], sequences=0, per_token=False)
+
+
+def split_sequences(trace_dir: Path, folds: int, seed: int = 0, *,
+                    tags: list[str] | None = None) -> list[set[int]]:
+    """Partition the trace's sequence ids into `folds` random sets of near-equal size."""
+    td = open_traces(trace_dir)
+    if td.kind == KIND_COUNTS:
+        raise TraceError(f"{td.root} holds imported counts: no sequences to split")
+    if folds < 2:
+        raise TraceError(f"folds must be >= 2, got {folds}")
+    ids = np.unique(np.concatenate(
+        [b["seq_id"] for b in stream_rows(td, ["seq_id"], None, tags, None, first_layer_only=True)]
+        or [np.zeros(0, np.int64)]))
+    if len(ids) < folds:
+        raise TraceError(f"{td.root} has {len(ids)} sequences, fewer than {folds} folds")
+    perm = np.random.default_rng(seed).permutation(ids)
+    return [set(perm[i::folds].tolist()) for i in range(folds)]
+
+
+def sample_steps(source: Path | Profile, batch: int, num_steps: int, seed: int = 0, *,
+                 tags: list[str] | None = None,
+                 seq_ids: set[int] | None = None) -> np.ndarray:
+    """[S, L, E] bool: for each of `num_steps` decode steps, the experts selected by at least
+    one of `batch` concurrent tokens, per MoE layer ordinal. Same inputs and seed -> same out.
+
+    From a per-token trace directory: step s takes B tokens of B *distinct* sequences (decode
+    rows; all rows if there are none): sequences are drawn without replacement with
+    probability proportional to their number of tokens (a long sequence is in flight longer),
+    then one token uniformly within each; the step is the union of their real selections, so
+    co-selection within a token is kept. The sampled (seq, pos) keys are chosen first from a
+    per-sequence summary, then one streaming pass gathers them (bounded memory). Fewer
+    distinct sequences than B is a TraceError.
+
+    From imported counts (a directory or a Profile with per_token=False) there are no tokens:
+    each of the B tokens independently picks `top_k` distinct experts per layer with
+    probability proportional to the frequency (Gumbel top-k). A per-token Profile is refused:
+    pass its trace directory so that real steps are sampled.
+    """
+    if batch < 1 or num_steps < 1:
+        raise TraceError(f"batch and num_steps must be >= 1, got {batch} and {num_steps}")
+    if isinstance(source, Profile):
+        if source.per_token:
+            raise TraceError("sample_steps needs the trace directory of a per-token profile "
+                             "(steps are drawn from real tokens of distinct sequences)")
+        return _frequency_steps(source, batch, num_steps, seed)
+    td = open_traces(source)
+    if td.kind == KIND_COUNTS:
+        return _frequency_steps(_counts_profile(td, tags, seq_ids), batch, num_steps, seed)
+    return _trace_steps(td, batch, num_steps, seed, tags, seq_ids)
+
+
+def _frequency_steps(profile: Profile, batch: int, num_steps: int, seed: int) -> np.ndarray:
+    num_layers, num_experts, k = len(profile.moe_layers), profile.num_experts, profile.top_k
+    rng = np.random.default_rng(seed)
+    with np.errstate(divide="ignore"):
+        logits = np.log(profile.frequency())
+    out = np.zeros((num_steps, num_layers, num_experts), dtype=bool)
+    chunk = max(1, CHUNK_CELLS // (batch * num_experts))
+    for start in range(0, num_steps, chunk):
+        steps = min(chunk, num_steps - start)
+        step_of = np.repeat(np.arange(start, start + steps), batch * k)
+        for layer in range(num_layers):
+            keys = logits[layer] + rng.gumbel(size=(steps * batch, num_experts))
+            picks = np.argpartition(-keys, k - 1, axis=1)[:, :k]
+            finite = np.isfinite(np.take_along_axis(keys, picks, axis=1)).ravel()
+            out[step_of[finite], layer, picks.ravel()[finite]] = True
+    return out
+
+
+@dataclass(frozen=True)
+class _SeqSummary:
+    """Per sequence with selected rows (sorted by id): token count, first and last position."""
+
+    ids: np.ndarray
+    count: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+
+def _summarize(td: TraceDir, phase: str | None, tags: list[str] | None,
+               seq_ids: set[int] | None) -> _SeqSummary:
+    parts = []
+    for b in stream_rows(td, ["seq_id", "pos"], phase, tags, seq_ids, first_layer_only=True):
+        ids, inv = np.unique(b["seq_id"], return_inverse=True)
+        first = np.full(len(ids), np.iinfo(np.int64).max)
+        last = np.full(len(ids), -1, dtype=np.int64)
+        np.minimum.at(first, inv, b["pos"])
+        np.maximum.at(last, inv, b["pos"])
+        parts.append((ids, np.bincount(inv), first, last))
+    if not parts:
+        raise TraceError(f"no trace rows in {td.root} match tags={tags} and the given seq_ids")
+    all_ids = np.concatenate([p[0] for p in parts])
+    ids, inv = np.unique(all_ids, return_inverse=True)
+    count = np.bincount(inv, weights=np.concatenate([p[1] for p in parts])).astype(np.int64)
+    first = np.full(len(ids), np.iinfo(np.int64).max)
+    last = np.full(len(ids), -1, dtype=np.int64)
+    np.minimum.at(first, inv, np.concatenate([p[2] for p in parts]))
+    np.maximum.at(last, inv, np.concatenate([p[3] for p in parts]))
+    return _SeqSummary(ids, count, first, last)
+
+
+def _positions(td: TraceDir, phase: str | None, tags: list[str] | None,
+               wanted: np.ndarray) -> dict[int, np.ndarray]:
+    """Sorted positions of each sequence in `wanted` (for sequences with gaps)."""
+    found: dict[int, list[np.ndarray]] = {}
+    for b in stream_rows(td, ["seq_id", "pos"], phase, tags, set(wanted.tolist()),
+                     first_layer_only=True):
+        for sid in np.unique(b["seq_id"]):
+            found.setdefault(int(sid), []).append(b["pos"][b["seq_id"] == sid])
+    return {sid: np.sort(np.concatenate(p)) for sid, p in found.items()}
+
+
+def _trace_steps(td: TraceDir, batch: int, num_steps: int, seed: int,
+                 tags: list[str] | None, seq_ids: set[int] | None) -> np.ndarray:
+    model = td.model
+    layers, num_experts = tuple(model["moe_layers"]), model["experts_per_layer"]
+    phase = _decode_or_all(td, "decode", tags, seq_ids)
+    summary = _summarize(td, phase, tags, seq_ids)
+    n = len(summary.ids)
+    if n < batch:
+        raise TraceError(f"{td.root} has only {n} sequences with {phase or 'any'} tokens; a step "
+                         f"of batch {batch} needs {batch} distinct sequences")
+    rng = np.random.default_rng(seed)
+    log_weight = np.log(summary.count.astype(np.float64))
+    chosen = np.empty((num_steps, batch), dtype=np.int64)
+    chunk = max(1, CHUNK_CELLS // n)
+    for start in range(0, num_steps, chunk):
+        steps = min(chunk, num_steps - start)
+        keys = log_weight + rng.gumbel(size=(steps, n))
+        chosen[start:start + steps] = np.argpartition(-keys, batch - 1, axis=1)[:, :batch]
+    rank = rng.integers(0, summary.count[chosen])
+    pos = summary.first[chosen] + rank
+    gappy = summary.last - summary.first + 1 != summary.count
+    if gappy[chosen].any():
+        lists = _positions(td, phase, tags, np.unique(summary.ids[chosen[gappy[chosen]]]))
+        for s, b in zip(*np.nonzero(gappy[chosen]), strict=True):
+            pos[s, b] = lists[int(summary.ids[chosen[s, b]])][rank[s, b]]
+    return _gather(td, summary, chosen, pos, phase, tags, seq_ids, layers, num_experts)
+
+
+def _gather(td: TraceDir, summary: _SeqSummary, chosen: np.ndarray, pos: np.ndarray,
+            phase: str | None, tags: list[str] | None, seq_ids: set[int] | None,
+            layers: tuple[int, ...], num_experts: int) -> np.ndarray:
+    """One streaming pass: OR the selections of each sampled (sequence, position) into its
+    steps. `chosen`, `pos`: [S, B] sequence indices (into summary.ids) and positions."""
+    num_steps = chosen.shape[0]
+    span = int(summary.last.max()) + 1
+    keys = (chosen * span + pos).ravel()
+    step_of = np.repeat(np.arange(num_steps), chosen.shape[1])
+    order = np.argsort(keys, kind="stable")
+    unique_keys, first_at, reps = np.unique(keys[order], return_index=True, return_counts=True)
+    steps_sorted = step_of[order]
+    lut = _layer_lut(layers)
+    out = np.zeros((num_steps, len(layers), num_experts), dtype=bool)
+    for b in stream_rows(td, ["seq_id", "pos", "layer", "experts"], phase, tags, seq_ids):
+        seq_index = np.minimum(np.searchsorted(summary.ids, b["seq_id"]), len(summary.ids) - 1)
+        row_keys = np.where(summary.ids[seq_index] == b["seq_id"], seq_index * span + b["pos"], -1)
+        at = np.minimum(np.searchsorted(unique_keys, row_keys), len(unique_keys) - 1)
+        hit = np.flatnonzero(unique_keys[at] == row_keys)
+        if not len(hit):
+            continue
+        u = at[hit]
+        count = reps[u]
+        row = np.repeat(hit, count)
+        offsets = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        steps = steps_sorted[np.repeat(first_at[u], count) + offsets]
+        out[steps[:, None], lut[b["layer"][row]][:, None], b["experts"][row]] = True
+    return out

@@ -1,0 +1,117 @@
+"""The routing-trace format: one Parquet row per (token, MoE layer).
+
+A trace directory is a Parquet dataset: any number of `*.parquet` files, flat or in
+hive-style sub-directories (`host=a/tag=chat/...`); every reader finds them recursively and
+streams them with `pyarrow.dataset` in bounded memory. Files ending in `.parquet.tmp` are
+unfinished (an interrupted `placer collect`) and are never read.
+
+Columns (one row per token and per MoE layer; padding tokens are never recorded):
+
+| column    | type                               | meaning                                        |
+|-----------|------------------------------------|------------------------------------------------|
+| `seq_id`  | int64                              | sequence id, unique across the directory       |
+| `pos`     | int32                              | 0-based position of the token in its sequence  |
+| `token`   | int32                              | token id                                       |
+| `phase`   | dictionary<int32, string>          | `prefill` or `decode`                          |
+| `layer`   | int16                              | decoder layer index (not the MoE ordinal)      |
+| `experts` | fixed_size_list<int16>[top_k]      | the k experts the router selected, router order|
+| `weights` | fixed_size_list<float32>[top_k]    | their gate weights as passed to the experts    |
+|           | (nullable)                         | (null when collected with `--no-weights`)      |
+| `tag`     | dictionary<int32, string>          | corpus tag (file stem, `--tag`, or `random`)   |
+
+Rows are written sorted by (`seq_id`, `pos`, `layer`) within each Parquet row group.
+
+`--mode score` runs one forward pass over each document; a token's routing there is what
+decoding that text would route, so those rows have phase `decode`. `--mode generate` feeds
+a prompt (phase `prefill`, every prompt token) and then greedily decodes; every generated
+token that is fed back through the model is a `decode` row (so `--max-new-tokens N` gives
+up to N - 1 decode rows per sequence: the last generated token is never fed). Decoding of a
+sequence stops at its end-of-sequence token; tokens after it are not recorded.
+
+File metadata: key `placer` holds a JSON object:
+
+    {"schema_version": 1, "kind": "tokens", "placer_version": "0.1.0",
+     "fingerprint": "<hex: model config + inventory>", "num_layers": 48,
+     "moe_layers": [0, 1, ...], "experts_per_layer": 128, "top_k": 8,
+     "tag": "chat", "corpus": "chat.jsonl", "corpus_sha256": "<hex>",
+     "mode": "score" | "generate", "run_id": 123456789, "seq_id_base": 530242871224172544,
+     "weights": true, "max_length": 512, "max_new_tokens": null, "seed": 0}
+
+Sequence ids: every file (one per corpus and `placer collect` run) gets a 31-bit `run_id`,
+derived from a hash of the run's identity (fingerprint, corpus sha256, tag, mode, options)
+and bumped until it is unused in the directory; its sequences are numbered
+`seq_id = run_id * 2**32 + n`, where n = 0, 1, ... counts the recorded (non-empty)
+documents of the corpus in order. So ids never collide within a directory, and directories
+collected on different hosts can be merged with negligible collision odds.
+
+Imported count matrices (`placer traces import`) are stored as `counts.parquet`: one row per
+MoE layer ordinal with columns `layer` (int16, the ordinal i: the i-th MoE layer) and
+`counts` (list<int64>, one per expert), metadata `placer` =
+`{"schema_version": 1, "kind": "counts", "placer_version": ..., "tag": ..., "top_k": k,
+"tokens": T, "num_moe_layers": L, "num_experts": E, "source": ..., "source_sha256": ...}`.
+They carry no fingerprint and no per-token rows; a directory holds one or the other.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import version
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.errors import TraceError
+
+SCHEMA_VERSION = 1
+METADATA_KEY = b"placer"
+KIND_TOKENS = "tokens"
+KIND_COUNTS = "counts"
+PHASES = ("prefill", "decode")
+PLACER_VERSION = version("placer")
+SEQ_ID_SHIFT = 32
+COUNTS_FILE = "counts.parquet"
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+
+def trace_schema(top_k: int, meta: dict | None = None) -> pa.Schema:
+    """The Arrow schema of a per-token trace file with `top_k` experts per row."""
+    fields = [
+        pa.field("seq_id", pa.int64(), nullable=False),
+        pa.field("pos", pa.int32(), nullable=False),
+        pa.field("token", pa.int32(), nullable=False),
+        pa.field("phase", _DICT, nullable=False),
+        pa.field("layer", pa.int16(), nullable=False),
+        pa.field("experts", pa.list_(pa.int16(), top_k), nullable=False),
+        pa.field("weights", pa.list_(pa.float32(), top_k), nullable=True),
+        pa.field("tag", _DICT, nullable=False),
+    ]
+    return pa.schema(fields, metadata=None if meta is None else encode_meta(meta))
+
+
+def counts_schema(meta: dict) -> pa.Schema:
+    """The Arrow schema of an imported count matrix (`counts.parquet`)."""
+    return pa.schema([pa.field("layer", pa.int16(), nullable=False),
+                      pa.field("counts", pa.list_(pa.int64()), nullable=False)],
+                     metadata=encode_meta(meta))
+
+
+def encode_meta(meta: dict) -> dict[bytes, bytes]:
+    """File metadata `{b"placer": JSON}` with the schema and placer versions filled in."""
+    full = {"schema_version": SCHEMA_VERSION, "placer_version": PLACER_VERSION, **meta}
+    return {METADATA_KEY: json.dumps(full, sort_keys=True).encode()}
+
+
+def read_meta(path) -> dict:
+    """The `placer` metadata of one Parquet file (reads only its footer)."""
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise TraceError(f"{path} is not a readable Parquet file: {exc}") from exc
+    if METADATA_KEY not in raw:
+        raise TraceError(f"{path} is not a placer trace (no 'placer' metadata)")
+    meta = json.loads(raw[METADATA_KEY])
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise TraceError(f"{path} has trace schema version {meta.get('schema_version')}, "
+                         f"this placer reads version {SCHEMA_VERSION}")
+    return meta

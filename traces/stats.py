@@ -1,0 +1,103 @@
+"""Summaries of a trace directory: token and sequence counts, per-layer skew, a heatmap."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from traces.dataset import open_traces, stream_rows
+from traces.profile import Profile, load_profile
+from traces.schema import KIND_COUNTS, PHASES
+
+HOT_SHARES = (0.10, 0.25, 0.50)
+
+
+def layer_stats(counts: np.ndarray) -> list[dict]:
+    """Per row of `counts` [L, E]: entropy of expert use in bits (max log2 E) and the share of
+    selections covered by the hottest 10% / 25% / 50% of experts (at least one expert)."""
+    out = []
+    num_experts = counts.shape[1]
+    for row in counts:
+        total = int(row.sum())
+        p = row[row > 0] / max(total, 1)
+        hottest = np.cumsum(np.sort(row)[::-1])
+        out.append({
+            "selections": total,
+            "entropy_bits": float(-(p * np.log2(p)).sum()) if total else 0.0,
+            "hot_share": {f"{round(f * 100)}%": float(hottest[max(1, math.ceil(f * num_experts))
+                                                             - 1] / max(total, 1))
+                          for f in HOT_SHARES},
+        })
+    return out
+
+
+def trace_stats(trace_dir: Path, *, phase: str | None = None,
+                tags: list[str] | None = None) -> dict:
+    """Tokens, sequences, per tag and per phase; per MoE layer entropy and hot shares.
+
+    `phase`: restrict the per-layer figures to one phase (default: every row)."""
+    td = open_traces(trace_dir)
+    profile = load_profile(trace_dir, phase=phase, tags=tags)
+    per_tag: dict[str, dict] = {}
+    per_phase = dict.fromkeys(PHASES, 0)
+    if td.kind != KIND_COUNTS:
+        seqs: dict[str, set[int]] = {}
+        for b in stream_rows(td, ["seq_id", "phase", "tag"], None, tags, None,
+                         first_layer_only=True):
+            for tag in np.unique(b["tag"]):
+                mine = b["tag"] == tag
+                entry = per_tag.setdefault(str(tag), {"tokens": 0, "sequences": 0})
+                entry["tokens"] += int(mine.sum())
+                seqs.setdefault(str(tag), set()).update(np.unique(b["seq_id"][mine]).tolist())
+            for name in PHASES:
+                per_phase[name] += int((b["phase"] == name).sum())
+        for tag, ids in seqs.items():
+            per_tag[tag]["sequences"] = len(ids)
+    else:
+        per_tag[profile.name] = {"tokens": profile.tokens, "sequences": 0}
+    return {
+        "trace_dir": str(td.root),
+        "kind": td.kind,
+        "name": profile.name,
+        "fingerprint": profile.fingerprint,
+        "moe_layers": list(profile.moe_layers),
+        "num_experts": profile.num_experts,
+        "top_k": profile.top_k,
+        "tokens": sum(v["tokens"] for v in per_tag.values()),
+        "sequences": sum(v["sequences"] for v in per_tag.values()),
+        "phases": per_phase if td.kind != KIND_COUNTS else None,
+        "tags": per_tag,
+        "layer_stats_phase": phase,
+        "layer_stats_tokens": profile.tokens,
+        "layers": [{"layer": layer, **s} for layer, s in
+                   zip(profile.moe_layers, layer_stats(profile.counts), strict=True)],
+    }
+
+
+def plot_heatmap(profile: Profile, path: Path) -> Path:
+    """Write a layers x experts heatmap of selection frequency to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    freq = profile.frequency()
+    width = min(16.0, 3.0 + 0.05 * profile.num_experts)
+    height = min(12.0, 2.0 + 0.25 * len(profile.moe_layers))
+    fig, ax = plt.subplots(figsize=(width, height))
+    try:
+        image = ax.imshow(freq, aspect="auto", interpolation="nearest", cmap="viridis")
+        ax.set_xlabel("expert")
+        ax.set_ylabel("decoder layer")
+        ticks = np.linspace(0, len(profile.moe_layers) - 1,
+                            min(len(profile.moe_layers), 16)).round().astype(int)
+        ax.set_yticks(ticks, [str(profile.moe_layers[i]) for i in ticks])
+        ax.set_title(f"{profile.name}: P(expert selected by a token), {profile.tokens} tokens")
+        fig.colorbar(image, ax=ax)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return Path(path)

@@ -1,0 +1,96 @@
+"""Writing one trace file: buffered Parquet row groups, atomic rename at the end.
+
+Rows go to `NAME.parquet.tmp` in row groups as they come (memory stays bounded by one row
+group); `close()` renames it to `NAME.parquet`. If anything fails before that, the temporary
+file is deleted, so an interrupted run never leaves a file that looks complete (and readers
+ignore `*.parquet.tmp` even when a killed process could not delete it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.schema import PHASES, trace_schema
+
+ROW_GROUP_ROWS = 1 << 18
+
+
+class TraceWriter:
+    """Append (token, layer) rows to the trace file `path` (schema in `traces.schema`)."""
+
+    def __init__(self, path: Path, *, tag: str, top_k: int, meta: dict,
+                 row_group_rows: int = ROW_GROUP_ROWS) -> None:
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.top_k = top_k
+        self.schema = trace_schema(top_k, meta)
+        self.row_group_rows = row_group_rows
+        self.rows = 0
+        self._tag = pa.array([tag])
+        self._phases = pa.array(list(PHASES))
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+
+    def write(self, seq_id: np.ndarray, pos: np.ndarray, token: np.ndarray,
+              phase: np.ndarray, layer: np.ndarray, experts: np.ndarray,
+              weights: np.ndarray | None) -> None:
+        """Buffer N rows: 1-D arrays of length N (`phase` = index into PHASES) and
+        `experts` [N, k] int, `weights` [N, k] float32 or None."""
+        n = len(seq_id)
+        if n == 0:
+            return
+        k = self.top_k
+        weights_array = (pa.nulls(n, self.schema.field("weights").type) if weights is None
+                         else pa.FixedSizeListArray.from_arrays(
+                             pa.array(np.ascontiguousarray(weights, np.float32).ravel()), k))
+        batch = pa.RecordBatch.from_arrays([
+            pa.array(np.asarray(seq_id, np.int64)),
+            pa.array(np.asarray(pos, np.int32)),
+            pa.array(np.asarray(token, np.int32)),
+            pa.DictionaryArray.from_arrays(pa.array(np.asarray(phase, np.int32)), self._phases),
+            pa.array(np.asarray(layer, np.int16)),
+            pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ascontiguousarray(experts, np.int16).ravel()), k),
+            weights_array,
+            pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), self._tag),
+        ], schema=self.schema)
+        self._pending.append(batch)
+        self._pending_rows += n
+        self.rows += n
+        if self._pending_rows >= self.row_group_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            table = pa.Table.from_batches(self._pending, schema=self.schema)
+            self._writer.write_table(table, row_group_size=self.row_group_rows)
+            self._pending, self._pending_rows = [], 0
+
+    def close(self) -> Path:
+        """Flush, close and rename to the final name; returns it."""
+        self._flush()
+        self._writer.close()
+        with open(self.tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Close and delete the temporary file."""
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
