@@ -1,0 +1,135 @@
+"""The stall cost model, vectorized over sampled decode steps.
+
+Per decode step s, MoE layer l, card c and shared host link g:
+
+    card_time(l, c) = n_transfers(l, c) * latency_c + cold_bytes(l, c) / bandwidth_c
+    link_time(l, g) = sum_{c behind g} cold_bytes(l, c) / link_bandwidth_g
+    layer_stall(s, l) = max(max_c card_time(l, c), max_g link_time(l, g))
+    stall(s) = sum_l layer_stall(s, l)
+
+where the sums run over the experts homed on c that step s selects at layer l and that are not
+fully resident: each costs one transfer plus its cold bytes (a partly resident expert stages
+its cold suffix of pages in one transfer; a fully resident one costs nothing).
+Only `expert_bytes`, `home`, `cards` and `page_bytes` of the problem are used by the functions
+that take `selected` explicitly, so a problem with any `steps` (even none) can replay traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.problem import Placement, Problem, check_placement
+
+
+def home_matrix(problem: Problem) -> np.ndarray:
+    """[L, E, C] float one-hot of each expert's home card."""
+    return np.eye(problem.num_cards)[np.asarray(problem.home)]
+
+
+def link_matrix(problem: Problem) -> np.ndarray:
+    """[C, G] float one-hot of each card's shared host link."""
+    return np.eye(problem.cards.num_links)[np.asarray(problem.cards.link_of)]
+
+
+def card_loads(
+    problem: Problem, placement: Placement, selected: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cold bytes and transfers each card stages.
+
+    selected: [S, L, E] bool. Returns (cold_bytes [S, L, C] float, transfers [S, L, C] float),
+    both exact integers held in float64.
+    """
+    check_placement(problem, placement)
+    cold = placement.cold_bytes(problem).astype(np.float64)
+    onehot = home_matrix(problem)
+    selected = np.asarray(selected)
+    num_steps, num_layers = selected.shape[:2]
+    cold_bytes = np.empty((num_steps, num_layers, problem.num_cards))
+    transfers = np.empty_like(cold_bytes)
+    for layer in range(num_layers):
+        sel = selected[:, layer, :].astype(np.float64)  # [S, E]
+        cold_bytes[:, layer] = sel @ (cold[layer, :, None] * onehot[layer])
+        transfers[:, layer] = sel @ ((cold[layer] > 0)[:, None] * onehot[layer])
+    return cold_bytes, transfers
+
+
+def stall_from_loads(problem: Problem, cold_bytes: np.ndarray, transfers: np.ndarray) -> np.ndarray:
+    """[..., C] cold bytes and transfers per card -> [...] layer stall seconds."""
+    cards = problem.cards
+    card_time = transfers * np.asarray(cards.latency) + cold_bytes / np.asarray(cards.bandwidth)
+    link_time = (cold_bytes @ link_matrix(problem)) / np.asarray(cards.link_bandwidth)
+    return np.maximum(card_time.max(axis=-1), link_time.max(axis=-1))
+
+
+def layer_stall(problem: Problem, placement: Placement, selected: np.ndarray) -> np.ndarray:
+    """selected: [S, L, E] bool -> [S, L] float seconds each layer of each step waits."""
+    cold_bytes, transfers = card_loads(problem, placement, selected)
+    return stall_from_loads(problem, cold_bytes, transfers)
+
+
+def step_stall(problem: Problem, placement: Placement, selected: np.ndarray) -> np.ndarray:
+    """selected: [S, L, E] bool -> [S] float stall seconds of each step."""
+    return layer_stall(problem, placement, selected).sum(axis=1)
+
+
+def objective(problem: Problem, placement: Placement) -> float:
+    """sum_k weight_k * mean_s stall(steps_k[s]) over the problem's steps, in seconds."""
+    return float(
+        sum(
+            st.weight * step_stall(problem, placement, st.selected).mean()
+            for st in problem.steps
+        )
+    )
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Replay of sampled steps against a placement. All arrays [S, L] float.
+
+    layer_stall:    seconds each layer waits for staging.
+    staged_bytes:   cold bytes staged (all cards).
+    transfers:      transfers issued (all cards).
+    selected_bytes: bytes of the selected experts (resident or not).
+    """
+
+    layer_stall: np.ndarray
+    staged_bytes: np.ndarray
+    transfers: np.ndarray
+    selected_bytes: np.ndarray
+
+    @property
+    def step_stall(self) -> np.ndarray:
+        """[S] stall seconds of each step."""
+        return self.layer_stall.sum(axis=1)
+
+    @property
+    def hit_rate(self) -> float:
+        """1 - staged / selected bytes over all steps (1.0 when nothing was selected)."""
+        selected = float(self.selected_bytes.sum())
+        return 1.0 - float(self.staged_bytes.sum()) / selected if selected > 0 else 1.0
+
+    def summary(self, batch: int, base_step_s: float) -> dict[str, float]:
+        """Figures per step and per token at concurrency `batch`; tokens/s = B / (base + mean stall)."""
+        stall = self.step_stall
+        step_s = base_step_s + float(stall.mean())
+        return {
+            "hit_rate": self.hit_rate,
+            "stall_s_per_step": float(stall.mean()),
+            "staged_bytes_per_token": float(self.staged_bytes.sum(axis=1).mean()) / batch,
+            "transfers_per_token": float(self.transfers.sum(axis=1).mean()) / batch,
+            "tokens_per_s": batch / step_s if step_s > 0 else float("inf"),
+        }
+
+
+def step_stats(problem: Problem, placement: Placement, selected: np.ndarray) -> StepStats:
+    """selected: [S, L, E] bool -> StepStats of the replay."""
+    cold_bytes, transfers = card_loads(problem, placement, selected)
+    sel = np.asarray(selected, dtype=np.float64)
+    return StepStats(
+        layer_stall=stall_from_loads(problem, cold_bytes, transfers),
+        staged_bytes=cold_bytes.sum(axis=2),
+        transfers=transfers.sum(axis=2),
+        selected_bytes=np.einsum("sle,le->sl", sel, np.asarray(problem.expert_bytes, np.float64)),
+    )
