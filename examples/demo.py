@@ -10,7 +10,9 @@
    prose + random tokens, on a toy 2-card box scaled to the tiny model;
 5. placer emit + placer verify: the repacked shards, proven byte for byte;
 6. placer evaluate: each plan on every traffic set against layer offload, uniform and the
-   oracle, with a WARNING where a plan is predicted worse than layer offload.
+   oracle, with a WARNING where a plan is predicted worse than layer offload;
+7. placer run: a prompt through the placed model on the reference staging runtime, with
+   what it staged.
 
 Every step is a real `placer` command, printed before it runs.
 """
@@ -79,6 +81,8 @@ def main() -> None:
              for a in ("--traces", out / "traces" / name)]
     placer("evaluate", out / "placed", *evals, "--plot", out / "evaluate.png")
     placer("evaluate", out / "plan-robust.json", *evals)
+    placer("run", out / "placed", "--model", model, "--prompt", "To be, or not to be",
+           "--max-new-tokens", 16)
     print(f"\ndemo done: everything is in {out}/")
 
 

@@ -1,0 +1,46 @@
+"""`make bench`: every benchmark, one after another, each printing ratios against a baseline
+it measures in the same run.
+
+    .venv/bin/python benchmarks/run_all.py [--quick]
+
+`--quick` passes each benchmark its small sizes (a smoke run, not figures to quote).
+A benchmark that fails is reported and the rest still run; the exit status is 1 if any did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = {  # script -> its quick-run arguments
+    "bench_traces.py": ["--rows", "1000000", "--repeats", "5"],
+    "bench_solvers.py": ["--quick"],
+    "bench_emit.py": ["--quick"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    args = parser.parse_args()
+    failed = []
+    for script, quick_args in BENCHMARKS.items():
+        argv = [sys.executable, str(HERE / script), *(quick_args if args.quick else [])]
+        print(f"\n=== {script} {' '.join(argv[2:])}", flush=True)
+        start = time.perf_counter()
+        code = subprocess.run(argv).returncode
+        print(f"=== {script}: exit {code} after {time.perf_counter() - start:.1f} s", flush=True)
+        if code != 0:
+            failed.append(script)
+    print("\nGPU staging: `make bench-gpu` (needs a CUDA host)")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
