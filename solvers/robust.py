@@ -1,0 +1,98 @@
+"""Robust placement: minimize the worst ratio, over traffic profiles, of a placement's
+expected stall to layer offload's on that profile.
+
+Each profile k is a Problem with the same sizes, homes, capacity and cards but its own steps.
+With Z_k = objective_k(layer offload), the MILP keeps each profile's block stalls and adds
+    z >= sum_{b in k} w_b t_b / Z_k   for every k,     minimize z.
+A placement with z <= 1 is predicted no worse than layer offload on any profile; layer
+offload itself is feasible (z = 1), so the optimum never exceeds 1.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.linear_solver.python import model_builder as mb
+
+from solvers import baselines, cost, greedy
+from solvers.errors import SolverError
+from solvers.ilp import run
+from solvers.milp_model import build
+from solvers.patterns import LayerPatterns, layer_patterns
+from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
+
+
+@dataclass(frozen=True)
+class RobustOutcome:
+    """result.objective is the worst ratio; ratios: profile name -> ratio to layer offload."""
+
+    result: SolveResult
+    ratios: dict[str, float]
+
+
+def ratios_of(problems: list[Problem], placement: Placement, layer: list[float]
+              ) -> dict[str, float]:
+    """Profile name -> objective ratio to layer offload (1 where layer offload stalls 0)."""
+    out = {}
+    for p, z in zip(problems, layer, strict=True):
+        value = cost.objective(p, placement)
+        out[p.steps[0].name] = value / z if z > 0 else (1.0 if value == 0 else float("inf"))
+    return out
+
+
+def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> RobustOutcome:
+    """The robust placement over `problems` (see module docstring)."""
+    if len(problems) < 2:
+        raise SolverError("robust placement needs at least two traffic profiles")
+    for p in problems:
+        validate(p)
+    start = time.perf_counter()
+    first = problems[0]
+    layer_pl = baselines.layer_offload(first).placement
+    layer = [cost.objective(p, layer_pl) for p in problems]
+    scale = [z if z > 0 else 1.0 for z in layer]
+    # One MILP over all profiles' blocks, each profile's weights divided by its Z_k.
+    steps = [type(st)(f"{k}", st.batch, st.selected, st.weight / scale[k], st.base_step_s)
+             for k, p in enumerate(problems) for st in p.steps]
+    merged = Problem(first.expert_bytes, first.home, first.capacity, first.cards, steps,
+                     first.page_bytes)
+    per_profile = [layer_patterns([st for st in steps if st.name == str(k)], first.num_layers)
+                   for k in range(len(problems))]
+    # One pattern list per layer (as build expects), profiles kept as separate blocks.
+    patterns = [LayerPatterns(np.concatenate([pats[layer].selected for pats in per_profile]),
+                              np.concatenate([pats[layer].weight for pats in per_profile]))
+                for layer in range(first.num_layers)]
+    profile_of = np.concatenate([np.repeat(np.arange(len(problems)),
+                                           [pats[layer].weight.size for pats in per_profile])
+                                 for layer in range(first.num_layers)])
+    weights = np.concatenate([p.weight for p in patterns])
+    milp = build(merged, patterns)
+    # z row per profile: z - sum_{b in k} w_b t_b >= 0 (t in time_scale units).
+    model = milp.model
+    z = model.new_num_var(0.0, np.inf, "z")
+    for k in range(len(problems)):
+        blocks = np.flatnonzero(profile_of == k)
+        terms = [model.var_from_index(int(milp.t[b])) * float(weights[b]) for b in blocks]
+        model.add(z >= mb.LinearExpr.sum(terms))
+    model.minimize(z)
+    candidates = [greedy.greedy_pages(merged, layer_patterns(steps, first.num_layers), seed),
+                  layer_pl.resident_pages]
+    scores = [max(ratios_of(problems, Placement(c), layer).values()) for c in candidates]
+    hint = candidates[int(np.argmin(scores))]
+    milp.hint(hint)
+    values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start), seed)
+    best, best_obj = Placement(hint), min(scores)
+    if values is not None:
+        cand = Placement(milp.pages(values).reshape(first.expert_bytes.shape))
+        if cand.fits(first):
+            value = max(ratios_of(problems, cand, layer).values())
+            if value <= best_obj:
+                best, best_obj = cand, value
+    bound = min(bound_units * milp.time_scale, best_obj) if np.isfinite(bound_units) else \
+        float("nan")
+    gap = relative_gap(best_obj, bound)
+    result = SolveResult(best, "robust", best_obj, bound, gap, time.perf_counter() - start,
+                         "optimal" if optimal and gap <= 1e-6 else "feasible")
+    return RobustOutcome(result, ratios_of(problems, best, layer))
