@@ -1,7 +1,41 @@
-"""Placeholder until this command group lands."""
+"""`placer emit`: a plan and its checkpoint to the placed directory a serving host loads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from placer.commands.common import command, print_json
+from placer.units import format_bytes
+
 
 def register(app: typer.Typer) -> None:
-    """Register nothing yet."""
+    @command(app, "emit")
+    def emit(
+        plan: Annotated[Path, typer.Option(help="plan.json written by `placer solve`.")],
+        model: Annotated[Path, typer.Option(help="The checkpoint directory it was solved for.")],
+        out: Annotated[Path, typer.Option(help="Placed directory to write (must be empty).")],
+        align: Annotated[int, typer.Option(
+            help="Every output tensor (each expert's cold part) starts at a multiple of this "
+                 "absolute byte offset.")] = 4096,
+        force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the output files as JSON.")
+                            ] = False,
+    ) -> None:
+        """Write card<N>.safetensors (resident pages), host<G>.safetensors (cold parts, one
+        aligned range per expert) and manifest.json (last) for PLAN, streaming bytes from
+        MODEL; nothing that looks complete is left behind on failure."""
+        from placer.emit import emit_placement
+        from placer.plan import read_plan
+
+        manifest = emit_placement(read_plan(plan), model, out, align=align, force=force,
+                                  progress=not json_out and sys.stderr.isatty())
+        if json_out:
+            print_json({"out": str(out), "files": manifest["files"]})
+            return
+        for f in manifest["files"]:
+            typer.echo(f"{f['name']:>20}  {format_bytes(f['size']):>12}  sha256 {f['sha256'][:16]}")
+        typer.echo(f"manifest written to {out / 'manifest.json'}")

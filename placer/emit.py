@@ -1,0 +1,358 @@
+"""From a plan and its checkpoint to the placed directory a serving host loads.
+
+card<N>.safetensors holds card N's resident expert bytes: a fully resident expert stored
+as whole per-expert tensors keeps each under its original name, dtype and shape; anything
+else resident (pages of a partly resident expert, slices of fused 3D tensors) is one uint8
+tensor per page, `res.L<layer>.E<expert>.P<page>`. host<G>.safetensors holds, for the cards of
+host-link group G, each expert's cold suffix as ONE uint8 tensor `cold.L<layer>.E<expert>`,
+ordered by layer, then card, then expert. Every tensor of every file starts at an absolute
+file offset that is a multiple of `align` (the header is padded with spaces, gaps are
+`pad.<n>` uint8 tensors, as safetensors wants tensors to tile the data section), so staging a
+cold part is one aligned copy. manifest.json is written last (see docs/manifest.md).
+
+Bytes are streamed from the source with os.copy_file_range (buffered copy where it is
+missing), into temporary names that are fsynced and renamed only when every file is whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from placer.errors import PlacerError
+from placer.inventory import Expert, Inventory, read_inventory
+from placer.manifest import MANIFEST_FORMAT, validate_manifest
+from placer.plan import Plan, write_json_atomic
+from placer.units import format_bytes
+
+CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`length` bytes at absolute `offset` of source `file`, from source tensor `tensor`
+    (dtype, shape of the whole tensor) at byte `start` of its data."""
+
+    file: str
+    offset: int
+    length: int
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+
+
+@dataclass
+class Entry:
+    """One output tensor: its header fields and the source segments that fill it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    segments: list[Segment]
+    owner: tuple[int, int] | None = None  # (layer, expert); None for padding
+    stream: int = 0  # where the entry starts in its expert's byte stream
+    offset: int = 0  # absolute offset in its output file, set by layout()
+
+    @property
+    def length(self) -> int:
+        return sum(s.length for s in self.segments)
+
+
+@dataclass
+class OutputFile:
+    name: str
+    kind: str
+    card: int | None
+    link: int | None
+    entries: list[Entry] = field(default_factory=list)
+
+
+def stream_segments(expert: Expert, begin: int, end: int) -> list[Segment]:
+    """Source segments of bytes [begin, end) of an expert's byte stream (tensors in order)."""
+    out, pos = [], 0
+    for t in expert.tensors:
+        lo, hi = max(begin, pos), min(end, pos + t.length)
+        if lo < hi:
+            whole = t.fused_shape if t.fused_shape is not None else t.shape
+            out.append(Segment(t.file, t.offset + lo - pos, hi - lo, t.name, t.dtype,
+                               tuple(whole), t.tensor_offset + lo - pos))
+        pos += t.length
+    return out
+
+
+def plan_files(plan: Plan, inv: Inventory) -> list[OutputFile]:
+    """What goes in every output file, in order (see module docstring)."""
+    cards = [OutputFile(f"card{c.index}.safetensors", "card", c.index, None) for c in plan.cards]
+    groups = plan.hardware.groups()
+    hosts = [OutputFile(f"host{g}.safetensors", "host", None, g) for g in range(len(groups))]
+    group_of = {c: g for g, members in enumerate(groups) for c in members}
+    for ep in plan.experts:
+        ex = inv.expert(ep.layer, ep.expert)
+        whole = ep.resident_bytes == ep.bytes and all(t.fused_shape is None for t in ex.tensors)
+        if whole:
+            cards[ep.card].entries += [
+                Entry(t.name, t.dtype, tuple(t.shape), stream_segments(ex, pos, pos + t.length),
+                      (ep.layer, ep.expert), pos)
+                for t, pos in zip(ex.tensors, _starts(ex), strict=True)]
+        else:
+            cards[ep.card].entries += [
+                Entry(f"res.L{ep.layer}.E{ep.expert}.P{p.index}", "U8", (p.length,),
+                      stream_segments(ex, p.offset, p.offset + p.length),
+                      (ep.layer, ep.expert), p.offset)
+                for p in ep.pages if p.resident]
+    for ep in sorted(plan.experts, key=lambda e: (e.layer, e.card, e.expert)):
+        cold = ep.bytes - ep.resident_bytes
+        if cold:
+            ex = inv.expert(ep.layer, ep.expert)
+            hosts[group_of[ep.card]].entries.append(
+                Entry(f"cold.L{ep.layer}.E{ep.expert}", "U8", (cold,),
+                      stream_segments(ex, ep.resident_bytes, ep.bytes),
+                      (ep.layer, ep.expert), ep.resident_bytes))
+    return cards + hosts
+
+
+def _starts(ex: Expert) -> list[int]:
+    pos, out = 0, []
+    for t in ex.tensors:
+        out.append(pos)
+        pos += t.length
+    return out
+
+
+def layout(entries: list[Entry], align: int) -> tuple[bytes, list[Entry]]:
+    """The safetensors header (padded so data starts aligned) and the entries with pad
+    tensors between them; sets each entry's absolute offset."""
+    with_pads: list[Entry] = []
+    rel = 0
+    for e in entries:
+        gap = -rel % align
+        if gap:
+            with_pads.append(Entry(f"pad.{len(with_pads)}", "U8", (gap,), []))
+            rel += gap
+        with_pads.append(e)
+        rel += e.length
+    header: dict = {}
+    pos = 0
+    for e in with_pads:
+        header[e.name] = {"dtype": e.dtype, "shape": list(e.shape),
+                          "data_offsets": [pos, pos + _entry_len(e)]}
+        pos += _entry_len(e)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % align)
+    data_start = 8 + len(text)
+    pos = data_start
+    for e in with_pads:
+        e.offset = pos
+        pos += _entry_len(e)
+    return len(text).to_bytes(8, "little") + text, with_pads
+
+
+def _entry_len(e: Entry) -> int:
+    return e.length if e.segments else e.shape[0]
+
+
+def copy_range(src: int, dst: int, offset: int, length: int) -> None:
+    """Copy `length` bytes at `offset` of fd `src` to the current position of fd `dst`."""
+    if hasattr(os, "copy_file_range"):
+        while length:
+            n = os.copy_file_range(src, dst, min(length, CHUNK), offset)
+            if n == 0:
+                raise PlacerError("source file ended early (was it truncated?)")
+            offset, length = offset + n, length - n
+        return
+    while length:
+        buf = os.pread(src, min(length, CHUNK), offset)
+        if not buf:
+            raise PlacerError("source file ended early (was it truncated?)")
+        os.write(dst, buf)
+        offset, length = offset + len(buf), length - len(buf)
+
+
+def write_file(path: Path, header: bytes, entries: Iterable[Entry], source_dir: Path,
+               advance: Callable[[int], None]) -> None:
+    """Write one safetensors file from its header and entries, fsynced."""
+    fds: dict[str, int] = {}
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(out, header)
+        for e in entries:
+            if not e.segments:
+                os.write(out, bytes(e.shape[0]))
+                continue
+            for s in e.segments:
+                if s.file not in fds:
+                    fds[s.file] = os.open(source_dir / s.file, os.O_RDONLY)
+                copy_range(fds[s.file], out, s.offset, s.length)
+                advance(s.length)
+        os.fsync(out)
+    finally:
+        os.close(out)
+        for fd in fds.values():
+            os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_output_dir(out_dir: Path, force: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PlacerError(f"--out {out_dir} exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not force:
+            raise PlacerError(f"--out {out_dir} is not empty; pass --force to replace it")
+        (out_dir / "manifest.json").unlink(missing_ok=True)  # no longer looks complete
+
+
+def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4096,
+                   force: bool = False, progress: bool = False) -> dict:
+    """Write the placed directory for `plan` from the checkpoint `model_dir`; the manifest."""
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if align < 8 or align & (align - 1):
+        raise PlacerError(f"--align must be a power of two >= 8, not {align}")
+    if plan.model.get("estimated"):
+        raise PlacerError("this plan was solved from a config alone (no checkpoint bytes): "
+                          "solve it against the downloaded checkpoint to emit")
+    inv = read_inventory(model_dir)
+    if inv.fingerprint != plan.model["fingerprint"]:
+        raise PlacerError(f"the plan is for model {plan.model['fingerprint']}, but {model_dir} "
+                          f"is model {inv.fingerprint} (another model, or its headers changed)")
+    check_output_dir(out_dir, force)
+    files = plan_files(plan, inv)
+    laid = [(f, *layout(f.entries, align)) for f in files]
+    total = sum(e.length for _, _, es in laid for e in es if e.segments)
+    free = shutil.disk_usage(out_dir.parent if not out_dir.exists() else out_dir).free \
+        if (out_dir.exists() or out_dir.parent.exists()) else None
+    if free is not None and free < total:
+        raise PlacerError(f"not enough disk space for {out_dir}: needs {format_bytes(total)}, "
+                          f"{format_bytes(free)} free")
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    temps = [out_dir / f".{f.name}.tmp" for f in files]
+    try:
+        with _progress(progress, total) as advance:
+            for (f, header, entries), tmp in zip(laid, temps, strict=True):
+                write_file(tmp, header, entries, model_dir, advance)
+        outputs = []
+        for (f, _, _), tmp in zip(laid, temps, strict=True):
+            outputs.append({"name": f.name, "kind": f.kind, "card": f.card, "link": f.link,
+                            "size": tmp.stat().st_size, "sha256": sha256_file(tmp)})
+        manifest = build_manifest(plan, inv, model_dir, laid, outputs, align)
+        validate_manifest(manifest)
+        for (f, _, _), tmp in zip(laid, temps, strict=True):
+            os.replace(tmp, out_dir / f.name)
+        write_json_atomic(manifest, out_dir / "manifest.json")
+    except OSError as exc:
+        _cleanup(temps, out_dir, created)
+        raise PlacerError(f"writing {out_dir} failed: {exc.strerror or exc} "
+                          "(nothing was left behind)") from None
+    except BaseException:
+        _cleanup(temps, out_dir, created)
+        raise
+    return manifest
+
+
+def _cleanup(temps: list[Path], out_dir: Path, created: bool) -> None:
+    for tmp in temps:
+        tmp.unlink(missing_ok=True)
+    if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+        out_dir.rmdir()
+
+
+class _progress:
+    """A rich progress bar in bytes (a no-op when `enabled` is False)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self) -> Callable[[int], None]:
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self.bar = Progress("emit", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                            TimeRemainingColumn(), transient=True)
+        self.bar.__enter__()
+        task = self.bar.add_task("emit", total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)
+
+
+def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outputs: list,
+                   align: int) -> dict:
+    """The plan plus where every byte landed (see docs/manifest.md)."""
+    pieces: dict[tuple[int, int], list[dict]] = {}
+    for f, _, entries in laid:
+        for e in entries:
+            if e.owner is not None:
+                pieces.setdefault(e.owner, []).extend(entry_pieces(f.name, e))
+    d = plan.to_json()
+    d["format"] = MANIFEST_FORMAT
+    d["source"] = {"dir": str(model_dir.resolve()),
+                   "files": [{"name": s.name, "size": s.size,
+                              "sha256": sha256_file(model_dir / s.name)}
+                             for s in inv.files]}
+    d["align"] = align
+    d["files"] = outputs
+    d["dense"] = [{"name": t.name, "file": t.file, "offset": t.offset, "length": t.length,
+                   "dtype": t.dtype, "shape": list(t.shape),
+                   "cards": [c.index for c in plan.cards]} for t in inv.dense_tensors]
+    for ed, ep in zip(d["experts"], plan.experts, strict=True):
+        ex = inv.expert(ep.layer, ep.expert)
+        ed["tensors"] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
+                          "stream_offset": pos, "length": t.length, "source_file": t.file,
+                          "source_offset": t.offset,
+                          "fused_shape": list(t.fused_shape) if t.fused_shape else None,
+                          "tensor_offset": t.tensor_offset}
+                         for t, pos in zip(ex.tensors, _starts(ex), strict=True)]
+        mine = sorted(pieces.get((ep.layer, ep.expert), []), key=lambda p: p["stream"])
+        cold = [p for p in mine if p["stream"] >= ep.resident_bytes]
+        ed["cold"] = None if not cold else {
+            "file": cold[0]["file"], "tensor": cold[0]["tensor"], "offset": cold[0]["offset"],
+            "length": ep.bytes - ep.resident_bytes}
+        for pd in ed["pages"]:
+            lo, hi = pd["offset"], pd["offset"] + pd["length"]
+            pd["pieces"] = [_clip(p, lo, hi) for p in mine
+                            if p["stream"] < hi and p["stream"] + p["length"] > lo]
+    return d
+
+
+def entry_pieces(file: str, e: Entry) -> list[dict]:
+    """One piece per source segment of an output tensor, with its expert-stream offset."""
+    out, start = [], 0
+    for s in e.segments:
+        out.append({"file": file, "tensor": e.name, "start": start, "offset": e.offset + start,
+                    "length": s.length, "stream": e.stream + start,
+                    "origin": {"tensor": s.tensor, "source_file": s.file, "dtype": s.dtype,
+                               "shape": list(s.shape), "start": s.start}})
+        start += s.length
+    return out
+
+
+def _clip(p: dict, lo: int, hi: int) -> dict:
+    """Piece `p` cut to stream range [lo, hi) (pages never straddle an output tensor, but a
+    whole tensor may hold several pages of a fully resident expert)."""
+    a, b = max(lo, p["stream"]), min(hi, p["stream"] + p["length"])
+    cut = a - p["stream"]
+    return {"file": p["file"], "tensor": p["tensor"], "start": p["start"] + cut,
+            "offset": p["offset"] + cut, "length": b - a,
+            "origin": {**p["origin"], "start": p["origin"]["start"] + cut}}

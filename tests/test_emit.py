@@ -1,0 +1,203 @@
+"""emit + verify: placed files reassemble to the original bytes on every layout; every
+corruption is caught; bad input leaves nothing behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from placer.hardware import parse_spec
+from placer.inventory import read_inventory
+from placer.plan import build_plan, write_json_atomic
+from placer.tinymodel import quantize_layout
+
+# Two cards on two host links, so both host files are written.
+SPEC = parse_spec({"name": "two-links", "host_ram": "1GiB", "cards": 2,
+                   "card": {"model": "toy", "vram": "64MiB", "h2d_bandwidth": "1GB/s",
+                            "latency_us": 5.0},
+                   "link": [{"name": "a", "cards": [0], "bandwidth": "1GB/s"},
+                            {"name": "b", "cards": [1], "bandwidth": "1GB/s"}],
+                   "decode": {"base_step_ms": {"1": 1.0}}})
+
+
+def mixed_plan(model: Path, out: Path) -> Path:
+    """A plan with fully resident, partly resident (pages) and fully cold experts."""
+    inv = read_inventory(model)
+    sizes = inv.expert_bytes()
+    page = int(sizes.max()) // 3 + 1
+    pages = -(-sizes // page)
+    layers, experts = sizes.shape
+    resident = np.zeros_like(sizes)
+    for l_ in range(layers):
+        for e in range(experts):
+            resident[l_, e] = [pages[l_, e], 1, 0][(l_ + e) % 3]
+    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
+    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=page,
+                      budget_bytes=np.array([1 << 26] * 2), staging_bytes=np.array([0, 0]),
+                      budget={"mode": "budget", "value": None, "concurrency": [1]},
+                      ep="contiguous", solver={"name": "test"})
+    path = out / "plan.json"
+    write_json_atomic(plan.to_json(), path)
+    return path
+
+
+def source_stream(model: Path, expert) -> bytes:
+    out = b""
+    for t in expert.tensors:
+        with open(model / t.file, "rb") as f:
+            f.seek(t.offset)
+            out += f.read(t.length)
+    return out
+
+
+def placed_stream(placed: Path, entry: dict) -> bytes:
+    out = b""
+    for page in entry["pages"]:
+        for p in page["pieces"]:
+            with open(placed / p["file"], "rb") as f:
+                f.seek(p["offset"])
+                out += f.read(p["length"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_models: dict[str, Path], tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("quantized")
+    return {**tiny_models,
+            "deepseek_v3-fp8": quantize_layout(tiny_models["deepseek_v3"], root / "fp8", "fp8"),
+            "gpt_oss-mxfp4": quantize_layout(tiny_models["gpt_oss"], root / "mxfp4", "mxfp4")}
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss",
+                                  "deepseek_v3-fp8", "gpt_oss-mxfp4"])
+def test_round_trip_is_bit_identical(name: str, layouts, tmp_path: Path, cli) -> None:
+    model = layouts[name]
+    plan = mixed_plan(model, tmp_path)
+    placed = tmp_path / "placed"
+    cli("emit", "--plan", plan, "--model", model, "--out", placed, "--align", "256")
+    assert "ok:" in cli("verify", placed, "--model", model).output
+    manifest = json.loads((placed / "manifest.json").read_text())
+    inv = read_inventory(model)
+    for entry in manifest["experts"]:
+        expert = inv.expert(entry["layer"], entry["expert"])
+        assert placed_stream(placed, entry) == source_stream(model, expert)
+        if entry["cold"]:
+            assert entry["cold"]["offset"] % 256 == 0
+            assert entry["cold"]["length"] == entry["bytes"] - entry["resident_bytes"]
+    for f in manifest["files"]:  # every output opens and every tensor reads back
+        with safe_open(placed / f["name"], "pt") as st:
+            for key in st.keys():
+                st.get_tensor(key)
+    # fully resident per-expert tensors keep their name, dtype and shape
+    whole = [t for e in manifest["experts"] if e["resident_bytes"] == e["bytes"]
+             and all(t["fused_shape"] is None for t in e["tensors"]) for t in e["tensors"]]
+    if not name.startswith("gpt_oss"):
+        assert whole
+    card_tensors = {}
+    for f in manifest["files"]:
+        if f["kind"] == "card":
+            with safe_open(placed / f["name"], "pt") as st:
+                card_tensors.update({k: st.get_tensor(k) for k in st.keys()})
+    for t in whole:
+        with safe_open(model / t["source_file"], "pt") as st:
+            assert card_tensors[t["name"]].equal(st.get_tensor(t["name"]))
+
+
+@pytest.fixture
+def placed(tiny_models, tmp_path: Path, cli) -> tuple[Path, Path]:
+    model = tiny_models["qwen3_moe"]
+    out = tmp_path / "placed"
+    cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out)
+    return out, model
+
+
+def test_verify_catches_a_flipped_byte(placed, cli) -> None:
+    out, model = placed
+    manifest = json.loads((out / "manifest.json").read_text())
+    cold = next(e for e in manifest["experts"] if e["cold"])["cold"]
+    path = out / cold["file"]
+    data = bytearray(path.read_bytes())
+    data[cold["offset"] + 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = cli("verify", out, "--model", model, ok=False)
+    assert result.exit_code == 1
+    assert cold["file"] in result.output and "sha256" in result.output
+
+
+def test_verify_catches_a_flipped_byte_with_matching_sha(placed, cli) -> None:
+    """Even with the manifest's sha256 forged, the byte comparison names the tensor."""
+    out, model = placed
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = next(e for e in manifest["experts"] if e["cold"])
+    cold = entry["cold"]
+    path = out / cold["file"]
+    data = bytearray(path.read_bytes())
+    data[cold["offset"]] ^= 0x01
+    path.write_bytes(bytes(data))
+    import hashlib
+    for f in manifest["files"]:
+        if f["name"] == cold["file"]:
+            f["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = cli("verify", out, "--model", model, ok=False)
+    assert result.exit_code == 1
+    assert cold["tensor"] in result.output
+    assert f"({entry['layer']}, {entry['expert']})" in result.output
+
+
+def test_verify_catches_truncation_and_deletion(placed, cli) -> None:
+    out, model = placed
+    host = out / "host1.safetensors"
+    host.write_bytes(host.read_bytes()[:-10])
+    (out / "card0.safetensors").unlink()
+    result = cli("verify", out, "--model", model, "--json", ok=False)
+    assert result.exit_code == 1
+    problems = json.loads(result.output)["problems"]
+    assert any("host1.safetensors" in p and "truncated" in p for p in problems)
+    assert any("card0.safetensors: missing" in p for p in problems)
+
+
+def test_emit_refuses_another_model_and_non_empty_out(tiny_models, tmp_path: Path, cli) -> None:
+    plan = mixed_plan(tiny_models["qwen3_moe"], tmp_path)
+    out = tmp_path / "placed"
+    result = cli("emit", "--plan", plan, "--model", tiny_models["olmoe"], "--out", out, ok=False)
+    assert result.exit_code == 1 and "another model" in result.output
+    assert not out.exists()
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    result = cli("emit", "--plan", plan, "--model", tiny_models["qwen3_moe"], "--out", out,
+                 ok=False)
+    assert "--force" in result.output
+    cli("emit", "--plan", plan, "--model", tiny_models["qwen3_moe"], "--out", out, "--force")
+    assert (out / "manifest.json").is_file()
+
+
+def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, monkeypatch
+                                              ) -> None:
+    import placer.emit
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(placer.emit, "copy_range", full)
+    out = tmp_path / "placed"
+    result = cli("emit", "--plan", mixed_plan(tiny_models["qwen3_moe"], tmp_path), "--model",
+                 tiny_models["qwen3_moe"], "--out", out, ok=False)
+    assert result.exit_code == 1 and "No space left" in result.output
+    assert not out.exists()
+
+
+def test_schema_is_printed_and_enforced_on_read(placed, cli) -> None:
+    schema = json.loads(cli("schema").output)
+    assert schema["properties"]["format"]["const"] == "placer-manifest"
+    out, model = placed
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["experts"][0]["cold"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = cli("verify", out, "--model", model, ok=False)
+    assert result.exit_code == 1 and "schema" in result.output and "experts/0" in result.output
