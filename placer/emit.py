@@ -241,7 +241,7 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
     temps = [out_dir / f".{f.name}.tmp" for f in files]
     try:
         with _progress(progress, total) as advance:
-            for (f, header, entries), tmp in zip(laid, temps, strict=True):
+            for (_, header, entries), tmp in zip(laid, temps, strict=True):
                 write_file(tmp, header, entries, model_dir, advance)
         outputs = []
         for (f, _, _), tmp in zip(laid, temps, strict=True):
@@ -310,7 +310,9 @@ def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outp
     d["source"] = {"dir": str(model_dir.resolve()),
                    "files": [{"name": s.name, "size": s.size,
                               "sha256": sha256_file(model_dir / s.name)}
-                             for s in inv.files]}
+                             for s in inv.files]
+                   + [{"name": "config.json", "size": (model_dir / "config.json").stat().st_size,
+                       "sha256": sha256_file(model_dir / "config.json")}]}
     d["align"] = align
     d["files"] = outputs
     d["dense"] = [{"name": t.name, "file": t.file, "offset": t.offset, "length": t.length,
