@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import typer
 
-from placer.commands import collect, emit, evaluate, hardware, inspect, solve, traces
+from placer.commands import (collect, emit, evaluate, export, hardware, inspect, run, schema,
+                             solve, traces, verify)
 
 app = typer.Typer(
     name="placer",
@@ -18,7 +19,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-for module in (inspect, hardware, collect, traces, solve, emit, evaluate):
+for module in (inspect, hardware, collect, traces, solve, emit, verify, evaluate, run, export,
+               schema):
     module.register(app)
 
 

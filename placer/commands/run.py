@@ -1,0 +1,59 @@
+"""`placer run`: generate through the reference staging runtime and show what it staged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from placer.commands.common import command, print_json
+from placer.units import format_bytes
+
+
+def register(app: typer.Typer) -> None:
+    @command(app, "run")
+    def run(
+        placed: Annotated[Path, typer.Argument(
+            help="Placed directory written by `placer emit` (manifest.json + shards).")],
+        model: Annotated[Path, typer.Option(
+            help="The checkpoint directory it was placed from (dense weights, tokenizer).")],
+        prompt: Annotated[str, typer.Option(help="Text to continue.")],
+        max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate (greedy).")] = 32,
+        cache_slots: Annotated[int, typer.Option(
+            help="LRU slots per card for recently staged experts (0: static placement only).")
+        ] = 0,
+        device: Annotated[str, typer.Option(
+            help="torch device for the model and every card: auto, cpu, cuda, cuda:N.")
+        ] = "auto",
+        json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
+                            ] = False,
+    ) -> None:
+        """Load the model with its routed experts taken from PLACED (resident pages on the
+        device, cold pages in host memory, staged exactly when selected), generate
+        greedily, and print the text and the staging counters."""
+        from placer.runtime.generate import run_prompt
+
+        result = run_prompt(placed, model, prompt, max_new_tokens=max_new_tokens,
+                            cache_slots=cache_slots, device=device)
+        if json_out:
+            print_json(result)
+        else:
+            print_result(result)
+
+
+def print_result(result: dict) -> None:
+    """The generated text, then staging per card and in total."""
+    console = Console()
+    console.print(f"[bold]{result['prompt']}[/bold]{result['text']}", highlight=False)
+    table = Table(title=f"staging over {result['new_tokens']} new tokens on {result['device']}"
+                  f" (cache slots: {result['cache_slots']})")
+    for col in ("card", "staged", "copies", "cache hits", "seconds"):
+        table.add_column(col, justify="right")
+    staging = result["staging"]
+    for row in [*staging["per_card"], {"card": "total", **staging["total"]}]:
+        table.add_row(str(row["card"]), format_bytes(row["bytes"]), str(row["copies"]),
+                      str(row["cache_hits"]), f"{row['seconds']:.4f}")
+    console.print(table)

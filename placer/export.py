@@ -1,0 +1,165 @@
+"""A plan in other serving tools' terms: SGLang expert locations, llama.cpp tensor overrides.
+
+SGLang (`--init-expert-location FILE`): read from sglang 0.5.23 (PyPI wheel),
+`python/sglang/srt/eplb/expert_location.py`, `compute_initial_expert_location_metadata`: a
+`.json` file (by suffix; `.pt` is torch.load-ed, any other string is parsed as inline JSON)
+holding a dict with `physical_to_logical_map` is passed as keyword arguments to
+`ExpertLocationMetadata.init_by_mapping`, so it must hold that key only: an int matrix
+[num_layers, num_physical_experts], num_layers = every decoder layer
+(`get_model_config_for_expert_location` returns `config.num_hidden_layers`), num_physical =
+num_logical + `--ep-num-redundant-experts`, and physical slot p lives on EP rank
+p // (num_physical / ep_size) (`_compute_gpu_id_of_physical_expert`). Every rank has the same
+number of slots, so where the plan homes more experts of a layer on one card than on another
+the spare slots of the smaller cards hold replicas of experts already homed there: every copy
+of an expert stays on its home card, at the price of that slot's weights in VRAM. Card c is
+EP rank c; dense layers get SGLang's trivial row (p % num_logical).
+
+llama.cpp (`-ot/--override-tensor PATTERN=BUFT`, `--n-cpu-moe N`): read from ggml-org/llama.cpp
+commit 001d906a6d86e2490e394361e7cc6f478b100088, `common/common.h`: `--n-cpu-moe N` adds, for
+i in [0, N), `blk\\.{i}` + `LLM_FFN_EXPS_REGEX` = `\\.ffn_(up|down|gate|gate_up)_(ch|)exps`
+bound to the CPU buffer type; `common/arg.cpp` `parse_tensor_buffer_overrides` splits `-ot`
+on ',' then on '='; the loader matches patterns with std::regex_search on GGUF tensor names
+`blk.{decoder layer}.ffn_{up,down,gate}_exps.weight`. llama.cpp can offload only whole
+expert tensors, one per layer, so its equivalent at the plan's budget is the layer-offload
+baseline: the first N MoE layers cold, N minimal so that on every card the experts it homes
+in the remaining layers fit its capacity (budget - staging).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from placer.errors import PlacerError
+from placer.plan import Plan, write_json_atomic
+
+LLAMACPP_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+@dataclass(frozen=True)
+class SGLangLocation:
+    """The expert placement of a plan as SGLang's physical-to-logical map."""
+
+    physical_to_logical_map: np.ndarray  # [num_layers, num_cards * slots_per_card] int
+    slots_per_card: int
+    redundant: int  # --ep-num-redundant-experts SGLang must be started with
+
+    @property
+    def ep_size(self) -> int:
+        return self.physical_to_logical_map.shape[1] // self.slots_per_card
+
+
+def sglang_location(plan: Plan) -> SGLangLocation:
+    """Each card's physical slots list the experts homed on it (ascending), then replicas of
+    them cyclically up to the largest per-card count of any layer."""
+    num_layers = plan.model.get("num_layers")
+    if num_layers is None:
+        raise PlacerError("the plan has no model.num_layers (every decoder layer, as SGLang "
+                          "counts them)")
+    home = plan.matrix("card")
+    num_cards, num_experts = len(plan.cards), plan.experts_per_layer
+    per_card = np.stack([np.bincount(row, minlength=num_cards) for row in home])
+    if per_card.min() == 0:
+        layer, card = np.argwhere(per_card == 0)[0]
+        raise PlacerError(f"card {card} homes no expert of MoE layer {plan.moe_layers[layer]}: "
+                          "SGLang gives every EP rank the same number of expert slots per "
+                          "layer, and a slot there would move some expert off its home")
+    slots = int(per_card.max())
+    physical = num_cards * slots
+    p2l = np.tile(np.arange(physical) % num_experts, (num_layers, 1))
+    for ordinal, layer in enumerate(plan.moe_layers):
+        for card in range(num_cards):
+            mine = np.flatnonzero(home[ordinal] == card)
+            p2l[layer, card * slots:(card + 1) * slots] = mine[np.arange(slots) % len(mine)]
+    return SGLangLocation(p2l, slots, physical - num_experts)
+
+
+def write_sglang_location(plan: Plan, out: Path) -> SGLangLocation:
+    """Write `--init-expert-location` JSON for `plan` to `out` (atomically), read it back and
+    check every expert's home; returns what was written."""
+    out = Path(out)
+    if out.suffix != ".json":
+        raise PlacerError(f"{out}: SGLang reads --init-expert-location by suffix; use .json")
+    location = sglang_location(plan)
+    write_json_atomic({"physical_to_logical_map": location.physical_to_logical_map.tolist()},
+                      out)
+    homes = sglang_homes(read_sglang_location(out), plan.moe_layers, location.ep_size,
+                         plan.experts_per_layer)
+    if not np.array_equal(homes, plan.matrix("card")):
+        raise PlacerError(f"{out}: the written expert locations do not give the plan's homes")
+    return location
+
+
+def read_sglang_location(path: Path) -> np.ndarray:
+    """The [num_layers, num_physical] map of an `--init-expert-location` JSON file."""
+    try:
+        data = json.loads(Path(path).read_text())
+        p2l = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PlacerError(f"{path}: not an SGLang expert location file ({exc})") from None
+    if p2l.ndim != 2:
+        raise PlacerError(f"{path}: physical_to_logical_map must be [layers, physical experts]")
+    return p2l
+
+
+def sglang_homes(p2l: np.ndarray, moe_layers: list[int], ep_size: int,
+                 num_experts: int) -> np.ndarray:
+    """[L, E] EP rank of each expert of each MoE layer under `p2l`; a PlacerError if an
+    expert has no slot or slots on two ranks."""
+    if p2l.shape[1] % ep_size:
+        raise PlacerError(f"{p2l.shape[1]} physical experts do not split over {ep_size} ranks")
+    rank_of_slot = np.arange(p2l.shape[1]) // (p2l.shape[1] // ep_size)
+    homes = np.full((len(moe_layers), num_experts), -1, dtype=np.int64)
+    for ordinal, layer in enumerate(moe_layers):
+        for expert in range(num_experts):
+            ranks = np.unique(rank_of_slot[p2l[layer] == expert])
+            if len(ranks) != 1:
+                raise PlacerError(f"layer {layer} expert {expert} is on ranks {ranks.tolist()}")
+            homes[ordinal, expert] = ranks[0]
+    return homes
+
+
+@dataclass(frozen=True)
+class LlamaCppOffload:
+    """The layer-offload baseline of a plan as llama.cpp arguments."""
+
+    cold_layers: list[int]  # decoder layer indices (= GGUF blk.N), ascending
+    n_cpu_moe: int | None   # equivalent --n-cpu-moe, where the cold layers are a prefix
+
+    @property
+    def override(self) -> str | None:
+        """The `-ot` value, or None when no layer is cold."""
+        if not self.cold_layers:
+            return None
+        layers = "|".join(str(layer) for layer in self.cold_layers)
+        return rf"blk\.({layers}){LLAMACPP_EXPS_REGEX}=CPU"
+
+    def args(self) -> str:
+        """The arguments as one shell-quoted line ('' when nothing is offloaded)."""
+        return "" if self.override is None else f"-ot {shlex.quote(self.override)}"
+
+
+def layer_offload_cold(plan: Plan) -> int:
+    """N: the fewest leading MoE layers to make cold so that on every card the experts it
+    homes in the other MoE layers fit its capacity_bytes."""
+    home, nbytes = plan.matrix("card"), plan.matrix("bytes")
+    num_cards = len(plan.cards)
+    per_layer = np.stack([np.bincount(h, weights=b, minlength=num_cards)
+                          for h, b in zip(home, nbytes, strict=True)])
+    resident = np.vstack([np.cumsum(per_layer[::-1], axis=0)[::-1], np.zeros(num_cards)])
+    capacity = np.array([c.capacity_bytes for c in plan.cards])
+    return int(np.flatnonzero((resident <= capacity).all(axis=1))[0])
+
+
+def llamacpp_offload(plan: Plan) -> LlamaCppOffload:
+    """The layer-offload baseline of `plan` in llama.cpp's terms (module docstring)."""
+    cold = plan.moe_layers[:layer_offload_cold(plan)]
+    if not cold:
+        return LlamaCppOffload([], 0)
+    prefix = [layer for layer in plan.moe_layers if layer <= cold[-1]]
+    return LlamaCppOffload(cold, cold[-1] + 1 if prefix == cold else None)
+

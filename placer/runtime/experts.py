@@ -1,0 +1,78 @@
+"""An experts module that takes its weights from a staging runtime at every forward.
+
+`StagedExperts` replaces a transformers experts module (`model.layers.L.mlp.experts`). It
+keeps everything of the original except its weight parameters, which are deleted (never
+loaded). At each call it asks its source for the experts the router selected, builds the
+original module's parameters for just those experts (see `layouts`), renumbers the routing
+indices to match, and runs the original class's own forward (whichever experts
+implementation the config chose: eager, grouped_mm, batched_mm) on a shallow copy holding the
+compact parameters. Same kernels, same operands, same order: the output is bit-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from placer.runtime.layouts import ExpertLayout, layout_for
+
+
+class ExpertSource(Protocol):
+    """Where routed experts' weights come from (a staging runtime, or tensors in memory)."""
+
+    def tensor_names(self, layer: int) -> tuple[str, ...]:
+        """The checkpoint tensor names of each expert of decoder layer `layer`, without the
+        `...experts.E.` (or fused `...experts.`) prefix."""
+        ...
+
+    def fetch(self, layer: int, experts: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
+        """The weights of `experts` (distinct, ascending) of layer `layer`, one mapping per
+        expert from tensor name to the expert's tensor (checkpoint dtype and shape)."""
+        ...
+
+
+class StagedExperts(nn.Module):
+    """Drop-in for the experts module `original` of decoder layer `layer` (see module doc)."""
+
+    def __init__(self, original: nn.Module, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_experts = int(original.num_experts)
+        self.param_names = tuple(n for n, _ in original.named_parameters(recurse=False))
+        self.weight_dtype = next(original.parameters(recurse=False)).dtype
+        for name in self.param_names:
+            delattr(original, name)
+        # The original's state minus its weights, kept out of this module's tree: transformers
+        # must not see (nor initialise) it as an experts module of the model.
+        self._original_class = type(original)
+        self._original_state = dict(original.__dict__)
+        self.source: ExpertSource | None = None
+        self.layout: ExpertLayout | None = None
+
+    def attach(self, source: ExpertSource) -> None:
+        """Take weights from `source` from now on."""
+        self.layout = layout_for(self.param_names, source.tensor_names(self.layer))
+        self.source = source
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        if self.source is None or self.layout is None:
+            raise RuntimeError(f"experts of layer {self.layer} have no weight source attached")
+        ids = torch.unique(top_k_index)
+        weights = self.source.fetch(self.layer, ids.tolist())
+        params = self.layout.assemble(weights, self.weight_dtype, hidden_states.device)
+        compact = torch.full((self.num_experts,), -1, dtype=top_k_index.dtype,
+                             device=top_k_index.device)
+        compact[ids] = torch.arange(ids.numel(), dtype=top_k_index.dtype,
+                                    device=top_k_index.device)
+        view = object.__new__(self._original_class)
+        view.__dict__.update(self._original_state, **params, num_experts=ids.numel())
+        return self._original_class.forward(view, hidden_states, compact[top_k_index],
+                                            top_k_weights)
+
+    def extra_repr(self) -> str:
+        return (f"layer={self.layer}, num_experts={self.num_experts}, "
+                f"original={self._original_class.__name__}")

@@ -1,0 +1,155 @@
+"""Load a placed directory: resident pages on the device, cold parts in host memory.
+
+`load_placed` reads the manifest, puts every card file's tensors on the device through
+`safe_open` (whole resident tensors under their own names; resident pages as uint8), keeps
+every host file's cold parts in (pinned, on CUDA) host memory, and gives each card a
+`CardStager` with the staging buffer the manifest sizes. `fetch` rebuilds the selected
+experts' tensors from their byte streams: bytes that lie in one resident piece or in the
+staged cold part are used in place (views); a tensor that straddles the resident/cold
+boundary of a partly resident expert is joined with one device-side copy of its resident
+head. Only host-to-device bytes count as staged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from placer.manifest import read_manifest
+from placer.plan import Plan, plan_from_json
+from placer.runtime.counters import StagingCounters
+from placer.runtime.staging import CardStager
+
+TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
+                "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+                "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+EXPERT_PREFIX = re.compile(r"^.*\.experts\.(?:\d+\.)?")
+
+
+@dataclass(frozen=True)
+class ExpertBytes:
+    """Where one expert's stream lives: resident pieces (stream offset, device uint8) and
+    its cold suffix (host uint8, None when fully resident); `whole` maps tensor name to the
+    original-named device tensor when the card file keeps them whole."""
+
+    card: int
+    tensors: tuple[dict, ...]
+    resident: tuple[tuple[int, torch.Tensor], ...]
+    resident_bytes: int
+    cold: torch.Tensor | None
+    whole: Mapping[str, torch.Tensor] | None
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as a flat uint8 view."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def typed(u8: torch.Tensor, dtype: str, shape: Sequence[int]) -> torch.Tensor:
+    """uint8 bytes as a tensor of `dtype` and `shape` (a view where alignment allows)."""
+    try:
+        return u8.view(TORCH_DTYPES[dtype]).reshape(tuple(shape))
+    except RuntimeError:  # storage offset not a multiple of the element size
+        return u8.clone().view(TORCH_DTYPES[dtype]).reshape(tuple(shape))
+
+
+class PlacedRuntime:
+    """A placed directory loaded for every card on one device (see module docstring)."""
+
+    def __init__(self, placed: Path, device: torch.device, cache_slots: int = 0) -> None:
+        self.manifest = read_manifest(placed)
+        self.plan: Plan = plan_from_json(self.manifest)
+        self.device = device
+        placed = Path(placed)
+        device_tensors: dict[tuple[str, str], torch.Tensor] = {}
+        host_tensors: dict[tuple[str, str], torch.Tensor] = {}
+        for f in self.manifest["files"]:
+            on_card = f["kind"] == "card"
+            target = str(device) if on_card else "cpu"
+            with safe_open(placed / f["name"], "pt", device=target) as st:
+                for name in st.keys():
+                    if name.startswith("pad."):
+                        continue
+                    t = st.get_tensor(name)
+                    if not on_card and device.type == "cuda":
+                        t = t.pin_memory()
+                    (device_tensors if on_card else host_tensors)[(f["name"], name)] = t
+        self.experts: dict[tuple[int, int], ExpertBytes] = {}
+        for ex in self.manifest["experts"]:
+            resident = tuple(
+                (page["offset"] + sum(q["length"] for q in page["pieces"][:i]),
+                 as_bytes(device_tensors[(p["file"], p["tensor"])])[
+                     p["start"]:p["start"] + p["length"]])
+                for page in ex["pages"] if page["resident"]
+                for i, p in enumerate(page["pieces"]))
+            cold = None if ex["cold"] is None else \
+                host_tensors[(ex["cold"]["file"], ex["cold"]["tensor"])]
+            whole = None
+            names = [t["name"] for t in ex["tensors"]]
+            files = {p["file"] for page in ex["pages"] for p in page["pieces"]}
+            if ex["cold"] is None and all(p["tensor"] in names for page in ex["pages"]
+                                          for p in page["pieces"]):
+                (file,) = files
+                whole = {EXPERT_PREFIX.sub("", n): device_tensors[(file, n)] for n in names}
+            self.experts[(ex["layer"], ex["expert"])] = ExpertBytes(
+                ex["card"], tuple(ex["tensors"]), resident, ex["resident_bytes"], cold, whole)
+        moe_layers = self.plan.moe_layers
+        self.row = {layer: i for i, layer in enumerate(moe_layers)}
+        self.counters = StagingCounters(tuple(moe_layers), len(self.plan.cards))
+        cold_max = [max((e.cold.numel() for e in self.experts.values()
+                         if e.card == c.index and e.cold is not None), default=0)
+                    for c in self.plan.cards]
+        self.stagers = [CardStager(c.index, device, staging_bytes=c.staging_bytes,
+                                   slot_bytes=cold_max[c.index], cache_slots=cache_slots,
+                                   counters=self.counters) for c in self.plan.cards]
+        self.cache_slots = cache_slots
+
+    def tensor_names(self, layer: int) -> tuple[str, ...]:
+        first = self.experts[(layer, 0)]
+        return tuple(EXPERT_PREFIX.sub("", t["name"]) for t in first.tensors)
+
+    def fetch(self, layer: int, experts: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
+        """The weights of `experts` of decoder layer `layer` on the device (cold parts of
+        the selected experts staged, one copy each, per their home card)."""
+        staged: dict[int, torch.Tensor] = {}
+        by_card: dict[int, list[int]] = {}
+        for e in experts:
+            eb = self.experts[(layer, e)]
+            if eb.cold is not None:
+                by_card.setdefault(eb.card, []).append(e)
+        for card, ids in by_card.items():
+            views = self.stagers[card].stage(
+                self.row[layer], [(layer, e) for e in ids],
+                [self.experts[(layer, e)].cold for e in ids])
+            staged.update(zip(ids, views, strict=True))
+        return [self._tensors(self.experts[(layer, e)], staged.get(e)) for e in experts]
+
+    def _tensors(self, eb: ExpertBytes, cold: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        if eb.whole is not None:
+            return dict(eb.whole)
+        segments = [*eb.resident, *([(eb.resident_bytes, cold)] if cold is not None else [])]
+        out = {}
+        for t in eb.tensors:
+            lo, hi = t["stream_offset"], t["stream_offset"] + t["length"]
+            parts = [seg[max(lo, off) - off:min(hi, off + seg.numel()) - off]
+                     for off, seg in segments if off < hi and off + seg.numel() > lo]
+            u8 = parts[0] if len(parts) == 1 else torch.cat(parts)
+            out[EXPERT_PREFIX.sub("", t["name"])] = typed(u8, t["dtype"], t["shape"])
+        return out
+
+    def cards_json(self) -> list[dict]:
+        return [{"card": c.index, "resident_bytes": c.resident_bytes,
+                 "staging_bytes": c.staging_bytes, "cache_slots": self.cache_slots}
+                for c in self.plan.cards]
+
+
+def load_placed(placed: Path, *, device: torch.device | str = "cpu", cache_slots: int = 0
+                ) -> PlacedRuntime:
+    """Load the placed directory `placed` for every card onto `device`."""
+    return PlacedRuntime(Path(placed), torch.device(device), cache_slots)

@@ -1,0 +1,90 @@
+"""One card's staging: copies selected cold experts from host memory into device memory.
+
+Each card has one staging buffer, preallocated at the size the plan gives it, and optionally
+`cache_slots` LRU slots (each as large as the card's largest cold part). A fetch stages
+exactly the cold bytes of the selected experts that are not cached: one copy per expert
+(its cold part is one contiguous host range), into a cache slot when the LRU admits it, else
+into the staging buffer at a `ALIGN`-aligned offset. On CUDA the copies run on a side stream
+from pinned memory; the compute stream waits on an event, and the side stream first waits
+for the compute stream, so a buffer is never overwritten while earlier compute still reads it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from placer.runtime.counters import StagingCounters
+from placer.runtime.lru import ExpertLRU
+
+ALIGN = 256  # bytes; every staged part starts at a multiple (any dtype's view is aligned)
+
+
+def align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class CardStager:
+    """Staging for card `card` on `device` (see module docstring)."""
+
+    def __init__(self, card: int, device: torch.device, *, staging_bytes: int,
+                 slot_bytes: int, cache_slots: int, counters: StagingCounters) -> None:
+        self.card = card
+        self.device = device
+        self.counters = counters
+        self.buffer = torch.empty(staging_bytes, dtype=torch.uint8, device=device)
+        self.slots = torch.empty((cache_slots, align_up(slot_bytes)), dtype=torch.uint8,
+                                 device=device)
+        self.lru = ExpertLRU(cache_slots)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.grown = 0  # fetches whose staged bytes exceeded the buffer, which then grew
+
+    def stage(self, row: int, keys: Sequence[Hashable], cold: Sequence[torch.Tensor]
+              ) -> list[torch.Tensor]:
+        """Device bytes of each selected cold part: `cold[i]` (host uint8) is key `keys[i]`'s.
+
+        Misses are staged (counted at MoE layer row `row`), hits come from their cache slot.
+        The views stay valid until this card's next fetch.
+        """
+        lookups = self.lru.lookup(keys)
+        need = sum(align_up(src.numel()) for src, f in zip(cold, lookups, strict=True)
+                   if f.slot is None)
+        if need > self.buffer.numel():
+            self.buffer = torch.empty(need, dtype=torch.uint8, device=self.device)
+            self.grown += 1
+        views, copies, offset = [], [], 0
+        for src, found in zip(cold, lookups, strict=True):
+            if found.slot is not None:
+                view = self.slots[found.slot, :src.numel()]
+            else:
+                view = self.buffer[offset:offset + src.numel()]
+                offset += align_up(src.numel())
+            if not found.hit:
+                copies.append((view, src))
+            views.append(view)
+        self._copy(row, copies)
+        self.counters.record(row, self.card, nbytes=sum(s.numel() for _, s in copies),
+                             copies=len(copies), hits=sum(f.hit for f in lookups))
+        return views
+
+    def _copy(self, row: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if not copies:
+            return
+        if self.stream is None:
+            start = time.perf_counter()
+            for dst, src in copies:
+                dst.copy_(src)
+            self.counters.add_seconds(row, self.card, time.perf_counter() - start)
+            return
+        compute = torch.cuda.current_stream(self.device)
+        begin, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.stream.wait_stream(compute)
+        with torch.cuda.stream(self.stream):
+            begin.record(self.stream)
+            for dst, src in copies:
+                dst.copy_(src, non_blocking=True)
+            done.record(self.stream)
+        compute.wait_event(done)
+        self.counters.add_events(row, self.card, begin, done)
