@@ -16,6 +16,7 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.plan import Plan
+from placer.runtime.lru import expected_staging
 from placer.solve import cards_of, figures
 from solvers import baselines, greedy, ilp
 from solvers.problem import Placement, Problem, SolveResult, Steps
@@ -29,6 +30,7 @@ class EvalOptions:
     num_steps: int | None = None                # default: the plan's
     seed: int | None = None                     # default: the plan's
     oracle_time_limit: float = 10.0
+    cache_slots: int = 0                        # LRU slots per card, as `placer run` has
 
 
 def plan_problem(plan: Plan, steps: list[Steps]) -> Problem:
@@ -112,6 +114,8 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions) -> dict:
                       for k, r in rivals.items()},
                    "oracle_gap": rivals["oracle"].gap}
             row["ratio_to_layer"] = _ratio(row["placement"], row["layer"])
+            if opts.cache_slots:
+                row["placement+cache"] = cache_figures(plan, selected, b, opts.cache_slots)
             worst = max(worst, row["ratio_to_layer"])
             results.append(row)
             per_layer.append(_per_layer(problem, selected, b, placement, rivals))
@@ -122,6 +126,18 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions) -> dict:
         verdicts.append(_verdict(name, worst))
     return {"plan_fingerprint": plan.model["fingerprint"], "steps": num_steps, "seed": seed,
             "results": results, "drift": drift, "verdicts": verdicts, "per_layer": per_layer}
+
+
+def cache_figures(plan: Plan, selected: np.ndarray, batch: int, slots: int) -> dict:
+    """Static placement plus an LRU of `slots` staged experts per card, replayed over the
+    sampled steps in order: what the runtime with `--cache-slots` stages (same counts)."""
+    static, cached = (expected_staging(plan, selected, n) for n in (0, slots))
+    steps = selected.shape[0]
+    return {"cache_slots": slots,
+            "staged_bytes_per_token": float(cached.bytes.sum()) / steps / batch,
+            "copies_per_token": float(cached.copies.sum()) / steps / batch,
+            "cache_hits_per_token": float(cached.hits.sum()) / steps / batch,
+            "staged_bytes_saved": 1.0 - float(cached.bytes.sum()) / max(1, static.bytes.sum())}
 
 
 def _ratio(placement: dict, layer: dict) -> float:

@@ -97,3 +97,35 @@ def test_solver_objective_equals_the_evaluators_figure_on_its_own_traffic(setup,
     replayed = sum(w * r["placement"]["stall_ms_per_step"] / 1e3
                    for w, r in zip(weights, rows(report, setup["calib"]), strict=True))
     assert replayed == pytest.approx(plan["solver"]["objective"], rel=1e-9)
+
+
+def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
+    from placer.plan import read_plan
+    from placer.runtime.lru import expected_staging
+    from traces.profile import sample_steps
+
+    report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["held"],
+                            "--cache-slots", "4", "--oracle-time-limit", "1", "--json").output)
+    plan = read_plan(setup["plan"])
+    for row in rows(report, setup["held"]):
+        cached, b = row["placement+cache"], row["concurrency"]
+        selected = sample_steps(setup["held"], b, report["steps"], report["seed"])
+        want = expected_staging(plan, selected, 4)
+        assert cached["staged_bytes_per_token"] == pytest.approx(
+            want.bytes.sum() / selected.shape[0] / b, rel=1e-12)
+        assert cached["staged_bytes_per_token"] <= row["placement"]["staged_bytes_per_token"]
+        static = expected_staging(plan, selected, 0)  # the cost model's figure, exactly
+        assert static.bytes.sum() / selected.shape[0] / b == pytest.approx(
+            row["placement"]["staged_bytes_per_token"], rel=1e-12)
+
+
+def test_curve_and_plot_come_out(setup, cli, tmp_path):
+    png = tmp_path / "evaluate.png"
+    report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["held"], "--curve",
+                            "--folds", "2", "--steps", "32", "--oracle-time-limit", "1",
+                            "--plot", png, "--json").output)
+    lines = {row["line"] for row in report["curve"]}
+    assert lines == {"placement", "uniform", "oracle"}
+    fractions = [r["fraction"] for r in report["curve"] if r["line"] == "placement"]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

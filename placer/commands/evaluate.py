@@ -35,6 +35,9 @@ def register(app: typer.Typer) -> None:
         folds: Annotated[int, typer.Option(help="Folds over sequences for --curve.")] = 4,
         plot: Annotated[Path | None, typer.Option(help="Write a PNG of per-layer staging "
                                                        "and drift heatmaps.")] = None,
+        cache_slots: Annotated[int, typer.Option(
+            help="Also replay static placement + an LRU of N staged experts per card "
+                 "(what `placer run --cache-slots N` stages).")] = 0,
         json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
                             ] = False,
     ) -> None:
@@ -48,7 +51,7 @@ def register(app: typer.Typer) -> None:
         opts = EvalOptions(
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
             if concurrency else None, num_steps=steps, seed=seed,
-            oracle_time_limit=oracle_time_limit)
+            oracle_time_limit=oracle_time_limit, cache_slots=cache_slots)
         report = evaluate(plan, trace_dirs, opts)
         if curve:
             report["curve"] = calibration_curve(plan, folds=folds, seed=seed, num_steps=steps)
@@ -77,6 +80,14 @@ def print_report(report: dict) -> None:
                           f"{f['transfers_per_token']:.2f}", f"{f['stall_ms_per_step']:.4f}",
                           f"{f['tokens_per_s']:.2f}", end_section=i == 3)
     console.print(table)
+    for r in report["results"]:
+        if "placement+cache" in r:
+            c = r["placement+cache"]
+            console.print(f"{r['traces']} B={r['concurrency']}: placement + LRU of "
+                          f"{c['cache_slots']} experts per card stages "
+                          f"{c['staged_bytes_per_token'] / 1024:.1f} KiB/token in "
+                          f"{c['copies_per_token']:.2f} copies/token "
+                          f"({c['staged_bytes_saved']:.1%} fewer bytes than static alone)")
     for d in report["drift"]:
         console.print(f"drift {d['traces']}: Jensen-Shannon divergence from the calibration "
                       f"profile {d['js_mean_bits']:.4f} bits (mean over layers)")
