@@ -9,8 +9,19 @@ from __future__ import annotations
 
 import typer
 
-from placer.commands import (collect, emit, evaluate, export, hardware, inspect, run, schema,
-                             solve, traces, verify)
+from placer.commands import (
+    collect,
+    emit,
+    evaluate,
+    export,
+    hardware,
+    inspect,
+    run,
+    schema,
+    solve,
+    traces,
+    verify,
+)
 
 app = typer.Typer(
     name="placer",

@@ -191,11 +191,11 @@ def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
     """
     experts = []
     for i, ex in enumerate(inv.experts):
-        l, e = divmod(i, inv.experts_per_layer)
-        r = int(resident_pages[l, e])
+        layer_i, e = divmod(i, inv.experts_per_layer)
+        r = int(resident_pages[layer_i, e])
         spans = page_spans(ex.bytes, page_size)
         experts.append(ExpertPlacement(
-            ex.layer, ex.expert, int(home[l, e]), ex.bytes,
+            ex.layer, ex.expert, int(home[layer_i, e]), ex.bytes,
             tuple(Page(j, o, n, j < r) for j, (o, n) in enumerate(spans))))
     cards = []
     for c in range(len(spec.cards)):

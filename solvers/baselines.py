@@ -12,20 +12,19 @@ from solvers.problem import Placement, Problem, SolveResult, validate
 
 
 def layer_offload_pages(problem: Problem) -> np.ndarray:
-    """[L, E] resident pages when each card sends whole layers of its experts to the host,
-    last layers first (as llama.cpp's `--n-cpu-moe` does), until it fits its capacity."""
+    """[L, E] resident pages of the layer-offload baseline: the first N MoE layers' experts
+    all cold on every card, N the fewest for which every card's experts in the remaining
+    layers fit its capacity. This is what llama.cpp can express (`--n-cpu-moe N`, `-ot` per
+    layer: whole expert tensors of whole layers), so `placer export llamacpp` runs it."""
     pages = problem.num_pages().copy()
     eb = np.asarray(problem.expert_bytes, dtype=np.int64)
-    home = np.asarray(problem.home)
-    for c in range(problem.num_cards):
-        mine = home == c
-        resident = int(eb[mine].sum())
-        for layer in reversed(range(problem.num_layers)):
-            if resident <= problem.capacity[c]:
-                break
-            row = mine[layer]
-            resident -= int(eb[layer, row].sum())
-            pages[layer, row] = 0
+    onehot = np.eye(problem.num_cards, dtype=np.int64)[np.asarray(problem.home)]
+    per_layer = np.einsum("le,lec->lc", eb, onehot)  # [L, C] bytes each layer homes per card
+    suffix = np.vstack([np.cumsum(per_layer[::-1], axis=0)[::-1],
+                        np.zeros((1, problem.num_cards), dtype=np.int64)])
+    fits = np.all(suffix <= np.asarray(problem.capacity), axis=1)
+    cold_layers = int(np.flatnonzero(fits)[0])  # the last row (all cold) always fits
+    pages[:cold_layers] = 0
     return pages
 
 
@@ -34,34 +33,45 @@ def layer_offload(problem: Problem) -> SolveResult:
     return _result(problem, "layer", layer_offload_pages)
 
 
+def uniform_pages(problem: Problem, seed: int = 0) -> np.ndarray:
+    """[L, E] resident pages of the profile-free placement (see `uniform`)."""
+    rng = np.random.default_rng(seed)
+    pages = problem.num_pages().copy()
+    eb = np.asarray(problem.expert_bytes, dtype=np.int64)
+    home = np.asarray(problem.home)
+    page = eb if problem.page_bytes is None else np.full_like(eb, int(problem.page_bytes))
+    for c in range(problem.num_cards):
+        layers, experts = np.nonzero(home == c)
+        # Round-robin over layers (in layer order), a seeded random expert order in each.
+        rank = np.empty(layers.size)
+        for layer in np.unique(layers):
+            idx = np.flatnonzero(layers == layer)
+            rank[idx] = rng.permutation(idx.size)
+        order = np.lexsort((layers, rank))
+        excess = int(eb[layers, experts].sum()) - int(problem.capacity[c])
+        for i in order:
+            if excess <= 0:
+                break
+            lay, e = layers[i], experts[i]
+            if eb[lay, e] <= excess:  # the whole expert goes
+                excess -= int(eb[lay, e])
+                pages[lay, e] = 0
+                continue
+            # The last expert: only the tail pages that bring the card within capacity.
+            keep = (int(eb[lay, e]) - excess) // int(page[lay, e])
+            excess -= int(eb[lay, e]) - min(keep * int(page[lay, e]), int(eb[lay, e]))
+            pages[lay, e] = keep
+    return pages
+
+
 def uniform(problem: Problem, top_k: int, seed: int = 0) -> SolveResult:
     """Profile-free placement: each card evicts experts in a seeded random order that takes
-    the same share from every layer, whole experts at a time, until it fits.
+    the same share from every layer (round-robin over layers, a random expert of each in
+    turn), whole experts until the last one, of which only the tail pages needed to fit go
+    (with one page per expert: the whole expert). Deterministic given `seed`.
     `top_k` is accepted for symmetry with the CLI; a uniform router needs no more."""
     del top_k
-
-    def pages_of(problem: Problem) -> np.ndarray:
-        rng = np.random.default_rng(seed)
-        pages = problem.num_pages().copy()
-        eb = np.asarray(problem.expert_bytes, dtype=np.int64)
-        home = np.asarray(problem.home)
-        for c in range(problem.num_cards):
-            layers, experts = np.nonzero(home == c)
-            # round-robin over layers in a random expert order within each layer
-            rank = np.empty(layers.size)
-            for layer in np.unique(layers):
-                idx = np.flatnonzero(layers == layer)
-                rank[idx] = rng.permutation(idx.size)
-            order = np.lexsort((layers, rank))
-            resident = int(eb[layers, experts].sum())
-            for i in order:
-                if resident <= problem.capacity[c]:
-                    break
-                resident -= int(eb[layers[i], experts[i]])
-                pages[layers[i], experts[i]] = 0
-        return pages
-
-    return _result(problem, "uniform", pages_of)
+    return _result(problem, "uniform", lambda p: uniform_pages(p, seed))
 
 
 def _result(problem: Problem, name: str, pages_of) -> SolveResult:

@@ -111,7 +111,8 @@ class StepStats:
         return 1.0 - float(self.staged_bytes.sum()) / selected if selected > 0 else 1.0
 
     def summary(self, batch: int, base_step_s: float) -> dict[str, float]:
-        """Figures per step and per token at concurrency `batch`; tokens/s = B / (base + mean stall)."""
+        """Figures per step and per token at concurrency `batch`;
+        tokens/s = B / (base + mean stall)."""
         stall = self.step_stall
         step_s = base_step_s + float(stall.mean())
         return {

@@ -183,7 +183,8 @@ def validate(problem: Problem, need_steps: bool = True) -> None:
     lbw = np.asarray(cards.link_bandwidth)
     if lbw.ndim != 1 or lbw.size == 0 or np.any(lbw <= 0):
         raise SolverError("link_bandwidth must be a non-empty [G] array of positive values")
-    if not np.issubdtype(link_of.dtype, np.integer) or link_of.min() < 0 or link_of.max() >= lbw.size:
+    if (not np.issubdtype(link_of.dtype, np.integer) or link_of.min() < 0
+            or link_of.max() >= lbw.size):
         raise SolverError(f"cards.link_of must hold link indices in [0, {lbw.size})")
     cap = np.asarray(problem.capacity)
     if cap.shape != (num_cards,):
@@ -213,6 +214,7 @@ def check_placement(problem: Problem, placement: Placement) -> None:
     """Raise SolverError when a placement has the wrong shape or page counts out of range."""
     r = np.asarray(placement.resident_pages)
     if r.shape != problem.expert_bytes.shape:
-        raise SolverError(f"placement shape {r.shape} != problem shape {problem.expert_bytes.shape}")
+        raise SolverError(
+            f"placement shape {r.shape} != problem shape {problem.expert_bytes.shape}")
     if np.any(r < 0) or np.any(r > problem.num_pages()):
         raise SolverError("placement resident_pages out of range [0, num_pages]")

@@ -21,7 +21,7 @@ from solvers.errors import SolverError
 from solvers.ilp import run
 from solvers.milp_model import build
 from solvers.patterns import LayerPatterns, layer_patterns
-from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
+from solvers.problem import Placement, Problem, SolveResult, Steps, relative_gap, validate
 
 
 @dataclass(frozen=True)
@@ -34,39 +34,66 @@ class RobustOutcome:
 
 def ratios_of(problems: list[Problem], placement: Placement, layer: list[float]
               ) -> dict[str, float]:
-    """Profile name -> objective ratio to layer offload (1 where layer offload stalls 0)."""
+    """Profile name -> objective ratio to layer offload. Where layer offload stalls 0 on a
+    profile the ratio is 1 when the placement stalls 0 too, else inf (worse than a baseline
+    that never waits). Names repeated across profiles get a "#k" suffix (k: profile index)."""
     out = {}
-    for p, z in zip(problems, layer, strict=True):
+    for k, (p, z) in enumerate(zip(problems, layer, strict=True)):
         value = cost.objective(p, placement)
-        out[p.steps[0].name] = value / z if z > 0 else (1.0 if value == 0 else float("inf"))
+        name = p.steps[0].name
+        if name in out:
+            name = f"{name}#{k}"
+        out[name] = value / z if z > 0 else (1.0 if value <= 0 else float("inf"))
     return out
 
 
+def _check_same_layout(problems: list[Problem]) -> None:
+    first = problems[0]
+    for k, p in enumerate(problems[1:], start=1):
+        same = (np.array_equal(p.expert_bytes, first.expert_bytes)
+                and np.array_equal(p.home, first.home)
+                and np.array_equal(p.capacity, first.capacity)
+                and p.page_bytes == first.page_bytes
+                and all(np.array_equal(getattr(p.cards, f), getattr(first.cards, f))
+                        for f in ("bandwidth", "latency", "link_of", "link_bandwidth")))
+        if not same:
+            raise SolverError(f"robust profile {k} differs from profile 0 in sizes, homes, "
+                              "capacity, cards or page size: only the steps may differ")
+
+
 def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> RobustOutcome:
-    """The robust placement over `problems` (see module docstring)."""
-    if len(problems) < 2:
-        raise SolverError("robust placement needs at least two traffic profiles")
+    """The robust placement over `problems` (see module docstring).
+
+    A profile on which layer offload stalls 0 (Z_k = 0) keeps ratio-1 semantics: its blocks
+    must stall 0 too (t_b <= 0, which layer offload satisfies) and it takes no part in z; the
+    worst ratio reported is then at least 1.
+    """
+    if not problems:
+        raise SolverError("robust placement needs at least one traffic profile")
     for p in problems:
         validate(p)
+    _check_same_layout(problems)
     start = time.perf_counter()
     first = problems[0]
+    num_layers = first.num_layers
     layer_pl = baselines.layer_offload(first).placement
     layer = [cost.objective(p, layer_pl) for p in problems]
+    zero = [z <= 0 for z in layer]
     scale = [z if z > 0 else 1.0 for z in layer]
     # One MILP over all profiles' blocks, each profile's weights divided by its Z_k.
-    steps = [type(st)(f"{k}", st.batch, st.selected, st.weight / scale[k], st.base_step_s)
+    steps = [Steps(f"{k}", st.batch, st.selected, st.weight / scale[k], st.base_step_s)
              for k, p in enumerate(problems) for st in p.steps]
     merged = Problem(first.expert_bytes, first.home, first.capacity, first.cards, steps,
                      first.page_bytes)
-    per_profile = [layer_patterns([st for st in steps if st.name == str(k)], first.num_layers)
+    per_profile = [layer_patterns([st for st in steps if st.name == str(k)], num_layers)
                    for k in range(len(problems))]
     # One pattern list per layer (as build expects), profiles kept as separate blocks.
-    patterns = [LayerPatterns(np.concatenate([pats[layer].selected for pats in per_profile]),
-                              np.concatenate([pats[layer].weight for pats in per_profile]))
-                for layer in range(first.num_layers)]
+    patterns = [LayerPatterns(np.concatenate([pats[lay].selected for pats in per_profile]),
+                              np.concatenate([pats[lay].weight for pats in per_profile]))
+                for lay in range(num_layers)]
     profile_of = np.concatenate([np.repeat(np.arange(len(problems)),
-                                           [pats[layer].weight.size for pats in per_profile])
-                                 for layer in range(first.num_layers)])
+                                           [pats[lay].weight.size for pats in per_profile])
+                                 for lay in range(num_layers)])
     weights = np.concatenate([p.weight for p in patterns])
     milp = build(merged, patterns)
     # z row per profile: z - sum_{b in k} w_b t_b >= 0 (t in time_scale units).
@@ -74,12 +101,20 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
     z = model.new_num_var(0.0, np.inf, "z")
     for k in range(len(problems)):
         blocks = np.flatnonzero(profile_of == k)
+        if zero[k]:
+            for b in blocks:
+                model.add(model.var_from_index(int(milp.t[b])) <= 0.0)
+            continue
         terms = [model.var_from_index(int(milp.t[b])) * float(weights[b]) for b in blocks]
         model.add(z >= mb.LinearExpr.sum(terms))
     model.minimize(z)
-    candidates = [greedy.greedy_pages(merged, layer_patterns(steps, first.num_layers), seed),
+
+    def worst(pages: np.ndarray) -> float:
+        return max(ratios_of(problems, Placement(pages), layer).values())
+
+    candidates = [greedy.greedy_pages(merged, layer_patterns(steps, num_layers), seed),
                   layer_pl.resident_pages]
-    scores = [max(ratios_of(problems, Placement(c), layer).values()) for c in candidates]
+    scores = [worst(c) for c in candidates]
     hint = candidates[int(np.argmin(scores))]
     milp.hint(hint)
     values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start), seed)
@@ -87,11 +122,16 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
     if values is not None:
         cand = Placement(milp.pages(values).reshape(first.expert_bytes.shape))
         if cand.fits(first):
-            value = max(ratios_of(problems, cand, layer).values())
+            value = worst(cand.resident_pages)
             if value <= best_obj:
                 best, best_obj = cand, value
-    bound = min(bound_units * milp.time_scale, best_obj) if np.isfinite(bound_units) else \
-        float("nan")
+    if np.isfinite(bound_units):
+        bound = bound_units * milp.time_scale
+        if any(zero):
+            bound = max(bound, 1.0)
+        bound = min(bound, best_obj)
+    else:
+        bound = float("nan")
     gap = relative_gap(best_obj, bound)
     result = SolveResult(best, "robust", best_obj, bound, gap, time.perf_counter() - start,
                          "optimal" if optimal and gap <= 1e-6 else "feasible")

@@ -45,7 +45,8 @@ class StallState:
         bandwidth = np.asarray(cards.bandwidth, dtype=np.float64)
         link_of = np.asarray(cards.link_of)
         link_bw = np.asarray(cards.link_bandwidth, dtype=np.float64)
-        self.latency, self.bandwidth, self.link_of, self.link_bw = latency, bandwidth, link_of, link_bw
+        self.latency, self.bandwidth = latency, bandwidth
+        self.link_of, self.link_bw = link_of, link_bw
 
         # Per expert (flat).
         self.expert_bytes = np.asarray(problem.expert_bytes, dtype=np.int64).ravel()

@@ -32,7 +32,8 @@ def steps_from_frequency(
         raise SolverError(f"batch and num_steps must be >= 1, got {batch} and {num_steps}")
     short = np.flatnonzero((freq > 0).sum(axis=1) < top_k)
     if short.size:
-        raise SolverError(f"layer {int(short[0])} has fewer than top_k={top_k} experts with freq > 0")
+        raise SolverError(
+            f"layer {int(short[0])} has fewer than top_k={top_k} experts with freq > 0")
     rng = np.random.default_rng(seed)
     with np.errstate(divide="ignore"):
         logits = np.log(freq)

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 import torch
+from test_runtime import PROMPTS, original_model, padded_batch
 
 from placer.hardware import parse_spec
 from placer.inventory import read_inventory
@@ -17,7 +18,6 @@ from placer.plan import build_plan, read_plan, write_json_atomic
 from placer.runtime.loader import load_placed
 from placer.runtime.lru import expected_staging
 from placer.runtime.patch import SelectionRecorder, load_staged_model
-from test_runtime import PROMPTS, original_model, padded_batch
 
 pytest_plugins = ["fixtures_models"]
 

@@ -14,13 +14,15 @@ from solvers.staging import staging_bytes
 
 
 def small_problem(seed: int, page_bytes: int | None = None, popularity=(0.8, 0.5, 0.2, 0.1),
-                  name: str = "a") -> Problem:
+                  name: str = "a", traffic_seed: int | None = None) -> Problem:
     rng = np.random.default_rng(seed)
     num_layers, num_experts = 2, 4
     eb = rng.integers(50, 100, size=(num_layers, num_experts)).astype(np.int64)
     home = homes.contiguous_homes(num_layers, num_experts, 2)
     cards = Cards(np.array([100.0, 80.0]), np.array([0.1, 0.05]), np.array([0, 0]),
                   np.array([150.0]))
+    if traffic_seed is not None:
+        rng = np.random.default_rng(traffic_seed)
     selected = rng.random((40, num_layers, num_experts)) < np.array(popularity)
     return Problem(eb, home, np.array([150, 120]), cards, [Steps(name, 1, selected, 1.0, 0.01)],
                    page_bytes)
@@ -69,19 +71,19 @@ def test_ilp_is_deterministic() -> None:
     assert np.array_equal(a.placement.resident_pages, b.placement.resident_pages)
 
 
-def test_layer_offload_evicts_whole_layers_last_first() -> None:
-    problem = small_problem(0)
-    pages = baselines.layer_offload(problem).placement.resident_pages
-    for c in range(2):
-        mine = problem.home == c
-        per_layer = [set(pages[layer][mine[layer]].tolist()) for layer in range(2)]
-        assert all(len(s) == 1 for s in per_layer)  # a layer is all in or all out
-        assert per_layer[1] <= per_layer[0] or per_layer == [{1}, {1}]
-
+def test_layer_offload_makes_a_prefix_of_whole_layers_cold() -> None:
+    for seed in range(4):
+        problem = small_problem(seed)
+        pages = baselines.layer_offload(problem).placement.resident_pages
+        cold = [not row.any() for row in pages]
+        assert all(row.all() or not row.any() for row in pages)  # whole layers, every card
+        assert cold == sorted(cold, reverse=True)  # the cold layers come first
+        assert baselines.layer_offload(problem).placement.fits(problem)
 
 def test_robust_is_no_worse_than_layer_offload_on_any_profile() -> None:
     skewed = small_problem(0, popularity=(0.8, 0.5, 0.2, 0.1), name="skewed")
-    reverse = small_problem(1, popularity=(0.1, 0.2, 0.5, 0.8), name="reverse")
+    reverse = small_problem(0, popularity=(0.1, 0.2, 0.5, 0.8), name="reverse",
+                            traffic_seed=1)
     outcome = robust.solve([skewed, reverse], time_limit=10, seed=0)
     assert set(outcome.ratios) == {"skewed", "reverse"}
     assert max(outcome.ratios.values()) <= 1.0 + 1e-9
@@ -121,3 +123,142 @@ def test_malformed_problem_is_refused() -> None:
                   problem.steps)
     with pytest.raises(SolverError, match="negative capacity"):
         ilp.solve(bad, time_limit=1, seed=0)
+
+
+def eplb_balanced_packing(weight: np.ndarray, num_packs: int) -> np.ndarray:
+    """deepseek-ai/EPLB's balanced_packing for one layer, ported to numpy: items in
+    decreasing weight into the lightest pack that still has room (E / C items per pack)."""
+    per_pack = weight.size // num_packs
+    pack_weight, pack_items = [0.0] * num_packs, [0] * num_packs
+    out = np.empty(weight.size, dtype=np.int64)
+    for item in np.argsort(-weight, kind="stable"):
+        pack = min((i for i in range(num_packs) if pack_items[i] < per_pack),
+                   key=pack_weight.__getitem__)
+        out[item] = pack
+        pack_weight[pack] += weight[item]
+        pack_items[pack] += 1
+    return out
+
+
+def test_balanced_homes_no_worse_than_eplb_balanced_packing() -> None:
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        load = rng.pareto(1.2, size=(2, 32)) + rng.random((2, 32))
+        bal = homes.balanced_homes(load, np.ones((2, 32), dtype=np.int64), 4)
+        for layer in range(2):
+            mine = np.bincount(bal[layer], weights=load[layer], minlength=4).max()
+            eplb = eplb_balanced_packing(load[layer], 4)
+            theirs = np.bincount(eplb, weights=load[layer], minlength=4).max()
+            assert mine <= theirs + 1e-12, trial
+            assert np.bincount(bal[layer], minlength=4).tolist() == [8] * 4
+
+
+def test_balanced_homes_uneven_counts_differ_by_at_most_one() -> None:
+    load = np.random.default_rng(2).random((3, 10))
+    bal = homes.balanced_homes(load, np.ones((3, 10), dtype=np.int64), 4)
+    for layer in range(3):
+        counts = np.bincount(bal[layer], minlength=4)
+        assert counts.sum() == 10 and counts.max() - counts.min() <= 1
+
+
+def test_contiguous_homes() -> None:
+    assert homes.contiguous_homes(2, 8, 4).tolist() == [[0, 0, 1, 1, 2, 2, 3, 3]] * 2
+    assert homes.contiguous_homes(1, 5, 2).tolist() == [[0, 0, 0, 1, 1]]
+
+
+def test_staging_bytes_caps_at_batch_times_top_k() -> None:
+    eb = np.full((3, 8), 7, dtype=np.int64)
+    eb[2, 1] = 11  # the largest expert of card 0
+    home = homes.contiguous_homes(3, 8, 2)  # 4 experts per card per layer
+    assert staging_bytes(eb, home, 2, max_batch=1, top_k=2).tolist() == [22, 14]
+    assert staging_bytes(eb, home, 2, max_batch=8, top_k=2).tolist() == [44, 28]
+    assert staging_bytes(eb, home, 2, max_batch=1, top_k=2).dtype == np.int64
+
+
+def test_layer_offload_offloads_the_fewest_layers_that_fit_every_card() -> None:
+    problem = small_problem(0)
+    sizes = problem.expert_bytes
+    # card 0 could keep everything, card 1 only layer 1's experts: layer 0 goes on both.
+    cap = np.array([int(sizes[:, :2].sum()), int(sizes[1, 2:].sum())])
+    p = Problem(sizes, problem.home, cap, problem.cards, problem.steps)
+    result = baselines.layer_offload(p)
+    assert result.placement.resident_pages.tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    assert result.status == "heuristic" and np.isnan(result.bound)
+    assert result.objective == cost.objective(p, result.placement)
+
+def test_uniform_is_seeded_fits_and_spreads_over_layers() -> None:
+    problem = small_problem(4, page_bytes=30)
+    a, b = (baselines.uniform(problem, top_k=2, seed=3) for _ in range(2))
+    assert np.array_equal(a.placement.resident_pages, b.placement.resident_pages)
+    assert a.placement.fits(problem)
+    free = problem.capacity - a.placement.card_resident_bytes(problem)
+    assert np.all(free < 30)  # only the tail pages needed to fit were evicted
+    assert a.objective == cost.objective(problem, a.placement)
+
+
+def test_robust_with_a_profile_layer_offload_never_stalls_on() -> None:
+    # Profile "early" only selects layer 1, which layer offload keeps resident: Z = 0.
+    base = small_problem(0, name="skewed")
+    sizes = base.expert_bytes
+    cap = np.array([int(sizes[1, :2].sum()), int(sizes[1, 2:].sum())])  # one layer fits
+    skewed = Problem(sizes, base.home, cap, base.cards, base.steps)
+    sel = np.zeros_like(skewed.steps[0].selected)
+    sel[:, 1, :] = skewed.steps[0].selected[:, 1, :]
+    early = Problem(skewed.expert_bytes, skewed.home, skewed.capacity, skewed.cards,
+                    [Steps("early", 1, sel, 1.0, 0.01)])
+    layer = baselines.layer_offload(skewed).placement
+    assert cost.objective(early, layer) == 0.0
+    outcome = robust.solve([skewed, early], time_limit=10, seed=0)
+    assert outcome.ratios["early"] == 1.0
+    assert cost.objective(early, outcome.result.placement) == 0.0
+    assert outcome.ratios["skewed"] <= 1.0 + 1e-9
+    assert outcome.result.objective == pytest.approx(max(outcome.ratios.values()))
+    assert np.isfinite(outcome.result.bound) and outcome.result.bound <= outcome.result.objective
+
+
+def test_robust_refuses_profiles_with_different_layouts() -> None:
+    a = small_problem(0, name="a")
+    b = small_problem(1, name="b")  # other expert sizes
+    with pytest.raises(SolverError, match="only the steps may differ"):
+        robust.solve([a, b], time_limit=1, seed=0)
+
+
+def _with(problem: Problem, **changes) -> Problem:
+    fields = dict(expert_bytes=problem.expert_bytes, home=problem.home,
+                  capacity=problem.capacity, cards=problem.cards, steps=problem.steps,
+                  page_bytes=problem.page_bytes)
+    fields.update(changes)
+    return Problem(**fields)
+
+
+@pytest.mark.parametrize("change", [
+    dict(expert_bytes=np.zeros((2, 4), dtype=np.int64)),
+    dict(expert_bytes=np.ones((2, 4))),  # float sizes
+    dict(home=np.zeros((2, 3), dtype=np.int64)),
+    dict(home=np.full((2, 4), 5, dtype=np.int64)),
+    dict(capacity=np.array([10])),
+    dict(steps=[]),
+    dict(steps=[Steps("x", 1, np.ones((3, 2, 4), dtype=np.int8), 1.0)]),
+    dict(steps=[Steps("x", 1, np.ones((3, 2, 5), dtype=bool), 1.0)]),
+    dict(steps=[Steps("x", 1, np.ones((3, 2, 4), dtype=bool), -1.0)]),
+    dict(page_bytes=0),
+    dict(cards=Cards(np.array([0.0, 1.0]), np.array([0.1, 0.1]), np.array([0, 0]),
+                     np.array([1.0]))),
+    dict(cards=Cards(np.array([1.0, 1.0]), np.array([0.1, 0.1]), np.array([0, 1]),
+                     np.array([1.0]))),
+])
+def test_malformed_input_raises_solver_error(change: dict) -> None:
+    bad = _with(small_problem(0), **change)
+    for solve in (lambda p: ilp.solve(p, time_limit=1, seed=0), greedy.solve,
+                  lambda p: robust.solve([p, p], time_limit=1, seed=0)):
+        with pytest.raises(SolverError):
+            solve(bad)
+
+
+def test_malformed_homes_input_raises_solver_error() -> None:
+    with pytest.raises(SolverError):
+        homes.balanced_homes(np.ones((2, 4)), np.ones((2, 3)), 2)
+    with pytest.raises(SolverError):
+        homes.balanced_homes(-np.ones((2, 4)), np.ones((2, 4)), 2)
+    with pytest.raises(SolverError):
+        homes.contiguous_homes(2, 4, 0)

@@ -1,0 +1,46 @@
+"""Plans in other tools' terms: SGLang expert locations and llama.cpp overrides."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from test_regression_case import setup  # noqa: F401  (module fixture: a solved tiny plan)
+
+from placer.evaluate import plan_problem
+from placer.export import read_sglang_location
+from placer.plan import read_plan
+from solvers import baselines
+from solvers.problem import Steps
+
+
+def test_sglang_location_round_trips_the_plan_homes(setup, cli, tmp_path: Path) -> None:  # noqa: F811
+    out = tmp_path / "locations.json"
+    text = cli("export", "sglang", setup["plan"], "--out", out).output
+    assert "--init-expert-location" in text
+    plan = read_plan(setup["plan"])
+    p2l = np.array(json.loads(out.read_text())["physical_to_logical_map"])
+    assert np.array_equal(p2l, read_sglang_location(out))
+    slots = p2l.shape[1] // len(plan.cards)
+    for i, layer in enumerate(plan.moe_layers):
+        for e in range(plan.experts_per_layer):
+            ranks = {p // slots for p in np.flatnonzero(p2l[layer] == e)}
+            assert ranks == {plan.expert(layer, e).card}, (layer, e)
+        assert set(p2l[layer]) == set(range(plan.experts_per_layer)), i
+
+
+def test_llamacpp_args_offload_the_layers_of_the_layer_baseline(setup, cli) -> None:  # noqa: F811
+    plan = read_plan(setup["plan"])
+    text = cli("export", "llamacpp", setup["plan"]).output
+    match = re.search(r"blk\\\.\(([\d|]+)\)", text)
+    exported = sorted(int(x) for x in match.group(1).split("|")) if match else []
+    dummy = np.zeros((1, len(plan.moe_layers), plan.experts_per_layer), dtype=bool)
+    problem = plan_problem(plan, [Steps("x", 1, dummy)])
+    pages = baselines.layer_offload(problem).placement.resident_pages
+    cold = [layer for layer, row in zip(plan.moe_layers, pages, strict=True) if not row.any()]
+    partly = [layer for layer, row in zip(plan.moe_layers, pages, strict=True)
+              if row.any() and not row.all()]
+    assert not partly  # whole layers only
+    assert exported == cold and cold
