@@ -7,43 +7,12 @@ import errno
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+from placed_plans import mixed_plan
 from safetensors import safe_open
 
-from placer.hardware import parse_spec
 from placer.inventory import read_inventory
-from placer.plan import build_plan, write_json_atomic
 from placer.tinymodel import quantize_layout
-
-# Two cards on two host links, so both host files are written.
-SPEC = parse_spec({"name": "two-links", "host_ram": "1GiB", "cards": 2,
-                   "card": {"model": "toy", "vram": "64MiB", "h2d_bandwidth": "1GB/s",
-                            "latency_us": 5.0},
-                   "link": [{"name": "a", "cards": [0], "bandwidth": "1GB/s"},
-                            {"name": "b", "cards": [1], "bandwidth": "1GB/s"}],
-                   "decode": {"base_step_ms": {"1": 1.0}}})
-
-
-def mixed_plan(model: Path, out: Path) -> Path:
-    """A plan with fully resident, partly resident (pages) and fully cold experts."""
-    inv = read_inventory(model)
-    sizes = inv.expert_bytes()
-    page = int(sizes.max()) // 3 + 1
-    pages = -(-sizes // page)
-    layers, experts = sizes.shape
-    resident = np.zeros_like(sizes)
-    for l_ in range(layers):
-        for e in range(experts):
-            resident[l_, e] = [pages[l_, e], 1, 0][(l_ + e) % 3]
-    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
-    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=page,
-                      budget_bytes=np.array([1 << 26] * 2), staging_bytes=np.array([0, 0]),
-                      budget={"mode": "budget", "value": None, "concurrency": [1]},
-                      ep="contiguous", solver={"name": "test"})
-    path = out / "plan.json"
-    write_json_atomic(plan.to_json(), path)
-    return path
 
 
 def source_stream(model: Path, expert) -> bytes:

@@ -10,42 +10,22 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 import torch
+from placed_plans import mixed_plan
 from test_runtime import PROMPTS, original_model, padded_batch
 
-from placer.hardware import parse_spec
 from placer.inventory import read_inventory
-from placer.plan import build_plan, read_plan, write_json_atomic
+from placer.plan import read_plan
 from placer.runtime.loader import load_placed
 from placer.runtime.lru import expected_staging
 from placer.runtime.patch import SelectionRecorder, load_staged_model
 
 pytest_plugins = ["fixtures_models"]
 
-SPEC = parse_spec({"name": "two-links", "host_ram": "1GiB", "cards": 2,
-                   "card": {"model": "toy", "vram": "64MiB", "h2d_bandwidth": "1GB/s",
-                            "latency_us": 5.0},
-                   "link": [{"name": "a", "cards": [0], "bandwidth": "1GB/s"},
-                            {"name": "b", "cards": [1], "bandwidth": "1GB/s"}],
-                   "decode": {"base_step_ms": {"1": 1.0}}})
-
-
 def placed_model(model: Path, out: Path, cli) -> Path:
-    """Emit a plan with whole, partly resident (paged) and cold experts; its directory."""
-    inv = read_inventory(model)
-    sizes = inv.expert_bytes()
-    page = int(sizes.max()) // 3 + 1
-    pages = -(-sizes // page)
-    layers, experts = sizes.shape
-    resident = np.array([[[pages[i, e], 1, 0][(i + e) % 3] for e in range(experts)]
-                         for i in range(layers)])
-    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
-    staging = np.full(2, int(sizes.max()) * experts)
-    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=page,
-                      budget_bytes=staging + (1 << 24), staging_bytes=staging,
-                      budget={"mode": "budget", "value": None, "concurrency": [4]},
-                      ep="contiguous", solver={"name": "test"})
-    write_json_atomic(plan.to_json(), out / "plan.json")
-    cli("emit", "--plan", out / "plan.json", "--model", model, "--out", out / "placed")
+    """Emit a mixed plan whose staging buffers hold a whole layer; its placed directory."""
+    largest_layer = int(read_inventory(model).expert_bytes().sum(axis=1).max())
+    plan = mixed_plan(model, out, staging_bytes=largest_layer)
+    cli("emit", "--plan", plan, "--model", model, "--out", out / "placed")
     return out / "placed"
 
 

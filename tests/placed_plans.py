@@ -1,0 +1,40 @@
+"""Plans with every kind of residency, for the emit, verify and runtime tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from placer.hardware import parse_spec
+from placer.inventory import read_inventory
+from placer.plan import build_plan, write_json_atomic
+
+# Two cards on two host links, so both host files are written.
+SPEC = parse_spec({"name": "two-links", "host_ram": "1GiB", "cards": 2,
+                   "card": {"model": "toy", "vram": "64MiB", "h2d_bandwidth": "1GB/s",
+                            "latency_us": 5.0},
+                   "link": [{"name": "a", "cards": [0], "bandwidth": "1GB/s"},
+                            {"name": "b", "cards": [1], "bandwidth": "1GB/s"}],
+                   "decode": {"base_step_ms": {"1": 1.0}}})
+
+
+def mixed_plan(model: Path, out: Path, staging_bytes: int = 0) -> Path:
+    """out/plan.json: fully resident, partly resident (pages of a third of the largest
+    expert) and fully cold experts in turn, homes contiguous over the two cards."""
+    inv = read_inventory(model)
+    sizes = inv.expert_bytes()
+    page = int(sizes.max()) // 3 + 1
+    pages = -(-sizes // page)
+    layers, experts = sizes.shape
+    resident = np.array([[[pages[i, e], 1, 0][(i + e) % 3] for e in range(experts)]
+                         for i in range(layers)])
+    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
+    staging = np.full(2, staging_bytes)
+    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=page,
+                      budget_bytes=staging + (1 << 26), staging_bytes=staging,
+                      budget={"mode": "budget", "value": None, "concurrency": [1]},
+                      ep="contiguous", solver={"name": "test"})
+    path = out / "plan.json"
+    write_json_atomic(plan.to_json(), path)
+    return path
