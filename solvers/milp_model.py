@@ -31,24 +31,6 @@ from solvers.problem import Problem
 
 
 @dataclass
-class TimeRows:
-    """The time rows of the MILP, for bounds outside the solver (see ilp.lagrangian_bound).
-
-    Row i reads t_{block[i]} >= rhs[i] - coef[i] @ f (time_scale units, f over the L * E
-    experts); block_weight [num blocks] is w_b. budget_card [L * E] and budget_bytes [L * E]
-    (bytes of fully resident f_x = 1) with capacity [C] give the budget rows. Only built when
-    every expert is one page (no r columns)."""
-
-    coef: sp.csr_matrix
-    rhs: np.ndarray
-    block: np.ndarray
-    block_weight: np.ndarray
-    budget_card: np.ndarray
-    budget_bytes: np.ndarray
-    capacity: np.ndarray
-
-
-@dataclass
 class MilpModel:
     """model: the MILP. f, r, t: variable indices ([L * E], [L * E] or -1 where r is f,
     [num blocks]). time_scale: seconds per objective unit."""
@@ -59,7 +41,6 @@ class MilpModel:
     t: np.ndarray
     time_scale: float
     num_pages: np.ndarray
-    relaxation: TimeRows | None = None
 
     def hint(self, resident_pages: np.ndarray) -> None:
         """Hint the placement [L, E] (and its block stalls, left to the solver)."""
@@ -200,11 +181,5 @@ def build(problem: Problem, patterns: list[LayerPatterns]) -> MilpModel:
     model.helper.fill_model_from_sparse_data(col_lo, col_hi, objective, row_lo, row_hi, matrix)
     for col in range(num_x + multi.size):
         model.helper.set_var_integrality(col, True)
-    relaxation = None
-    if multi.size == 0:
-        relaxation = TimeRows(
-            coef=matrix[:num_time_rows, :num_x].tocsr(), rhs=rhs, block=row_block,
-            block_weight=weight, budget_card=card.astype(np.int64), budget_bytes=eb,
-            capacity=np.asarray(problem.capacity, dtype=np.float64))
     return MilpModel(model=model, f=f_col, r=r_col, t=t_col, time_scale=time_scale,
-                     num_pages=pages, relaxation=relaxation)
+                     num_pages=pages)
