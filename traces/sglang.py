@@ -96,7 +96,9 @@ def read_sglang_dump(path: Path) -> SGLangDump:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises pickle, zip and runtime errors alike
-        raise TraceError(f"{path}: not a readable torch.save file ({exc})") from None
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+        raise TraceError(f"{path}: not a readable torch.save file ({type(exc).__name__}"
+                         f"{': ' + reason if reason else ''})") from None
     if not isinstance(data, dict):
         raise TraceError(f"{path}: expected a dict, got {type(data).__name__}")
     if "logical_count" in data:

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from placer.commands.common import command, print_json
+from placer.commands.common import command, model_identity, print_json
 from placer.errors import PlacerError
 from placer.inventory import read_inventory
-from traces.collect import DTYPES, MODES, CollectOptions, ModelIdentity, check_options, collect
+from traces.collect import DTYPES, MODES, CollectOptions, check_options, collect
 from traces.corpora import open_corpus
 
 
@@ -69,9 +69,7 @@ def register(app: typer.Typer) -> None:
                                  tokenizer=tokenizer, progress=progress)
         check_options(options)
         inv = read_inventory(model)
-        identity = ModelIdentity(fingerprint=inv.fingerprint, num_layers=inv.num_layers,
-                                 moe_layers=tuple(inv.moe_layers),
-                                 experts_per_layer=inv.experts_per_layer, top_k=inv.top_k)
+        identity = model_identity(inv)
         corpora = [open_corpus(path, tag=tag[i] if tag else None, text_field=text_field)
                    for i, path in enumerate(corpus)]
         results = collect(model, corpora, out, identity, options, random_tokens=random_tokens)

@@ -10,7 +10,9 @@ from typing import Any
 import typer
 
 from placer.errors import PlacerError
+from placer.inventory import Inventory
 from solvers.errors import SolverError
+from traces.collect import ModelIdentity
 from traces.errors import TraceError
 
 DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, FileNotFoundError)
@@ -51,3 +53,10 @@ def parse_list(text: str, kind: type, what: str) -> list:
     if not values:
         raise PlacerError(f"{what}: empty list")
     return values
+
+
+def model_identity(inv: Inventory) -> ModelIdentity:
+    """What traces record about the model of `inv` (fingerprint, layers, experts, top-k)."""
+    return ModelIdentity(fingerprint=inv.fingerprint, num_layers=inv.num_layers,
+                         moe_layers=tuple(inv.moe_layers),
+                         experts_per_layer=inv.experts_per_layer, top_k=inv.top_k)

@@ -9,9 +9,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from placer.commands.common import command, print_json
-from traces.importers import import_counts
+from placer.commands.common import command, model_identity, print_json
+from placer.errors import PlacerError
+from placer.inventory import read_inventory
+from traces.importers import import_counts, read_count_matrix
 from traces.profile import load_profile
+from traces.sglang import import_sglang
 from traces.stats import plot_heatmap, trace_stats
 
 
@@ -48,23 +51,73 @@ def register(app: typer.Typer) -> None:
 
     @command(traces_app, "import")
     def import_command(
-        counts: Annotated[Path, typer.Argument(
-            help="Count matrix (.npy or .csv), MoE layers x experts; row i = i-th MoE layer.")],
+        sources: Annotated[list[Path], typer.Argument(
+            help="A count matrix (.npy or .csv, MoE layers x experts), or SGLang expert "
+                 "distribution dumps (.pt files, or a directory of them: one per rank).")],
         out: Annotated[Path, typer.Option(help="New trace directory to store it in.")],
-        top_k: Annotated[int, typer.Option(help="Experts each token selects (the model's k).")],
-        tag: Annotated[str | None, typer.Option(help="Profile name (default: file stem).")
-                       ] = None,
+        model: Annotated[Path | None, typer.Option(
+            help="Checkpoint the statistics came from: supplies top-k and the MoE layers, "
+                 "checks the shape; SGLang per_token dumps become real trace rows with its "
+                 "fingerprint.")] = None,
+        top_k: Annotated[int | None, typer.Option(
+            help="Experts each token selects (the model's k); needed without --model.")
+                         ] = None,
+        tag: Annotated[str | None, typer.Option(
+            help="Profile name (default: file stem; 'sglang' for dumps).")] = None,
         tokens: Annotated[int | None, typer.Option(
-            help="Tokens counted (default: largest row sum / top-k).")] = None,
+            help="Tokens counted in a count matrix (default: largest row sum / top-k).")
+                          ] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
+                            ] = False,
     ) -> None:
-        """Import another tool's expert-selection counts as a frequency-only profile.
+        """Import another tool's expert-selection statistics as a profile.
 
-        The matrix is stored as DIR/counts.parquet; it has no model fingerprint, so its use
-        with a model is guarded by its shape (MoE layers x experts)."""
-        path = import_counts(counts, out, top_k=top_k, tag=tag, tokens=tokens)
-        profile = load_profile(out)
+        A count matrix is stored as DIR/counts.parquet (frequencies only). SGLang dumps from
+        --expert-distribution-recorder-mode stat|stat_approx|per_pass give counts too;
+        per_token dumps with --model give one trace row per token and MoE layer, so the
+        solver samples real co-selection from them. Counts carry no fingerprint: their use
+        with a model is guarded by shape (MoE layers x experts)."""
+        path = import_statistics(sources, out, model=model, top_k=top_k, tag=tag,
+                                 tokens=tokens)
+        profile = load_profile(out, phase=None)
+        if json_out:
+            print_json({"path": str(path), "name": profile.name, "per_token": profile.per_token,
+                        "moe_layers": list(profile.moe_layers),
+                        "num_experts": profile.num_experts, "top_k": profile.top_k,
+                        "tokens": profile.tokens})
+            return
         typer.echo(f"{profile.name}: {len(profile.moe_layers)} MoE layers x "
-                   f"{profile.num_experts} experts, {profile.tokens} tokens -> {path}")
+                   f"{profile.num_experts} experts, {profile.tokens} tokens"
+                   f"{', per token' if profile.per_token else ''} -> {path}")
+
+
+def import_statistics(sources: list[Path], out: Path, *, model: Path | None,
+                      top_k: int | None, tag: str | None, tokens: int | None) -> Path:
+    """`placer traces import`: SGLang dumps (.pt) or one count matrix into `out`."""
+    identity = model_identity(read_inventory(model)) if model is not None else None
+    if identity is not None:
+        if top_k not in (None, identity.top_k):
+            raise PlacerError(f"--top-k {top_k} differs from the model's {identity.top_k}")
+        top_k = identity.top_k
+    files = [f for s in sources for f in (sorted(s.glob("*.pt")) if s.is_dir() else [s])]
+    dumps = [f for f in files if f.suffix == ".pt"]
+    if dumps:
+        if len(dumps) != len(files):
+            raise PlacerError("give SGLang .pt dumps or one count matrix, not both")
+        if tokens is not None:
+            raise PlacerError("--tokens is for count matrices; SGLang dumps count their own")
+        return import_sglang(dumps, out, identity=identity, top_k=top_k, tag=tag)
+    if len(files) != 1:
+        raise PlacerError(f"give one count matrix or SGLang .pt dumps ({len(files)} files)")
+    if top_k is None:
+        raise PlacerError("--top-k (or --model) is needed to import a count matrix")
+    if identity is not None:
+        shape = read_count_matrix(files[0]).shape
+        if shape != (len(identity.moe_layers), identity.experts_per_layer):
+            raise PlacerError(f"{files[0]} is {shape[0]} MoE layers x {shape[1]} experts, the "
+                              f"model {len(identity.moe_layers)} x "
+                              f"{identity.experts_per_layer}")
+    return import_counts(files[0], out, top_k=top_k, tag=tag, tokens=tokens)
 
 
 def _print_stats(result: dict) -> None:
