@@ -1,6 +1,6 @@
 """The main job end to end on a tiny real MoE model that this script builds offline.
 
-    python examples/demo.py --out demo-out
+    python examples/demo.py --out demo-out [--quick]
 
 1. build a tiny qwen3_moe checkpoint with a locally trained tokenizer;
 2. placer inspect: the inventory;
@@ -14,34 +14,25 @@
 7. placer run: a prompt through the placed model on the reference staging runtime, with
    what it staged.
 
-Every step is a real `placer` command, printed before it runs.
+Every step is a real `placer` command, printed before it runs. `--quick` (what the tests run)
+collects fewer tokens and gives the ILP less time: the same steps, rougher figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-DATA = HERE / "data"
-PLACER = [sys.executable, "-m", "placer"]
-
-
-def placer(*args: object) -> None:
-    """Run one placer command, echoing it as a user would type it."""
-    words = [str(a) for a in args]
-    print(f"\n$ placer {shlex.join(words)}", flush=True)
-    subprocess.run([*PLACER, *words], check=True)
+from walkthrough import DATA, HERE, placer, prose_blocks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("demo-out"))
+    parser.add_argument("--quick", action="store_true", help="fewer tokens, shorter ILP")
     args = parser.parse_args()
+    tokens, seconds = (3000, 5) if args.quick else (12000, 20)
     out: Path = args.out
     if out.exists():
         shutil.rmtree(out)
@@ -49,9 +40,8 @@ def main() -> None:
 
     from placer.tinymodel import build_tiny_model
 
-    texts = [b for b in (DATA / "shakespeare_head.txt").read_text().split("\n\n") if b.strip()]
-    model = build_tiny_model("qwen3_moe", out / "model", texts=texts, layers=4, experts=16,
-                             top_k=2, hidden=64, router_scale=4.0)
+    model = build_tiny_model("qwen3_moe", out / "model", texts=prose_blocks(), layers=4,
+                             experts=16, top_k=2, hidden=64, router_scale=4.0)
     print(f"built a tiny qwen3_moe checkpoint in {model}")
     placer("inspect", model)
 
@@ -59,16 +49,16 @@ def main() -> None:
         "calib": ["--corpus", DATA / "shakespeare_head.txt"],
         "heldout": ["--corpus", DATA / "shakespeare_tail.txt"],
         "chat": ["--corpus", DATA / "vicuna_bench_questions.jsonl"],
-        "random": ["--random-tokens", 12000],
+        "random": ["--random-tokens", tokens],
     }
     for name, source in corpora.items():
         placer("collect", "--model", model, *source, "--out", out / "traces" / name,
-               "--max-tokens", 12000, "--max-length", 128, "--batch-size", 16)
+               "--max-tokens", tokens, "--max-length", 128, "--batch-size", 16)
     placer("traces", "stats", out / "traces" / "calib", "--plot", out / "calib-heatmap.png")
 
     box = HERE / "tiny-box.toml"
     common = ["--model", model, "--hardware", box, "--offload", 0.5, "--concurrency", "1,8",
-              "--time-limit", 20]
+              "--time-limit", seconds]
     placer("solve", *common, "--traces", out / "traces" / "calib", "--solver", "ilp",
            "--out", out / "plan.json")
     placer("solve", *common, "--traces", out / "traces" / "calib", "--traces",

@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 from traces.errors import TraceError
 from traces.schema import KIND_COUNTS, KIND_TOKENS, read_meta
 
-BATCH_ROWS = 1 << 20
+BATCH_ROWS = 1 << 16
 READAHEAD = 2  # batches read ahead: memory stays a few batches, whatever the trace size
 MODEL_KEYS = ("fingerprint", "num_layers", "moe_layers", "experts_per_layer", "top_k")
 
