@@ -51,7 +51,8 @@ def register(app: typer.Typer) -> None:
             help="Cut experts into pages of this size (default: one page per expert).")
         ] = None,
         robust: Annotated[bool, typer.Option(
-            help="Minimize the worst stall ratio to layer offload across the --traces sets.")
+            help="Minimize the worst stall ratio to layer offload across the --traces sets "
+                 "and --concurrency values.")
         ] = False,
         time_limit: Annotated[float, typer.Option(help="ILP time limit in seconds.")] = 60.0,
         seed: Annotated[int, typer.Option(help="Seed for step sampling and solvers.")] = 0,
@@ -100,7 +101,7 @@ def print_plan(plan: Plan, out: Path) -> None:
     console.print(prediction_table(plan.predicted, "predicted on calibration traffic"))
     if plan.robust:
         ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
-        console.print(f"robust: stall / layer-offload stall per profile: {ratios}")
+        console.print(f"robust: stall / layer-offload stall per profile and concurrency: {ratios}")
     console.print(f"plan written to {out}")
 
 
