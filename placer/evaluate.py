@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.expert_cache import expected_staging
 from placer.plan import Plan
-from placer.runtime.lru import expected_staging
 from placer.solve import cards_of, figures
 from solvers import baselines, greedy, ilp
 from solvers.problem import Placement, Problem, SolveResult, Steps

@@ -100,8 +100,8 @@ def test_solver_objective_equals_the_evaluators_figure_on_its_own_traffic(setup,
 
 
 def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
+    from placer.expert_cache import expected_staging
     from placer.plan import read_plan
-    from placer.runtime.lru import expected_staging
     from traces.profile import sample_steps
 
     report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["held"],

@@ -13,10 +13,10 @@ import torch
 from placed_plans import mixed_plan
 from test_runtime import PROMPTS, original_model, padded_batch
 
+from placer.expert_cache import expected_staging
 from placer.inventory import read_inventory
 from placer.plan import read_plan
 from placer.runtime.loader import load_placed
-from placer.runtime.lru import expected_staging
 from placer.runtime.patch import SelectionRecorder, load_staged_model
 
 pytest_plugins = ["fixtures_models"]
