@@ -10,9 +10,12 @@ contiguous homes; each card may keep 70% of the expert bytes it homes (30% offlo
 sampled decode steps at batch 1 and batch 8, weighted equally.
 
 Prints, each figure saying what it measured:
-1. ILP (SCIP from the greedy hint): wall seconds, objective (expected stall per step), proven
-   lower bound and relative gap (target gap <= 1% within the time limit);
-2. greedy: wall seconds (target < 2 s) and its objective over the ILP bound (target <= 1.03);
+1. ILP (SCIP from the greedy hint; at full size the bound is PDLP's LP dual, evaluated
+   exactly, and the LP solution rounded and repaired gives candidates, see solvers/ilp.py):
+   wall seconds, objective (expected stall per step), proven lower bound and relative gap
+   (target gap <= 1% within the time limit);
+2. greedy: wall seconds (target < 2 s) and its objective over the ILP objective (target
+   <= 1.03, as the issue states it) and, for information, over the ILP bound;
 3. layer offload (llama.cpp-style) and uniform: objective over the ILP bound;
 4. determinism: two ILP runs with one seed give the identical placement.
 Each target prints PASS or MISS; the exit status is 0 either way.
@@ -94,8 +97,9 @@ def main() -> None:
           f"bound {a.bound * ms:.4f} ms, gap {a.gap:.2%} "
           f"[target gap <= 1%: {verdict(a.gap <= 0.01)}]")
     print(f"greedy: {g.seconds:.2f} s wall [target < 2 s: {verdict(g.seconds < 2.0)}]; "
-          f"objective {g.objective * ms:.4f} ms = {g.objective / a.bound:.4f} x ILP bound "
-          f"[target <= 1.03: {verdict(g.objective <= 1.03 * a.bound)}]; "
+          f"objective {g.objective * ms:.4f} ms = {g.objective / a.objective:.4f} x ILP "
+          f"objective [target <= 1.03: {verdict(g.objective <= 1.03 * a.objective)}] = "
+          f"{g.objective / a.bound:.4f} x ILP bound; "
           f"ILP improves on it by {1 - a.objective / g.objective:.2%}")
     print(f"layer offload: objective {layer.objective * ms:.4f} ms = "
           f"{layer.objective / a.bound:.3f} x ILP bound ({layer.objective / a.objective:.3f} x "

@@ -23,11 +23,6 @@ import numpy as np
 from solvers.problem import Placement, Problem, check_placement
 
 
-def home_matrix(problem: Problem) -> np.ndarray:
-    """[L, E, C] float one-hot of each expert's home card."""
-    return np.eye(problem.num_cards)[np.asarray(problem.home)]
-
-
 def link_matrix(problem: Problem) -> np.ndarray:
     """[C, G] float one-hot of each card's shared host link."""
     return np.eye(problem.cards.num_links)[np.asarray(problem.cards.link_of)]
@@ -42,16 +37,19 @@ def card_loads(
     both exact integers held in float64.
     """
     check_placement(problem, placement)
-    cold = placement.cold_bytes(problem).astype(np.float64)
-    onehot = home_matrix(problem)
+    cold = placement.cold_bytes(problem).astype(np.float64).ravel()  # [L * E]
+    home = np.asarray(problem.home).ravel()
     selected = np.asarray(selected)
-    num_steps, num_layers = selected.shape[:2]
-    cold_bytes = np.empty((num_steps, num_layers, problem.num_cards))
-    transfers = np.empty_like(cold_bytes)
-    for layer in range(num_layers):
-        sel = selected[:, layer, :].astype(np.float64)  # [S, E]
-        cold_bytes[:, layer] = sel @ (cold[layer, :, None] * onehot[layer])
-        transfers[:, layer] = sel @ ((cold[layer] > 0)[:, None] * onehot[layer])
+    num_steps, num_layers, num_experts = selected.shape
+    num_cards = problem.num_cards
+    # Selected cold (step, layer, expert) triples, flat; idx // E is step * L + layer.
+    idx = np.flatnonzero(selected.reshape(num_steps, num_layers * num_experts) & (cold > 0))
+    x = idx % (num_layers * num_experts)
+    key = (idx // num_experts) * num_cards + home[x]
+    size = num_steps * num_layers * num_cards
+    shape = (num_steps, num_layers, num_cards)
+    cold_bytes = np.bincount(key, weights=cold[x], minlength=size).reshape(shape)
+    transfers = np.bincount(key, minlength=size).reshape(shape).astype(np.float64)
     return cold_bytes, transfers
 
 

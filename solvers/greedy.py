@@ -93,16 +93,27 @@ def local_search(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> N
     """Restore pages into free capacity (most stall saved per byte first, then most often
     selected), then swap one restore with one eviction on a card while that strictly lowers
     the objective. Never exceeds any card's capacity."""
-    num_layers, num_experts = state.shape
-    evict = np.zeros(state.pages.size)
-    restore = np.zeros(state.pages.size)
+    num_experts = state.shape[1]
+    # Per entry prices, kept current for the rows each move touches; per expert sums of
+    # them are summed per layer in entry order, exactly as StallState.layer_deltas does.
+    every = np.arange(state.entry_row.size)
+    entry_evict, entry_restore = state.evict_rise(every), state.restore_drop(every)
+    evict = np.bincount(state.entry_expert, weights=entry_evict, minlength=state.pages.size)
+    restore = np.bincount(state.entry_expert, weights=entry_restore, minlength=state.pages.size)
 
-    def refresh(layer: int) -> None:
-        part = slice(layer * num_experts, (layer + 1) * num_experts)
-        evict[part], restore[part] = state.layer_deltas(layer)
+    def refresh(rows: np.ndarray) -> None:
+        rows = np.unique(rows)
+        entries = state.entries_of_rows(rows)
+        entry_evict[entries] = state.evict_rise(entries)
+        entry_restore[entries] = state.restore_drop(entries)
+        for layer in np.unique(state.row_layer[rows]):
+            part = slice(layer * num_experts, (layer + 1) * num_experts)
+            span = state.entries_of_layer(int(layer))
+            local = state.entry_expert[span] - layer * num_experts
+            evict[part] = np.bincount(local, weights=entry_evict[span], minlength=num_experts)
+            restore[part] = np.bincount(local, weights=entry_restore[span],
+                                        minlength=num_experts)
 
-    for layer in range(num_layers):
-        refresh(layer)
     ebytes, rbytes = state.evict_bytes, state.restore_bytes
     slack = capacity - state.card_resident_bytes()
     while True:  # fill free capacity
@@ -111,8 +122,7 @@ def local_search(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> N
             break
         x = int(_ordered(fits, restore / np.maximum(rbytes, 1), -rank)[0])
         slack[state.card[x]] -= rbytes[x]
-        state.move(np.array([x]), +1)
-        refresh(x // num_experts)
+        refresh(state.move(np.array([x]), +1))
 
     tol = 1e-12 * max(state.objective(), 1e-30)
     on_card = [np.flatnonzero(state.card == c) for c in range(capacity.size)]
@@ -126,10 +136,8 @@ def local_search(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> N
                 continue
             x_in, x_out = best
             slack[card] += ebytes[x_out] - rbytes[x_in]
-            state.move(np.array([x_out]), -1)
-            state.move(np.array([x_in]), +1)
-            for layer in {x_in // num_experts, x_out // num_experts}:
-                refresh(layer)
+            touched = [state.move(np.array([x_out]), -1), state.move(np.array([x_in]), +1)]
+            refresh(np.concatenate(touched))
             swaps += 1
             improved = True
 
@@ -179,14 +187,21 @@ def _joint_change(state: StallState, x_in: int, x_out: int) -> float:
     return after - before
 
 
-def greedy_pages(problem: Problem, patterns: list[LayerPatterns], seed: int) -> np.ndarray:
-    """[L, E] int resident pages of the greedy + local search placement for `patterns`."""
-    state = StallState(problem, patterns, problem.num_pages())
+def repair_pages(problem: Problem, patterns: list[LayerPatterns], start: np.ndarray,
+                 seed: int) -> np.ndarray:
+    """[L, E] int resident pages: from `start` ([L, E] pages, may exceed capacity), evict in
+    density order until every card fits, then local search."""
+    state = StallState(problem, patterns, start)
     rank = tie_rank(patterns, seed)
     capacity = np.asarray(problem.capacity, dtype=np.float64)
     evict_to_fit(state, capacity, rank)
     local_search(state, capacity, rank)
     return state.resident_pages()
+
+
+def greedy_pages(problem: Problem, patterns: list[LayerPatterns], seed: int) -> np.ndarray:
+    """[L, E] int resident pages of the greedy + local search placement for `patterns`."""
+    return repair_pages(problem, patterns, problem.num_pages(), seed)
 
 
 def solve(problem: Problem, seed: int = 0) -> SolveResult:

@@ -1,7 +1,14 @@
-"""Exact placement: the sample-average MILP (milp_model.py) solved by SCIP from a greedy hint.
+"""Exact placement: the sample-average MILP (milp_model.py) from a greedy hint.
 
-Deterministic: one thread, a fixed seed, a time limit. The returned placement is scored with
-the exact cost model (cost.objective), never worse than the greedy hint, with the solver's
+A MILP small enough for SCIP (at most `SCIP_MAX_TIME_ROWS` time rows) is solved by SCIP:
+one thread, a fixed seed, a time limit; its proven bound is SCIP's. A larger one, whose root
+LP SCIP cannot finish within a minute, gets its LP relaxation from PDLP instead: the bound is
+the exact Lagrangian value of PDLP's multipliers (lp_bound.py), and the LP solution, rounded
+at a few thresholds and repaired by the greedy's eviction and local search, gives candidate
+placements (only when PDLP converged, so they do not depend on timing).
+
+Deterministic given the seed (up to where a time limit stops SCIP). The returned placement is
+scored with the exact cost model (cost.objective), never worse than the greedy hint, with the
 proven lower bound and the relative gap between the two.
 """
 
@@ -13,11 +20,16 @@ import numpy as np
 from ortools.linear_solver.python import model_builder as mb
 
 from solvers import cost, greedy
-from solvers.milp_model import MilpModel, build
-from solvers.patterns import problem_patterns
+from solvers.lp_bound import dual_bound, pdlp_duals
+from solvers.milp_model import MilpData, MilpModel, milp_data, model_of
+from solvers.patterns import LayerPatterns, problem_patterns
 from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
 
 BACKEND = "scip"
+SCIP_MAX_TIME_ROWS = 50_000  # above this, the LP bound comes from PDLP (see docstring)
+PDLP_ITERATIONS = 20_000  # a count, so a converged PDLP run is timing independent
+ROUNDING = (0.1, 0.15, 0.2, 0.3, 0.4, 0.5)  # LP residency thresholds of the rounded candidates
+RESERVE_S = 6.0  # seconds kept after PDLP for rounding and scoring
 
 
 def run(milp: MilpModel, time_limit: float, seed: int) -> tuple[np.ndarray | None, float, bool]:
@@ -34,25 +46,49 @@ def run(milp: MilpModel, time_limit: float, seed: int) -> tuple[np.ndarray | Non
     return values, float(solver.best_objective_bound), status == mb.SolveStatus.OPTIMAL
 
 
+def rounded_candidates(problem: Problem, patterns: list[LayerPatterns], data: MilpData,
+                       values: np.ndarray, seed: int) -> list[np.ndarray]:
+    """[L, E] placements from LP column values ([cols]): experts with LP residency f_x >=
+    each ROUNDING threshold fully resident, the rest cold, then greedy.repair_pages."""
+    f = values[data.f].reshape(problem.expert_bytes.shape)
+    pages = problem.num_pages()
+    return [greedy.repair_pages(problem, patterns, np.where(f >= thr, pages, 0), seed)
+            for thr in ROUNDING]
+
+
 def solve(problem: Problem, time_limit: float = 60.0, seed: int = 0) -> SolveResult:
     """Best placement of `problem` found within `time_limit` seconds, with its bound."""
     validate(problem)
     start = time.perf_counter()
     patterns = problem_patterns(problem)
     hint = greedy.greedy_pages(problem, patterns, seed)
-    milp = build(problem, patterns)
-    milp.hint(hint)
-    values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start), seed)
+    data = milp_data(problem, patterns)
     best = Placement(hint)
     best_obj = cost.objective(problem, best)
-    if values is not None:
-        candidate = Placement(milp.pages(values).reshape(problem.expert_bytes.shape))
+    candidates: list[np.ndarray] = []
+    optimal = False
+    if data.num_time_rows <= SCIP_MAX_TIME_ROWS:
+        milp = model_of(data)
+        milp.hint(hint)
+        values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start),
+                                           seed)
+        if values is not None:
+            candidates.append(milp.pages(values).reshape(problem.expert_bytes.shape))
+    else:
+        left = time_limit - (time.perf_counter() - start) - RESERVE_S
+        values, duals, converged = pdlp_duals(data, left, PDLP_ITERATIONS)
+        bound_units = dual_bound(data, duals)
+        if converged:
+            candidates += rounded_candidates(problem, patterns, data, values, seed)
+    for pages in candidates:
+        candidate = Placement(pages)
         if candidate.fits(problem):
             value = cost.objective(problem, candidate)
             if value <= best_obj:
                 best, best_obj = candidate, value
-    bound = min(bound_units * milp.time_scale, best_obj) if np.isfinite(bound_units) else \
-        float("nan")
+    # A stall is never negative: SCIP stopped before its root LP reports a huge negative bound.
+    bound = min(max(bound_units * data.time_scale, 0.0), best_obj) \
+        if np.isfinite(bound_units) else float("nan")
     gap = relative_gap(best_obj, bound)
     status = "optimal" if optimal and gap <= 1e-6 else "feasible"
     return SolveResult(best, "ilp", best_obj, bound, gap, time.perf_counter() - start, status)

@@ -30,6 +30,33 @@ from solvers.patterns import LayerPatterns
 from solvers.problem import Problem
 
 
+@dataclass(frozen=True)
+class MilpData:
+    """The MILP as sparse arrays: min objective @ v s.t. row_lo <= matrix @ v <= row_hi,
+    col_lo <= v <= col_hi, the first `num_int` columns (f, then r) integer.
+
+    Rows: the `num_time_rows` time rows first (row_block: [num_time_rows] block of each),
+    then one budget row per card (num_cards), then the page linking rows. matrix: csr [rows, cols].
+    f, r, t, time_scale, num_pages: as in MilpModel.
+    """
+
+    matrix: sp.csr_matrix
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+    col_lo: np.ndarray
+    col_hi: np.ndarray
+    objective: np.ndarray
+    num_int: int
+    num_time_rows: int
+    num_cards: int
+    row_block: np.ndarray
+    f: np.ndarray
+    r: np.ndarray
+    t: np.ndarray
+    time_scale: float
+    num_pages: np.ndarray
+
+
 @dataclass
 class MilpModel:
     """model: the MILP. f, r, t: variable indices ([L * E], [L * E] or -1 where r is f,
@@ -61,6 +88,28 @@ class MilpModel:
 
 def build(problem: Problem, patterns: list[LayerPatterns]) -> MilpModel:
     """The MILP of `problem` over the merged step patterns (see module docstring)."""
+    return model_of(milp_data(problem, patterns))
+
+
+def model_of(data: MilpData, time_rows: np.ndarray | None = None) -> MilpModel:
+    """The model_builder MILP of `data`, keeping only the time rows `time_rows` (sorted
+    indices; None: all) and every budget and page linking row. Dropping time rows relaxes
+    the MILP: its optimum and bounds stay lower bounds of the full MILP's."""
+    keep = np.arange(data.row_lo.size)
+    if time_rows is not None:
+        keep = np.concatenate([time_rows, keep[data.num_time_rows:]])
+    model = mb.Model()
+    model.helper.fill_model_from_sparse_data(
+        data.col_lo, data.col_hi, data.objective, data.row_lo[keep], data.row_hi[keep],
+        data.matrix[keep])
+    for col in range(data.num_int):
+        model.helper.set_var_integrality(col, True)
+    return MilpModel(model=model, f=data.f, r=data.r, t=data.t, time_scale=data.time_scale,
+                     num_pages=data.num_pages)
+
+
+def milp_data(problem: Problem, patterns: list[LayerPatterns]) -> MilpData:
+    """The sparse arrays of the MILP of `problem` over `patterns` (see module docstring)."""
     num_layers, num_experts = problem.expert_bytes.shape
     cards = problem.cards
     num_cards, num_links = cards.num_cards, cards.num_links
@@ -177,9 +226,7 @@ def build(problem: Problem, patterns: list[LayerPatterns]) -> MilpModel:
                              np.full(num_blocks, np.inf)])
     objective = np.concatenate([np.zeros(num_x + multi.size), weight])
 
-    model = mb.Model()
-    model.helper.fill_model_from_sparse_data(col_lo, col_hi, objective, row_lo, row_hi, matrix)
-    for col in range(num_x + multi.size):
-        model.helper.set_var_integrality(col, True)
-    return MilpModel(model=model, f=f_col, r=r_col, t=t_col, time_scale=time_scale,
-                     num_pages=pages)
+    return MilpData(matrix=matrix, row_lo=row_lo, row_hi=row_hi, col_lo=col_lo, col_hi=col_hi,
+                    objective=objective, num_int=num_x + multi.size,
+                    num_time_rows=num_time_rows, num_cards=num_cards, row_block=row_block,
+                    f=f_col, r=r_col, t=t_col, time_scale=time_scale, num_pages=pages)

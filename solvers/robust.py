@@ -126,7 +126,7 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
             if value <= best_obj:
                 best, best_obj = cand, value
     if np.isfinite(bound_units):
-        bound = bound_units * milp.time_scale
+        bound = max(bound_units * milp.time_scale, 0.0)  # ratios are never negative
         if any(zero):
             bound = max(bound, 1.0)
         bound = min(bound, best_obj)

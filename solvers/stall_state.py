@@ -57,7 +57,6 @@ class StallState:
         self.num_pages = problem.num_pages().ravel()
         self.card = np.asarray(problem.home).ravel().astype(np.int64)
         self.link = link_of[self.card]
-        self.card_of_layer = np.asarray(problem.home)
         self.pages = np.array(resident_pages, dtype=np.int64).ravel()
 
         # Rows and entries.
@@ -77,15 +76,25 @@ class StallState:
             self.entry_expert[order], np.arange(num_layers * num_experts + 1)
         )
 
+        # Per entry: flat positions of its card and link in `times`, its row weight and the
+        # bandwidth of its link.
+        width = self.num_cards + link_bw.size
+        entry_card = self.card[self.entry_expert]
+        self.entry_card_at = rows * width + entry_card
+        self.entry_link_at = rows * width + self.num_cards + self.link[self.entry_expert]
+        self.entry_weight = self.row_weight[rows]
+        self.entry_link_bw = link_bw[self.link[self.entry_expert]]
+
         cold = (self.expert_bytes - self.resident_bytes_flat()).astype(np.float64)
         num_rows = sel.shape[0]
-        self.cold_bytes = np.zeros((num_rows, self.num_cards))
-        self.transfers = np.zeros((num_rows, self.num_cards))
-        np.add.at(self.cold_bytes, (rows, self.card[self.entry_expert]), cold[self.entry_expert])
-        np.add.at(
-            self.transfers, (rows, self.card[self.entry_expert]),
-            (cold[self.entry_expert] > 0).astype(np.float64),
-        )
+        key = rows * self.num_cards + entry_card
+        self.cold_bytes = np.bincount(
+            key, weights=cold[self.entry_expert], minlength=num_rows * self.num_cards
+        ).reshape(num_rows, self.num_cards)
+        self.transfers = np.bincount(
+            key, weights=(cold[self.entry_expert] > 0).astype(np.float64),
+            minlength=num_rows * self.num_cards,
+        ).reshape(num_rows, self.num_cards)
         self.link_bytes = self.cold_bytes @ np.eye(link_bw.size)[link_of]  # [R, G]
         self.times = np.concatenate(
             [self.transfers * latency + self.cold_bytes / bandwidth, self.link_bytes / link_bw],
@@ -142,39 +151,62 @@ class StallState:
         """Entry indices of `rows` (int array of distinct rows)."""
         return _ranges(self.row_ptr[rows], self.row_ptr[rows + 1])
 
-    def entries_of_layer(self, layer: int) -> np.ndarray:
+    def entries_of_layer(self, layer: int) -> slice:
+        """The entries of `layer` (a contiguous range)."""
         lo, hi = self.layer_rows[layer], self.layer_rows[layer + 1]
-        return np.arange(self.row_ptr[lo], self.row_ptr[hi])
+        return slice(int(self.row_ptr[lo]), int(self.row_ptr[hi]))
 
     def rows_of(self, x: np.ndarray) -> np.ndarray:
         """Rows selecting any of experts x (concatenated; distinct when x are in distinct
         layers or never share a row)."""
         return self.expert_rows[_ranges(self.expert_ptr[x], self.expert_ptr[x + 1])]
 
-    def evict_rise(self, entries: np.ndarray) -> np.ndarray:
+    def evict_rise(self, entries: np.ndarray | slice) -> np.ndarray:
         """Weighted stall increase of each entry's row if one more page of its expert is
-        evicted (0 where nothing of it is resident)."""
-        rows, x = self.entry_row[entries], self.entry_expert[entries]
+        evicted (0 where nothing of it is resident). entries: int array or slice."""
+        x = self.entry_expert[entries]
+        times = self.times.ravel()
         new = np.maximum(
-            self.times[rows, self.card[x]] + self.evict_card[x],
-            self.times[rows, self.num_cards + self.link[x]]
-            + self.evict_bytes[x] / self.link_bw[self.link[x]],
+            times[self.entry_card_at[entries]] + self.evict_card[x],
+            times[self.entry_link_at[entries]] + self.evict_bytes[x] / self.entry_link_bw[entries],
         )
-        new -= self.stall[rows]
+        new -= self.stall[self.entry_row[entries]]
         np.maximum(new, 0.0, out=new)
-        return new * self.row_weight[rows]
+        return new * self.entry_weight[entries]
 
-    def restore_drop(self, entries: np.ndarray) -> np.ndarray:
+    def restore_drop(self, entries: np.ndarray | slice) -> np.ndarray:
         """Weighted stall change (<= 0) of each entry's row if one more page of its expert is
-        restored."""
+        restored. entries: int array or slice."""
         rows, x = self.entry_row[entries], self.entry_expert[entries]
-        c, g = self.card[x], self.num_cards + self.link[x]
-        times = self.times[rows]  # [k, C + G]
-        k = np.arange(rows.size)
-        times[k, c] -= self.restore_card[x]
-        times[k, g] -= self.restore_bytes[x] / self.link_bw[self.link[x]]
+        out = np.zeros(rows.size)
+        if rows.size == 0:
+            return out
+        card_at, link_at = self.entry_card_at[entries], self.entry_link_at[entries]
+        # Rows are read once per run of equal rows (entries come grouped by row). Only the
+        # entry's card and link times change, so the row's stall can only drop where one of
+        # them is its first largest time; it then falls to the largest of the changed two
+        # and of the row's three largest times that are neither (times are >= 0: 0 pads).
+        first = np.concatenate([[True], rows[1:] != rows[:-1]])
+        run = np.cumsum(first) - 1  # [n] run of each entry
+        width = self.times.shape[1]
+        times = self.times[rows[first]]  # [runs, C + G]
+        if width < 3:
+            times = np.pad(times, ((0, 0), (0, 3 - width)))
+        top = np.argsort(-times, axis=1, kind="stable")[:, :3]  # top[:, 0] is the argmax
+        at = top[run, 0] + rows * width  # flat position of the row's argmax
+        hit = np.flatnonzero((at == card_at) | (at == link_at))
+        run, rows, x = run[hit], rows[hit], x[hit]
+        card_at, link_at = card_at[hit], link_at[hit]
+        pos = top[run] + (rows * width)[:, None]  # flat positions, as card_at and link_at
+        free = (pos != card_at[:, None]) & (pos != link_at[:, None])  # >= 1 true per entry
+        rest = np.take_along_axis(times, top, axis=1)[run, free.argmax(axis=1)]
+        flat = self.times.ravel()
+        link_bw = self.entry_link_bw[entries][hit]
+        new = np.maximum(np.maximum(flat[card_at] - self.restore_card[x],
+                                    flat[link_at] - self.restore_bytes[x] / link_bw), rest)
         old = self.stall[rows]
-        return (np.minimum(times.max(axis=1), old) - old) * self.row_weight[rows]
+        out[hit] = (np.minimum(new, old) - old) * self.entry_weight[entries][hit]
+        return out
 
     def layer_deltas(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """([E] objective increase of evicting one more page, [E] objective change (<= 0) of

@@ -9,8 +9,12 @@ import pytest
 
 from solvers import baselines, cost, greedy, homes, ilp, robust
 from solvers.errors import SolverError
+from solvers.lp_bound import dual_bound, pdlp_duals
+from solvers.milp_model import milp_data
+from solvers.patterns import problem_patterns
 from solvers.problem import Cards, Placement, Problem, Steps
 from solvers.staging import staging_bytes
+from solvers.stall_state import StallState
 
 
 def small_problem(seed: int, page_bytes: int | None = None, popularity=(0.8, 0.5, 0.2, 0.1),
@@ -262,3 +266,122 @@ def test_malformed_homes_input_raises_solver_error() -> None:
         homes.balanced_homes(-np.ones((2, 4)), np.ones((2, 4)), 2)
     with pytest.raises(SolverError):
         homes.contiguous_homes(2, 4, 0)
+
+
+def naive_objective(problem: Problem, placement: Placement) -> float:
+    """cost.objective written out step by step, layer by layer, card by card."""
+    cold = placement.cold_bytes(problem)
+    cards = problem.cards
+    total = 0.0
+    for st in problem.steps:
+        per_step = []
+        for sel in st.selected:
+            stall = 0.0
+            for layer in range(problem.num_layers):
+                times = []
+                link_bytes = np.zeros(cards.num_links)
+                for c in range(problem.num_cards):
+                    mine = sel[layer] & (problem.home[layer] == c) & (cold[layer] > 0)
+                    moved = float(cold[layer][mine].sum())
+                    times.append(mine.sum() * cards.latency[c] + moved / cards.bandwidth[c])
+                    link_bytes[cards.link_of[c]] += moved
+                times += list(link_bytes / cards.link_bandwidth)
+                stall += max(times)
+            per_step.append(stall)
+        total += st.weight * float(np.mean(per_step))
+    return total
+
+
+def two_link_problem(seed: int, page_bytes: int | None) -> Problem:
+    rng = np.random.default_rng(seed)
+    eb = rng.integers(50, 100, size=(3, 6)).astype(np.int64)
+    home = homes.contiguous_homes(3, 6, 3)
+    cards = Cards(np.array([100.0, 80.0, 90.0]), np.array([0.1, 0.05, 0.02]),
+                  np.array([0, 0, 1]), np.array([120.0, 60.0]))
+    steps = [Steps(f"b{b}", b, rng.random((25, 3, 6)) < 0.3 * b, 0.5) for b in (1, 2)]
+    return Problem(eb, home, np.array([150, 160, 140]), cards, steps, page_bytes)
+
+
+@pytest.mark.parametrize("page_bytes", [None, 30])
+def test_cost_objective_matches_naive_replay(page_bytes: int | None) -> None:
+    problem = two_link_problem(0, page_bytes)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        pages = rng.integers(0, problem.num_pages() + 1)
+        placement = Placement(pages)
+        assert cost.objective(problem, placement) == pytest.approx(
+            naive_objective(problem, placement), rel=1e-12)
+
+
+@pytest.mark.parametrize("page_bytes", [None, 30])
+def test_stall_state_prices_match_moves(page_bytes: int | None) -> None:
+    problem = two_link_problem(2, page_bytes)
+    patterns = problem_patterns(problem)
+    rng = np.random.default_rng(3)
+    state = StallState(problem, patterns, rng.integers(0, problem.num_pages() + 1))
+    for layer in range(problem.num_layers):
+        evict, restore = state.layer_deltas(layer)
+        before = state.objective()
+        for e in range(problem.num_experts):
+            x = np.array([layer * problem.num_experts + e])
+            for step, price, ok in ((-1, evict, state.pages[x[0]] > 0),
+                                    (+1, restore, state.pages[x[0]] < state.num_pages[x[0]])):
+                if not ok:
+                    continue
+                state.move(x, step)
+                assert state.objective() - before == pytest.approx(price[e], abs=1e-12)
+                state.move(x, -step)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("page_bytes", [None, 40])
+def test_dual_bound_is_below_brute_force_for_any_multipliers(seed: int,
+                                                             page_bytes: int | None) -> None:
+    problem = small_problem(seed, page_bytes)
+    optimum = brute_force(problem)
+    data = milp_data(problem, problem_patterns(problem))
+    _, duals, converged = pdlp_duals(data, time_limit=10, iteration_limit=100_000, rel_tol=1e-8)
+    assert converged
+    near = dual_bound(data, duals) * data.time_scale
+    assert near <= optimum + 1e-12
+    assert near >= 0.5 * optimum  # the LP bound is not vacuous here
+    rng = np.random.default_rng(seed)
+    for _ in range(20):  # any multipliers, even of the wrong sign or size, stay valid
+        noisy = duals * rng.uniform(0, 3, duals.size) + rng.normal(0, 0.1, duals.size)
+        assert dual_bound(data, noisy) * data.time_scale <= optimum + 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("page_bytes", [None, 40])
+def test_ilp_pdlp_path_bound_and_placement(seed: int, page_bytes: int | None,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ilp, "SCIP_MAX_TIME_ROWS", 0)  # the path of full-size problems
+    problem = small_problem(seed, page_bytes)
+    optimum = brute_force(problem)
+    a, b = (ilp.solve(problem, time_limit=10, seed=0) for _ in range(2))
+    assert np.array_equal(a.placement.resident_pages, b.placement.resident_pages)
+    assert a.placement.fits(problem)
+    assert a.bound <= optimum + 1e-12 <= a.objective + 2e-12
+    assert a.objective == cost.objective(problem, a.placement)
+    assert a.objective <= greedy.solve(problem, seed=0).objective
+    assert a.status == "feasible"
+
+
+def test_ilp_stopped_early_reports_a_bound_in_zero_to_objective() -> None:
+    """SCIP stopped before its root LP has only a huge negative bound: stalls are never
+    negative, so the reported bound is clamped to [0, objective] and the gap to [0, 1]."""
+    from solvers.synthetic import deepseek_like, steps_from_tokens
+
+    layers, experts, cards = 8, 64, 4
+    selected, seq_ids = deepseek_like(layers, experts, 4, num_tokens=4096, num_seqs=256, seed=1)
+    steps = [steps_from_tokens(selected, seq_ids, experts, 8, 300, 2, name="b8", weight=1.0,
+                               base_step_s=0.02)]
+    eb = np.full((layers, experts), 1 << 20, dtype=np.int64)
+    home = homes.contiguous_homes(layers, experts, cards)
+    hw = Cards(bandwidth=np.full(cards, 25e9), latency=np.full(cards, 1e-5),
+               link_of=np.zeros(cards, dtype=np.int64), link_bandwidth=np.array([50e9]))
+    problem = Problem(eb, home, np.full(cards, 0.6 * layers * experts / cards * (1 << 20),
+                                        dtype=np.int64), hw, steps, None)
+    result = ilp.solve(problem, time_limit=0.05, seed=0)
+    assert 0.0 <= result.bound <= result.objective
+    assert 0.0 <= result.gap <= 1.0
