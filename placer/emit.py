@@ -10,17 +10,22 @@ file offset that is a multiple of `align` (the header is padded with spaces, gap
 `pad.<n>` uint8 tensors, as safetensors wants tensors to tile the data section), so staging a
 cold part is one aligned copy. manifest.json is written last (see docs/manifest.md).
 
-Bytes are streamed from the source with os.copy_file_range (buffered copy where it is
-missing), into temporary names that are fsynced and renamed only when every file is whole.
+Bytes are copied in the kernel with os.copy_file_range, one call per run of contiguous source
+bytes (a buffered copy where the filesystems refuse it), into temporary names that are fsynced
+and renamed only when every file is whole. Source files are hashed, and each output hashed
+and fsynced as soon as it is written, by worker threads while the copy goes on.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +35,12 @@ from placer.manifest import MANIFEST_FORMAT, validate_manifest
 from placer.plan import Plan, write_json_atomic
 from placer.units import format_bytes
 
-CHUNK = 64 << 20
+CHUNK = 64 << 20  # most bytes one copy_file_range call is asked for
+# Read size for hashing and buffered copies: small enough that the bytes are still in the CPU
+# cache when hashed (64 MiB reads, a fresh bytes object each, hashed at half the speed).
+BUFFER = 1 << 20
+# errnos of a copy_file_range that cannot copy between these filesystems (or at all)
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 @dataclass(frozen=True)
@@ -158,50 +168,95 @@ def _entry_len(e: Entry) -> int:
 
 
 def copy_range(src: int, dst: int, offset: int, length: int) -> None:
-    """Copy `length` bytes at `offset` of fd `src` to the current position of fd `dst`."""
+    """Copy `length` bytes at `offset` of fd `src` to the current position of fd `dst`: in the
+    kernel (copy_file_range) where the two filesystems allow it, else through a buffer."""
     if hasattr(os, "copy_file_range"):
-        while length:
-            n = os.copy_file_range(src, dst, min(length, CHUNK), offset)
-            if n == 0:
-                raise PlacerError("source file ended early (was it truncated?)")
-            offset, length = offset + n, length - n
-        return
+        try:
+            while length:
+                n = os.copy_file_range(src, dst, min(length, CHUNK), offset)
+                if n == 0:
+                    raise PlacerError("source file ended early (was it truncated?)")
+                offset, length = offset + n, length - n
+            return
+        except OSError as exc:
+            if exc.errno not in _NO_KERNEL_COPY:
+                raise
     while length:
-        buf = os.pread(src, min(length, CHUNK), offset)
+        buf = os.pread(src, min(length, BUFFER), offset)
         if not buf:
             raise PlacerError("source file ended early (was it truncated?)")
-        os.write(dst, buf)
+        _write_all(dst, buf)
         offset, length = offset + len(buf), length - len(buf)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def copy_runs(entries: Iterable[Entry]) -> Iterator[tuple[str, int, int] | bytes]:
+    """What an output file's data section is made of, in order: (source file, offset,
+    length) for source bytes, merged where segments follow each other in the same source
+    file (a whole expert's tensors often do), and bytes for padding."""
+    run: tuple[str, int, int] | None = None
+    for e in entries:
+        if not e.segments:
+            if run:
+                yield run
+                run = None
+            yield bytes(e.shape[0])
+        for s in e.segments:
+            if run and run[0] == s.file and run[1] + run[2] == s.offset:
+                run = (s.file, run[1], run[2] + s.length)
+                continue
+            if run:
+                yield run
+            run = (s.file, s.offset, s.length)
+    if run:
+        yield run
 
 
 def write_file(path: Path, header: bytes, entries: Iterable[Entry], source_dir: Path,
                advance: Callable[[int], None]) -> None:
-    """Write one safetensors file from its header and entries, fsynced."""
+    """Write one safetensors file from its header and entries (fsync is the caller's)."""
     fds: dict[str, int] = {}
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(out, header)
-        for e in entries:
-            if not e.segments:
-                os.write(out, bytes(e.shape[0]))
+        _write_all(out, header)
+        for run in copy_runs(entries):
+            if isinstance(run, bytes):
+                _write_all(out, run)
                 continue
-            for s in e.segments:
-                if s.file not in fds:
-                    fds[s.file] = os.open(source_dir / s.file, os.O_RDONLY)
-                copy_range(fds[s.file], out, s.offset, s.length)
-                advance(s.length)
-        os.fsync(out)
+            file, offset, length = run
+            if file not in fds:
+                fds[file] = os.open(source_dir / file, os.O_RDONLY)
+            copy_range(fds[file], out, offset, length)
+            advance(length)
     finally:
         os.close(out)
         for fd in fds.values():
             os.close(fd)
 
 
-def sha256_file(path: Path) -> str:
+def fsync_path(path: Path) -> None:
+    """fsync a file already written and closed (fsync flushes the file, whatever the fd)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path, abort: threading.Event | None = None) -> str:
+    """The file's sha256; raises PlacerError early once `abort` is set."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
+    buf = memoryview(bytearray(BUFFER))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            if abort is not None and abort.is_set():
+                raise PlacerError(f"hashing {path} was cancelled")
+            h.update(buf[:n])
     return h.hexdigest()
 
 
@@ -240,15 +295,7 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
     out_dir.mkdir(parents=True, exist_ok=True)
     temps = [out_dir / f".{f.name}.tmp" for f in files]
     try:
-        with _progress(progress, total) as advance:
-            for (_, header, entries), tmp in zip(laid, temps, strict=True):
-                write_file(tmp, header, entries, model_dir, advance)
-        outputs = []
-        for (f, _, _), tmp in zip(laid, temps, strict=True):
-            outputs.append({"name": f.name, "kind": f.kind, "card": f.card, "link": f.link,
-                            "size": tmp.stat().st_size, "sha256": sha256_file(tmp)})
-        manifest = build_manifest(plan, inv, model_dir, laid, outputs, align)
-        validate_manifest(manifest)
+        manifest = write_outputs(plan, inv, model_dir, laid, temps, align, progress, total)
         for (f, _, _), tmp in zip(laid, temps, strict=True):
             os.replace(tmp, out_dir / f.name)
         write_json_atomic(manifest, out_dir / "manifest.json")
@@ -260,6 +307,41 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
         _cleanup(temps, out_dir, created)
         raise
     return manifest
+
+
+def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps: list[Path],
+                  align: int, progress: bool, total: int) -> dict:
+    """Write every output under its temporary name, fsynced; the validated manifest.
+
+    The outputs are written one after another by this thread, while worker threads hash the
+    source files and fsync each output as soon as it is written, so the disk starts flushing
+    early (hashlib and I/O release the GIL); the manifest is validated while the last fsyncs
+    run. On any error the workers are stopped before this returns, so the caller can clean up.
+    """
+    abort = threading.Event()
+    names = [s.name for s in inv.files] + ["config.json"]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as hashers, \
+            ThreadPoolExecutor(len(temps)) as syncers:
+        try:
+            hashing = {n: hashers.submit(sha256_file, model_dir / n, abort) for n in names}
+            digests, syncing = [], []
+            with _progress(progress, total) as advance:
+                for (_, header, entries), tmp in zip(laid, temps, strict=True):
+                    write_file(tmp, header, entries, model_dir, advance)
+                    syncing.append(syncers.submit(fsync_path, tmp))
+                    digests.append(hashers.submit(sha256_file, tmp, abort))
+            outputs = [{"name": f.name, "kind": f.kind, "card": f.card, "link": f.link,
+                        "size": tmp.stat().st_size, "sha256": digest.result()}
+                       for (f, _, _), tmp, digest in zip(laid, temps, digests, strict=True)]
+            source_sha = {n: h.result() for n, h in hashing.items()}
+            manifest = build_manifest(plan, inv, model_dir, laid, outputs, align, source_sha)
+            validate_manifest(manifest)
+            for done in syncing:
+                done.result()
+            return manifest
+        except BaseException:
+            abort.set()
+            raise
 
 
 def _cleanup(temps: list[Path], out_dir: Path, created: bool) -> None:
@@ -298,8 +380,9 @@ class _progress:
 
 
 def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outputs: list,
-                   align: int) -> dict:
-    """The plan plus where every byte landed (see docs/manifest.md)."""
+                   align: int, source_sha: dict[str, str]) -> dict:
+    """The plan plus where every byte landed (see docs/manifest.md); `source_sha` is the
+    sha256 of every source file and config.json, by name."""
     pieces: dict[tuple[int, int], list[dict]] = {}
     for f, _, entries in laid:
         for e in entries:
@@ -308,11 +391,10 @@ def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outp
     d = plan.to_json()
     d["format"] = MANIFEST_FORMAT
     d["source"] = {"dir": str(model_dir.resolve()),
-                   "files": [{"name": s.name, "size": s.size,
-                              "sha256": sha256_file(model_dir / s.name)}
+                   "files": [{"name": s.name, "size": s.size, "sha256": source_sha[s.name]}
                              for s in inv.files]
                    + [{"name": "config.json", "size": (model_dir / "config.json").stat().st_size,
-                       "sha256": sha256_file(model_dir / "config.json")}]}
+                       "sha256": source_sha["config.json"]}]}
     d["align"] = align
     d["files"] = outputs
     d["dense"] = [{"name": t.name, "file": t.file, "offset": t.offset, "length": t.length,

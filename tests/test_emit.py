@@ -3,8 +3,10 @@ corruption is caught; bad input leaves nothing behind."""
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -161,6 +163,22 @@ def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, 
     assert not out.exists()
 
 
+def test_emit_copies_through_a_buffer_across_filesystems(tiny_models, tmp_path: Path, cli,
+                                                         monkeypatch) -> None:
+    """copy_file_range refuses (EXDEV) when the checkpoint and --out are on different
+    filesystems; the buffered copy must give the same bytes."""
+    import os
+
+    def cross_device(*args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", cross_device, raising=False)
+    model = tiny_models["qwen3_moe"]
+    out = tmp_path / "placed"
+    cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out)
+    assert "ok:" in cli("verify", out, "--model", model).output
+
+
 def test_schema_is_printed_and_enforced_on_read(placed, cli) -> None:
     schema = json.loads(cli("schema").output)
     assert schema["properties"]["format"]["const"] == "placer-manifest"
@@ -170,3 +188,50 @@ def test_schema_is_printed_and_enforced_on_read(placed, cli) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest))
     result = cli("verify", out, "--model", model, ok=False)
     assert result.exit_code == 1 and "schema" in result.output and "experts/0" in result.output
+
+
+def _leaves(node, path=()):
+    """(path, value) of every scalar in a JSON document."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        if isinstance(value, dict | list) and value:
+            yield from _leaves(value, (*path, key))
+        else:
+            yield (*path, key), value
+
+
+def _mutated(doc, path, value=None, delete=False):
+    doc = copy.deepcopy(doc)
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return doc
+
+
+def test_the_compiled_schema_check_agrees_with_jsonschema(placed) -> None:
+    """validate_manifest accepts what the compiled predicate accepts, so the two must agree:
+    on the manifest, and on it with scalars replaced by other JSON types or keys dropped."""
+    import jsonschema
+
+    from placer.manifest import _fast_check, manifest_schema
+
+    fast = _fast_check()
+    assert fast is not None, "the manifest schema uses a keyword compile_schema lacks"
+    reference = jsonschema.Draft202012Validator(manifest_schema())
+    out, _ = placed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert fast(manifest) and reference.is_valid(manifest)
+    leaves = list(_leaves(manifest))
+    rng = random.Random(0)
+    values = [None, True, False, 0, 1, -1, 1.0, 2.5, "", "x", "a" * 64, [], {}, [1], {"a": 1}]
+    cases = [_mutated(manifest, path, value) for path, _ in rng.sample(leaves, 25)
+             for value in rng.sample(values, 3)]
+    cases += [_mutated(manifest, path, delete=True) for path, _ in rng.sample(leaves, 20)
+              if isinstance(path[-1], str)]
+    verdicts = [(fast(case), reference.is_valid(case)) for case in cases]
+    assert all(a == b for a, b in verdicts)
+    assert 10 < sum(ok for ok, _ in verdicts) < len(cases) - 10  # both kinds were tried
