@@ -21,10 +21,9 @@ collects fewer tokens and gives the ILP less time: the same steps, rougher figur
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
-from walkthrough import DATA, HERE, placer, prose_blocks
+from walkthrough import DATA, HERE, fresh_dir, placer, tiny_model
 
 
 def main() -> None:
@@ -33,15 +32,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer tokens, shorter ILP")
     args = parser.parse_args()
     tokens, seconds = (3000, 5) if args.quick else (12000, 20)
-    out: Path = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out = fresh_dir(args.out)
 
-    from placer.tinymodel import build_tiny_model
-
-    model = build_tiny_model("qwen3_moe", out / "model", texts=prose_blocks(), layers=4,
-                             experts=16, top_k=2, hidden=64, router_scale=4.0)
+    model = tiny_model(out / "model")
     print(f"built a tiny qwen3_moe checkpoint in {model}")
     placer("inspect", model)
 

@@ -17,12 +17,11 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from walkthrough import HERE, placer
+from walkthrough import HERE, fresh_dir, placer
 
 CONFIG = HERE / "deepseek-v3" / "config.json"
 
@@ -43,9 +42,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("ds3-out"))
     parser.add_argument("--time-limit", type=float, default=30.0, help="ILP seconds")
     args = parser.parse_args()
-    out: Path = args.out
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    out = fresh_dir(args.out)
 
     box = ["--config", CONFIG, "--expert-dtype", "mxfp4", "--hardware", "8x-rtx5090d-pcie5"]
     placer("inspect", "--config", CONFIG, "--expert-dtype", "mxfp4")

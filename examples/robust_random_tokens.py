@@ -20,10 +20,9 @@ tiny real model and the way out:
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
-from walkthrough import DATA, HERE, placer, prose_blocks
+from walkthrough import DATA, HERE, fresh_dir, placer, tiny_model
 
 
 def main() -> None:
@@ -31,14 +30,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("robust-out"))
     parser.add_argument("--tokens", type=int, default=6000, help="tokens per trace")
     args = parser.parse_args()
-    out: Path = args.out
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    out = fresh_dir(args.out)
 
-    from placer.tinymodel import build_tiny_model
-
-    model = build_tiny_model("qwen3_moe", out / "model", texts=prose_blocks(), layers=4,
-                             experts=16, top_k=2, hidden=64, router_scale=4.0)
+    model = tiny_model(out / "model")
     traces = out / "traces"
     sources = {"prose": ["--corpus", DATA / "shakespeare_head.txt"],
                "chat": ["--corpus", DATA / "vicuna_bench_questions.jsonl"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +29,19 @@ def prose_blocks() -> list[str]:
     """Real public prose (examples/data/README.md names the source), one block per passage."""
     text = (DATA / "shakespeare_head.txt").read_text()
     return [b for b in text.split("\n\n") if b.strip()]
+
+
+def fresh_dir(out: Path) -> Path:
+    """`out`, emptied (a walk-through always starts from nothing)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out
+
+
+def tiny_model(out: Path) -> Path:
+    """The walk-throughs' tiny qwen3_moe checkpoint (4 layers x 16 experts, top-2), built
+    offline in `out` with a tokenizer trained on the bundled prose."""
+    from placer.tinymodel import build_tiny_model
+
+    return build_tiny_model("qwen3_moe", out, texts=prose_blocks(), layers=4, experts=16,
+                            top_k=2, hidden=64, router_scale=4.0)
