@@ -10,23 +10,29 @@ file offset that is a multiple of `align` (the header is padded with spaces, gap
 `pad.<n>` uint8 tensors, as safetensors wants tensors to tile the data section), so staging a
 cold part is one aligned copy. manifest.json is written last (see docs/manifest.md).
 
-Bytes are copied in the kernel with os.copy_file_range, one call per run of contiguous source
-bytes (a buffered copy where the filesystems refuse it), into temporary names that are fsynced
-and renamed only when every file is whole. Source files are hashed, and each output hashed
-and fsynced as soon as it is written, by worker threads while the copy goes on.
+Every source file is mapped read-only (as safetensors itself loads them) and each output is
+written straight from the mapped source bytes, one write per MiB, with its sha256 taken from
+the same bytes as they go: no buffer copy, and no second read of the output to hash it. That
+beat os.copy_file_range plus a re-read of every output by 1.4-2x here: with the source
+offsets unaligned to the output's, copy_file_range goes through splice page by page. Outputs
+go to temporary names, several at once on worker threads (os.write and hashlib release the
+GIL), while other workers hash the source files and fsync each output once it is whole; the
+files are renamed only when every one is.
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from placer.errors import PlacerError
@@ -35,12 +41,8 @@ from placer.manifest import MANIFEST_FORMAT, validate_manifest
 from placer.plan import Plan, write_json_atomic
 from placer.units import format_bytes
 
-CHUNK = 64 << 20  # most bytes one copy_file_range call is asked for
-# Read size for hashing and buffered copies: small enough that the bytes are still in the CPU
-# cache when hashed (64 MiB reads, a fresh bytes object each, hashed at half the speed).
+# Bytes per write and hashlib update: small enough to stay in the CPU cache between the two.
 BUFFER = 1 << 20
-# errnos of a copy_file_range that cannot copy between these filesystems (or at all)
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 @dataclass(frozen=True)
@@ -167,28 +169,6 @@ def _entry_len(e: Entry) -> int:
     return e.length if e.segments else e.shape[0]
 
 
-def copy_range(src: int, dst: int, offset: int, length: int) -> None:
-    """Copy `length` bytes at `offset` of fd `src` to the current position of fd `dst`: in the
-    kernel (copy_file_range) where the two filesystems allow it, else through a buffer."""
-    if hasattr(os, "copy_file_range"):
-        try:
-            while length:
-                n = os.copy_file_range(src, dst, min(length, CHUNK), offset)
-                if n == 0:
-                    raise PlacerError("source file ended early (was it truncated?)")
-                offset, length = offset + n, length - n
-            return
-        except OSError as exc:
-            if exc.errno not in _NO_KERNEL_COPY:
-                raise
-    while length:
-        buf = os.pread(src, min(length, BUFFER), offset)
-        if not buf:
-            raise PlacerError("source file ended early (was it truncated?)")
-        _write_all(dst, buf)
-        offset, length = offset + len(buf), length - len(buf)
-
-
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
@@ -217,26 +197,34 @@ def copy_runs(entries: Iterable[Entry]) -> Iterator[tuple[str, int, int] | bytes
         yield run
 
 
-def write_file(path: Path, header: bytes, entries: Iterable[Entry], source_dir: Path,
-               advance: Callable[[int], None]) -> None:
-    """Write one safetensors file from its header and entries (fsync is the caller's)."""
-    fds: dict[str, int] = {}
+def write_file(path: Path, header: bytes, entries: Iterable[Entry],
+               sources: dict[str, memoryview], advance: Callable[[int], None],
+               abort: threading.Event) -> str:
+    """Write one safetensors file from its header, entries and the mapped source files, by
+    name; its sha256 (fsync is the caller's)."""
+    h = hashlib.sha256(header)
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(out, header)
         for run in copy_runs(entries):
             if isinstance(run, bytes):
                 _write_all(out, run)
+                h.update(run)
                 continue
             file, offset, length = run
-            if file not in fds:
-                fds[file] = os.open(source_dir / file, os.O_RDONLY)
-            copy_range(fds[file], out, offset, length)
-            advance(length)
+            src = sources[file]
+            if offset + length > len(src):
+                raise PlacerError(f"source file {file} ended early (was it truncated?)")
+            for start in range(offset, offset + length, BUFFER):
+                if abort.is_set():
+                    raise PlacerError(f"writing {path.name} was cancelled")
+                piece = src[start:min(start + BUFFER, offset + length)]
+                _write_all(out, piece)
+                h.update(piece)
+                advance(len(piece))
     finally:
         os.close(out)
-        for fd in fds.values():
-            os.close(fd)
+    return h.hexdigest()
 
 
 def fsync_path(path: Path) -> None:
@@ -248,15 +236,43 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+class mapped:
+    """A read-only memoryview of a whole file, through mmap (b"" for an empty file, which
+    mmap refuses); closed on exit, as far as no slice of it is still alive."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> memoryview:
+        with open(self.path, "rb", buffering=0) as f:
+            if not os.fstat(f.fileno()).st_size:
+                self.map = None
+                self.view = memoryview(b"")
+                return self.view
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(self.map, "madvise"):
+            self.map.madvise(mmap.MADV_SEQUENTIAL)
+        self.view = memoryview(self.map)
+        return self.view
+
+    def __exit__(self, *exc: object) -> None:
+        self.view.release()
+        if self.map is not None:
+            with contextlib.suppress(BufferError):  # a slice kept by a traceback: GC closes it
+                self.map.close()
+
+
 def sha256_file(path: Path, abort: threading.Event | None = None) -> str:
-    """The file's sha256; raises PlacerError early once `abort` is set."""
+    """The file's sha256; raises PlacerError early once `abort` is set.
+
+    Hashes through mmap: hashlib reads the page cache in place, where read() would first
+    copy every byte into a buffer (as much kernel time again as the hash takes, here)."""
     h = hashlib.sha256()
-    buf = memoryview(bytearray(BUFFER))
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
+    with mapped(path) as view:
+        for start in range(0, len(view), BUFFER):
             if abort is not None and abort.is_set():
                 raise PlacerError(f"hashing {path} was cancelled")
-            h.update(buf[:n])
+            h.update(view[start:start + BUFFER])
     return h.hexdigest()
 
 
@@ -313,31 +329,42 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
                   align: int, progress: bool, total: int) -> dict:
     """Write every output under its temporary name, fsynced; the validated manifest.
 
-    The outputs are written one after another by this thread, while worker threads hash the
-    source files and fsync each output as soon as it is written, so the disk starts flushing
-    early (hashlib and I/O release the GIL); the manifest is validated while the last fsyncs
-    run. On any error the workers are stopped before this returns, so the caller can clean up.
+    One thread per core takes jobs longest first: writing (and hashing) one output, or
+    hashing one source file. Both run at the speed of sha256, and a job cannot be split, so
+    longest-first keeps a large source file from being hashed last. Each output is fsynced
+    by another thread as soon as it is whole, so the disk starts flushing early. On any error
+    the workers are stopped before this returns, so the caller can clean up.
     """
     abort = threading.Event()
     names = [s.name for s in inv.files] + ["config.json"]
-    with ThreadPoolExecutor(os.cpu_count() or 1) as hashers, \
-            ThreadPoolExecutor(len(temps)) as syncers:
+    with contextlib.ExitStack() as stack:
+        sources = {s.name: stack.enter_context(mapped(model_dir / s.name)) for s in inv.files}
+        workers = stack.enter_context(ThreadPoolExecutor(os.cpu_count() or 1))
+        syncers = stack.enter_context(ThreadPoolExecutor(len(temps)))
         try:
-            hashing = {n: hashers.submit(sha256_file, model_dir / n, abort) for n in names}
-            digests, syncing = [], []
-            with _progress(progress, total) as advance:
-                for (_, header, entries), tmp in zip(laid, temps, strict=True):
-                    write_file(tmp, header, entries, model_dir, advance)
-                    syncing.append(syncers.submit(fsync_path, tmp))
-                    digests.append(hashers.submit(sha256_file, tmp, abort))
+            advance = stack.enter_context(_progress(progress, total))
+
+            def write(header: bytes, entries: list[Entry], tmp: Path) -> tuple[str, Future]:
+                digest = write_file(tmp, header, entries, sources, advance, abort)
+                return digest, syncers.submit(fsync_path, tmp)
+
+            # (bytes to hash, name, job): an output costs its write on top of its hash
+            jobs = [((model_dir / n).stat().st_size, n, partial(sha256_file, model_dir / n, abort))
+                    for n in names]
+            jobs += [(2 * sum(e.length for e in entries), tmp.name,
+                      partial(write, header, entries, tmp))
+                     for (_, header, entries), tmp in zip(laid, temps, strict=True)]
+            futures = {name: workers.submit(job)
+                       for _, name, job in sorted(jobs, key=lambda j: -j[0])}
+            done = [futures[tmp.name].result() for tmp in temps]
             outputs = [{"name": f.name, "kind": f.kind, "card": f.card, "link": f.link,
-                        "size": tmp.stat().st_size, "sha256": digest.result()}
-                       for (f, _, _), tmp, digest in zip(laid, temps, digests, strict=True)]
-            source_sha = {n: h.result() for n, h in hashing.items()}
+                        "size": tmp.stat().st_size, "sha256": digest}
+                       for (f, _, _), tmp, (digest, _) in zip(laid, temps, done, strict=True)]
+            source_sha = {n: futures[n].result() for n in names}
             manifest = build_manifest(plan, inv, model_dir, laid, outputs, align, source_sha)
             validate_manifest(manifest)
-            for done in syncing:
-                done.result()
+            for _, synced in done:
+                synced.result()
             return manifest
         except BaseException:
             abort.set()

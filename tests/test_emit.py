@@ -155,7 +155,7 @@ def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, 
     def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(placer.emit, "copy_range", full)
+    monkeypatch.setattr(placer.emit, "_write_all", full)
     out = tmp_path / "placed"
     result = cli("emit", "--plan", mixed_plan(tiny_models["qwen3_moe"], tmp_path), "--model",
                  tiny_models["qwen3_moe"], "--out", out, ok=False)
@@ -163,20 +163,24 @@ def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, 
     assert not out.exists()
 
 
-def test_emit_copies_through_a_buffer_across_filesystems(tiny_models, tmp_path: Path, cli,
-                                                         monkeypatch) -> None:
-    """copy_file_range refuses (EXDEV) when the checkpoint and --out are on different
-    filesystems; the buffered copy must give the same bytes."""
-    import os
+def test_a_source_truncated_during_emit_is_an_error(tiny_models, tmp_path: Path, cli,
+                                                    monkeypatch) -> None:
+    """The checkpoint passed the header checks, then shrank before its bytes were copied:
+    a clear error (not a crash reading past the end of the mapping), nothing left behind."""
+    import placer.emit
 
-    def cross_device(*args):
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    class shrunk(placer.emit.mapped):
+        def __enter__(self):
+            view = super().__enter__()
+            return view[:len(view) // 2] if self.path.suffix == ".safetensors" else view
 
-    monkeypatch.setattr(os, "copy_file_range", cross_device, raising=False)
+    monkeypatch.setattr(placer.emit, "mapped", shrunk)
     model = tiny_models["qwen3_moe"]
     out = tmp_path / "placed"
-    cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out)
-    assert "ok:" in cli("verify", out, "--model", model).output
+    result = cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out,
+                 ok=False)
+    assert result.exit_code == 1 and "ended early (was it truncated?)" in result.output
+    assert not out.exists()
 
 
 def test_schema_is_printed_and_enforced_on_read(placed, cli) -> None:
