@@ -24,15 +24,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from traces.capture import RouterCapture, Routing
 from traces.corpora import Corpus, Document, random_corpus
 from traces.dataset import scan
 from traces.errors import TraceError
 from traces.schema import KIND_COUNTS, KIND_TOKENS, PHASES, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
+
+if TYPE_CHECKING:  # torch loads in seconds: only a run that collects imports it
+    from traces.capture import RouterCapture, Routing
 
 MODES = ("score", "generate")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -190,6 +193,8 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     device = resolve_device(options.device)
     torch.manual_seed(options.seed)
     model = load_model(model_dir, device, options.dtype)
+    from traces.capture import RouterCapture
+
     capture = RouterCapture(model, weights=options.weights)
     if capture.layers != tuple(identity.moe_layers):
         raise TraceError(f"the model routes experts in layers {list(capture.layers)}, the "

@@ -44,7 +44,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from traces.collect import ModelIdentity
 from traces.corpora import check_tag
@@ -93,6 +92,8 @@ def read_sglang_dump(path: Path) -> SGLangDump:
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"SGLang dump not found: {path}")
+    import torch  # here, not at the top: torch takes seconds to import, every CLI run would pay
+
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises pickle, zip and runtime errors alike
