@@ -10,14 +10,15 @@ file offset that is a multiple of `align` (the header is padded with spaces, gap
 `pad.<n>` uint8 tensors, as safetensors wants tensors to tile the data section), so staging a
 cold part is one aligned copy. manifest.json is written last (see docs/manifest.md).
 
-Every source file is mapped read-only (as safetensors itself loads them) and each output is
-written straight from the mapped source bytes, one write per MiB, with its sha256 taken from
-the same bytes as they go: no buffer copy, and no second read of the output to hash it. That
-beat os.copy_file_range plus a re-read of every output by 1.4-2x here: with the source
-offsets unaligned to the output's, copy_file_range goes through splice page by page. Outputs
-go to temporary names, several at once on worker threads (os.write and hashlib release the
-GIL), while other workers hash the source files and fsync each output once it is whole; the
-files are renamed only when every one is.
+Each output is written from the source bytes read into a reused 1 MiB buffer, with its sha256
+taken from the same buffer while it is still in the CPU cache: the output is never re-read to
+hash it. That beat os.copy_file_range plus a re-read of every output by 1.4-2x here (with
+source offsets unaligned to the output's, copy_file_range goes through splice page by page),
+and writing straight from an mmap of the source was slower still (the kernel's copy faults on
+each not-yet-mapped source page, zeroes what it wrote and retries). Outputs go to temporary
+names, several at once on worker threads (os.preadv, os.write and hashlib release the GIL),
+while other workers hash the source files and fsync each output once it is whole; the files
+are renamed only when every one is.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import mmap
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from placer import digests
 from placer.errors import PlacerError
 from placer.inventory import Expert, Inventory, read_inventory
 from placer.manifest import MANIFEST_FORMAT, validate_manifest
@@ -197,12 +200,12 @@ def copy_runs(entries: Iterable[Entry]) -> Iterator[tuple[str, int, int] | bytes
         yield run
 
 
-def write_file(path: Path, header: bytes, entries: Iterable[Entry],
-               sources: dict[str, memoryview], advance: Callable[[int], None],
-               abort: threading.Event) -> str:
-    """Write one safetensors file from its header, entries and the mapped source files, by
-    name; its sha256 (fsync is the caller's)."""
+def write_file(path: Path, header: bytes, entries: Iterable[Entry], sources: dict[str, int],
+               advance: Callable[[int], None], abort: threading.Event) -> str:
+    """Write one safetensors file from its header, entries and the source files (open fds,
+    by name); its sha256 (fsync is the caller's)."""
     h = hashlib.sha256(header)
+    buf = memoryview(bytearray(BUFFER))
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(out, header)
@@ -212,16 +215,15 @@ def write_file(path: Path, header: bytes, entries: Iterable[Entry],
                 h.update(run)
                 continue
             file, offset, length = run
-            src = sources[file]
-            if offset + length > len(src):
-                raise PlacerError(f"source file {file} ended early (was it truncated?)")
             for start in range(offset, offset + length, BUFFER):
                 if abort.is_set():
                     raise PlacerError(f"writing {path.name} was cancelled")
-                piece = src[start:min(start + BUFFER, offset + length)]
-                _write_all(out, piece)
-                h.update(piece)
-                advance(len(piece))
+                want = min(BUFFER, offset + length - start)
+                if os.preadv(sources[file], [buf[:want]], start) != want:
+                    raise PlacerError(f"source file {file} ended early (was it truncated?)")
+                _write_all(out, buf[:want])
+                h.update(buf[:want])
+                advance(want)
     finally:
         os.close(out)
     return h.hexdigest()
@@ -236,43 +238,24 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-class mapped:
-    """A read-only memoryview of a whole file, through mmap (b"" for an empty file, which
-    mmap refuses); closed on exit, as far as no slice of it is still alive."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> memoryview:
-        with open(self.path, "rb", buffering=0) as f:
-            if not os.fstat(f.fileno()).st_size:
-                self.map = None
-                self.view = memoryview(b"")
-                return self.view
-            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(self.map, "madvise"):
-            self.map.madvise(mmap.MADV_SEQUENTIAL)
-        self.view = memoryview(self.map)
-        return self.view
-
-    def __exit__(self, *exc: object) -> None:
-        self.view.release()
-        if self.map is not None:
-            with contextlib.suppress(BufferError):  # a slice kept by a traceback: GC closes it
-                self.map.close()
-
-
 def sha256_file(path: Path, abort: threading.Event | None = None) -> str:
     """The file's sha256; raises PlacerError early once `abort` is set.
 
     Hashes through mmap: hashlib reads the page cache in place, where read() would first
     copy every byte into a buffer (as much kernel time again as the hash takes, here)."""
     h = hashlib.sha256()
-    with mapped(path) as view:
-        for start in range(0, len(view), BUFFER):
-            if abort is not None and abort.is_set():
-                raise PlacerError(f"hashing {path} was cancelled")
-            h.update(view[start:start + BUFFER])
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if not size:  # mmap refuses an empty file
+            return h.hexdigest()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if hasattr(m, "madvise"):
+                m.madvise(mmap.MADV_SEQUENTIAL)
+            for start in range(0, size, BUFFER):
+                if abort is not None and abort.is_set():
+                    raise PlacerError(f"hashing {path} was cancelled")
+                with memoryview(m)[start:start + BUFFER] as piece:
+                    h.update(piece)
     return h.hexdigest()
 
 
@@ -330,7 +313,8 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
     """Write every output under its temporary name, fsynced; the validated manifest.
 
     One thread per core takes jobs longest first: writing (and hashing) one output, or
-    hashing one source file. Both run at the speed of sha256, and a job cannot be split, so
+    hashing one source file whose digest is not remembered from an earlier emit (digests.py).
+    Both run at the speed of sha256, and a job cannot be split, so
     longest-first keeps a large source file from being hashed last. Each output is fsynced
     by another thread as soon as it is whole, so the disk starts flushing early. On any error
     the workers are stopped before this returns, so the caller can clean up.
@@ -338,7 +322,9 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
     abort = threading.Event()
     names = [s.name for s in inv.files] + ["config.json"]
     with contextlib.ExitStack() as stack:
-        sources = {s.name: stack.enter_context(mapped(model_dir / s.name)) for s in inv.files}
+        sources = {s.name: os.open(model_dir / s.name, os.O_RDONLY) for s in inv.files}
+        for fd in sources.values():
+            stack.callback(os.close, fd)
         workers = stack.enter_context(ThreadPoolExecutor(os.cpu_count() or 1))
         syncers = stack.enter_context(ThreadPoolExecutor(len(temps)))
         try:
@@ -348,9 +334,13 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
                 digest = write_file(tmp, header, entries, sources, advance, abort)
                 return digest, syncers.submit(fsync_path, tmp)
 
+            known = digests.cached([model_dir / n for n in names])
+            began = time.time()
+            keys = {n: digests.stat_key(model_dir / n) for n in names
+                    if model_dir / n not in known}
             # (bytes to hash, name, job): an output costs its write on top of its hash
             jobs = [((model_dir / n).stat().st_size, n, partial(sha256_file, model_dir / n, abort))
-                    for n in names]
+                    for n in keys]
             jobs += [(2 * sum(e.length for e in entries), tmp.name,
                       partial(write, header, entries, tmp))
                      for (_, header, entries), tmp in zip(laid, temps, strict=True)]
@@ -360,11 +350,13 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
             outputs = [{"name": f.name, "kind": f.kind, "card": f.card, "link": f.link,
                         "size": tmp.stat().st_size, "sha256": digest}
                        for (f, _, _), tmp, (digest, _) in zip(laid, temps, done, strict=True)]
-            source_sha = {n: futures[n].result() for n in names}
+            source_sha = {n: known.get(model_dir / n) or futures[n].result() for n in names}
             manifest = build_manifest(plan, inv, model_dir, laid, outputs, align, source_sha)
             validate_manifest(manifest)
             for _, synced in done:
                 synced.result()
+            digests.remember({model_dir / n: (key, source_sha[n], began)
+                              for n, key in keys.items()})
             return manifest
         except BaseException:
             abort.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ from placer.tinymodel import ARCHITECTURES, build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _digest_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Emit's source sha256 cache (placer/digests.py) in a temporary directory, not ~/.cache."""
+    os.environ["PLACER_CACHE_DIR"] = str(tmp_path_factory.mktemp("placer-cache"))
 
 
 @pytest.fixture(scope="session")
