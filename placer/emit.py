@@ -46,6 +46,9 @@ from placer.units import format_bytes
 
 # Bytes per write and hashlib update: small enough to stay in the CPU cache between the two.
 BUFFER = 1 << 20
+# Bytes written to an output between two background fdatasyncs of it, so the disk flushes
+# while emit writes rather than all at the end (the kernel alone starts at gigabytes dirty).
+FLUSH_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -201,12 +204,15 @@ def copy_runs(entries: Iterable[Entry]) -> Iterator[tuple[str, int, int] | bytes
 
 
 def write_file(path: Path, header: bytes, entries: Iterable[Entry], sources: dict[str, int],
-               advance: Callable[[int], None], abort: threading.Event) -> str:
+               advance: Callable[[int], None], abort: threading.Event,
+               flush: Callable[[int], None] = lambda fd: None) -> str:
     """Write one safetensors file from its header, entries and the source files (open fds,
-    by name); its sha256 (fsync is the caller's)."""
+    by name); its sha256. `flush(fd)` is called every FLUSH_BYTES (the final fsync is the
+    caller's)."""
     h = hashlib.sha256(header)
     buf = memoryview(bytearray(BUFFER))
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    unflushed = 0
     try:
         _write_all(out, header)
         for run in copy_runs(entries):
@@ -224,9 +230,20 @@ def write_file(path: Path, header: bytes, entries: Iterable[Entry], sources: dic
                 _write_all(out, buf[:want])
                 h.update(buf[:want])
                 advance(want)
+                unflushed += want
+                if unflushed >= FLUSH_BYTES:
+                    flush(out)
+                    unflushed = 0
     finally:
         os.close(out)
     return h.hexdigest()
+
+
+def fdatasync_and_close(fd: int) -> None:
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_path(path: Path) -> None:
@@ -316,7 +333,8 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
     hashing one source file whose digest is not remembered from an earlier emit (digests.py).
     Both run at the speed of sha256, and a job cannot be split, so
     longest-first keeps a large source file from being hashed last. Each output is fsynced
-    by another thread as soon as it is whole, so the disk starts flushing early. On any error
+    by another thread as soon as it is whole, and fdatasynced every FLUSH_BYTES while it is
+    written, so the disk flushes while emit writes. On any error
     the workers are stopped before this returns, so the caller can clean up.
     """
     abort = threading.Event()
@@ -330,8 +348,13 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
         try:
             advance = stack.enter_context(_progress(progress, total))
 
+            flushes: list[Future] = []
+
+            def flush(fd: int) -> None:
+                flushes.append(syncers.submit(fdatasync_and_close, os.dup(fd)))
+
             def write(header: bytes, entries: list[Entry], tmp: Path) -> tuple[str, Future]:
-                digest = write_file(tmp, header, entries, sources, advance, abort)
+                digest = write_file(tmp, header, entries, sources, advance, abort, flush)
                 return digest, syncers.submit(fsync_path, tmp)
 
             known = digests.cached([model_dir / n for n in names])
@@ -353,7 +376,7 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
             source_sha = {n: known.get(model_dir / n) or futures[n].result() for n in names}
             manifest = build_manifest(plan, inv, model_dir, laid, outputs, align, source_sha)
             validate_manifest(manifest)
-            for _, synced in done:
+            for synced in [*flushes, *(synced for _, synced in done)]:
                 synced.result()
             digests.remember({model_dir / n: (key, source_sha[n], began)
                               for n, key in keys.items()})

@@ -165,6 +165,27 @@ def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, 
     assert not out.exists()
 
 
+def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path, cli,
+                                                     monkeypatch) -> None:
+    """Outputs are fdatasynced every FLUSH_BYTES while written; an I/O error there (the disk
+    refused the bytes) must fail the emit as the final fsync would, leaving nothing."""
+    import placer.emit
+
+    calls = []
+
+    def failing(fd):
+        calls.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(placer.emit, "FLUSH_BYTES", 4096)
+    monkeypatch.setattr(os, "fdatasync", failing)
+    out = tmp_path / "placed"
+    result = cli("emit", "--plan", mixed_plan(tiny_models["qwen3_moe"], tmp_path), "--model",
+                 tiny_models["qwen3_moe"], "--out", out, ok=False)
+    assert calls and result.exit_code == 1 and "Input/output error" in result.output
+    assert not out.exists()
+
+
 def test_a_source_truncated_during_emit_is_an_error(tiny_models, tmp_path: Path, cli,
                                                     monkeypatch) -> None:
     """The checkpoint passed the header checks, then shrank before its bytes were copied:
