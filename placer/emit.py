@@ -17,8 +17,9 @@ source offsets unaligned to the output's, copy_file_range goes through splice pa
 and writing straight from an mmap of the source was slower still (the kernel's copy faults on
 each not-yet-mapped source page, zeroes what it wrote and retries). Outputs go to temporary
 names, several at once on worker threads (os.preadv, os.write and hashlib release the GIL),
-while other workers hash the source files and fsync each output once it is whole; the files
-are renamed only when every one is.
+while other workers hash the source files (unless their digests are remembered, digests.py)
+and fdatasync each output every FLUSH_BYTES and once it is whole; the files are renamed only
+when every one is.
 """
 
 from __future__ import annotations
@@ -259,7 +260,9 @@ def sha256_file(path: Path, abort: threading.Event | None = None) -> str:
     """The file's sha256; raises PlacerError early once `abort` is set.
 
     Hashes through mmap: hashlib reads the page cache in place, where read() would first
-    copy every byte into a buffer (as much kernel time again as the hash takes, here)."""
+    copy every byte into a buffer (as much kernel time again as the hash takes, here). As for
+    any mmap reader (safetensors' own loader too), a file truncated while it is being hashed
+    ends the process with SIGBUS."""
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
