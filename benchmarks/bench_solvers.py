@@ -67,11 +67,8 @@ def make_problem(layers: int, experts: int, top_k: int, cards: int, steps: int,
 def lp_relaxation(problem: Problem) -> float:
     """The optimum of the MILP's LP relaxation (integrality dropped), in seconds per step."""
     data = milp_data(problem, problem_patterns(problem))
-    lp = model_of(data)
-    for col in range(data.num_int):
-        lp.model.helper.set_var_integrality(col, False)
     solver = mb.Solver("glop")
-    if solver.solve(lp.model) != mb.SolveStatus.OPTIMAL:
+    if solver.solve(model_of(data, integral=False).model) != mb.SolveStatus.OPTIMAL:
         raise RuntimeError("GLOP did not solve the LP relaxation")
     return solver.objective_value * data.time_scale
 

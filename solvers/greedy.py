@@ -94,8 +94,8 @@ def local_search(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> N
     selected), then swap one restore with one eviction on a card while that strictly lowers
     the objective. Never exceeds any card's capacity."""
     num_experts = state.shape[1]
-    # Per entry prices, kept current for the rows each move touches; per expert sums of
-    # them are summed per layer in entry order, exactly as StallState.layer_deltas does.
+    # Per entry prices, kept current for the rows each move touches, and their per expert
+    # sums (StallState.per_expert, as layer_deltas sums them) for the layers those rows are in.
     every = np.arange(state.entry_row.size)
     entry_evict, entry_restore = state.evict_rise(every), state.restore_drop(every)
     evict = np.bincount(state.entry_expert, weights=entry_evict, minlength=state.pages.size)
@@ -106,13 +106,11 @@ def local_search(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> N
         entries = state.entries_of_rows(rows)
         entry_evict[entries] = state.evict_rise(entries)
         entry_restore[entries] = state.restore_drop(entries)
-        for layer in np.unique(state.row_layer[rows]):
+        for layer in np.unique(state.row_layer[rows]).tolist():
             part = slice(layer * num_experts, (layer + 1) * num_experts)
-            span = state.entries_of_layer(int(layer))
-            local = state.entry_expert[span] - layer * num_experts
-            evict[part] = np.bincount(local, weights=entry_evict[span], minlength=num_experts)
-            restore[part] = np.bincount(local, weights=entry_restore[span],
-                                        minlength=num_experts)
+            span = state.entries_of_layer(layer)
+            evict[part] = state.per_expert(layer, entry_evict[span])
+            restore[part] = state.per_expert(layer, entry_restore[span])
 
     ebytes, rbytes = state.evict_bytes, state.restore_bytes
     slack = capacity - state.card_resident_bytes()

@@ -91,18 +91,12 @@ def build(problem: Problem, patterns: list[LayerPatterns]) -> MilpModel:
     return model_of(milp_data(problem, patterns))
 
 
-def model_of(data: MilpData, time_rows: np.ndarray | None = None) -> MilpModel:
-    """The model_builder MILP of `data`, keeping only the time rows `time_rows` (sorted
-    indices; None: all) and every budget and page linking row. Dropping time rows relaxes
-    the MILP: its optimum and bounds stay lower bounds of the full MILP's."""
-    keep = np.arange(data.row_lo.size)
-    if time_rows is not None:
-        keep = np.concatenate([time_rows, keep[data.num_time_rows:]])
+def model_of(data: MilpData, integral: bool = True) -> MilpModel:
+    """The model_builder MILP of `data` (its LP relaxation when not `integral`)."""
     model = mb.Model()
     model.helper.fill_model_from_sparse_data(
-        data.col_lo, data.col_hi, data.objective, data.row_lo[keep], data.row_hi[keep],
-        data.matrix[keep])
-    for col in range(data.num_int):
+        data.col_lo, data.col_hi, data.objective, data.row_lo, data.row_hi, data.matrix)
+    for col in range(data.num_int if integral else 0):
         model.helper.set_var_integrality(col, True)
     return MilpModel(model=model, f=data.f, r=data.r, t=data.t, time_scale=data.time_scale,
                      num_pages=data.num_pages)

@@ -211,11 +211,16 @@ class StallState:
     def layer_deltas(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """([E] objective increase of evicting one more page, [E] objective change (<= 0) of
         restoring one more page) of every expert of `layer`."""
-        entries = self.entries_of_layer(layer)
-        local = self.entry_expert[entries] - layer * self.shape[1]
-        evict = np.bincount(local, weights=self.evict_rise(entries), minlength=self.shape[1])
-        restore = np.bincount(local, weights=self.restore_drop(entries), minlength=self.shape[1])
-        return evict, restore
+        span = self.entries_of_layer(layer)
+        return (self.per_expert(layer, self.evict_rise(span)),
+                self.per_expert(layer, self.restore_drop(span)))
+
+    def per_expert(self, layer: int, values: np.ndarray) -> np.ndarray:
+        """[E] sums, per expert of `layer`, of `values` given for the layer's entries (in
+        entries_of_layer order)."""
+        span = self.entries_of_layer(layer)
+        local = self.entry_expert[span] - layer * self.shape[1]
+        return np.bincount(local, weights=values, minlength=self.shape[1])
 
     # --- moves -------------------------------------------------------------------------------
 
