@@ -182,6 +182,15 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
+def pread_into(fd: int, buf: memoryview, offset: int) -> int:
+    """Read up to len(buf) bytes at `offset` of fd `fd` into `buf`; the count read."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [buf], offset)
+    data = os.pread(fd, len(buf), offset)
+    buf[:len(data)] = data
+    return len(data)
+
+
 def copy_runs(entries: Iterable[Entry]) -> Iterator[tuple[str, int, int] | bytes]:
     """What an output file's data section is made of, in order: (source file, offset,
     length) for source bytes, merged where segments follow each other in the same source
@@ -226,7 +235,7 @@ def write_file(path: Path, header: bytes, entries: Iterable[Entry], sources: dic
                 if abort.is_set():
                     raise PlacerError(f"writing {path.name} was cancelled")
                 want = min(BUFFER, offset + length - start)
-                if os.preadv(sources[file], [buf[:want]], start) != want:
+                if pread_into(sources[file], buf[:want], start) != want:
                     raise PlacerError(f"source file {file} ended early (was it truncated?)")
                 _write_all(out, buf[:want])
                 h.update(buf[:want])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from placer.emit import BUFFER, sha256_file, stream_segments
+from placer.emit import BUFFER, pread_into, sha256_file, stream_segments
 from placer.errors import PlacerError
 from placer.inventory import read_inventory
 from placer.manifest import read_manifest
@@ -168,17 +168,11 @@ def _same(a: int, a_off: int, b: int, b_off: int, length: int,
     x, y = bufs
     while length:
         n = min(length, BUFFER)
-        if _pread_into(a, x, n, a_off) != n or _pread_into(b, y, n, b_off) != n:
+        if pread_into(a, memoryview(x)[:n], a_off) != n or \
+                pread_into(b, memoryview(y)[:n], b_off) != n:
             return False
         if (x != y) if n == BUFFER else (x[:n] != y[:n]):  # whole bytearrays: one memcmp
             return False
         a_off, b_off, length = a_off + n, b_off + n, length - n
     return True
 
-
-def _pread_into(fd: int, buf: bytearray, n: int, offset: int) -> int:
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [memoryview(buf)[:n]], offset)
-    data = os.pread(fd, n, offset)
-    buf[:len(data)] = data
-    return len(data)
