@@ -5,12 +5,12 @@
 Builds two real checkpoints of a few GB of random-initialised (dense, not sparse) weights
 with build_tiny_model, qwen3_moe (one tensor per expert, 3.4 GB) and gpt_oss (fused 3D
 expert tensors, 3.3 GB), in a child process (so this one holds no torch state), in a
-temporary directory on the disk of the working directory, plans 30% of every card's experts cold (mixed whole / paged /
-cold), then times, after one discarded warm-up pass of each: `cp -r` of the checkpoint,
-`cp -r` + `sync`, `placer emit` (read, write, fsync, sha256 of sources and outputs),
-the same emit again, with the source's sha256 remembered from the first (placer/digests.py:
-re-emitting from an unchanged checkpoint hashes only the outputs), and `placer verify`
-(re-read and compare every byte, sha256 of outputs).
+temporary directory on the disk of the working directory, plans 30% of every card's experts
+cold (mixed whole / paged / cold), then times, after one discarded warm-up pass of each:
+`cp -r` of the checkpoint, `cp -r` + `sync`, `placer emit` (read, write, fsync, sha256 of
+sources and outputs), the same emit again with the source's sha256 remembered from the first
+(placer/digests.py: re-emitting from an unchanged checkpoint hashes only the outputs), and
+`placer verify` (re-read and compare every byte, sha256 of outputs).
 
 Every timed step writes into a directory that does not exist, after the previous outputs
 were deleted and synced, so each gets the same kind of free memory and disk. (Timing

@@ -29,9 +29,16 @@ def cache_file() -> Path:
     return Path(root) / "sha256.json"
 
 
-def stat_key(path: Path) -> str:
-    st = os.stat(path)
+def stat_key(path: Path, st: os.stat_result | None = None) -> str:
+    """What must stay the same for a remembered digest of `path` to hold (`st`: its stat,
+    when the caller has it)."""
+    st = st or os.stat(path)
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _entry(path: Path, key: str) -> str:
+    """The cache's name for `path` as it was when its stat_key was `key`."""
+    return f"{Path(path).resolve()}|{key}"
 
 
 def _load() -> dict[str, str]:
@@ -47,9 +54,9 @@ def cached(paths: list[Path]) -> dict[Path, str]:
     known = _load()
     out = {}
     for p in paths:
-        key = f"{Path(p).resolve()}|{stat_key(p)}"
-        if isinstance(known.get(key), str):
-            out[p] = known[key]
+        digest = known.get(_entry(p, stat_key(p)))
+        if isinstance(digest, str):
+            out[p] = digest
     return out
 
 
@@ -59,8 +66,8 @@ def remember(digests: dict[Path, tuple[str, str, float]]) -> None:
     fresh = {}
     for p, (key, digest, began) in digests.items():
         st = os.stat(p)
-        if stat_key(p) == key and began - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
-            fresh[f"{Path(p).resolve()}|{key}"] = digest
+        if stat_key(p, st) == key and began - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
+            fresh[_entry(p, key)] = digest
     if not fresh:
         return
     path = cache_file()
