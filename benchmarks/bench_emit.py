@@ -83,7 +83,7 @@ def timed(fn) -> float:
 
 def build_model(arch: str, hidden: int, root: Path) -> Path:
     """build_tiny_model in a child process; the checkpoint's directory."""
-    code = ("import sys; from pathlib import Path; from placer.tinymodel import build_tiny_model;"
+    code = ("from pathlib import Path; from placer.tinymodel import build_tiny_model;"
             f"build_tiny_model({arch!r}, Path({str(root / arch)!r}), texts={TEXTS!r},"
             f" layers=4, experts=32, top_k=4, hidden={hidden})")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
