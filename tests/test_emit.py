@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import fcntl
 import json
 import os
 import random
@@ -89,14 +90,34 @@ def placed(tiny_models, tmp_path: Path, cli) -> tuple[Path, Path]:
     return out, model
 
 
+def flip_byte(out: Path, file: str, offset: int, forge_sha: bool) -> None:
+    """Flip the byte at `offset` of output `file` in placed directory `out` (and, with
+    `forge_sha`, make the manifest's sha256 of the file match)."""
+    import hashlib
+
+    path = out / file
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+    if forge_sha:
+        manifest = json.loads((out / "manifest.json").read_text())
+        for f in manifest["files"]:
+            if f["name"] == file:
+                f["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+        (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def flip_cold_byte(out: Path, at: int, forge_sha: bool) -> dict:
+    """Flip byte `at` of the first cold part in `out`; the expert's manifest entry."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = next(e for e in manifest["experts"] if e["cold"])
+    flip_byte(out, entry["cold"]["file"], entry["cold"]["offset"] + at, forge_sha)
+    return entry
+
+
 def test_verify_catches_a_flipped_byte(placed, cli) -> None:
     out, model = placed
-    manifest = json.loads((out / "manifest.json").read_text())
-    cold = next(e for e in manifest["experts"] if e["cold"])["cold"]
-    path = out / cold["file"]
-    data = bytearray(path.read_bytes())
-    data[cold["offset"] + 3] ^= 0xFF
-    path.write_bytes(bytes(data))
+    cold = flip_cold_byte(out, 3, forge_sha=False)["cold"]
     result = cli("verify", out, "--model", model, ok=False)
     assert result.exit_code == 1
     assert cold["file"] in result.output and "sha256" in result.output
@@ -105,21 +126,10 @@ def test_verify_catches_a_flipped_byte(placed, cli) -> None:
 def test_verify_catches_a_flipped_byte_with_matching_sha(placed, cli) -> None:
     """Even with the manifest's sha256 forged, the byte comparison names the tensor."""
     out, model = placed
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = next(e for e in manifest["experts"] if e["cold"])
-    cold = entry["cold"]
-    path = out / cold["file"]
-    data = bytearray(path.read_bytes())
-    data[cold["offset"]] ^= 0x01
-    path.write_bytes(bytes(data))
-    import hashlib
-    for f in manifest["files"]:
-        if f["name"] == cold["file"]:
-            f["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    entry = flip_cold_byte(out, 0, forge_sha=True)
     result = cli("verify", out, "--model", model, ok=False)
     assert result.exit_code == 1
-    assert cold["tensor"] in result.output
+    assert entry["cold"]["tensor"] in result.output
     assert f"({entry['layer']}, {entry['expert']})" in result.output
 
 
@@ -167,8 +177,9 @@ def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, 
 
 def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path, cli,
                                                      monkeypatch) -> None:
-    """Outputs are fdatasynced every FLUSH_BYTES while written; an I/O error there (the disk
-    refused the bytes) must fail the emit as the final fsync would, leaving nothing."""
+    """Where the filesystem refuses O_DIRECT, outputs are fdatasynced every FLUSH_BYTES while
+    written; an I/O error there (the disk refused the bytes) must fail the emit as the final
+    fsync would, leaving nothing."""
     import placer.emit
 
     calls = []
@@ -177,6 +188,7 @@ def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path
         calls.append(fd)
         raise OSError(errno.EIO, "Input/output error")
 
+    monkeypatch.setattr(placer.emit, "set_direct", lambda fd, on: False)
     monkeypatch.setattr(placer.emit, "FLUSH_BYTES", 4096)
     monkeypatch.setattr(os, "fdatasync", failing)
     out = tmp_path / "placed"
@@ -184,6 +196,81 @@ def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path
                  tiny_models["qwen3_moe"], "--out", out, ok=False)
     assert calls and result.exit_code == 1 and "Input/output error" in result.output
     assert not out.exists()
+
+
+def _recording_writes(monkeypatch, refuse_direct: bool = False) -> list[bool]:
+    """Patch emit's writes to record whether each went through O_DIRECT (and, with
+    `refuse_direct`, to fail those with EINVAL as some filesystems do at the first write)."""
+    import placer.emit
+
+    direct, write = [], placer.emit._write_all
+
+    def recording(fd, data, offset):
+        on = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        direct.append(on)
+        if on and refuse_direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        write(fd, data, offset)
+
+    monkeypatch.setattr(placer.emit, "_write_all", recording)
+    return direct
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_emit_through_small_buffers_is_exact(direct: bool, tiny_models, tmp_path: Path, cli,
+                                             monkeypatch) -> None:
+    """3 KiB reads into 8 KiB write buffers: the header, tensors and padding all cross read
+    and buffer boundaries, both buffers are reused many times, and the last write is padded
+    for O_DIRECT and cut back."""
+    import placer.emit
+    import placer.verify
+
+    monkeypatch.setattr(placer.emit, "READ_BYTES", 3072)
+    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
+    monkeypatch.setattr(placer.verify, "WRITE_BYTES", 4096)
+    if not direct:
+        monkeypatch.setattr(placer.emit, "set_direct", lambda fd, on: False)
+    writes = _recording_writes(monkeypatch)
+    model, out = tiny_models["qwen3_moe"], tmp_path / "placed"
+    cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out,
+        "--align", "256")
+    assert "ok:" in cli("verify", out, "--model", model).output
+    if direct and not any(writes):
+        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+    assert len(writes) > 20 and all(writes) == direct
+    assert any(f.stat().st_size % 4096 for f in out.glob("*.safetensors"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry, piece = next((e, p) for e in manifest["experts"] for page in e["pages"]
+                        for p in page["pieces"]
+                        if p["offset"] // 4096 < (p["offset"] + p["length"] - 1) // 4096)
+    # the piece's last byte, in a later 4 KiB verify read than the piece's first
+    flip_byte(out, piece["file"], piece["offset"] + piece["length"] - 1, forge_sha=True)
+    result = cli("verify", out, "--model", model, ok=False)
+    assert f"({entry['layer']}, {entry['expert']}) page" in result.output
+
+
+def test_o_direct_refused_at_the_first_io_falls_back_to_buffered(tiny_models, tmp_path: Path,
+                                                                    cli, monkeypatch) -> None:
+    writes = _recording_writes(monkeypatch, refuse_direct=True)
+    model, out = tiny_models["qwen3_moe"], tmp_path / "placed"
+    cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out)
+    if not any(writes):
+        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT at open already")
+    assert not all(writes)  # each refused direct write was retried buffered
+    import placer.verify
+
+    read, reads = placer.verify.pread_into, []
+
+    def refusing(fd, buf, offset):
+        on = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        reads.append(on)
+        if on:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return read(fd, buf, offset)
+
+    monkeypatch.setattr(placer.verify, "pread_into", refusing)
+    assert "ok:" in cli("verify", out, "--model", model).output
+    assert any(reads) and not all(reads)  # verify's direct reads, refused, were retried
 
 
 def test_a_source_truncated_during_emit_is_an_error(tiny_models, tmp_path: Path, cli,
