@@ -235,14 +235,14 @@ class OutputStream:
     would evict the checkpoint being read. O_DIRECT wants block-aligned offsets, lengths and
     addresses: every write is a whole buffer at a multiple of WRITE_BYTES except the last,
     which is padded to DIRECT_BLOCK and cut back by ftruncate. A filesystem that refuses
-    O_DIRECT, at open or at the first write, gets buffered writes and an fdatasync every
+    O_DIRECT, when it is set or at a write, gets buffered writes and an fdatasync every
     FLUSH_BYTES."""
 
     def __init__(self, path: Path, io: ThreadPoolExecutor, flush: Callable[[int], None]) -> None:
+        self.bufs = [memoryview(mmap.mmap(-1, WRITE_BYTES)) for _ in range(2)]
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.direct = set_direct(self.fd, True)
         self.io, self.flush = io, flush
-        self.bufs = [memoryview(mmap.mmap(-1, WRITE_BYTES)) for _ in range(2)]
         self.fill = self.size = self.unflushed = 0
         self.hash = hashlib.sha256()
         self.pending: Future | None = None
@@ -277,8 +277,8 @@ class OutputStream:
         """Once the other buffer's write is done, start writing this one and fill the other
         next. Under O_DIRECT a short last write is padded with whatever the buffer holds
         beyond what was filled; finish() cuts that off."""
-        padded = self.fill + (-self.fill % DIRECT_BLOCK if self.direct else 0)
         self._wait()
+        padded = self.fill + (-self.fill % DIRECT_BLOCK if self.direct else 0)
         self.pending = self.io.submit(self._write, self.bufs[0][:padded], self.size)
         self.size += self.fill
         self.bufs.reverse()
@@ -290,7 +290,7 @@ class OutputStream:
         except OSError as exc:
             if not (self.direct and exc.errno == errno.EINVAL):
                 raise
-            self.direct = set_direct(self.fd, False)  # O_DIRECT taken at open, refused here
+            self.direct = set_direct(self.fd, False)  # O_DIRECT was set, but this write refused
             _write_all(self.fd, view, offset)
         self.unflushed += len(view)
         if not self.direct and self.unflushed >= FLUSH_BYTES:
@@ -332,7 +332,7 @@ def set_direct(fd: int, on: bool) -> bool:
 
 def write_file(path: Path, header: bytes, entries: Iterable[Entry], sources: dict[str, int],
                advance: Callable[[int], None], abort: threading.Event, io: ThreadPoolExecutor,
-               flush: Callable[[int], None] = lambda fd: None) -> str:
+               flush: Callable[[int], None]) -> str:
     """Write one safetensors file from its header, entries and the source files (open fds,
     by name) through an OutputStream; its sha256."""
     out = OutputStream(path, io, flush)

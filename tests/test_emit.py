@@ -133,6 +133,30 @@ def test_verify_catches_a_flipped_byte_with_matching_sha(placed, cli) -> None:
     assert f"({entry['layer']}, {entry['expert']})" in result.output
 
 
+def test_verify_hashes_bytes_no_piece_covers(placed, cli) -> None:
+    """A flipped byte of padding between tensors: no piece compares it, the sha256 does."""
+    out, model = placed
+    path = out / "card0.safetensors"
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    start = next(v["data_offsets"][0] for k, v in header.items() if k.startswith("pad."))
+    flip_byte(out, path.name, 8 + size + start, forge_sha=False)
+    result = cli("verify", out, "--model", model, "--json", ok=False)
+    assert json.loads(result.output)["problems"] == ["card0.safetensors: sha256 differs from "
+                                                     "the manifest's"]
+
+
+def test_verify_names_an_output_the_manifest_does_not_list(placed, cli) -> None:
+    out, model = placed
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"] = [f for f in manifest["files"] if f["name"] != "host1.safetensors"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = cli("verify", out, "--model", model, ok=False)
+    assert "host1.safetensors: holds pieces but is not among the manifest's files" \
+        in result.output
+
+
 def test_verify_catches_truncation_and_deletion(placed, cli) -> None:
     out, model = placed
     host = out / "host1.safetensors"
@@ -173,6 +197,30 @@ def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, 
                  tiny_models["qwen3_moe"], "--out", out, ok=False)
     assert result.exit_code == 1 and "No space left" in result.output
     assert not out.exists()
+
+
+def test_a_write_failing_while_another_is_in_flight_leaves_nothing(tiny_models, tmp_path: Path,
+                                                                    cli, monkeypatch) -> None:
+    """8 KiB write buffers, so every output makes many writes, each on the io pool while the
+    next buffer fills; the third fails: the emit stops, no fd is closed under a running write,
+    nothing is left behind."""
+    import placer.emit
+
+    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
+    write, calls = placer.emit._write_all, []
+
+    def failing_third(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(fd, data, offset)
+
+    monkeypatch.setattr(placer.emit, "_write_all", failing_third)
+    out = tmp_path / "placed"
+    result = cli("emit", "--plan", mixed_plan(tiny_models["qwen3_moe"], tmp_path), "--model",
+                 tiny_models["qwen3_moe"], "--out", out, ok=False)
+    assert result.exit_code == 1 and "No space left" in result.output
+    assert len(calls) >= 3 and not out.exists()
 
 
 def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path, cli,
