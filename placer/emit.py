@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from placer import digests
 from placer.errors import PlacerError
@@ -59,6 +60,8 @@ WRITE_BYTES = 16 << 20
 FLUSH_BYTES = 256 << 20
 # What O_DIRECT writes are padded to: a multiple of the logical block size of any disk.
 DIRECT_BLOCK = 4096
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -285,13 +288,7 @@ class OutputStream:
         self.fill = 0
 
     def _write(self, view: memoryview, offset: int) -> None:
-        try:
-            _write_all(self.fd, view, offset)
-        except OSError as exc:
-            if not (self.direct and exc.errno == errno.EINVAL):
-                raise
-            self.direct = set_direct(self.fd, False)  # O_DIRECT was set, but this write refused
-            _write_all(self.fd, view, offset)
+        _, self.direct = direct_io(self.fd, self.direct, partial(_write_all, self.fd, view, offset))
         self.unflushed += len(view)
         if not self.direct and self.unflushed >= FLUSH_BYTES:
             self.flush(self.fd)
@@ -328,6 +325,19 @@ def set_direct(fd: int, on: bool) -> bool:
     except OSError:
         return False
     return on
+
+
+def direct_io(fd: int, direct: bool, io: Callable[[], T]) -> tuple[T, bool]:
+    """Run the read or write `io` on `fd`; where O_DIRECT is on (`direct`) and the filesystem,
+    having taken it at fcntl, refuses this transfer (EINVAL), turn it off and run `io` again
+    buffered. (`io`'s result, whether O_DIRECT is still on.)"""
+    try:
+        return io(), direct
+    except OSError as exc:
+        if not (direct and exc.errno == errno.EINVAL):
+            raise
+    direct = set_direct(fd, False)
+    return io(), direct
 
 
 def write_file(path: Path, header: bytes, entries: Iterable[Entry], sources: dict[str, int],

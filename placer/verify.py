@@ -11,18 +11,18 @@ equal the source bytes they came from.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 from safetensors import safe_open
 
-from placer.emit import WRITE_BYTES, pread_into, set_direct, stream_segments
+from placer.emit import WRITE_BYTES, direct_io, pread_into, set_direct, stream_segments
 from placer.errors import PlacerError
 from placer.inventory import read_inventory
 from placer.manifest import read_manifest
@@ -200,7 +200,10 @@ def check_output(path: Path, sha256: str, pieces: list[Piece], sources: dict[str
     fd = os.open(path, os.O_RDONLY)
     try:
         direct = set_direct(fd, True)
-        while n := _read_output(fd, out, pos, direct):
+        while True:
+            n, direct = direct_io(fd, direct, partial(pread_into, fd, memoryview(out), pos))
+            if not n:
+                break
             h.update(memoryview(out)[:n])
             end = pos + n
             for i in range(first, len(pieces)):
@@ -223,18 +226,6 @@ def check_output(path: Path, sha256: str, pieces: list[Piece], sources: dict[str
     if h.hexdigest() != sha256:
         problems.insert(0, f"{path.name}: sha256 differs from the manifest's")
     return problems
-
-
-def _read_output(fd: int, out: mmap.mmap, pos: int, direct: bool) -> int:
-    """Read up to len(out) bytes at `pos` of `fd` into `out`; the count (0 at the end). A
-    filesystem that took O_DIRECT at fcntl but refuses the read gets a buffered one."""
-    try:
-        return pread_into(fd, memoryview(out), pos)
-    except OSError as exc:
-        if not (direct and exc.errno == errno.EINVAL):
-            raise
-        set_direct(fd, False)
-        return pread_into(fd, memoryview(out), pos)
 
 
 def _same(out: mmap.mmap, at: int, source: int, offset: int, length: int,
