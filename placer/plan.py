@@ -10,8 +10,6 @@ expert's cold part is one contiguous suffix: staging it is one copy.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,20 +149,11 @@ def read_plan(path: Path) -> Plan:
 
 
 def write_json_atomic(obj: dict, path: Path) -> None:
-    """Write `obj` as JSON to `path` via a temporary file, fsync and rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write `obj` as strict JSON to `path` atomically (placer.files.write_json_atomic; kept
+    here for the modules that import it from plan)."""
+    from placer.files import write_json_atomic as write
+
+    write(obj, path)
 
 
 def page_spans(nbytes: int, page_size: int | None) -> list[tuple[int, int]]:

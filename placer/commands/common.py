@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
 from placer.errors import PlacerError
+from placer.files import dumps_json
 from placer.inventory import Inventory
 from solvers.errors import SolverError
 from traces.collect import ModelIdentity
@@ -40,8 +40,9 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
 
 
 def print_json(obj: Any) -> None:
-    """Print `obj` as indented JSON on stdout (the `--json` contract for scripts)."""
-    typer.echo(json.dumps(obj, indent=2, sort_keys=False))
+    """Print `obj` as indented strict JSON on stdout (the `--json` contract for scripts:
+    NaN and inf print as null)."""
+    typer.echo(dumps_json(obj, indent=2))
 
 
 def parse_list(text: str, kind: type, what: str) -> list:
