@@ -7,10 +7,12 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
+from test_export_ktransformers import write_plan
 from test_regression_case import setup  # noqa: F401  (module fixture: a solved tiny plan)
 
 from placer.evaluate import plan_problem
-from placer.export import read_sglang_location
+from placer.exporters.sglang import read_sglang_location
 from placer.plan import read_plan
 from solvers import baselines
 from solvers.problem import Steps
@@ -44,3 +46,27 @@ def test_llamacpp_args_offload_the_layers_of_the_layer_baseline(setup, cli) -> N
               if row.any() and not row.all()]
     assert not partly  # whole layers only
     assert exported == cold and cold
+
+
+@pytest.mark.parametrize(("model_type", "arch", "suffixes"), [
+    ("qwen3_moe", "qwen3moe", ("weight",)), ("mixtral", "llama", ("weight",)),
+    ("deepseek_v3", "deepseek2", ("weight",)), ("gpt_oss", "gpt-oss", ("weight", "bias"))])
+def test_llamacpp_names_the_gguf_tensors_of_the_architecture(
+        cli, tmp_path: Path, model_type: str, arch: str, suffixes: tuple) -> None:
+    """Names checked against llama.cpp's own gguf-py (PyPI `gguf`, gguf/constants.py)."""
+    gguf = pytest.importorskip("gguf")
+    plan = write_plan(tmp_path / "plan.json", np.zeros((3, 4), dtype=int), num_layers=3,
+                      moe_layers=[0, 1, 2], model_type=model_type, capacity=4000)
+    report = json.loads(cli("export", "llamacpp", plan, "--json").output)
+    assert report["cold_layers"] == [0, 1] and report["gguf_arch"] == arch
+    c = gguf.constants
+    gguf_arch = next(a for a, name in c.MODEL_ARCH_NAMES.items() if name == arch)
+    exps = {c.MODEL_TENSOR.FFN_GATE_EXP, c.MODEL_TENSOR.FFN_UP_EXP, c.MODEL_TENSOR.FFN_DOWN_EXP}
+    expected = {f"{c.TENSOR_NAMES[t].format(bid=layer)}.{suffix}"
+                for t in c.MODEL_TENSORS[gguf_arch] if t in exps
+                for layer in (0, 1) for suffix in suffixes}
+    assert len(expected) == 6 * len(suffixes)
+    assert set(report["tensors"]) == expected and len(report["tensors"]) == len(expected)
+    pattern = re.compile(report["override_tensor"].rsplit("=", 1)[0])
+    assert all(pattern.search(name) for name in expected)
+    assert not any(pattern.search(f"blk.2.{n}.weight") for n in ("ffn_gate_exps", "ffn_up_exps"))

@@ -1,4 +1,4 @@
-"""`placer export sglang|llamacpp`: a plan in other serving tools' terms."""
+"""`placer export sglang|ktransformers|llamacpp`: a plan in serving engines' terms."""
 
 from __future__ import annotations
 
@@ -8,24 +8,31 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command, print_json
-from placer.export import llamacpp_offload, write_sglang_location
+from placer.exporters.ktransformers import write_kt_export
+from placer.exporters.llamacpp import LlamaCppOffload, llamacpp_offload
+from placer.exporters.output import check_out
+from placer.exporters.sglang import write_sglang_location
+from placer.inventory import read_config
 from placer.plan import read_plan
+
+PlanArg = Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
 
 
 def register(app: typer.Typer) -> None:
-    export_app = typer.Typer(help="Write a plan in other serving tools' formats.",
+    export_app = typer.Typer(help="Write a plan in serving engines' formats.",
                              no_args_is_help=True)
     app.add_typer(export_app, name="export")
 
     @command(export_app, "sglang")
     def sglang(
-        plan: Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")],
+        plan: PlanArg,
         out: Annotated[Path, typer.Option(help="Expert location file to write (.json).")],
-        json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
-                            ] = False,
+        json_out: JsonOpt = False,
     ) -> None:
         """The plan's expert-parallel homes as SGLang's --init-expert-location file (card c =
         EP rank c); prints the server flags it needs."""
+        check_out(plan, out)
         location = write_sglang_location(read_plan(plan), out)
         flags = [f"--init-expert-location {out}", f"--ep-size {location.ep_size}"]
         if location.redundant:
@@ -39,27 +46,66 @@ def register(app: typer.Typer) -> None:
                    f"{location.redundant} replica slots fill cards that home fewer experts)")
         typer.echo(" ".join(flags))
 
+    @command(export_app, "ktransformers")
+    def ktransformers(
+        plan: PlanArg,
+        out: Annotated[Path, typer.Option(help="Frequency file to write (.pt).")],
+        config: Annotated[Path | None, typer.Option(
+            help="The model's config.json (needed where the model has dense layers: "
+                 "sglang-kt counts its MoE layers from it).")] = None,
+        union: Annotated[bool, typer.Option(
+            help="Export the union of the cards' resident sets (sglang-kt keeps one GPU set "
+                 "for all its tensor-parallel ranks).")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """The plan's resident experts as sglang-kt's GPU expert set: a logical_count file for
+        --kt-expert-placement-strategy frequency, and the --kt-gpu-experts-ratio that makes the
+        engine keep exactly those experts on the GPU."""
+        check_out(plan, out)
+        export = write_kt_export(read_plan(plan), out,
+                                 None if config is None else read_config(config), union=union)
+        flags = export.flags(out)
+        if json_out:
+            print_json({"file": str(out), "gpu_experts": export.gpu_experts, "flags": flags})
+            return
+        typer.echo(f"GPU expert set -> {out} ({export.gpu_experts} experts over "
+                   f"{len(export.engine_moe_layers)} MoE layers)")
+        typer.echo(" ".join(flags))
+
     @command(export_app, "llamacpp")
     def llamacpp(
-        plan: Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")],
+        plan: PlanArg,
         out: Annotated[Path | None, typer.Option(help="Also write the arguments here.")
                        ] = None,
-        json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+        json_out: JsonOpt = False,
     ) -> None:
         """llama.cpp arguments for the layer-offload baseline at the plan's budget: the
         expert tensors of the first MoE layers to CPU (-ot), and the equivalent --n-cpu-moe."""
+        if out is not None:
+            check_out(plan, out)
         p = read_plan(plan)
         offload = llamacpp_offload(p)
         if out is not None:
             out.write_text(offload.args() + "\n")
         if json_out:
             print_json({"cold_layers": offload.cold_layers, "override_tensor": offload.override,
-                        "n_cpu_moe": offload.n_cpu_moe, "args": offload.args()})
+                        "n_cpu_moe": offload.n_cpu_moe, "args": offload.args(),
+                        "gguf_arch": offload.gguf_arch, "tensors": offload.tensor_names()})
             return
         typer.echo(f"# layer offload at this plan's budget: {len(offload.cold_layers)} of "
                    f"{len(p.moe_layers)} MoE layers cold (decoder layers "
                    f"{offload.cold_layers or 'none'})")
         if offload.cold_layers:
             typer.echo(offload.args())
+            _echo_tensors(offload)
         if offload.n_cpu_moe is not None:
             typer.echo(f"# equivalent: --n-cpu-moe {offload.n_cpu_moe}")
+
+
+def _echo_tensors(offload: LlamaCppOffload) -> None:
+    names = offload.tensor_names()
+    if not names:
+        typer.echo("# GGUF tensors: blk.N.ffn_{gate,up,down}_exps of the cold layers "
+                   "(architecture not known to placer)")
+        return
+    typer.echo(f"# GGUF tensors to CPU ({offload.gguf_arch}): {', '.join(names)}")

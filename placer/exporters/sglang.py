@@ -1,4 +1,4 @@
-"""A plan in other serving tools' terms: SGLang expert locations, llama.cpp tensor overrides.
+"""A plan as SGLang expert locations (`placer export sglang`).
 
 SGLang (`--init-expert-location FILE`): read from sglang 0.5.23 (PyPI wheel),
 `python/sglang/srt/eplb/expert_location.py`, `compute_initial_expert_location_metadata`: a
@@ -13,22 +13,11 @@ number of slots, so where the plan homes more experts of a layer on one card tha
 the spare slots of the smaller cards hold replicas of experts already homed there: every copy
 of an expert stays on its home card, at the price of that slot's weights in VRAM. Card c is
 EP rank c; dense layers get SGLang's trivial row (p % num_logical).
-
-llama.cpp (`-ot/--override-tensor PATTERN=BUFT`, `--n-cpu-moe N`): read from ggml-org/llama.cpp
-commit 001d906a6d86e2490e394361e7cc6f478b100088, `common/common.h`: `--n-cpu-moe N` adds, for
-i in [0, N), `blk\\.{i}` + `LLM_FFN_EXPS_REGEX` = `\\.ffn_(up|down|gate|gate_up)_(ch|)exps`
-bound to the CPU buffer type; `common/arg.cpp` `parse_tensor_buffer_overrides` splits `-ot`
-on ',' then on '='; the loader matches patterns with std::regex_search on GGUF tensor names
-`blk.{decoder layer}.ffn_{up,down,gate}_exps.weight`. llama.cpp can offload only whole
-expert tensors, one per layer, so its equivalent at the plan's budget is the layer-offload
-baseline: the first N MoE layers cold, N minimal so that on every card the experts it homes
-in the remaining layers fit its capacity (budget - staging).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +25,6 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.plan import Plan, write_json_atomic
-
-LLAMACPP_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
 
 @dataclass(frozen=True)
@@ -121,45 +108,3 @@ def sglang_homes(p2l: np.ndarray, moe_layers: list[int], ep_size: int,
                 raise PlacerError(f"layer {layer} expert {expert} is on ranks {ranks.tolist()}")
             homes[ordinal, expert] = ranks[0]
     return homes
-
-
-@dataclass(frozen=True)
-class LlamaCppOffload:
-    """The layer-offload baseline of a plan as llama.cpp arguments."""
-
-    cold_layers: list[int]  # decoder layer indices (= GGUF blk.N), ascending
-    n_cpu_moe: int | None   # equivalent --n-cpu-moe, where the cold layers are a prefix
-
-    @property
-    def override(self) -> str | None:
-        """The `-ot` value, or None when no layer is cold."""
-        if not self.cold_layers:
-            return None
-        layers = "|".join(str(layer) for layer in self.cold_layers)
-        return rf"blk\.({layers}){LLAMACPP_EXPS_REGEX}=CPU"
-
-    def args(self) -> str:
-        """The arguments as one shell-quoted line ('' when nothing is offloaded)."""
-        return "" if self.override is None else f"-ot {shlex.quote(self.override)}"
-
-
-def layer_offload_cold(plan: Plan) -> int:
-    """N: the fewest leading MoE layers to make cold so that on every card the experts it
-    homes in the other MoE layers fit its capacity_bytes."""
-    home, nbytes = plan.matrix("card"), plan.matrix("bytes")
-    num_cards = len(plan.cards)
-    per_layer = np.stack([np.bincount(h, weights=b, minlength=num_cards)
-                          for h, b in zip(home, nbytes, strict=True)])
-    resident = np.vstack([np.cumsum(per_layer[::-1], axis=0)[::-1], np.zeros(num_cards)])
-    capacity = np.array([c.capacity_bytes for c in plan.cards])
-    return int(np.flatnonzero((resident <= capacity).all(axis=1))[0])
-
-
-def llamacpp_offload(plan: Plan) -> LlamaCppOffload:
-    """The layer-offload baseline of `plan` in llama.cpp's terms (module docstring)."""
-    cold = plan.moe_layers[:layer_offload_cold(plan)]
-    if not cold:
-        return LlamaCppOffload([], 0)
-    prefix = [layer for layer in plan.moe_layers if layer <= cold[-1]]
-    return LlamaCppOffload(cold, cold[-1] + 1 if prefix == cold else None)
-
