@@ -1,8 +1,19 @@
-"""Measure each visible GPU's pinned host-to-device bandwidth and per-copy latency."""
+"""Measure the serving box: each visible GPU's pinned host-to-device bandwidth and per-copy
+latency (`placer probe`), and the host CPU as it runs cold experts (`placer probe --host`):
+its streaming memory bandwidth, its matmul throughput in the experts' dtype, and, where CUDA
+is visible, the round trip a layer pays to hand its tokens to the CPU and back."""
 
 from __future__ import annotations
 
+import os
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from placer.errors import PlacerError
 
@@ -61,4 +72,187 @@ def spec_fragment(results: list[ProbeResult]) -> str:
              f'model = "{results[0].name}"', f"vram = {results[0].vram}",
              f'h2d_bandwidth = "{min(r.h2d_bandwidth for r in results) / 1e9:.2f}GB/s"',
              f"latency_us = {max(r.latency_us for r in results):.2f}"]
+    return "\n".join(lines) + "\n"
+
+
+HOST_DTYPES = ("bfloat16", "float32")
+TYPICAL_SYNC_US = 30.0  # a layer's tokens to the host and back on a PCIe card, not measured
+MATMUL_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert's gate / up projection
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """The `[host]` figures of this machine, and how they were measured.
+
+    memory_bandwidth: bytes/s of a streaming copy over all threads, bytes read + written.
+    flops:            FLOP/s of torch matmuls [tokens x hidden] @ [hidden x inter] in `dtype`.
+    sync_us:          us of a tiny H2D copy + kernel + D2H round trip (typical where no CUDA).
+    """
+
+    memory_bandwidth: float
+    flops: float
+    sync_us: float
+    sync_measured: bool
+    dtype: str
+    threads: int
+    buffer_bytes: int
+    matmul: tuple[int, int, int]  # (tokens, hidden, inter)
+    repeats: int
+
+
+def host_threads() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def last_level_cache_bytes() -> int:
+    """Bytes of last-level cache over the whole machine: the highest cache level's instances
+    (one per socket or core complex) summed, from Linux sysfs. 0 where unknown."""
+    instances: dict[tuple[int, str], int] = {}
+    for index in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            level = int((index / "level").read_text())
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if size[:-1].isdigit() and size[-1] in "KMG":
+            instances[level, shared] = int(size[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[
+                size[-1]]
+    top = max((level for level, _ in instances), default=None)
+    return sum(size for (level, _), size in instances.items() if level == top)
+
+
+def default_buffer_bytes() -> int:
+    """A copy buffer well past the last-level cache: 4 x LLC, at least 256 MiB, at most 2 GiB."""
+    return min(max(256 * 2**20, 4 * last_level_cache_bytes()), 2 * 2**30)
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, min_s: float = 0.25,
+                 budget_s: float = 2.0) -> float:
+    """Fastest timed call of `fn` after one untimed warm-up: at least `repeats` calls, more
+    until `min_s` is spent (a best of many shrugs off a neighbour's burst on a shared host),
+    and none past `budget_s` once two are timed (a slow machine stays quick to probe)."""
+    fn()
+    times: list[float] = []
+    first = time.perf_counter()
+    while True:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        spent = time.perf_counter() - first
+        if (len(times) >= repeats and spent >= min_s) or (len(times) >= 2 and spent > budget_s):
+            return min(times)
+
+
+def host_memory_bandwidth(buffer_bytes: int, repeats: int, threads: int) -> float:
+    """Bytes/s of a streaming copy of `buffer_bytes` split over `threads` threads (numpy's copy
+    releases the GIL). Counts bytes read + bytes written (2 x buffer, the STREAM convention);
+    the write-allocate reads of the destination are not counted. The warm-up copy runs on the
+    same threads, so each thread's pages are first touched (NUMA-placed) by the thread that
+    copies them."""
+    if buffer_bytes < threads * 4096:
+        raise PlacerError(f"probe --host: copy buffer of {buffer_bytes} bytes is too small")
+    src = np.ones(buffer_bytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    bounds = [buffer_bytes * i // threads // 64 * 64 for i in range(threads)] + [buffer_bytes]
+    chunks = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    with ThreadPoolExecutor(threads) as pool:
+        def copy() -> None:
+            list(pool.map(lambda c: np.copyto(*c), chunks))
+        seconds = best_seconds(copy, repeats)
+    return 2 * buffer_bytes / seconds
+
+
+def host_matmul_flops(dtype: str, tokens: int, hidden: int, inter: int, repeats: int,
+                      threads: int) -> float:
+    """FLOP/s (2 x tokens x hidden x inter per call) of torch's CPU matmul x @ w^T, x
+    [tokens x hidden], w [inter x hidden] (an expert's gate projection as an engine runs it),
+    in `dtype`, on `threads` threads. Torch's thread count is restored afterwards."""
+    import torch
+
+    if dtype not in HOST_DTYPES:
+        raise PlacerError(f"probe --host --dtype: expected one of {', '.join(HOST_DTYPES)}, "
+                          f"got {dtype!r}")
+    if min(tokens, hidden, inter) < 1:
+        raise PlacerError(f"probe --host --tokens: expected a positive count, got {tokens}")
+    torch_dtype = getattr(torch, dtype)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=generator).to(torch_dtype)
+    w = torch.randn(inter, hidden, generator=generator).to(torch_dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seconds = best_seconds(lambda: torch.nn.functional.linear(x, w), repeats)
+    finally:
+        torch.set_num_threads(before)
+    return 2.0 * tokens * hidden * inter / seconds
+
+
+def host_sync_us(round_trips: int = 200) -> float | None:
+    """Median wall-clock us of a one-token round trip on CUDA device 0: pinned H2D copy of 4
+    KiB, one kernel, D2H copy back, synchronize (what a layer pays to hand its tokens to the
+    CPU and take the result back). None where no CUDA device is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    host = torch.ones(2048, dtype=torch.bfloat16).pin_memory()
+    back = torch.empty_like(host).pin_memory()
+    dev = torch.empty(2048, dtype=torch.bfloat16, device="cuda:0")
+
+    def round_trip() -> float:
+        start = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        dev.mul_(2)
+        back.copy_(dev, non_blocking=True)
+        torch.cuda.synchronize(0)
+        return time.perf_counter() - start
+
+    for _ in range(10):
+        round_trip()
+    return statistics.median(round_trip() for _ in range(round_trips)) * 1e6
+
+
+def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens: int = 1024,
+               repeats: int = 5) -> HostProbe:
+    """Measure this host's `[host]` figures on all its cores (no GPU needed)."""
+    threads = host_threads()
+    buffer_bytes = default_buffer_bytes() if buffer_bytes is None else buffer_bytes
+    hidden, inter = MATMUL_SHAPE
+    bandwidth = host_memory_bandwidth(buffer_bytes, repeats, threads)
+    flops = host_matmul_flops(dtype, tokens, hidden, inter, repeats, threads)
+    sync = host_sync_us()
+    return HostProbe(memory_bandwidth=bandwidth, flops=flops,
+                     sync_us=TYPICAL_SYNC_US if sync is None else sync,
+                     sync_measured=sync is not None, dtype=dtype, threads=threads,
+                     buffer_bytes=buffer_bytes, matmul=(tokens, hidden, inter), repeats=repeats)
+
+
+def format_flops(flops: float) -> str:
+    """A FLOP/s figure as the spec writes it: "393.5GFLOPS", "1.52TFLOPS"."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.4g}{prefix}FLOPS"
+    return f"{flops:.4g}FLOPS"
+
+
+def host_fragment(result: HostProbe) -> str:
+    """The `[host]` TOML fragment of a host probe, each figure saying how it was obtained."""
+    tokens, hidden, inter = result.matmul
+    how = f"{result.threads} threads, best of {result.repeats}"
+    if result.sync_measured:
+        sync = (f"sync_us = {result.sync_us:.1f}  # measured: median 4 KiB H2D + kernel + D2H "
+                "round trip on cuda:0")
+    else:
+        sync = f"sync_us = {result.sync_us:.1f}  # typical, not measured (needs a GPU)"
+    lines = ["[host]",
+             f'memory_bandwidth = "{result.memory_bandwidth / 1e9:.2f}GB/s"  # measured by '
+             f"placer probe --host: copy of {result.buffer_bytes / 2**20:.0f} MiB, "
+             f"bytes read + written, {how}",
+             f'flops = "{format_flops(result.flops)}"  # measured: torch {result.dtype} matmul '
+             f"[{tokens} x {hidden}] @ [{hidden} x {inter}], {how}",
+             sync]
     return "\n".join(lines) + "\n"

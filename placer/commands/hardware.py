@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -10,8 +11,8 @@ from rich.table import Table
 
 from placer.commands.common import command, print_json
 from placer.hardware import HardwareSpec, load_spec, preset_names
+from placer.probe import host_fragment, probe_host, spec_fragment
 from placer.probe import probe as run_probe
-from placer.probe import spec_fragment
 from placer.units import format_bytes
 
 
@@ -39,10 +40,33 @@ def register(app: typer.Typer) -> None:
             print_spec(spec)
 
     @command(app, "probe")
-    def probe(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False
-              ) -> None:
+    def probe(
+        json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+        host: Annotated[bool, typer.Option(
+            "--host", help="Measure the host CPU instead (no GPU needed): memory bandwidth, "
+            "matmul FLOP/s, and the GPU round trip where CUDA is visible; print the spec's "
+            "host table.")
+        ] = False,
+        dtype: Annotated[str, typer.Option(
+            help="With --host: the experts' compute dtype, bfloat16 or float32.")
+        ] = "bfloat16",
+        mb: Annotated[int | None, typer.Option(
+            help="With --host: copy buffer in MiB (default 4 x last-level cache, >= 256).")
+        ] = None,
+        tokens: Annotated[int, typer.Option(
+            help="With --host: rows of the timed matmul, (tokens x 2048) @ (2048 x 768).")
+        ] = 1024,
+    ) -> None:
         """Measure each visible GPU's pinned host-to-device bandwidth and per-copy latency,
-        and print a spec fragment. Exits non-zero where no GPU is visible."""
+        and print a spec fragment. Exits non-zero where no GPU is visible. With --host,
+        measure the host CPU as it runs cold experts and print the spec's host table."""
+        if host:
+            result = probe_host(dtype, None if mb is None else mb * 2**20, tokens)
+            if json_out:
+                print_json(dataclasses.asdict(result))
+            else:
+                typer.echo(host_fragment(result), nl=False)
+            return
         results = run_probe()
         if json_out:
             print_json([r.__dict__ for r in results])
