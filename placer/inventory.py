@@ -33,6 +33,7 @@ INDEX_FILE = "model.safetensors.index.json"
 _LAYER = r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\."
 PER_EXPERT = re.compile(_LAYER + r"(?P<expert>\d+)\.(?P<rest>.+)$")
 FUSED = re.compile(_LAYER + r"(?P<rest>[A-Za-z_][\w.]*)$")
+EXPERT_PREFIX = re.compile(r"^.*\.experts\.(?:\d+\.)?")  # what differs between experts' names
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 # Config keys that say nothing about the model itself (written by whichever tool saved it).
@@ -172,21 +173,63 @@ class Inventory:
 
 
 def read_config(path: Path) -> dict:
-    """Read a config.json; for a multimodal wrapper, the text model's config."""
+    """Read a config.json; for a multimodal wrapper, the text model's config. Every key the
+    inventory reads is checked for its type here (CONFIG_INTS, CONFIG_INT_LISTS)."""
     path = Path(path)
     if not path.is_file():
         raise PlacerError(f"no config.json at {path}")
     try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        config = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise PlacerError(f"{path}: expected a JSON object, found {type(config).__name__}")
     if isinstance(config.get("text_config"), dict):
         config = {**config["text_config"], "architectures": config.get("architectures")}
+    check_config(config, path)
     return config
 
 
+# Integer keys the inventory reads, each >= 0 when present (null means absent). Layer and expert
+# counts are bounded by the trace schema's int16 `layer` and `experts` columns.
+CONFIG_INTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
+               "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               *EXPERT_COUNT_KEYS, *TOP_K_KEYS, "n_shared_experts", "first_k_dense_replace",
+               "moe_layer_freq", "decoder_sparse_step", "kv_lora_rank", "q_lora_rank",
+               "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+               "shared_expert_intermediate_size")
+CONFIG_INT_LISTS = ("mlp_only_layers",)
+CONFIG_STRINGS = ("model_type", "torch_dtype", "dtype")
+MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/schema.py
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config(config: dict, path: Path) -> None:
+    """PlacerError naming the first key of `config` (read from `path`) of the wrong type."""
+    for key in CONFIG_INTS:
+        value = config.get(key)
+        if value is not None and not (_is_int(value) and value >= 0):
+            raise PlacerError(f"{path}: {key} must be a non-negative integer, got {value!r}")
+    for key in CONFIG_INT_LISTS:
+        value = config.get(key)
+        if value is not None and not (isinstance(value, list) and all(map(_is_int, value))):
+            raise PlacerError(f"{path}: {key} must be a list of integers, got {value!r}")
+    for key in CONFIG_STRINGS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise PlacerError(f"{path}: {key} must be a string, got {value!r}")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list)
+                                  and all(isinstance(a, str) for a in archs)):
+        raise PlacerError(f"{path}: architectures must be a list of strings, got {archs!r}")
+
+
 def moe_shape(config: dict) -> tuple[int, int, int, int]:
-    """(num_layers, experts per layer, top_k, shared experts) from a config, or a PlacerError."""
+    """(num_layers, experts per layer, top_k, shared experts) from a config checked by
+    `check_config`, or a PlacerError."""
     experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
     top_k = next((config[k] for k in TOP_K_KEYS if config.get(k)), None)
     if not experts or not top_k:
@@ -196,6 +239,12 @@ def moe_shape(config: dict) -> tuple[int, int, int, int]:
     layers = config.get("num_hidden_layers")
     if not layers:
         raise PlacerError("config.json has no num_hidden_layers")
+    if layers > MAX_COUNT or experts > MAX_COUNT:
+        raise PlacerError(f"config.json: {layers} layers x {experts} experts per layer; at most "
+                          f"{MAX_COUNT} of each")
+    if top_k > experts:
+        raise PlacerError(f"config.json: each token selects {top_k} experts "
+                          f"(num_experts_per_tok) but a layer has only {experts}")
     shared = config.get("n_shared_experts") or 0
     if not shared and config.get("shared_expert_intermediate_size"):
         shared = 1
@@ -219,17 +268,18 @@ def read_inventory(checkpoint: Path) -> Inventory:
         raise PlacerError(f"checkpoint directory not found: {checkpoint}")
     config = read_config(checkpoint / "config.json")
     num_layers, num_experts, top_k, shared = moe_shape(config)
-    headers = [read_header(checkpoint / name) for name in _shard_names(checkpoint)]
+    weight_map = read_index(checkpoint)
+    names = sorted(set(weight_map.values())) if weight_map is not None else _shard_files(checkpoint)
+    headers = [read_header(checkpoint / name) for name in names]
     experts: dict[tuple[int, int], list[TensorRange]] = {}
     dense: list[DenseTensor] = []
-    for header in headers:
-        for t in header.tensors:
-            ranges = _expert_ranges(header, t, num_experts)
-            if ranges is None:
-                dense.append(DenseTensor(t.name, header.path.name, t.offset, t.length,
-                                         t.dtype, t.shape))
-            for key, r in ranges or ():
-                experts.setdefault(key, []).append(r)
+    for header, t in _authoritative(headers, weight_map):
+        ranges = _expert_ranges(header, t, num_experts)
+        if ranges is None:
+            dense.append(DenseTensor(t.name, header.path.name, t.offset, t.length,
+                                     t.dtype, t.shape))
+        for key, r in ranges or ():
+            experts.setdefault(key, []).append(r)
     moe_layers = tuple(sorted({layer for layer, _ in experts}))
     if not moe_layers:
         raise PlacerError(f"not an MoE model: no routed expert tensors in {checkpoint}")
@@ -241,22 +291,59 @@ def read_inventory(checkpoint: Path) -> Inventory:
                      tuple(SourceFile(h.path.name, h.size) for h in headers), estimated=False)
 
 
-def _shard_names(checkpoint: Path) -> list[str]:
+def read_index(checkpoint: Path) -> dict[str, str] | None:
+    """The index's weight_map {tensor name: shard file name}, or None without an index. Every
+    shard must be a plain file name in `checkpoint` (no directories, nothing outside it)."""
     index = checkpoint / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise PlacerError(f"{index}: not a valid safetensors index") from None
-        names = sorted(set(weight_map.values()))
-        missing = [n for n in names if not (checkpoint / n).is_file()]
-        if missing:
-            raise PlacerError(f"{INDEX_FILE} names a missing shard: {missing[0]}")
-        return names
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_bytes())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError):
+        raise PlacerError(f"{index}: not a valid safetensors index") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise PlacerError(f"{index}: weight_map must map tensor names to shard file names")
+    for name in sorted(set(weight_map.values())):
+        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise PlacerError(f"{index}: shard {name!r} is not a file name inside {checkpoint}")
+        if not (checkpoint / name).is_file():
+            raise PlacerError(f"{INDEX_FILE} names a missing shard: {name}")
+    return weight_map
+
+
+def _shard_files(checkpoint: Path) -> list[str]:
     names = sorted(p.name for p in checkpoint.glob("*.safetensors"))
     if not names:
         raise PlacerError(f"no *.safetensors files in {checkpoint}")
     return names
+
+
+def _authoritative(headers: list[FileHeader], weight_map: dict[str, str] | None
+                   ) -> list[tuple[FileHeader, TensorHeader]]:
+    """Every tensor once, with the header of the file it is read from. A tensor held by two
+    files is refused unless the index names which one holds it; every tensor the index
+    names must be in the file it names."""
+    held: dict[str, tuple[FileHeader, TensorHeader]] = {}
+    for header in headers:
+        for t in header.tensors:
+            if t.name not in held:
+                held[t.name] = (header, t)
+                continue
+            other = held[t.name][0].path.name
+            owner = (weight_map or {}).get(t.name)
+            if owner is None:
+                raise PlacerError(
+                    f"tensor {t.name!r} is in both {other} and {header.path.name} "
+                    f"(a second copy of a shard?); remove one, or name the one to read in "
+                    f"{INDEX_FILE}")
+            if owner == header.path.name:
+                held[t.name] = (header, t)
+    for name, file in (weight_map or {}).items():
+        if name not in held or held[name][0].path.name != file:
+            raise PlacerError(f"{INDEX_FILE} says tensor {name!r} is in {file}, which does not "
+                              "hold it")
+    return list(held.values())
 
 
 def _expert_ranges(header: FileHeader, t: TensorHeader, num_experts: int
@@ -295,6 +382,7 @@ def _assemble(config: dict, num_layers: int, num_experts: int, top_k: int, share
                 raise PlacerError(f"layer {layer} has no tensors for expert {e} "
                                   f"(config says {num_experts} experts per layer)")
             ordered.append(Expert(layer, e, tuple(sorted(ranges, key=lambda r: r.name))))
+        _check_alike(ordered[-num_experts:])
     dense.sort(key=lambda d: d.name)
     arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     return Inventory(
@@ -303,6 +391,32 @@ def _assemble(config: dict, num_layers: int, num_experts: int, top_k: int, share
         top_k=top_k, shared_experts=shared, experts=tuple(ordered), dense_tensors=tuple(dense),
         files=files, fingerprint=fingerprint(config, ordered, dense), estimated=estimated,
         config=config)
+
+
+def _check_alike(layer: list[Expert]) -> None:
+    """Every expert of one MoE layer must have the same tensors (names less the expert's
+    prefix), shapes and dtypes; PlacerError naming the first expert that differs."""
+
+    def tensors(ex: Expert) -> dict[str, tuple[str, tuple[int, ...]]]:
+        return {EXPERT_PREFIX.sub("", r.name): (r.dtype, r.shape) for r in ex.tensors}
+
+    first = tensors(layer[0])
+    for ex in layer[1:]:
+        mine = tensors(ex)
+        if mine == first:
+            continue
+        where = f"layer {ex.layer} expert {ex.expert}"
+        missing = sorted(set(first) - set(mine))
+        if missing:
+            raise PlacerError(f"{where}: tensor {missing[0]!r} is missing (expert "
+                              f"{layer[0].expert} has it)")
+        extra = sorted(set(mine) - set(first))
+        if extra:
+            raise PlacerError(f"{where}: tensor {extra[0]!r} is not in expert {layer[0].expert}")
+        name = next(n for n in sorted(mine) if mine[n] != first[n])
+        raise PlacerError(f"{where}: tensor {name!r} is {mine[name][0]}{list(mine[name][1])}, "
+                          f"expert {layer[0].expert}'s is {first[name][0]}"
+                          f"{list(first[name][1])}")
 
 
 def fingerprint(config: dict, experts: list[Expert], dense: list[DenseTensor]) -> str:
@@ -321,13 +435,25 @@ def fingerprint(config: dict, experts: list[Expert], dense: list[DenseTensor]) -
 
 # --- planning before download: an inventory estimated from a config alone ------------------
 
-EXPERT_DTYPES = ("bf16", "fp8", "mxfp4")
+EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")
+FLOAT_DTYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}  # unquantized: one tensor each
+TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4"}  # quantization_config.quant_method
+MAX_ESTIMATED_EXPERTS = 1 << 20  # DeepSeek-V3 has 14,848; Kimi K2 23,040
+
+
+def _need(config: dict, key: str) -> int:
+    """A positive integer the estimate needs (types were checked by `read_config`)."""
+    value = config.get(key)
+    if not value:
+        raise PlacerError(f"config.json: {key} is missing or 0 (needed to estimate sizes)")
+    return value
 
 
 def _matrix(name: str, rows: int, cols: int, dtype: str) -> list[tuple[str, str, tuple]]:
     """The tensors one weight matrix is stored as in `dtype` (with its quantization scales)."""
-    if dtype == "bf16":
-        return [(f"{name}.weight", "BF16", (rows, cols))]
+    if dtype in FLOAT_DTYPES:
+        return [(f"{name}.weight", FLOAT_DTYPES[dtype], (rows, cols))]
     if dtype == "fp8":  # DeepSeek-V3 style: 128 x 128 block scales in fp32
         return [(f"{name}.weight", "F8_E4M3", (rows, cols)),
                 (f"{name}.weight_scale_inv", "F32",
@@ -339,20 +465,54 @@ def _matrix(name: str, rows: int, cols: int, dtype: str) -> list[tuple[str, str,
     raise PlacerError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPERT_DTYPES)}")
 
 
-def estimate_inventory(config_path: Path, expert_dtype: str = "bf16",
-                       dense_dtype: str = "bf16") -> Inventory:
+def config_dtype(config: dict, *, quantized: bool) -> str | None:
+    """The weight dtype a config declares: its quantization method (fp8, mxfp4) when
+    `quantized`, else its torch_dtype / dtype (bf16, fp16, fp32); bf16 when it names none,
+    None when it names another."""
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if quantized and method in QUANT_METHODS:
+        return QUANT_METHODS[method]
+    return TORCH_DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+
+
+def _declared(config: dict, path: Path, option: str, *, quantized: bool) -> str:
+    dtype = config_dtype(config, quantized=quantized)
+    if dtype is None:
+        name = config.get("torch_dtype") or config.get("dtype")
+        raise PlacerError(f"{path}: torch_dtype {name!r} is not one of "
+                          f"{', '.join(TORCH_DTYPE_NAMES)}; give {option}")
+    return dtype
+
+
+def estimate_inventory(config_path: Path, expert_dtype: str | None = None,
+                       dense_dtype: str | None = None) -> Inventory:
     """An inventory estimated from `config.json` alone, to size a box before downloading.
 
     Experts are gate/up/down projections of hidden x moe_intermediate stored in
-    `expert_dtype` (fp8 with 128x128 block scales, mxfp4 with 32-element block scales);
-    dense bytes count embeddings, lm_head, attention (MLA or GQA), norms, routers, dense MLP
-    layers and shared experts, matrices in `dense_dtype`, vectors and embeddings in bf16.
+    `expert_dtype` (fp8 with 128x128 block scales, mxfp4 with 32-element block scales;
+    None: what the config declares, see `config_dtype`); dense bytes count embeddings,
+    lm_head, attention (MLA or GQA), norms, routers, dense MLP layers and shared experts,
+    matrices in `dense_dtype` (None: the config's torch_dtype), vectors and embeddings in the
+    config's torch_dtype.
     """
     config = read_config(Path(config_path))
     num_layers, num_experts, top_k, shared = moe_shape(config)
-    hidden = int(config["hidden_size"])
-    inter = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    expert_dtype = expert_dtype or _declared(config, config_path, "--expert-dtype",
+                                             quantized=True)
+    dense_dtype = dense_dtype or _declared(config, config_path, "--dense-dtype", quantized=False)
+    hidden = _need(config, "hidden_size")
+    inter = config.get("moe_intermediate_size") or _need(config, "intermediate_size")
+    for dtype in (expert_dtype, dense_dtype):
+        if dtype not in EXPERT_DTYPES:
+            raise PlacerError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPERT_DTYPES)}")
     moe_layers = config_moe_layers(config)
+    if not moe_layers:
+        raise PlacerError(f"{config_path}: no decoder layer has routed experts "
+                          "(first_k_dense_replace, moe_layer_freq, mlp_only_layers)")
+    if len(moe_layers) * num_experts > MAX_ESTIMATED_EXPERTS:
+        raise PlacerError(f"{config_path}: {len(moe_layers)} MoE layers x {num_experts} experts "
+                          f"is more than the {MAX_ESTIMATED_EXPERTS} routed experts estimated")
     experts: dict[tuple[int, int], list[TensorRange]] = {}
     for layer in moe_layers:
         for e in range(num_experts):
@@ -362,29 +522,32 @@ def estimate_inventory(config_path: Path, expert_dtype: str = "bf16",
                        + _matrix(f"{prefix}.down_proj", hidden, inter, expert_dtype))
             experts[(layer, e)] = [TensorRange(n, None, None, tensor_bytes(dt, s), dt, s)
                                    for n, dt, s in tensors]
+    vector = FLOAT_DTYPES.get(config_dtype(config, quantized=False) or dense_dtype, "BF16")
     dense = [DenseTensor(n, None, None, tensor_bytes(dt, s), dt, s)
-             for n, dt, s in _dense_tensors(config, moe_layers, shared, dense_dtype)]
+             for n, dt, s in _dense_tensors(config, moe_layers, shared, dense_dtype, vector)]
     return _assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
                      (), estimated=True)
 
 
-def _dense_tensors(config: dict, moe_layers: tuple[int, ...], shared: int, dtype: str
-                   ) -> list[tuple[str, str, tuple]]:
-    hidden = int(config["hidden_size"])
-    vocab = int(config["vocab_size"])
-    heads = int(config["num_attention_heads"])
-    out = [("model.embed_tokens.weight", "BF16", (vocab, hidden)),
-           ("model.norm.weight", "BF16", (hidden,))]
+def _dense_tensors(config: dict, moe_layers: tuple[int, ...], shared: int, dtype: str,
+                   vector: str) -> list[tuple[str, str, tuple]]:
+    """Every dense tensor's (name, dtype, shape): matrices in `dtype`, vectors, embeddings and
+    routers in the safetensors dtype `vector`."""
+    hidden = _need(config, "hidden_size")
+    vocab = _need(config, "vocab_size")
+    heads = _need(config, "num_attention_heads")
+    out = [("model.embed_tokens.weight", vector, (vocab, hidden)),
+           ("model.norm.weight", vector, (hidden,))]
     if not config.get("tie_word_embeddings"):
-        out.append(("lm_head.weight", "BF16", (vocab, hidden)))
-    moe_inter = int(config.get("moe_intermediate_size") or config["intermediate_size"])
-    for layer in range(int(config["num_hidden_layers"])):
+        out.append(("lm_head.weight", vector, (vocab, hidden)))
+    moe_inter = config.get("moe_intermediate_size") or _need(config, "intermediate_size")
+    for layer in range(_need(config, "num_hidden_layers")):
         p = f"model.layers.{layer}"
-        out += [(f"{p}.input_layernorm.weight", "BF16", (hidden,)),
-                (f"{p}.post_attention_layernorm.weight", "BF16", (hidden,))]
-        out += _attention(config, p, hidden, heads, dtype)
+        out += [(f"{p}.input_layernorm.weight", vector, (hidden,)),
+                (f"{p}.post_attention_layernorm.weight", vector, (hidden,))]
+        out += _attention(config, p, hidden, heads, dtype, vector)
         if layer in moe_layers:
-            out.append((f"{p}.mlp.gate.weight", "BF16",
+            out.append((f"{p}.mlp.gate.weight", vector,
                         (int(next(config[k] for k in EXPERT_COUNT_KEYS if config.get(k))),
                          hidden)))
             for name in ("gate_proj", "up_proj"):
@@ -393,26 +556,26 @@ def _dense_tensors(config: dict, moe_layers: tuple[int, ...], shared: int, dtype
             out += _matrix(f"{p}.mlp.shared_experts.down_proj", hidden, shared * moe_inter,
                            dtype) if shared else []
         else:
-            inter = int(config["intermediate_size"])
+            inter = _need(config, "intermediate_size")
             out += (_matrix(f"{p}.mlp.gate_proj", inter, hidden, dtype)
                     + _matrix(f"{p}.mlp.up_proj", inter, hidden, dtype)
                     + _matrix(f"{p}.mlp.down_proj", hidden, inter, dtype))
     return out
 
 
-def _attention(config: dict, p: str, hidden: int, heads: int, dtype: str
+def _attention(config: dict, p: str, hidden: int, heads: int, dtype: str, vector: str
                ) -> list[tuple[str, str, tuple]]:
     a = f"{p}.self_attn"
     if config.get("kv_lora_rank"):  # multi-head latent attention (DeepSeek-V2/V3)
-        kv_rank, rope = int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"])
-        nope, v = int(config["qk_nope_head_dim"]), int(config["v_head_dim"])
+        kv_rank, rope = _need(config, "kv_lora_rank"), _need(config, "qk_rope_head_dim")
+        nope, v = _need(config, "qk_nope_head_dim"), _need(config, "v_head_dim")
         q_rank = config.get("q_lora_rank")
         q = (_matrix(f"{a}.q_a_proj", int(q_rank), hidden, dtype)
-             + [(f"{a}.q_a_layernorm.weight", "BF16", (int(q_rank),))]
+             + [(f"{a}.q_a_layernorm.weight", vector, (int(q_rank),))]
              + _matrix(f"{a}.q_b_proj", heads * (nope + rope), int(q_rank), dtype)
              if q_rank else _matrix(f"{a}.q_proj", heads * (nope + rope), hidden, dtype))
         return q + (_matrix(f"{a}.kv_a_proj_with_mqa", kv_rank + rope, hidden, dtype)
-                    + [(f"{a}.kv_a_layernorm.weight", "BF16", (kv_rank,))]
+                    + [(f"{a}.kv_a_layernorm.weight", vector, (kv_rank,))]
                     + _matrix(f"{a}.kv_b_proj", heads * (nope + v), kv_rank, dtype)
                     + _matrix(f"{a}.o_proj", hidden, heads * v, dtype))
     head_dim = int(config.get("head_dim") or hidden // heads)

@@ -71,12 +71,20 @@ def read_header(path: Path) -> FileHeader:
             raise PlacerError(f"{path.name}: header length {n} exceeds the file ({size} bytes)")
         raw = f.read(n)
     try:
-        entries = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        entries = json.loads(raw, object_pairs_hook=_no_duplicates)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise PlacerError(f"{path.name}: header is not valid JSON ({exc})") from None
+    except _DuplicateKey as exc:
+        raise PlacerError(f"{path.name}: header names {exc.args[0]!r} twice") from None
     if not isinstance(entries, dict):
         raise PlacerError(f"{path.name}: header is not a JSON object")
-    metadata = entries.pop("__metadata__", None) or {}
+    metadata = entries.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(
+            isinstance(v, str) for v in metadata.values()):
+        raise PlacerError(f"{path.name}: __metadata__ must map names to strings, got "
+                          f"{_short(metadata)}")
     data_start = 8 + n
     tensors = [_tensor(path.name, name, entry, data_start) for name, entry in entries.items()]
     tensors.sort(key=lambda t: t.offset)
@@ -84,15 +92,46 @@ def read_header(path: Path) -> FileHeader:
     return FileHeader(path, size, data_start, tuple(tensors), dict(metadata))
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object as a dict; _DuplicateKey when it names a key twice (json keeps the last)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _tensor(file: str, name: str, entry: object, data_start: int) -> TensorHeader:
-    try:
-        dtype = entry["dtype"]  # type: ignore[index]
-        shape = tuple(int(d) for d in entry["shape"])  # type: ignore[index]
-        begin, end = (int(x) for x in entry["data_offsets"])  # type: ignore[index]
-    except (TypeError, KeyError, ValueError):
-        raise PlacerError(f"{file}: malformed header entry for tensor {name!r}") from None
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise PlacerError(f"{file}: header entry for tensor {name!r} is not "
+                          "{dtype, shape, data_offsets}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise PlacerError(f"{file}: tensor {name!r} has dtype {_short(dtype)}, expected one of "
+                          f"{', '.join(DTYPE_BITS)}")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise PlacerError(f"{file}: tensor {name!r} has shape {_short(shape)}, expected a list "
+                          "of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))):
+        raise PlacerError(f"{file}: tensor {name!r} has data_offsets {_short(offsets)}, "
+                          "expected [begin, end]")
+    shape, (begin, end) = tuple(shape), offsets
     expected = tensor_bytes(dtype, shape)
-    if end - begin != expected or begin < 0 or any(d < 0 for d in shape):
+    if end - begin != expected or begin < 0:
         raise PlacerError(
             f"{file}: tensor {name!r} claims bytes [{begin}, {end}) but {dtype}{list(shape)} "
             f"needs {expected}")

@@ -23,10 +23,13 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option(
             help="Estimate the inventory from a config.json alone (plan before download).")
         ] = None,
-        expert_dtype: Annotated[str, typer.Option(
-            help=f"With --config: expert weight dtype ({', '.join(EXPERT_DTYPES)}).")] = "bf16",
-        dense_dtype: Annotated[str, typer.Option(
-            help=f"With --config: dense weight dtype ({', '.join(EXPERT_DTYPES)}).")] = "bf16",
+        expert_dtype: Annotated[str | None, typer.Option(
+            help=f"With --config: expert weight dtype ({', '.join(EXPERT_DTYPES)}; default: "
+                 "the config's quantization method, else its torch_dtype, else bf16).")
+        ] = None,
+        dense_dtype: Annotated[str | None, typer.Option(
+            help=f"With --config: dense weight dtype ({', '.join(EXPERT_DTYPES)}; default: "
+                 "the config's torch_dtype, else bf16).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the inventory as JSON.")
                             ] = False,
     ) -> None:
@@ -46,7 +49,7 @@ def print_summary(inv: Inventory) -> None:
     """A human summary of an inventory."""
     d = inv.to_json(with_experts=False)
     table = Table(title=f"{inv.architecture} ({inv.model_type})"
-                  + ("  [estimated from config]" if inv.estimated else ""), show_header=False)
+                  + ("  (estimated from config)" if inv.estimated else ""), show_header=False)
     per = d["bytes_per_expert"]
     rows = [
         ("fingerprint", inv.fingerprint),
@@ -68,9 +71,11 @@ def print_summary(inv: Inventory) -> None:
     Console().print(table)
     first = inv.experts[0]
     sample = Table(title=f"layer {first.layer}, expert {first.expert}")
-    for col in ("tensor", "dtype", "shape", "file", "offset", "length"):
+    columns = ("tensor", "dtype", "shape", "length") if inv.estimated else (
+        "tensor", "dtype", "shape", "file", "offset", "length")
+    for col in columns:
         sample.add_column(col)
     for t in first.tensors:
-        sample.add_row(t.name, t.dtype, str(list(t.shape)), str(t.file), str(t.offset),
-                       str(t.length))
+        where = () if inv.estimated else (str(t.file), str(t.offset))
+        sample.add_row(t.name, t.dtype, str(list(t.shape)), *where, str(t.length))
     Console().print(sample)
