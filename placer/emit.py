@@ -16,15 +16,20 @@ to hash it. That beat os.copy_file_range plus a re-read of every output by 1.4-2
 source offsets unaligned to the output's, copy_file_range goes through splice page by page),
 and writing straight from an mmap of the source was slower still (the kernel's copy faults on
 each not-yet-mapped source page, zeroes what it wrote and retries). Writes bypass the page
-cache where the filesystem allows (O_DIRECT, see OutputStream). Outputs go to temporary
-names, several at once on worker threads (os.preadv, os.pwrite and hashlib release the GIL),
-while other workers hash the source files (unless their digests are remembered, digests.py);
-each output is fsynced once it is whole, and the files are renamed only when every one is.
+cache where the filesystem allows (O_DIRECT, see OutputStream). Outputs are written into a
+staging directory beside --out (inside it when it is an existing empty directory), several
+at once on worker threads (os.preadv, os.pwrite and hashlib release the GIL), while other
+workers hash the source files (unless their digests are remembered, digests.py); each output
+is fsynced once it is whole, and the complete placement (manifest included) is put in place
+only when every one is: a placement being replaced with --force stays valid until then
+(commit_placement says what a crash at each point leaves). Emits into one --out are
+serialized by a lock; SIGINT and SIGTERM remove what the emit wrote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -32,6 +37,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -43,9 +49,10 @@ from typing import TypeVar
 
 from placer import digests
 from placer.errors import PlacerError
+from placer.files import NAME_MAX, fsync_dir, write_json_atomic
 from placer.inventory import Expert, Inventory, read_inventory
 from placer.manifest import MANIFEST_FORMAT, validate_manifest
-from placer.plan import Plan, write_json_atomic
+from placer.plan import Plan
 from placer.units import format_bytes
 
 # Bytes per read and hashlib update: small enough to stay in the CPU cache between the two.
@@ -403,18 +410,13 @@ def sha256_file(path: Path, abort: threading.Event | None = None) -> str:
     return h.hexdigest()
 
 
-def check_output_dir(out_dir: Path, force: bool) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PlacerError(f"--out {out_dir} exists and is not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not force:
-            raise PlacerError(f"--out {out_dir} is not empty; pass --force to replace it")
-        (out_dir / "manifest.json").unlink(missing_ok=True)  # no longer looks complete
-
-
 def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4096,
                    force: bool = False, progress: bool = False) -> dict:
-    """Write the placed directory for `plan` from the checkpoint `model_dir`; the manifest."""
+    """Write the placed directory for `plan` from the checkpoint `model_dir`; the manifest.
+
+    The new placement is written whole into a staging directory and only then put in place
+    (see commit_placement), under an exclusive lock on `out_dir` (output_lock); SIGINT and
+    SIGTERM stop the writing and remove what it wrote (_Signals)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if align < 8 or align & (align - 1):
         raise PlacerError(f"--align must be a power of two >= 8, not {align}")
@@ -425,36 +427,281 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
     if inv.fingerprint != plan.model["fingerprint"]:
         raise PlacerError(f"the plan is for model {plan.model['fingerprint']}, but {model_dir} "
                           f"is model {inv.fingerprint} (another model, or its headers changed)")
-    check_output_dir(out_dir, force)
-    files = plan_files(plan, inv)
-    laid = [(f, *layout(f.entries, align)) for f in files]
+    if out_dir.is_symlink():  # replace the directory it names, not the link
+        out_dir = Path(os.path.realpath(out_dir))
+    check_apart(out_dir, model_dir, [s.name for s in inv.files] + ["config.json"])
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PlacerError(f"--out {out_dir} exists and is not a directory")
+    laid = [(f, *layout(f.entries, align)) for f in plan_files(plan, inv)]
+    with _Signals() as signals:
+        made = make_dirs(out_dir.parent)
+        try:
+            with output_lock(out_dir):
+                return _emit_locked(plan, inv, model_dir, out_dir, laid, align, force,
+                                    progress, signals)
+        except BaseException:
+            signals.hold()
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+
+
+def _emit_locked(plan: Plan, inv: Inventory, model_dir: Path, out_dir: Path, laid: list,
+                 align: int, force: bool, progress: bool, signals: _Signals) -> dict:
+    mode = prepare_output(out_dir, force)
+    stage = out_dir / IN_PLACE_STAGE if mode == "in_place" else sibling(out_dir, "new")
+    check_space(out_dir, stage.parent, laid, mode)
     total = sum(e.length for _, _, es in laid for e in es if e.segments)
-    free = shutil.disk_usage(out_dir.parent if not out_dir.exists() else out_dir).free \
-        if (out_dir.exists() or out_dir.parent.exists()) else None
-    if free is not None and free < total:
-        raise PlacerError(f"not enough disk space for {out_dir}: needs {format_bytes(total)}, "
-                          f"{format_bytes(free)} free")
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    temps = [out_dir / f".{f.name}.tmp" for f in files]
     try:
-        manifest = write_outputs(plan, inv, model_dir, laid, temps, align, progress, total)
-        for (f, _, _), tmp in zip(laid, temps, strict=True):
-            os.replace(tmp, out_dir / f.name)
-        write_json_atomic(manifest, out_dir / "manifest.json")
+        stage.mkdir()
+        paths = [stage / f.name for f, _, _ in laid]
+        manifest = write_outputs(plan, inv, model_dir, laid, paths, align, progress, total,
+                                 signals.hold)
+        write_json_atomic(manifest, stage / "manifest.json")
+        signals.hold()  # from here the new placement is complete: finish putting it in place
+        old = commit_placement(stage, out_dir, mode, [p.name for p in paths])
     except OSError as exc:
-        _cleanup(temps, out_dir, created)
-        raise PlacerError(f"writing {out_dir} failed: {exc.strerror or exc} "
-                          "(nothing was left behind)") from None
+        signals.hold()
+        left = discard(stage)
+        kept = "; the old placement is unchanged" if mode == "swap" else ""
+        raise PlacerError(f"writing {out_dir} failed: {exc.strerror or exc} ("
+                          + (f"{left} could not be removed" if left else
+                             "nothing was left behind") + f"{kept})") from None
     except BaseException:
-        _cleanup(temps, out_dir, created)
+        signals.hold()
+        discard(stage)
         raise
+    if old is not None:  # best effort: the next emit into out_dir removes what is left
+        shutil.rmtree(old, ignore_errors=True)
     return manifest
 
 
-def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps: list[Path],
-                  align: int, progress: bool, total: int) -> dict:
-    """Write every output under its temporary name, fsynced; the validated manifest.
+# Where an emit into an existing empty directory stages its outputs (inside it, so that a
+# mount point works).
+IN_PLACE_STAGE = ".placer-emit.new"
+
+
+def sibling(out_dir: Path, tag: str) -> Path:
+    """The hidden sibling `.<name>.placer-<tag>` of `out_dir` (name cut to fit NAME_MAX): the
+    new placement being written (`new`), the old one being swapped out (`old`), the lock."""
+    tail = f".placer-{tag}"
+    room = NAME_MAX - 1 - len(tail)
+    return out_dir.parent / ("." + out_dir.name.encode()[:room].decode(errors="ignore") + tail)
+
+
+def check_apart(out_dir: Path, model_dir: Path, names: list[str]) -> None:
+    """Refuse an --out equal to, inside or holding the checkpoint or any of its source files
+    (symlinks resolved: a Hugging Face snapshot's files are links into its blobs)."""
+    out, src = out_dir.resolve(), model_dir.resolve()
+    if out == src or src in out.parents:
+        raise PlacerError(f"--out {out_dir} is inside the checkpoint {model_dir}: writing there "
+                          "would change the source; choose a directory outside it")
+    for path in [src, *((model_dir / n).resolve() for n in names)]:
+        if out in path.parents:
+            raise PlacerError(f"--out {out_dir} holds the checkpoint's {path}: replacing it "
+                              "would delete the source; choose another directory")
+
+
+def make_dirs(path: Path) -> list[Path]:
+    """mkdir -p `path`; the directories it created, outermost first."""
+    missing = [p for p in [path, *path.parents] if not p.exists()][::-1]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlacerError(f"cannot create {path}: {exc.strerror or exc}") from None
+    return missing
+
+
+@contextlib.contextmanager
+def output_lock(out_dir: Path) -> Iterator[None]:
+    """Hold an exclusive flock on the lock file beside `out_dir` (removed after), so a second
+    emit into the same directory is refused with one line. Where `out_dir`'s parent cannot
+    be written, the existing `out_dir` itself is locked (nothing to remove)."""
+    path = sibling(out_dir, "lock")
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            if not out_dir.is_dir():
+                raise PlacerError(f"cannot write beside {out_dir}: {exc.strerror}") from None
+            fd, path = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY), None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PlacerError(f"another emit is writing {out_dir} (it holds "
+                              f"{path or out_dir}); wait for it to finish") from None
+        # its last holder may have removed the file between our open and flock: lock anew
+        if path is None or _same_file(fd, path):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        if path is not None:
+            path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def prepare_output(out_dir: Path, force: bool) -> str:
+    """Under the lock: clear what a killed emit left (a staging directory; an old placement
+    moved aside and not yet replaced is moved back), check `out_dir`; how the new placement
+    will be put in place: "fresh" (no out_dir), "in_place" (an empty one) or "swap"."""
+    new, old = sibling(out_dir, "new"), sibling(out_dir, "old")
+    if old.is_dir():
+        if out_dir.exists():
+            shutil.rmtree(old)
+        else:
+            os.rename(old, out_dir)
+    for stage in (new, out_dir / IN_PLACE_STAGE):
+        if stage.is_dir():
+            shutil.rmtree(stage)
+    if not out_dir.exists():
+        return "fresh"
+    if not out_dir.is_dir():
+        raise PlacerError(f"--out {out_dir} exists and is not a directory")
+    if not any(out_dir.iterdir()):
+        return "in_place"
+    if not force:
+        raise PlacerError(f"--out {out_dir} is not empty; pass --force to replace it")
+    if os.stat(out_dir).st_dev != os.stat(out_dir.parent).st_dev:
+        raise PlacerError(f"--out {out_dir} is a mount point: the new placement cannot be "
+                          "written beside it and swapped in; empty it first")
+    return "swap"
+
+
+def check_space(out_dir: Path, where: Path, laid: list, mode: str) -> None:
+    """Refuse to start when the filesystem of `where` lacks the bytes of every output (the
+    last O_DIRECT write of each may pass its end by a block before it is cut back)."""
+    need = sum(len(h) + sum(_entry_len(e) for e in es) + DIRECT_BLOCK for _, h, es in laid)
+    free = shutil.disk_usage(where).free
+    if free >= need:
+        return
+    beside = (" beside the old one, which stays until the new one is complete"
+              if mode == "swap" else "")
+    raise PlacerError(f"not enough disk space for {out_dir}: the new placement needs "
+                      f"{format_bytes(need)}{beside}; {format_bytes(free)} free")
+
+
+def commit_placement(stage: Path, out_dir: Path, mode: str, names: list[str]) -> Path | None:
+    """Put the complete placement in `stage` in place of `out_dir`; the old placement's
+    directory left to remove, if any. What a crash (power loss, SIGKILL) at each point leaves:
+
+    - fresh: rename(stage, out_dir) is atomic: no out_dir, or the new one.
+    - swap: renameat2(RENAME_EXCHANGE) swaps the two directories atomically (the old one
+      ends at the staging name): the old out_dir or the new one. Where the filesystem lacks
+      it: rename(out_dir, .old), then rename(stage, out_dir): between the two out_dir is
+      missing and .old holds the old placement, which the next emit moves back.
+    - in_place (out_dir was empty): the outputs are renamed in, manifest.json last, so
+      out_dir has no manifest until every output is in place.
+    Either way every leftover (staging, .old) is cleared by the next emit into out_dir.
+    """
+    if mode == "fresh":
+        os.rename(stage, out_dir)
+        fsync_dir(out_dir.parent)
+        return None
+    if mode == "swap":
+        if exchange(stage, out_dir):
+            fsync_dir(out_dir.parent)
+            return stage
+        old = sibling(out_dir, "old")
+        os.rename(out_dir, old)
+        try:
+            os.rename(stage, out_dir)
+        except BaseException:
+            os.rename(old, out_dir)
+            raise
+        fsync_dir(out_dir.parent)
+        return old
+    moved = []
+    try:
+        for name in [*names, "manifest.json"]:
+            os.rename(stage / name, out_dir / name)
+            moved.append(out_dir / name)
+        stage.rmdir()
+    except BaseException:
+        for path in moved:
+            path.unlink(missing_ok=True)
+        raise
+    fsync_dir(out_dir)
+    return None
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the C library
+    or the filesystem lacks it."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def discard(stage: Path) -> Path | None:
+    """Remove a staging directory; itself if it could not be removed."""
+    try:
+        shutil.rmtree(stage)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return stage
+    return None
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) while an emit writes: raised in the main thread, so the emit
+    cleans up as on Ctrl-C (the CLI then prints "Aborted!" and exits 1)."""
+
+
+class _Signals:
+    """While an emit runs in the main thread, SIGINT and SIGTERM raise Interrupted there, once:
+    from the first, or from `hold()` (an error is being cleaned up, or the complete new
+    placement is being put in place), further ones are ignored, so that the cleanup or the
+    swap finishes. The previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.held = False
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._raise) for s in self.SIGNALS}
+        return self
+
+    def hold(self) -> None:
+        self.held = True
+
+    def _raise(self, signum: int, frame: object) -> None:
+        if self.held:
+            return
+        self.held = True
+        raise Interrupted(signal.Signals(signum).name)
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, paths: list[Path],
+                  align: int, progress: bool, total: int,
+                  stopping: Callable[[], None] = lambda: None) -> dict:
+    """Write every output to its path (in the staging directory), fsynced; the validated
+    manifest.
 
     One thread per core takes jobs longest first: writing (and hashing) one output, or
     hashing one source file whose digest is not remembered from an earlier emit (digests.py).
@@ -462,7 +709,8 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
     large source file from being hashed last. An output's buffers are written by an `io`
     thread while its job fills and hashes the next, and it is fsynced by a `syncers` thread
     as soon as it is whole (and, where writes are buffered, every FLUSH_BYTES). On any error
-    the workers are stopped before this returns, so the caller can clean up.
+    the workers are stopped before this returns (`stopping` is called first), so the caller
+    can clean up.
     """
     abort = threading.Event()
     names = [s.name for s in inv.files] + ["config.json"]
@@ -471,8 +719,8 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
         for fd in sources.values():
             stack.callback(os.close, fd)
         # workers last, so they are stopped first: they submit to the other two
-        syncers = stack.enter_context(ThreadPoolExecutor(len(temps)))
-        io = stack.enter_context(ThreadPoolExecutor(len(temps)))  # each output's writes
+        syncers = stack.enter_context(ThreadPoolExecutor(len(paths)))
+        io = stack.enter_context(ThreadPoolExecutor(len(paths)))  # each output's writes
         workers = stack.enter_context(ThreadPoolExecutor(os.cpu_count() or 1))
         try:
             advance = stack.enter_context(_progress(progress, total))
@@ -482,27 +730,28 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
             def flush(fd: int) -> None:
                 flushes.append(syncers.submit(fdatasync_and_close, os.dup(fd)))
 
-            def write(header: bytes, entries: list[Entry], tmp: Path) -> tuple[str, Future]:
-                digest = write_file(tmp, header, entries, sources, advance, abort, io, flush)
-                return digest, syncers.submit(fsync_path, tmp)
+            def write(header: bytes, entries: list[Entry], path: Path) -> tuple[str, Future]:
+                digest = write_file(path, header, entries, sources, advance, abort, io, flush)
+                return digest, syncers.submit(fsync_path, path)
 
             known = digests.cached([model_dir / n for n in names])
             began = time.time()
             keys = {n: digests.stat_key(model_dir / n) for n in names
                     if model_dir / n not in known}
-            # (bytes to hash, name, job): an output costs its write on top of its hash
-            jobs = [((model_dir / n).stat().st_size, n, partial(sha256_file, model_dir / n, abort))
-                    for n in keys]
-            jobs += [(2 * sum(e.length for e in entries), tmp.name,
-                      partial(write, header, entries, tmp))
-                     for (_, header, entries), tmp in zip(laid, temps, strict=True)]
-            futures = {name: workers.submit(job)
-                       for _, name, job in sorted(jobs, key=lambda j: -j[0])}
-            done = [futures[tmp.name].result() for tmp in temps]
+            # (bytes to hash, path, job): an output costs its write on top of its hash
+            jobs = [((model_dir / n).stat().st_size, model_dir / n,
+                     partial(sha256_file, model_dir / n, abort)) for n in keys]
+            jobs += [(2 * sum(e.length for e in entries), path,
+                      partial(write, header, entries, path))
+                     for (_, header, entries), path in zip(laid, paths, strict=True)]
+            futures = {path: workers.submit(job)
+                       for _, path, job in sorted(jobs, key=lambda j: -j[0])}
+            done = [futures[path].result() for path in paths]
             outputs = [{"name": f.name, "kind": f.kind, "card": f.card, "link": f.link,
-                        "size": tmp.stat().st_size, "sha256": digest}
-                       for (f, _, _), tmp, (digest, _) in zip(laid, temps, done, strict=True)]
-            source_sha = {n: known.get(model_dir / n) or futures[n].result() for n in names}
+                        "size": path.stat().st_size, "sha256": digest}
+                       for (f, _, _), path, (digest, _) in zip(laid, paths, done, strict=True)]
+            source_sha = {n: known.get(model_dir / n) or futures[model_dir / n].result()
+                          for n in names}
             manifest = build_manifest(plan, inv, model_dir, laid, outputs, align, source_sha)
             validate_manifest(manifest)
             for synced in [*flushes, *(synced for _, synced in done)]:
@@ -511,15 +760,9 @@ def write_outputs(plan: Plan, inv: Inventory, model_dir: Path, laid: list, temps
                               for n, key in keys.items()})
             return manifest
         except BaseException:
+            stopping()
             abort.set()
             raise
-
-
-def _cleanup(temps: list[Path], out_dir: Path, created: bool) -> None:
-    for tmp in temps:
-        tmp.unlink(missing_ok=True)
-    if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-        out_dir.rmdir()
 
 
 class _progress:
