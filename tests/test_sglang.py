@@ -2,7 +2,7 @@
 
 The dumps are made as sglang 0.5.23's `python/sglang/srt/eplb/expert_distribution.py` writes
 them (`_StatAccumulator.dump`, `_DetailAccumulator.dump`, `_DetailSinglePassGatherer.collect`;
-keys, shapes and dtypes as documented in traces/sglang.py): stat dumps hold `rank`,
+keys, shapes and dtypes as documented in traces/importers/sglang.py): stat dumps hold `rank`,
 `logical_count` (int32 [buffer, decoder layers, logical experts]) and
 `average_utilization_rate_over_window`; per_pass / per_token dumps hold `records` and
 `last_physical_to_logical_map` (int64 [decoder layers, physical experts]). The per-token dump is
@@ -220,8 +220,8 @@ def test_bad_dumps_get_one_line_errors(deepseek, tmp_path, placer_run):
              (["list.pt"], ["--top-k", 2], "expected a dict"),
              (["keys.pt"], ["--top-k", 2], "not an SGLang expert distribution dump"),
              (["fused.pt"], ["--model", model], "shared-experts fusion"),
-             (["junk.pt", "m.npy"], ["--top-k", 2], "not both"),
-             (["m.npy"], [], "--top-k (or --model)"),
+             (["junk.pt", "m.npy"], ["--top-k", 2], "different formats"),
+             (["m.npy"], [], "--top-k (or --model or --config)"),
              (["m.npy"], ["--model", model, "--top-k", 3], "differs from the model's")]
     for names, extra, needle in cases:
         result = placer_run("traces", "import", *[tmp_path / n for n in names], "--out",

@@ -11,10 +11,10 @@ from rich.table import Table
 
 from placer.commands.common import command, model_identity, print_json
 from placer.errors import PlacerError
-from placer.inventory import read_inventory
-from traces.importers import import_counts, read_count_matrix
+from placer.inventory import estimate_inventory, read_inventory
+from traces.importers import FORMATS, import_routing
+from traces.importers.common import ImportRequest
 from traces.profile import load_profile
-from traces.sglang import import_sglang
 from traces.stats import plot_heatmap, trace_stats
 
 
@@ -52,72 +52,70 @@ def register(app: typer.Typer) -> None:
     @command(traces_app, "import")
     def import_command(
         sources: Annotated[list[Path], typer.Argument(
-            help="A count matrix (.npy or .csv, MoE layers x experts), or SGLang expert "
-                 "distribution dumps (.pt files, or a directory of them: one per rank).")],
+            help="Files (or directories of them) in one format: see --format.")],
         out: Annotated[Path, typer.Option(help="New trace directory to store it in.")],
+        fmt: Annotated[str | None, typer.Option(
+            "--format", help=f"One of {', '.join(FORMATS)}; detected where the file is "
+                             "unambiguous (.gguf imatrix, .pt sglang, .jsonl sglang-http, .npz "
+                             "with expert_ids tokens, 2-D .npy/.csv counts, a directory with "
+                             "meta_info.json + rank*.safetensors trtllm).")] = None,
         model: Annotated[Path | None, typer.Option(
-            help="Checkpoint the statistics came from: supplies top-k and the MoE layers, "
-                 "checks the shape; SGLang per_token dumps become real trace rows with its "
+            help="Checkpoint the routing came from: its layers, experts and top-k are checked "
+                 "against the file; per-token sources become trace rows with its "
                  "fingerprint.")] = None,
+        config: Annotated[Path | None, typer.Option(
+            help="The model's config.json instead of --model (before downloading it): the "
+                 "trace is marked estimated and checked by shape.")] = None,
         top_k: Annotated[int | None, typer.Option(
-            help="Experts each token selects (the model's k); needed without --model.")
-                         ] = None,
+            help="Experts each token selects (the model's k); needed for counts without "
+                 "--model/--config where the file does not say.")] = None,
         tag: Annotated[str | None, typer.Option(
-            help="Profile name (default: file stem; 'sglang' for dumps).")] = None,
+            help="Profile name (default: the file stem, or the engine's name).")] = None,
         tokens: Annotated[int | None, typer.Option(
             help="Tokens counted in a count matrix (default: largest row sum / top-k).")
                           ] = None,
+        prompt_lens: Annotated[Path | None, typer.Option(
+            help="vllm: JSON {request name: prompt tokens}; those rows are prefill, the rest "
+                 "decode (without it every row is decode).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
     ) -> None:
-        """Import another tool's expert-selection statistics as a profile.
+        """Import another engine's routing: per-token rows where it records tokens, counts
+        where it only counts (docs/ecosystem.md shows how each engine writes its file).
 
-        A count matrix is stored as DIR/counts.parquet (frequencies only). SGLang dumps from
-        --expert-distribution-recorder-mode stat|stat_approx|per_pass give counts too;
-        per_token dumps with --model give one trace row per token and MoE layer, so the
-        solver samples real co-selection from them. Counts carry no fingerprint: their use
-        with a model is guarded by shape (MoE layers x experts)."""
-        path = import_statistics(sources, out, model=model, top_k=top_k, tag=tag,
-                                 tokens=tokens)
+        Per-token formats (tokens, vllm, sglang-http, SGLang per_token dumps) need --model or
+        --config and keep sequences, positions and phases, so the solver samples real
+        co-selection. Count formats (counts, imatrix, trtllm, SGLang stat/per_pass dumps) are
+        stored as DIR/counts.parquet (frequencies only), guarded by shape when used."""
+        path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
+                                 top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens)
         profile = load_profile(out, phase=None)
         if json_out:
             print_json({"path": str(path), "name": profile.name, "per_token": profile.per_token,
                         "moe_layers": list(profile.moe_layers),
                         "num_experts": profile.num_experts, "top_k": profile.top_k,
-                        "tokens": profile.tokens})
+                        "tokens": profile.tokens, "sequences": profile.sequences})
             return
         typer.echo(f"{profile.name}: {len(profile.moe_layers)} MoE layers x "
                    f"{profile.num_experts} experts, {profile.tokens} tokens"
-                   f"{', per token' if profile.per_token else ''} -> {path}")
+                   f"{f', {profile.sequences} sequences, per token' if profile.per_token else ''}"
+                   f" -> {path}")
 
 
-def import_statistics(sources: list[Path], out: Path, *, model: Path | None,
-                      top_k: int | None, tag: str | None, tokens: int | None) -> Path:
-    """`placer traces import`: SGLang dumps (.pt) or one count matrix into `out`."""
-    identity = model_identity(read_inventory(model)) if model is not None else None
-    if identity is not None:
-        if top_k not in (None, identity.top_k):
-            raise PlacerError(f"--top-k {top_k} differs from the model's {identity.top_k}")
-        top_k = identity.top_k
-    files = [f for s in sources for f in (sorted(s.glob("*.pt")) if s.is_dir() else [s])]
-    dumps = [f for f in files if f.suffix == ".pt"]
-    if dumps:
-        if len(dumps) != len(files):
-            raise PlacerError("give SGLang .pt dumps or one count matrix, not both")
-        if tokens is not None:
-            raise PlacerError("--tokens is for count matrices; SGLang dumps count their own")
-        return import_sglang(dumps, out, identity=identity, top_k=top_k, tag=tag)
-    if len(files) != 1:
-        raise PlacerError(f"give one count matrix or SGLang .pt dumps ({len(files)} files)")
-    if top_k is None:
-        raise PlacerError("--top-k (or --model) is needed to import a count matrix")
-    if identity is not None:
-        shape = read_count_matrix(files[0]).shape
-        if shape != (len(identity.moe_layers), identity.experts_per_layer):
-            raise PlacerError(f"{files[0]} is {shape[0]} MoE layers x {shape[1]} experts, the "
-                              f"model {len(identity.moe_layers)} x "
-                              f"{identity.experts_per_layer}")
-    return import_counts(files[0], out, top_k=top_k, tag=tag, tokens=tokens)
+def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
+                      model: Path | None = None, config: Path | None = None,
+                      top_k: int | None = None, tag: str | None = None,
+                      tokens: int | None = None, prompt_lens: Path | None = None) -> Path:
+    """`placer traces import`: the model's identity (if given) and the files, to the importer
+    of their format."""
+    if model is not None and config is not None:
+        raise PlacerError("give --model or --config, not both")
+    inventory = (read_inventory(model) if model is not None
+                 else estimate_inventory(config) if config is not None else None)
+    request = ImportRequest(identity=None if inventory is None else model_identity(inventory),
+                            estimated=inventory is not None and inventory.estimated,
+                            top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens)
+    return import_routing(sources, out, request, fmt)
 
 
 def _print_stats(result: dict) -> None:

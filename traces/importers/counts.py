@@ -1,4 +1,4 @@
-"""Importing other tools' routing dumps: count matrices (MoE layers x experts).
+"""Count matrices (MoE layers x experts) from anywhere, and the count-profile writer.
 
 A count matrix `[L, E]` (`.npy`, or `.csv` with an optional header row) holds, in row i, how
 often each expert of the i-th MoE layer was selected. It is stored as `counts.parquet`
@@ -9,7 +9,6 @@ It has no fingerprint: `traces.dataset.check_shape` guards its use with a model.
 from __future__ import annotations
 
 import csv
-import hashlib
 import math
 import os
 from pathlib import Path
@@ -19,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.corpora import check_tag
-from traces.dataset import scan
 from traces.errors import TraceError
+from traces.importers.common import ImportRequest, check_empty, sources_sha256
 from traces.schema import COUNTS_FILE, KIND_COUNTS, counts_schema
 
 
@@ -75,11 +74,32 @@ def import_counts(path: Path, out_dir: Path, *, top_k: int, tag: str | None = No
 
     `top_k`: experts each token selects (frequencies are counts / tokens); `tokens`: tokens
     counted (default: the largest row sum / top_k, rounded up)."""
-    counts = read_count_matrix(path)
+    path = Path(path)
+    return write_counts(read_count_matrix(path), out_dir, top_k=top_k,
+                        tag=tag if tag is not None else path.stem, tokens=tokens,
+                        sources=[path])
+
+
+def write_counts(counts: np.ndarray, out_dir: Path, *, top_k: int, tag: str,
+                 tokens: int | None = None, sources: list[Path],
+                 extra: dict | None = None) -> Path:
+    """Store `counts` [MoE layers, experts] (non-negative int) as `out_dir/counts.parquet`.
+
+    `sources`: the files they came from (named and hashed in the metadata); `extra`: more
+    metadata (e.g. what the counts cover). A matrix without any selection, or a layer row
+    without any, is refused: frequencies would be 0/0 there."""
+    counts = np.asarray(counts, dtype=np.int64)
     num_layers, num_experts = counts.shape
+    names = ", ".join(str(s) for s in sources)
+    if not counts.any():
+        raise TraceError(f"{names}: every count is zero (expected selections to import)")
+    empty = np.flatnonzero(counts.sum(axis=1) == 0).tolist()
+    if empty:
+        raise TraceError(f"{names}: MoE layer row(s) {empty} have no selection (expected "
+                         "counts in every MoE layer)")
     if not 1 <= top_k <= num_experts:
         raise TraceError(f"--top-k must be in [1, {num_experts}], got {top_k}")
-    tag = check_tag(tag if tag is not None else Path(path).stem)
+    tag = check_tag(tag)
     implied = math.ceil(int(counts.sum(axis=1).max()) / top_k)
     if tokens is None:
         tokens = implied
@@ -87,19 +107,52 @@ def import_counts(path: Path, out_dir: Path, *, top_k: int, tag: str | None = No
         raise TraceError(f"--tokens {tokens} is too few: a layer has "
                          f"{int(counts.sum(axis=1).max())} selections of top-k {top_k}")
     out_dir = Path(out_dir)
-    if out_dir.exists() and scan(out_dir).kind != "empty":
-        raise TraceError(f"{out_dir} already holds traces; import into an empty directory")
+    check_empty(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"kind": KIND_COUNTS, "tag": tag, "top_k": top_k, "tokens": tokens,
             "num_moe_layers": num_layers, "num_experts": num_experts,
-            "source": Path(path).name,
-            "source_sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+            "source": ",".join(Path(s).name for s in sources),
+            "source_sha256": sources_sha256(sources), **(extra or {})}
     schema = counts_schema(meta)
     table = pa.Table.from_arrays([pa.array(np.arange(num_layers, dtype=np.int16)),
                                   pa.array(list(counts), type=pa.list_(pa.int64()))],
                                  schema=schema)
     final = out_dir / COUNTS_FILE
     tmp = final.with_name(final.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, final)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
     return final
+
+
+def import_matrix(paths: list[Path], out_dir: Path, request: ImportRequest) -> Path:
+    """`placer traces import --format counts`: one count matrix, checked against the model's
+    (MoE layers x experts) when one is given."""
+    if len(paths) != 1:
+        raise TraceError(f"give one count matrix ({len(paths)} files given)")
+    path = Path(paths[0])
+    top_k = resolve_top_k(request, path)
+    if request.identity is not None:
+        shape = read_count_matrix(path).shape
+        want = (len(request.identity.moe_layers), request.identity.experts_per_layer)
+        if shape != want:
+            raise TraceError(f"{path}: {shape[0]} MoE layers x {shape[1]} experts, expected "
+                             f"the model's {want[0]} x {want[1]}")
+    return import_counts(path, out_dir, top_k=top_k, tag=request.tag, tokens=request.tokens)
+
+
+def resolve_top_k(request: ImportRequest, path: Path, found: int | None = None) -> int:
+    """The top-k of a count import: the model's, else --top-k, else `found` in the file;
+    values that disagree are refused."""
+    given = [(name, value) for name, value in (
+        ("the model's", request.identity.top_k if request.identity else None),
+        ("--top-k", request.top_k), (f"{path}'s", found)) if value is not None]
+    if not given:
+        raise TraceError(f"{path}: --top-k (or --model or --config) is needed to import counts")
+    for name, value in given[1:]:
+        if value != given[0][1]:
+            raise TraceError(f"top-k {value} ({name}) differs from {given[0][0]} "
+                             f"{given[0][1]}")
+    return given[0][1]

@@ -37,21 +37,17 @@ recorded. Without DP attention every rank records the same tokens: import one ra
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from traces.collect import ModelIdentity
-from traces.corpora import check_tag
-from traces.dataset import scan
 from traces.errors import TraceError
-from traces.importers import import_counts
-from traces.schema import KIND_TOKENS, PHASES, SEQ_ID_SHIFT
-from traces.writer import TraceWriter
+from traces.importers.common import ImportRequest, TokenRows, check_empty, write_rows
+from traces.importers.counts import resolve_top_k, write_counts
+from traces.schema import PHASES
 
 STAT, PER_PASS, PER_TOKEN = "stat", "per_pass", "per_token"
 DECODE_MODE, MIXED_MODE = 2, 3  # sglang ForwardMode.DECODE / .MIXED (IntEnum, auto() from 1)
@@ -205,9 +201,20 @@ def moe_rows(dump: SGLangDump, moe_layers: Sequence[int] | None = None) -> list[
     return layers
 
 
+def import_dumps(paths: list[Path], out_dir: Path, request: ImportRequest) -> Path:
+    """`placer traces import --format sglang`: recorder dumps (one per rank)."""
+    if request.tokens is not None:
+        raise TraceError("--tokens is for count matrices; SGLang dumps count their own")
+    top_k = request.top_k
+    if request.identity is not None:
+        top_k = resolve_top_k(request, Path(paths[0]))
+    return import_sglang(paths, out_dir, identity=request.identity, top_k=top_k,
+                         tag=request.tag, estimated=request.estimated)
+
+
 def import_sglang(paths: Sequence[Path], out_dir: Path, *, identity: ModelIdentity | None = None,
                   top_k: int | None = None, moe_layers: Sequence[int] | None = None,
-                  tag: str | None = None) -> Path:
+                  tag: str | None = None, estimated: bool = False) -> Path:
     """Store SGLang dumps (one per rank; same mode and shape) in the empty `out_dir`.
 
     With per-token dumps and the model's `identity`, writes real trace rows (`tokens` kind,
@@ -222,10 +229,7 @@ def import_sglang(paths: Sequence[Path], out_dir: Path, *, identity: ModelIdenti
         if (d.mode, d.counts.shape) != (first.mode, first.counts.shape):
             raise TraceError(f"{d.path} ({d.mode}, {d.counts.shape}) does not match "
                              f"{first.path} ({first.mode}, {first.counts.shape})")
-    tag = check_tag(tag or DEFAULT_TAG)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and scan(out_dir).kind != "empty":
-        raise TraceError(f"{out_dir} already holds traces; import into an empty directory")
+    check_empty(out_dir)
     total = SGLangDump(first.path, first.mode, sum(d.counts for d in dumps), None)
     if identity is not None:
         if moe_layers is not None and sorted(moe_layers) != sorted(identity.moe_layers):
@@ -237,54 +241,28 @@ def import_sglang(paths: Sequence[Path], out_dir: Path, *, identity: ModelIdenti
                              f"{identity.experts_per_layer}")
         moe_layers, top_k = identity.moe_layers, identity.top_k
     if top_k is None:
-        raise TraceError("top_k is needed to import SGLang counts without the model")
+        raise TraceError("--top-k (or --model or --config) is needed to import SGLang counts "
+                         "without the model")
     layers = moe_rows(total, moe_layers)
     if identity is not None and first.mode == PER_TOKEN:
-        return _write_tokens(dumps, out_dir, identity, tag)
+        request = ImportRequest(identity=identity, estimated=estimated, tag=tag)
+        return write_rows((_token_rows(d, identity) for d in dumps), out_dir, list(paths),
+                          request, mode="sglang-per_token", default_tag=DEFAULT_TAG,
+                          weights=False)
     tokens = (sum(int((d.tokens.experts[:, layers] >= 0).any(axis=(1, 2)).sum()) for d in dumps)
               if first.mode == PER_TOKEN else None)
-    # traces.importers has no in-memory count writer yet, only import_counts(path): go through
-    # a temporary .npy named after the first dump.
-    with tempfile.TemporaryDirectory() as tmp:
-        npy = Path(tmp) / f"{first.path.stem}.npy"
-        np.save(npy, total.counts[layers])
-        return import_counts(npy, out_dir, top_k=top_k, tag=tag, tokens=tokens)
+    return write_counts(total.counts[layers], out_dir, top_k=top_k, tag=tag or DEFAULT_TAG,
+                        tokens=tokens, sources=list(paths), extra={"format": "sglang"})
 
 
-def _write_tokens(dumps: list[SGLangDump], out_dir: Path, identity: ModelIdentity,
-                  tag: str) -> Path:
-    """One trace file of (token, MoE layer) rows; tokens without any selection (padding) are
-    skipped, a token selecting fewer than k experts in a MoE layer is a TraceError."""
-    digest = hashlib.sha256()
-    for d in dumps:
-        digest.update(d.path.read_bytes())
-    sha = digest.hexdigest()
-    run_id = int(sha[:8], 16) & 0x7FFFFFFF
-    base = run_id << SEQ_ID_SHIFT
-    layers = np.asarray(identity.moe_layers)
-    k = identity.top_k
-    meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": tag,
-            "corpus": ",".join(d.path.name for d in dumps), "corpus_sha256": sha,
-            "mode": "sglang-per_token", "run_id": run_id, "seq_id_base": base,
-            "weights": False}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{tag}-{run_id:08x}.parquet"
-    offset = 0
-    with TraceWriter(path, tag=tag, top_k=k, meta=meta) as writer:
-        for d in dumps:
-            t = d.tokens
-            experts = t.experts[:, layers, :]
-            real = (experts >= 0).any(axis=(1, 2))
-            if (experts[real, :, :k] < 0).any() or (experts[real, :, k:] >= 0).any():
-                raise TraceError(f"{d.path}: a token does not select exactly {k} experts in "
-                                 "every MoE layer")
-            n, num_layers = int(real.sum()), len(layers)
-            writer.write(seq_id=np.repeat(base + offset + t.seq[real], num_layers),
-                         pos=np.repeat(t.pos[real], num_layers),
-                         token=np.repeat(t.token[real], num_layers),
-                         phase=np.repeat(t.phase[real], num_layers),
-                         layer=np.tile(layers, n),
-                         experts=experts[real, :, :k].reshape(n * num_layers, k),
-                         weights=None)
-            offset += int(t.seq.max(initial=-1)) + 1
-        return writer.close()
+def _token_rows(dump: SGLangDump, identity: ModelIdentity) -> TokenRows:
+    """The per-token rows of one dump; tokens without any selection (padding) are skipped,
+    a token selecting fewer than k experts in a MoE layer is a TraceError."""
+    t, k = dump.tokens, identity.top_k
+    experts = t.experts[:, list(identity.moe_layers), :]
+    real = (experts >= 0).any(axis=(1, 2))
+    if (experts[real, :, :k] < 0).any() or (experts[real, :, k:] >= 0).any():
+        raise TraceError(f"{dump.path}: a token does not select exactly {k} experts in "
+                         "every MoE layer")
+    return TokenRows(source=dump.path, seq=t.seq[real], pos=t.pos[real], token=t.token[real],
+                     phase=t.phase[real], experts=experts[real, :, :k], weights=None)

@@ -1,0 +1,121 @@
+"""Routing from other engines: one module per format, the registry and auto-detection.
+
+| format        | module    | what it reads                                  | stored as          |
+|---------------|-----------|------------------------------------------------|--------------------|
+| `counts`      | counts    | a MoE layers x experts matrix (.npy, .csv)     | counts             |
+| `sglang`      | sglang    | SGLang expert-distribution recorder dumps (.pt) | rows or counts    |
+| `sglang-http` | sglang    | SGLang /generate responses with routed experts | per-token rows     |
+| `vllm`        | vllm      | vLLM `CompletionOutput.routed_experts` arrays  | per-token rows     |
+| `imatrix`     | llamacpp  | llama.cpp `llama-imatrix` GGUF output          | counts             |
+| `trtllm`      | trtllm    | TensorRT-LLM expert statistics directory       | counts             |
+| `tokens`      | tokens    | the plain form: expert_ids [tokens, layers, k] | per-token rows     |
+
+Per-token sources keep their sequences, positions and phases and carry the model's identity
+(so they need `--model` or `--config`); count sources keep only counts (`counts.parquet`).
+`import_routing` dispatches; `detect_format` picks the format of unambiguous sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from traces.errors import TraceError
+from traces.importers import counts, sglang, tokens
+from traces.importers.common import ImportRequest
+
+Importer = Callable[[list[Path], Path, ImportRequest], Path]
+
+FORMATS: dict[str, Importer] = {
+    "counts": counts.import_matrix,
+    "sglang": sglang.import_dumps,
+    "tokens": tokens.import_tokens,
+}
+
+# The files a directory source stands for, per format (trtllm reads the directory itself).
+_DIR_GLOBS = {"sglang": ("*.pt",), "sglang-http": ("*.jsonl",), "vllm": ("*.npy", "*.npz"),
+              "tokens": ("*.npz",), "imatrix": ("*.gguf",), "counts": ("*.npy", "*.csv")}
+
+
+def detect_format(source: Path) -> str:
+    """The format of one source (file or directory), or a TraceError asking for --format."""
+    source = Path(source)
+    if not source.exists():
+        raise TraceError(f"file not found: {source}")
+    if source.is_dir():
+        if (source / "meta_info.json").is_file() and any(source.glob("rank*.safetensors")):
+            return "trtllm"
+        if any(source.glob("*.pt")):
+            return "sglang"
+        raise TraceError(f"{source}: cannot tell the format of this directory (it is not a "
+                         "TensorRT-LLM statistics directory, meta_info.json + "
+                         "rank*.safetensors, nor holds SGLang .pt dumps); give --format")
+    suffix = source.suffix.lower()
+    by_suffix = {".gguf": "imatrix", ".pt": "sglang", ".jsonl": "sglang-http", ".csv": "counts"}
+    if suffix in by_suffix:
+        return by_suffix[suffix]
+    if suffix == ".npz":
+        return "tokens" if "expert_ids" in _npz_keys(source) else _ask(
+            source, "an .npz without expert_ids (vLLM routed experts by request?)")
+    if suffix == ".npy":
+        if _npy_ndim(source) != 3:  # the count reader names what else is wrong with it
+            return "counts"
+        return _ask(source, "a 3-D .npy (tokens and vllm both write them)")
+    raise TraceError(f"{source}: unknown count or routing format {suffix!r}; give --format "
+                     f"({', '.join(FORMATS)})")
+
+
+def _ask(source: Path, why: str) -> str:
+    raise TraceError(f"{source}: cannot tell the format from {why}; give --format "
+                     f"({', '.join(FORMATS)})")
+
+
+def _npz_keys(path: Path) -> list[str]:
+    try:
+        with np.load(path, allow_pickle=False) as loaded:
+            return list(loaded.files)
+    except (ValueError, OSError) as exc:
+        raise TraceError(f"{path}: not a readable .npz file ({exc})") from None
+
+
+def _npy_ndim(path: Path) -> int:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False).ndim
+    except (ValueError, OSError) as exc:
+        raise TraceError(f"{path}: not a readable .npy file ({exc})") from None
+
+
+def expand(sources: list[Path], fmt: str) -> list[Path]:
+    """The files (or, for trtllm, directories) that `sources` stand for in format `fmt`."""
+    out: list[Path] = []
+    for source in map(Path, sources):
+        if not source.exists():
+            raise TraceError(f"no such file or directory: {source}")
+        if source.is_dir() and fmt != "trtllm":
+            found = sorted({f for g in _DIR_GLOBS[fmt] for f in source.glob(g) if f.is_file()})
+            if not found:
+                raise TraceError(f"{source}: no {' or '.join(_DIR_GLOBS[fmt])} files for "
+                                 f"format {fmt}")
+            out.extend(found)
+        else:
+            out.append(source)
+    return out
+
+
+def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
+                   fmt: str | None = None) -> Path:
+    """Import `sources` in format `fmt` (None: detected; every source must agree) into the
+    empty `out_dir`; returns the written file."""
+    if not sources:
+        raise TraceError("no source given")
+    if fmt is None:
+        found = {detect_format(s) for s in sources}
+        if len(found) > 1:
+            raise TraceError(f"the sources look like different formats ({', '.join(sorted(found))})"
+                             "; import them separately or give --format")
+        fmt = found.pop()
+    if fmt not in FORMATS:
+        raise TraceError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return FORMATS[fmt](expand(sources, fmt), Path(out_dir), request)

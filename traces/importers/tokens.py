@@ -1,0 +1,101 @@
+"""The plain per-token form anyone can write from an engine hook: `.npz` or `.npy`.
+
+- `.npz` (`np.savez`): `expert_ids` [tokens, moe_layers, k] (any integer dtype: the logical
+  expert ids each token selected at each MoE layer of the model, in the model's MoE-layer
+  order), optional `seq_lens` [sequences] (integers summing to `tokens`: the tokens are in
+  sequence order, sequence s is the next `seq_lens[s]` of them; without it all tokens are one
+  sequence) and optional `weights` [tokens, moe_layers, k] (float gate weights;
+  `expert_weights` is read the same, as ../shared/data/routing/esft-deepseek-v2-lite has it).
+- `.npy`: the `expert_ids` array alone (one sequence).
+
+Every token becomes one trace row per MoE layer with phase `decode` (a teacher-forced pass
+routes as decoding would) and position = its index in its sequence; token ids are not in the
+form (`token` = -1). It needs the model (`--model` or `--config`): its MoE layers name the
+decoder layers of the `moe_layers` axis, and its experts and k are checked.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from traces.errors import TraceError
+from traces.importers.common import (
+    UNKNOWN_TOKEN,
+    ImportRequest,
+    TokenRows,
+    need_identity,
+    write_rows,
+)
+from traces.schema import PHASES
+
+FORMAT = "tokens"
+WEIGHT_KEYS = ("weights", "expert_weights")
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of one `.npz` / `.npy` file ({"expert_ids": ...} for a `.npy`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"no such file: {path}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise TraceError(f"{path}: not a readable .npy/.npz file ({exc})") from None
+    if isinstance(loaded, np.ndarray):
+        return {"expert_ids": loaded}
+    with loaded:
+        try:
+            return {key: loaded[key] for key in loaded.files}
+        except ValueError as exc:
+            raise TraceError(f"{path}: an array cannot be read without pickle ({exc})") from None
+
+
+def read_tokens(path: Path, request: ImportRequest) -> TokenRows:
+    """One file of the plain form as trace rows (format: module docstring)."""
+    identity = need_identity(request, "the tokens format")
+    arrays = load_arrays(path)
+    if "expert_ids" not in arrays:
+        raise TraceError(f"{path}: no expert_ids array (found {sorted(arrays)}); expected "
+                         "expert_ids [tokens, moe_layers, k]")
+    experts = arrays["expert_ids"]
+    if experts.ndim != 3:
+        raise TraceError(f"{path}: expert_ids has shape {experts.shape}, expected [tokens, "
+                         f"{len(identity.moe_layers)} MoE layers, top-k {identity.top_k}]")
+    n = experts.shape[0]
+    seq_lens = arrays.get("seq_lens", np.array([n]))
+    if (seq_lens.ndim != 1 or not np.issubdtype(seq_lens.dtype, np.integer)
+            or (seq_lens < 0).any() or int(seq_lens.sum()) != n):
+        raise TraceError(f"{path}: seq_lens must be non-negative integers [sequences] summing "
+                         f"to the {n} tokens of expert_ids (got shape {seq_lens.shape}, sum "
+                         f"{int(seq_lens.sum()) if seq_lens.size else 0})")
+    weights = next((arrays[k] for k in WEIGHT_KEYS if k in arrays), None)
+    if weights is not None and (weights.shape != experts.shape
+                                or not np.issubdtype(weights.dtype, np.floating)):
+        raise TraceError(f"{path}: weights have shape {weights.shape} ({weights.dtype}), "
+                         f"expected floats of the shape of expert_ids {experts.shape}")
+    lens = seq_lens.astype(np.int64)
+    starts = np.repeat(np.cumsum(lens) - lens, lens)
+    return TokenRows(source=Path(path), seq=np.repeat(np.arange(len(lens)), lens),
+                     pos=(np.arange(n) - starts).astype(np.int32),
+                     token=np.full(n, UNKNOWN_TOKEN, dtype=np.int32),
+                     phase=np.full(n, PHASES.index("decode"), dtype=np.int8),
+                     experts=experts,
+                     weights=None if weights is None else weights.astype(np.float32))
+
+
+def import_tokens(paths: list[Path], out_dir: Path, request: ImportRequest) -> Path:
+    """Store plain per-token files as one trace file in the empty `out_dir`."""
+    need_identity(request, "the tokens format")
+    first = read_tokens(paths[0], request)
+
+    def parts() -> Iterator[TokenRows]:
+        yield first
+        for path in paths[1:]:
+            yield read_tokens(path, request)
+
+    return write_rows(parts(), out_dir, paths, request, mode=FORMAT,
+                      default_tag=Path(paths[0]).stem, weights=first.weights is not None)
