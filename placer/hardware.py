@@ -1,4 +1,5 @@
-"""The serving box: cards, their host links, and the decode step time, from a TOML spec.
+"""The serving box: cards, their host links, the host CPU, and the decode step time, from a
+TOML spec.
 
 A spec file looks like (sizes take units, rates take "/s"):
 
@@ -21,24 +22,47 @@ A spec file looks like (sizes take units, rates take "/s"):
     cards = [0, 1, 2, 3]
     bandwidth = "150GB/s"
 
-    [decode]
+    [decode]                       # required
     base_step_ms = { 1 = 9.0, 8 = 28.0 }   # step time with every expert resident, by batch
 
-Cards in no link have no shared bound. Base step time is interpolated linearly in the batch.
+    [host]                         # optional: the CPU that computes cold experts in place
+    memory_bandwidth = "300GB/s"   # streaming bandwidth from host RAM
+    flops = "2TFLOPS"              # effective FLOP/s on the expert matmuls
+    sync_us = 30.0                 # per-layer hand-off to the CPU and back
+    sockets = 2                    # default 1
+
+Cards in no link have no shared bound. Base step time is interpolated linearly in the batch
+(held at the smallest batch's time below it). Every number must be finite; sizes and rates
+are bounded (2**60) so a typo cannot reach the solvers as an absurd figure.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from placer.errors import PlacerError
 from placer.units import parse_bytes, parse_rate
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "latency_us")
+SPEC_FIELDS = ("name", "description", "host_ram", "cards", "card", "link", "decode", "host")
+LINK_FIELDS = ("name", "cards", "bandwidth")
+HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets")
+MAX_BYTES = 2**60          # sizes and bytes/s beyond this are typos, not hardware
+MAX_FLOPS = 1e18
+MAX_CARDS = 1024
+MAX_BATCH = 1 << 20
+MAX_MS = 1e6               # a decode step, latency or sync longer than this is a typo
+MAX_SOCKETS = 64
+_FLOPS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([KMGTP]?)FLOP(?:S|/s)\s*$",
+                    re.IGNORECASE)
+_FLOPS_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
 @dataclass(frozen=True)
@@ -66,25 +90,39 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Host:
+    """The host CPU, for cold experts computed where they lie (llama.cpp -ot, KTransformers)."""
+
+    memory_bandwidth: float  # bytes/s streamed from host RAM
+    flops: float             # effective FLOP/s on the expert matmuls
+    sync_s: float            # per-layer hand-off to the CPU and back
+    sockets: int = 1
+
+
+@dataclass(frozen=True)
 class HardwareSpec:
     name: str
     description: str
     host_ram: int
     cards: tuple[Card, ...]
     links: tuple[Link, ...]
-    base_step_ms: tuple[tuple[int, float], ...]  # (batch, ms) sorted by batch
+    base_step_ms: tuple[tuple[int, float], ...]  # (batch, ms) sorted by batch, ms > 0
+    host: Host | None = None
 
     def base_step_s(self, batch: int) -> float:
-        """Decode step time at `batch` with every expert resident (linear interpolation)."""
+        """Decode step time at `batch` with every expert resident: linear interpolation,
+        extrapolated from the last segment above the largest batch, held at the first
+        point's time below the smallest."""
         points = self.base_step_ms
-        if len(points) == 1:
+        if len(points) == 1 or batch <= points[0][0]:
             return points[0][1] / 1e3
-        lo, hi = (points[0], points[1]) if batch <= points[0][0] else (points[-2], points[-1])
+        lo, hi = points[-2], points[-1]
         for a, b in zip(points, points[1:], strict=False):
             if a[0] <= batch <= b[0]:
                 lo, hi = a, b
+                break
         slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
-        return max(0.0, lo[1] + slope * (batch - lo[0])) / 1e3
+        return (lo[1] + slope * (batch - lo[0])) / 1e3
 
     def groups(self) -> list[tuple[int, ...]]:
         """Host-link groups in link order; cards in no link form one last group."""
@@ -98,14 +136,29 @@ class HardwareSpec:
         return d
 
 
-def spec_from_json(d: dict) -> HardwareSpec:
-    """Inverse of `HardwareSpec.to_json` (as stored in a plan or manifest)."""
-    return HardwareSpec(
-        name=d["name"], description=d["description"], host_ram=int(d["host_ram"]),
-        cards=tuple(Card(**c) for c in d["cards"]),
-        links=tuple(Link(lk["name"], tuple(lk["cards"]), float(lk["bandwidth"]))
-                    for lk in d["links"]),
-        base_step_ms=tuple(sorted((int(b), float(ms)) for b, ms in d["base_step_ms"].items())))
+def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
+    """Inverse of `HardwareSpec.to_json` (as stored in a plan or manifest), validated by the
+    same checks as a TOML spec; errors name `source`'s field ("plan.json: hardware...")."""
+    where = f"{source}: hardware"
+    if not isinstance(d, dict):
+        raise PlacerError(f"{where}: expected a table, got {_kind(d)}")
+    expected = {"name", "description", "host_ram", "cards", "links", "base_step_ms", "host"}
+    unknown = set(d) - expected
+    if unknown:
+        raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    missing = expected - {"host"} - set(d)
+    if missing:
+        raise PlacerError(f"{where}.{sorted(missing)[0]}: missing")
+    cards = _table_list(d["cards"], f"{where}.cards")
+    for i, c in enumerate(cards):
+        if c.get("index") != i:
+            raise PlacerError(f"{where}.cards[{i}].index: expected {i}, got {c.get('index')!r}")
+    data = {"name": d["name"], "description": d["description"], "host_ram": d["host_ram"],
+            "cards": [{k: v for k, v in c.items() if k != "index"} for c in cards],
+            "link": d["links"], "decode": {"base_step_ms": d["base_step_ms"]}}
+    if d.get("host") is not None:
+        data["host"] = d["host"]
+    return parse_spec(data, source, seconds=True, field="hardware.")
 
 
 def preset_names() -> list[str]:
@@ -121,92 +174,242 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise PlacerError(f"hardware spec not found: {path}")
-        text = path.read_text()
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise PlacerError(f"hardware spec {path}: cannot read ({exc.strerror})") from None
     else:
         if str(name_or_path) not in preset_names():
             raise PlacerError(f"unknown hardware preset {str(name_or_path)!r}; presets: "
                               f"{', '.join(preset_names())} (or give a .toml path)")
-        text = resources.files("placer.presets").joinpath(f"{name_or_path}.toml").read_text()
+        raw = resources.files("placer.presets").joinpath(f"{name_or_path}.toml").read_bytes()
     try:
-        data = tomllib.loads(text)
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PlacerError(f"hardware spec {name_or_path}: not UTF-8 text (byte {exc.start})"
+                          ) from None
     except tomllib.TOMLDecodeError as exc:
         raise PlacerError(f"hardware spec {name_or_path}: invalid TOML ({exc})") from None
     return parse_spec(data, str(name_or_path))
 
 
-def parse_spec(data: dict, source: str = "spec") -> HardwareSpec:
-    """Validate a spec's TOML data; errors name the offending field."""
+def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field: str = ""
+               ) -> HardwareSpec:
+    """Validate a spec's TOML data; errors name the offending field ("SOURCE: FIELD..."). With
+    `seconds`, the card and host tables give latency_s and sync_s (the JSON form) instead of
+    latency_us and sync_us; `field` prefixes every field name ("hardware.")."""
+    at = f"{source}: {field}"
+    top = f"{source}: {field.rstrip('.')}" if field else source
+    if not isinstance(data, dict):
+        raise PlacerError(f"{top}: expected a table, got {_kind(data)}")
+    unknown = set(data) - set(SPEC_FIELDS)
+    if unknown:
+        raise PlacerError(f"{top}: unknown field {sorted(unknown)[0]!r}")
     defaults = data.get("card", {})
+    if not isinstance(defaults, dict):
+        raise PlacerError(f"{at}card: expected a table, got {_kind(defaults)}")
     cards_field = data.get("cards")
-    if isinstance(cards_field, int):
+    if _is_int(cards_field):
+        if not 0 <= cards_field <= MAX_CARDS:
+            raise PlacerError(f"{at}cards: expected 1..{MAX_CARDS} cards, got {cards_field}")
         tables = [{} for _ in range(cards_field)]
     elif isinstance(cards_field, list):
-        tables = cards_field
+        tables = _table_list(cards_field, f"{at}cards")
+        if len(tables) > MAX_CARDS:
+            raise PlacerError(f"{at}cards: more than {MAX_CARDS} cards")
     else:
-        raise PlacerError(f"{source}: 'cards' must be a count or a list of card tables")
+        raise PlacerError(f"{at}cards: expected a count or a list of card tables, got "
+                          f"{_kind(cards_field)}")
     if not tables:
-        raise PlacerError(f"{source}: 'cards' must name at least one card")
-    cards = tuple(_card(i, {**defaults, **t}, source) for i, t in enumerate(tables))
-    links = tuple(_link(i, lk, len(cards), source) for i, lk in enumerate(data.get("link", [])))
+        raise PlacerError(f"{at}cards: must name at least one card")
+    cards = tuple(_card(i, {**defaults, **t}, at, seconds) for i, t in enumerate(tables))
+    links = tuple(_link(i, lk, len(cards), at)
+                  for i, lk in enumerate(_table_list(data.get("link", []), f"{at}link")))
     seen: dict[int, str] = {}
     for link in links:
         for c in link.cards:
             if c in seen:
-                raise PlacerError(f"{source}: link {link.name!r}: card {c} is already in link "
+                raise PlacerError(f"{at}link {link.name!r}: card {c} is already in link "
                                   f"{seen[c]!r}")
             seen[c] = link.name
-    steps = data.get("decode", {}).get("base_step_ms", {"1": 0.0})
-    try:
-        base = tuple(sorted((int(b), float(ms)) for b, ms in steps.items()))
-    except (AttributeError, ValueError):
-        raise PlacerError(f"{source}: decode.base_step_ms must map batch sizes to ms") from None
-    if any(b < 1 or ms < 0 for b, ms in base):
-        raise PlacerError(f"{source}: decode.base_step_ms needs batch >= 1 and ms >= 0")
+    host_ram = _size(data.get("host_ram", 0), f"{at}host_ram")
+    host = _host(data["host"], f"{at}host", seconds) if "host" in data else None
     return HardwareSpec(
-        name=str(data.get("name", source)), description=str(data.get("description", "")),
-        host_ram=parse_bytes(data.get("host_ram", 0), "host_ram"), cards=cards, links=links,
-        base_step_ms=base)
+        name=_text(data.get("name", source), f"{at}name"),
+        description=_text(data.get("description", ""), f"{at}description"),
+        host_ram=host_ram, cards=cards, links=links,
+        base_step_ms=_base_steps(data.get("decode"), f"{at}decode"), host=host)
 
 
-def _card(index: int, t: dict, source: str) -> Card:
-    where = f"{source}: cards[{index}]"
-    unknown = set(t) - set(CARD_FIELDS)
+def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
+    where = f"{at}cards[{index}]"
+    latency_key = "latency_s" if seconds else "latency_us"
+    unknown = set(t) - {*CARD_FIELDS[:-1], latency_key}
     if unknown:
         raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
     for key in ("vram", "h2d_bandwidth"):
         if key not in t:
             raise PlacerError(f"{where}.{key}: missing")
-    sizes = {k: parse_bytes(t.get(k, 0), f"{where}.{k}")
+    sizes = {k: _size(t.get(k, 0), f"{where}.{k}")
              for k in ("vram", "reserved_dense", "reserved_kv", "reserved_activations")}
-    for k, v in sizes.items():
-        if v < 0:
-            raise PlacerError(f"{where}.{k}: must not be negative")
     reserved = sizes["reserved_dense"] + sizes["reserved_kv"] + sizes["reserved_activations"]
     if reserved > sizes["vram"]:
         raise PlacerError(f"{where}.reserved_*: reserved bytes ({reserved}) exceed vram "
                           f"({sizes['vram']})")
-    bandwidth = parse_rate(t["h2d_bandwidth"], f"{where}.h2d_bandwidth")
-    if bandwidth <= 0:
-        raise PlacerError(f"{where}.h2d_bandwidth: must be positive")
-    latency_us = float(t.get("latency_us", 0.0))
-    if latency_us < 0:
-        raise PlacerError(f"{where}.latency_us: must not be negative")
-    return Card(index, str(t.get("model", "GPU")), sizes["vram"], sizes["reserved_dense"],
-                sizes["reserved_kv"], sizes["reserved_activations"], bandwidth, latency_us / 1e6)
+    bandwidth = _rate(t["h2d_bandwidth"], f"{where}.h2d_bandwidth")
+    scale = 1e6 if seconds else 1.0
+    latency = _number(t.get(latency_key, 0.0), f"{where}.{latency_key}", 0.0, MAX_MS / scale)
+    return Card(index, _text(t.get("model", "GPU"), f"{where}.model"), sizes["vram"],
+                sizes["reserved_dense"], sizes["reserved_kv"], sizes["reserved_activations"],
+                bandwidth, latency if seconds else latency / 1e6)
 
 
-def _link(index: int, t: dict, num_cards: int, source: str) -> Link:
-    name = str(t.get("name", f"link{index}"))
-    where = f"{source}: link {name!r}"
+def _link(index: int, t: dict, num_cards: int, at: str) -> Link:
+    name = _text(t.get("name", f"link{index}"), f"{at}link[{index}].name")
+    where = f"{at}link {name!r}"
+    unknown = set(t) - set(LINK_FIELDS)
+    if unknown:
+        raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
     cards = t.get("cards")
     if not isinstance(cards, list) or not cards:
         raise PlacerError(f"{where}.cards: must list card indices")
     for c in cards:
-        if not isinstance(c, int) or not 0 <= c < num_cards:
+        if not _is_int(c) or not 0 <= c < num_cards:
             raise PlacerError(f"{where}.cards: unknown card {c!r} (cards are 0..{num_cards - 1})")
+    if len(set(cards)) != len(cards):
+        raise PlacerError(f"{where}.cards: a card is listed twice in {cards}")
     if "bandwidth" not in t:
         raise PlacerError(f"{where}.bandwidth: missing")
-    bandwidth = parse_rate(t["bandwidth"], f"{where}.bandwidth")
-    if bandwidth <= 0:
-        raise PlacerError(f"{where}.bandwidth: must be positive")
-    return Link(name, tuple(cards), bandwidth)
+    return Link(name, tuple(cards), _rate(t["bandwidth"], f"{where}.bandwidth"))
+
+
+def _base_steps(decode: Any, where: str) -> tuple[tuple[int, float], ...]:
+    """(batch, ms) sorted by batch from `[decode] base_step_ms` (required: no default)."""
+    need = f"{where}.base_step_ms: required, a table of batch size to ms (e.g. {{ 1 = 9.0 }})"
+    if decode is None:
+        raise PlacerError(f"{where}: missing; {need}")
+    if not isinstance(decode, dict):
+        raise PlacerError(f"{where}: expected a table, got {_kind(decode)}")
+    unknown = set(decode) - {"base_step_ms"}
+    if unknown:
+        raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    steps = decode.get("base_step_ms")
+    if not isinstance(steps, dict) or not steps:
+        raise PlacerError(need)
+    points: dict[int, float] = {}
+    for key, ms in steps.items():
+        text = str(key).strip()
+        if not text.isdigit() or not 1 <= int(text) <= MAX_BATCH:
+            raise PlacerError(f"{where}.base_step_ms: batch {key!r} is not an integer in "
+                              f"1..{MAX_BATCH}")
+        batch = int(text)
+        if batch in points:
+            raise PlacerError(f"{where}.base_step_ms: batch {batch} is given twice ({key!r})")
+        points[batch] = _number(ms, f"{where}.base_step_ms[{key}]", 0.0, MAX_MS, positive=True)
+    base = tuple(sorted(points.items()))
+    for (b0, ms0), (b1, ms1) in zip(base, base[1:], strict=False):
+        if ms1 < ms0:
+            raise PlacerError(f"{where}.base_step_ms: step time falls from {ms0} ms at batch "
+                              f"{b0} to {ms1} ms at batch {b1} (it must not decrease)")
+    return base
+
+
+def _host(t: Any, where: str, seconds: bool) -> Host:
+    if not isinstance(t, dict):
+        raise PlacerError(f"{where}: expected a table, got {_kind(t)}")
+    sync_key = "sync_s" if seconds else "sync_us"
+    allowed = {"memory_bandwidth", "flops", "sockets", sync_key}
+    unknown = set(t) - allowed
+    if unknown:
+        raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    for key in sorted(allowed - {"sockets"}):
+        if key not in t:
+            raise PlacerError(f"{where}.{key}: missing")
+    sockets = t.get("sockets", 1)
+    if not _is_int(sockets) or not 1 <= sockets <= MAX_SOCKETS:
+        raise PlacerError(f"{where}.sockets: expected an integer in 1..{MAX_SOCKETS}, "
+                          f"got {sockets!r}")
+    scale = 1e6 if seconds else 1.0
+    sync = _number(t[sync_key], f"{where}.{sync_key}", 0.0, MAX_MS / scale)
+    return Host(memory_bandwidth=_rate(t["memory_bandwidth"], f"{where}.memory_bandwidth"),
+                flops=_flops(t["flops"], f"{where}.flops"),
+                sync_s=sync if seconds else sync / 1e6, sockets=sockets)
+
+
+def _flops(value: Any, what: str) -> float:
+    """FLOP/s in `value`: a number, or "<n>[KMGTP]FLOPS" ("1.5TFLOPS")."""
+    if isinstance(value, str):
+        m = _FLOPS.match(value)
+        if not m:
+            raise PlacerError(f"{what}: cannot read {value!r} as FLOP/s (e.g. 1.5TFLOPS)")
+        value = float(m[1]) * _FLOPS_SCALE[m[2].upper()]
+    return _number(value, what, 0.0, MAX_FLOPS, positive=True)
+
+
+def _size(value: Any, what: str) -> int:
+    """Bytes (>= 0, <= 2**60) from a number or a size string."""
+    _finite_or_text(value, what, "a size (e.g. 20GiB)")
+    try:
+        n = parse_bytes(value, what)
+    except OverflowError:  # "1e400GB"
+        raise PlacerError(f"{what}: expected a size in 0..2**60 bytes, got {value!r}") from None
+    if not 0 <= n <= MAX_BYTES:
+        raise PlacerError(f"{what}: expected a size in 0..2**60 bytes, got {value!r}")
+    return n
+
+
+def _rate(value: Any, what: str) -> float:
+    """Bytes/s (> 0, <= 2**60) from a number or a rate string."""
+    _finite_or_text(value, what, "a rate (e.g. 52GB/s)")
+    try:
+        rate = parse_rate(value, what)
+    except OverflowError:
+        raise PlacerError(f"{what}: expected a positive rate up to 2**60 B/s, got {value!r}"
+                          ) from None
+    if not 0 < rate <= MAX_BYTES:
+        raise PlacerError(f"{what}: expected a positive rate up to 2**60 B/s, got {value!r}")
+    return rate
+
+
+def _number(value: Any, what: str, lo: float, hi: float, *, positive: bool = False) -> float:
+    """A finite plain number in [lo, hi] (> lo with `positive`); strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PlacerError(f"{what}: expected a number, got {value!r}")
+    x = float(value)
+    if not math.isfinite(x) or x < lo or x > hi or (positive and x <= lo):
+        bound = f"{'>' if positive else '>='} {lo:g} and <= {hi:g}"
+        raise PlacerError(f"{what}: expected a finite number {bound}, got {value!r}")
+    return x
+
+
+def _finite_or_text(value: Any, what: str, expected: str) -> None:
+    """Refuse what the unit parsers would turn into a traceback: bools, NaN, inf, tables."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise PlacerError(f"{what}: expected {expected}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlacerError(f"{what}: expected {expected}, got {value!r}")
+    if isinstance(value, int) and abs(value) > MAX_BYTES:
+        raise PlacerError(f"{what}: expected {expected} up to 2**60, got {value!r}")
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise PlacerError(f"{what}: expected a string, got {value!r}")
+    return value
+
+
+def _table_list(value: Any, what: str) -> list[dict]:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise PlacerError(f"{what}: expected a list of tables, got {_kind(value)}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    """A short description of what was found where a table was expected."""
+    if isinstance(value, list):
+        return f"a list ({str(value)[:40]})"
+    return repr(value)[:60]

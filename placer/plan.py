@@ -112,13 +112,12 @@ class Plan:
         }
 
 
-def plan_from_json(d: dict) -> Plan:
-    """Read a plan (or the plan part of a manifest) from its JSON form."""
-    if d.get("format") not in (PLAN_FORMAT, "placer-manifest"):
-        raise PlacerError("not a placer plan or manifest (no 'format': 'placer-plan')")
-    if d.get("version") != PLAN_VERSION:
-        raise PlacerError(f"plan version {d.get('version')} is not supported "
-                          f"(this placer reads version {PLAN_VERSION})")
+def plan_from_json(d: dict, source: str = "plan") -> Plan:
+    """Read a plan (or the plan part of a manifest) from its JSON form, checked first
+    (`placer.plan_check`: errors name `source` and the field)."""
+    from placer.plan_check import check_plan
+
+    check_plan(d, source)
     try:
         return Plan(
             model=d["model"], hardware=spec_from_json(d["hardware"]), budget=d["budget"],
@@ -143,9 +142,12 @@ def read_plan(path: Path) -> Plan:
     if not path.is_file():
         raise PlacerError(f"plan not found: {path}")
     try:
-        return plan_from_json(json.loads(path.read_text()))
-    except json.JSONDecodeError as exc:
+        d = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise PlacerError(f"{path}: cannot read ({exc.strerror})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+    return plan_from_json(d, str(path))
 
 
 def write_json_atomic(obj: dict, path: Path) -> None:

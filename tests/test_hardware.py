@@ -66,7 +66,7 @@ def bad(**changes) -> dict:
     (bad(card__colour="red"), "unknown field 'colour'"),
     (bad(link__0__cards=[0, 5]), "unknown card 5"),
     (bad(link__0__bandwidth="0GB/s"), "link 's0'.bandwidth"),
-    (bad(cards="eight"), "'cards'"),
+    (bad(cards="eight"), "cards: expected a count"),
 ])
 def test_bad_specs_name_the_field(spec: dict, needle: str) -> None:
     with pytest.raises(PlacerError, match=None) as err:

@@ -93,3 +93,10 @@ def print_spec(spec: HardwareSpec) -> None:
                       f"{link.bandwidth / 1e9:.1f} GB/s shared")
     steps = ", ".join(f"B={b}: {ms} ms" for b, ms in spec.base_step_ms)
     console.print(f"base decode step: {steps}; host RAM {format_bytes(spec.host_ram)}")
+    if spec.host is not None:
+        h = spec.host
+        console.print(f"host CPU: {h.memory_bandwidth / 1e9:.1f} GB/s from RAM, "
+                      f"{h.flops / 1e12:.2f} TFLOP/s, {h.sync_s * 1e6:.1f} us sync per layer, "
+                      f"{h.sockets} socket{'s' if h.sockets > 1 else ''}")
+    else:
+        console.print("host CPU: not given (add a [host] table to predict CPU execution)")

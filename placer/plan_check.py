@@ -1,0 +1,286 @@
+"""Validate a plan (or the plan part of a manifest) as read from JSON, before anything uses it.
+
+`placer.plan.plan_from_json` calls `check_plan` on every plan it reads, so emit, evaluate,
+export and run all refuse the same bad plans with the same one line: the first problem,
+naming the file and the field ("plan.json: experts[12].pages[1].length: ..."). What is
+checked: the types of every field a command reads, that every (layer, expert) is listed once
+and in order, that indices are in range, that each expert's pages tile its bytes with a
+resident prefix, that the recorded resident and homed bytes agree with the pages, that each
+card's resident pages and staging buffer fit its budget and its card in the plan's hardware
+(validated as a hardware spec), and that calibration counts are [L, E] of finite counts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from placer.errors import PlacerError
+from placer.hardware import HardwareSpec, spec_from_json
+from placer.manifest import MANIFEST_FORMAT
+from placer.plan import PLAN_FORMAT, PLAN_VERSION, page_spans
+
+REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
+CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")
+MAX_BYTES = 2**60
+
+
+class _Where:
+    """Raises PlacerError naming the file and the field path."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, field: str, problem: str) -> None:
+        raise PlacerError(f"{self.source}: {field}: {problem}")
+
+
+def check_plan(d: Any, source: str) -> None:
+    """Raise a one-line PlacerError for the first problem of plan JSON `d` read from `source`."""
+    w = _Where(source)
+    if not isinstance(d, dict):
+        raise PlacerError(f"{source}: expected a JSON object (a placer plan), got "
+                          f"{_kind(d)}")
+    if d.get("format") not in (PLAN_FORMAT, MANIFEST_FORMAT):
+        raise PlacerError(f"{source}: not a placer plan or manifest "
+                          f"(no 'format': '{PLAN_FORMAT}')")
+    if d.get("version") != PLAN_VERSION:
+        raise PlacerError(f"{source}: plan version {d.get('version')!r} is not supported "
+                          f"(this placer reads version {PLAN_VERSION})")
+    for key in REQUIRED:
+        if key not in d:
+            w.fail(key, "missing")
+    layers, experts_per_layer = _check_model(w, d["model"])
+    spec = spec_from_json(d["hardware"], source)
+    _check_budget(w, d["budget"])
+    page_size = d["page_size"]
+    if page_size is not None and not _int_in(page_size, 1, MAX_BYTES):
+        w.fail("page_size", f"expected null or a positive integer, got {page_size!r}")
+    if not isinstance(d["ep"], str):
+        w.fail("ep", f"expected a string, got {d['ep']!r}")
+    _check_solver(w, d["solver"])
+    cards = _check_cards(w, d["cards"], spec)
+    sums = _check_experts(w, d["experts"], layers, experts_per_layer, len(cards), page_size)
+    for c, card in enumerate(cards):
+        resident, homed = sums[c]
+        if card["resident_bytes"] != resident:
+            w.fail(f"cards[{c}].resident_bytes", f"{card['resident_bytes']} but the resident "
+                   f"pages of the experts homed on card {c} hold {resident}")
+        if card["homed_bytes"] != homed:
+            w.fail(f"cards[{c}].homed_bytes", f"{card['homed_bytes']} but the experts homed on "
+                   f"card {c} hold {homed}")
+    _check_calibration(w, d.get("calibration", []), len(layers), experts_per_layer)
+    if not isinstance(d.get("predicted", []), list):
+        w.fail("predicted", f"expected a list, got {_kind(d['predicted'])}")
+    if d.get("robust") is not None and not isinstance(d["robust"], dict):
+        w.fail("robust", f"expected null or an object, got {_kind(d['robust'])}")
+
+
+def _check_model(w: _Where, model: Any) -> tuple[list[int], int]:
+    """The plan's MoE layers and experts per layer, after checking `model`'s fields."""
+    if not isinstance(model, dict):
+        w.fail("model", f"expected an object, got {_kind(model)}")
+    for key in ("fingerprint", "moe_layers", "experts_per_layer", "top_k"):
+        if key not in model:
+            w.fail(f"model.{key}", "missing")
+    if not isinstance(model["fingerprint"], str):
+        w.fail("model.fingerprint", f"expected a string, got {model['fingerprint']!r}")
+    layers = model["moe_layers"]
+    if not isinstance(layers, list) or not layers:
+        w.fail("model.moe_layers", f"expected a non-empty list of layer indices, got "
+               f"{_kind(layers)}")
+    for i, layer in enumerate(layers):
+        if not _int_in(layer, 0, 1 << 20):
+            w.fail(f"model.moe_layers[{i}]", f"expected a layer index, got {layer!r}")
+        if i and layer <= layers[i - 1]:
+            w.fail("model.moe_layers", f"expected increasing layer indices, got {layers}")
+    num_layers = model.get("num_layers", layers[-1] + 1)
+    if not _int_in(num_layers, layers[-1] + 1, 1 << 20):
+        w.fail("model.num_layers", f"expected an integer > {layers[-1]} (the last MoE layer), "
+               f"got {num_layers!r}")
+    experts = model["experts_per_layer"]
+    if not _int_in(experts, 1, 1 << 20):
+        w.fail("model.experts_per_layer", f"expected a positive integer, got {experts!r}")
+    if not _int_in(model["top_k"], 1, experts):
+        w.fail("model.top_k", f"expected an integer in 1..{experts} (experts per layer), got "
+               f"{model['top_k']!r}")
+    if not isinstance(model.get("estimated", False), bool):
+        w.fail("model.estimated", f"expected true or false, got {model['estimated']!r}")
+    return layers, experts
+
+
+def _check_budget(w: _Where, budget: Any) -> None:
+    if not isinstance(budget, dict):
+        w.fail("budget", f"expected an object, got {_kind(budget)}")
+    concurrency = budget.get("concurrency")
+    if concurrency is not None and (
+            not isinstance(concurrency, list) or not concurrency
+            or not all(_int_in(b, 1, 1 << 20) for b in concurrency)):
+        w.fail("budget.concurrency", f"expected a list of positive integers, got "
+               f"{concurrency!r}")
+
+
+def _check_solver(w: _Where, solver: Any) -> None:
+    if not isinstance(solver, dict):
+        w.fail("solver", f"expected an object, got {_kind(solver)}")
+    for key, lo in (("seed", 0), ("steps", 1)):
+        value = solver.get(key)
+        if value is not None and not _int_in(value, lo, 2**63 - 1):
+            w.fail(f"solver.{key}", f"expected null or an integer >= {lo}, got {value!r}")
+
+
+def _check_cards(w: _Where, cards: Any, spec: HardwareSpec) -> list[dict]:
+    """The card objects, after checking each fits its budget and its card in `spec`."""
+    if not isinstance(cards, list):
+        w.fail("cards", f"expected a list, got {_kind(cards)}")
+    if len(cards) != len(spec.cards):
+        w.fail("cards", f"{len(cards)} cards, but the plan's hardware has {len(spec.cards)}")
+    for c, card in enumerate(cards):
+        at = f"cards[{c}]"
+        if not isinstance(card, dict):
+            w.fail(at, f"expected an object, got {_kind(card)}")
+        if card.get("index") != c or not _int_in(card.get("index"), 0, c):
+            w.fail(f"{at}.index", f"expected {c}, got {card.get('index')!r}")
+        for key in CARD_BYTES:
+            if key not in card:
+                w.fail(f"{at}.{key}", "missing")
+            if not _int_in(card[key], 0, MAX_BYTES):
+                w.fail(f"{at}.{key}", f"expected a byte count >= 0, got {card[key]!r}")
+        budget, staging, resident = (card[k] for k in CARD_BYTES[:3])
+        if "capacity_bytes" in card and card["capacity_bytes"] != budget - staging:
+            w.fail(f"{at}.capacity_bytes", f"{card['capacity_bytes']!r}, but budget_bytes - "
+                   f"staging_bytes is {budget - staging}")
+        if resident + staging > budget:
+            w.fail(f"{at}.resident_bytes", f"card {c} is over its budget: {resident} resident + "
+                   f"{staging} staging bytes > budget_bytes {budget}")
+        free = spec.cards[c].free_bytes
+        if resident + staging > free:
+            w.fail(f"{at}.resident_bytes", f"card {c} is over its VRAM in the plan's hardware: "
+                   f"{resident} resident + {staging} staging bytes > {free} free "
+                   f"(vram minus reserved)")
+    return cards
+
+
+def _check_experts(w: _Where, experts: Any, layers: list[int], per_layer: int, num_cards: int,
+                   page_size: int | None) -> list[tuple[int, int]]:
+    """[(resident bytes, homed bytes)] per card, after checking every expert and its pages."""
+    if not isinstance(experts, list):
+        w.fail("experts", f"expected a list, got {_kind(experts)}")
+    if not experts:
+        w.fail("experts", "the plan lists no experts")
+    position = {layer: i for i, layer in enumerate(layers)}
+    seen: dict[tuple[int, int], int] = {}
+    sums = [[0, 0] for _ in range(num_cards)]
+    for i, e in enumerate(experts):
+        at = f"experts[{i}]"
+        if not isinstance(e, dict):
+            w.fail(at, f"expected an object, got {_kind(e)}")
+        for key in ("layer", "expert", "card", "bytes", "pages"):
+            if key not in e:
+                w.fail(f"{at}.{key}", "missing")
+        if not _int_in(e["layer"], 0, 1 << 20) or e["layer"] not in position:
+            w.fail(f"{at}.layer", f"{e['layer']!r} is not a MoE layer of the model "
+                   f"({layers[0]}..{layers[-1]})")
+        if not _int_in(e["expert"], 0, per_layer - 1):
+            w.fail(f"{at}.expert", f"expected an expert index in 0..{per_layer - 1}, got "
+                   f"{e['expert']!r}")
+        if not _int_in(e["card"], 0, num_cards - 1):
+            w.fail(f"{at}.card", f"expected a card index in 0..{num_cards - 1}, got "
+                   f"{e['card']!r}")
+        key = (e["layer"], e["expert"])
+        if key in seen:
+            w.fail(f"{at}", f"layer {key[0]} expert {key[1]} is listed twice "
+                   f"(also experts[{seen[key]}])")
+        seen[key] = i
+        resident = _check_pages(w, at, e, page_size)
+        sums[e["card"]][0] += resident
+        sums[e["card"]][1] += e["bytes"]
+    for layer in layers:
+        for expert in range(per_layer):
+            if (layer, expert) not in seen:
+                w.fail("experts", f"layer {layer} expert {expert} is missing")
+    for i, e in enumerate(experts):
+        want = (layers[i // per_layer], i % per_layer)
+        if (e["layer"], e["expert"]) != want:
+            w.fail(f"experts[{i}]", f"expected layer {want[0]} expert {want[1]} here (experts "
+                   f"sorted by layer, then expert), got layer {e['layer']} expert "
+                   f"{e['expert']}")
+    return [(r, h) for r, h in sums]
+
+
+def _check_pages(w: _Where, at: str, e: dict, page_size: int | None) -> int:
+    """The resident bytes of expert `e`, after checking its pages tile its bytes."""
+    nbytes, pages = e["bytes"], e["pages"]
+    if not _int_in(nbytes, 1, MAX_BYTES):
+        w.fail(f"{at}.bytes", f"expected a positive byte count, got {nbytes!r}")
+    if not isinstance(pages, list) or not pages:
+        w.fail(f"{at}.pages", f"expected a non-empty list of pages, got {_kind(pages)}")
+    offset, resident, cold_seen = 0, 0, False
+    for j, p in enumerate(pages):
+        where = f"{at}.pages[{j}]"
+        if not isinstance(p, dict):
+            w.fail(where, f"expected an object, got {_kind(p)}")
+        for key in ("index", "offset", "length", "resident"):
+            if key not in p:
+                w.fail(f"{where}.{key}", "missing")
+        if p["index"] != j or not _int_in(p["index"], 0, j):
+            w.fail(f"{where}.index", f"expected {j}, got {p['index']!r}")
+        if p["offset"] != offset or not _int_in(p["offset"], 0, MAX_BYTES):
+            w.fail(f"{where}.offset", f"expected {offset} (pages tile the expert in order), "
+                   f"got {p['offset']!r}")
+        if not _int_in(p["length"], 1, MAX_BYTES):
+            w.fail(f"{where}.length", f"expected a positive byte count, got {p['length']!r}")
+        if offset + p["length"] > nbytes:
+            w.fail(f"{where}.length", f"page [{offset}, {offset + p['length']}) runs past the "
+                   f"end of the expert ({nbytes} bytes)")
+        if not isinstance(p["resident"], bool):
+            w.fail(f"{where}.resident", f"expected true or false, got {p['resident']!r}")
+        if p["resident"] and cold_seen:
+            w.fail(f"{where}.resident", "a resident page after a cold one (residency must be "
+                   "a prefix of the pages)")
+        cold_seen = cold_seen or not p["resident"]
+        resident += p["length"] if p["resident"] else 0
+        offset += p["length"]
+    if offset != nbytes:
+        w.fail(f"{at}.pages", f"pages cover {offset} of the expert's {nbytes} bytes")
+    spans = [(p["offset"], p["length"]) for p in pages]
+    if spans != page_spans(nbytes, page_size):
+        w.fail(f"{at}.pages", f"pages are not cut by page_size {page_size} "
+               f"(expected {len(page_spans(nbytes, page_size))} pages)")
+    if "resident_bytes" in e and e["resident_bytes"] != resident:
+        w.fail(f"{at}.resident_bytes", f"{e['resident_bytes']!r}, but its resident pages hold "
+               f"{resident}")
+    return resident
+
+
+def _check_calibration(w: _Where, calibration: Any, layers: int, experts: int) -> None:
+    if not isinstance(calibration, list):
+        w.fail("calibration", f"expected a list, got {_kind(calibration)}")
+    for i, entry in enumerate(calibration):
+        if not isinstance(entry, dict):
+            w.fail(f"calibration[{i}]", f"expected an object, got {_kind(entry)}")
+        counts = entry.get("counts")
+        if counts is None:
+            continue
+        if (not isinstance(counts, list) or len(counts) != layers
+                or not all(isinstance(row, list) and len(row) == experts for row in counts)):
+            w.fail(f"calibration[{i}].counts", f"expected {layers} rows of {experts} counts")
+        for row in counts:
+            for x in row:
+                if isinstance(x, bool) or not isinstance(x, int | float) or not (
+                        math.isfinite(x) and x >= 0):
+                    w.fail(f"calibration[{i}].counts", f"expected finite counts >= 0, got {x!r}")
+
+
+def _int_in(value: Any, lo: int, hi: int) -> bool:
+    """`value` is a JSON integer (not a bool, not a float) in [lo, hi]."""
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _kind(value: Any) -> str:
+    """A short description of what was found where something else was expected."""
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} {str(value)[:40]!r}"
