@@ -70,7 +70,7 @@ def lp_relaxation(problem: Problem) -> float:
     solver = mb.Solver("glop")
     if solver.solve(model_of(data, integral=False).model) != mb.SolveStatus.OPTIMAL:
         raise RuntimeError("GLOP did not solve the LP relaxation")
-    return solver.objective_value * data.time_scale
+    return (solver.objective_value + data.offset) * data.time_scale
 
 
 def integrality_gap(problem: Problem, r: SolveResult) -> None:

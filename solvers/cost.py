@@ -12,6 +12,10 @@ fully resident: each costs one transfer plus its cold bytes (a partly resident e
 its cold suffix of pages in one transfer; a fully resident one costs nothing).
 Only `expert_bytes`, `home`, `cards` and `page_bytes` of the problem are used by the functions
 that take `selected` explicitly, so a problem with any `steps` (even none) can replay traffic.
+
+That is the `stage` execution model. Under `cpu` execution (problem.execution, solvers/cpu.py)
+the host computes the selected cold experts instead; `replay` and `objective` follow the
+problem's model.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.problem import Placement, Problem, check_placement
+from solvers.cpu import CHUNK_CELLS, cpu_loads
+from solvers.problem import Placement, Problem, Steps, check_placement
 
 
 def link_matrix(problem: Problem) -> np.ndarray:
@@ -73,12 +78,10 @@ def step_stall(problem: Problem, placement: Placement, selected: np.ndarray) -> 
 
 
 def objective(problem: Problem, placement: Placement) -> float:
-    """sum_k weight_k * mean_s stall(steps_k[s]) over the problem's steps, in seconds."""
+    """sum_k weight_k * mean_s stall(steps_k[s]) over the problem's steps, in seconds, under
+    the problem's execution model."""
     return float(
-        sum(
-            st.weight * step_stall(problem, placement, st.selected).mean()
-            for st in problem.steps
-        )
+        sum(st.weight * replay(problem, placement, st).step_stall.mean() for st in problem.steps)
     )
 
 
@@ -123,7 +126,7 @@ class StepStats:
 
 
 def step_stats(problem: Problem, placement: Placement, selected: np.ndarray) -> StepStats:
-    """selected: [S, L, E] bool -> StepStats of the replay."""
+    """selected: [S, L, E] bool -> StepStats of the replay (stage execution)."""
     cold_bytes, transfers = card_loads(problem, placement, selected)
     sel = np.asarray(selected, dtype=np.float64)
     return StepStats(
@@ -132,3 +135,32 @@ def step_stats(problem: Problem, placement: Placement, selected: np.ndarray) -> 
         transfers=transfers.sum(axis=2),
         selected_bytes=np.einsum("sle,le->sl", sel, np.asarray(problem.expert_bytes, np.float64)),
     )
+
+
+def replay(problem: Problem, placement: Placement, steps: Steps) -> StepStats:
+    """StepStats of `steps` under the problem's execution model, in chunks of steps.
+
+    Under cpu execution `staged_bytes` are the cold bytes the host CPU reads and `transfers`
+    the cold experts it computes."""
+    selected = np.asarray(steps.selected)
+    num_steps, num_layers, num_experts = selected.shape
+    chunk = max(1, CHUNK_CELLS // (num_layers * num_experts))
+    parts = []
+    if problem.execution == "cpu":
+        check_placement(problem, placement)
+        cold = placement.cold_bytes(problem) > 0
+        tokens = steps.token_ids()
+        eb = np.asarray(problem.expert_bytes, np.float64)
+        for start in range(0, num_steps, chunk):
+            loads = cpu_loads(problem.expert_bytes, problem.expert_flops, problem.host, cold,
+                              tokens[start:start + chunk])
+            sel = selected[start:start + chunk].astype(np.float64)
+            parts.append(StepStats(loads.layer_stall, loads.cold_bytes, loads.cold_experts,
+                                   np.einsum("sle,le->sl", sel, eb)))
+    else:
+        parts = [step_stats(problem, placement, selected[start:start + chunk])
+                 for start in range(0, num_steps, chunk)]
+    if not parts:
+        return step_stats(problem, placement, selected)
+    return StepStats(*(np.concatenate([getattr(p, f) for p in parts])
+                       for f in ("layer_stall", "staged_bytes", "transfers", "selected_bytes")))

@@ -1,5 +1,8 @@
 """Greedy placement: density-ordered eviction, then a swap pass on the true sampled objective.
 
+Both execution models run through the same code: the state (stall_state.StallState for
+staging, cpu_state.CpuState for cpu execution) prices every move exactly.
+
 Start with every page resident. While a card holds more than its capacity, evict the pages
 (the last resident page of an expert) whose eviction raises the sampled objective the least
 per byte freed. Prices are exact marginals of the sampled per-step max at the current
@@ -20,9 +23,10 @@ import time
 import numpy as np
 
 from solvers import cost
+from solvers.cpu_state import CpuState
 from solvers.patterns import LayerPatterns, problem_patterns, selection_counts
 from solvers.problem import Placement, Problem, SolveResult, validate
-from solvers.stall_state import StallState
+from solvers.stall_state import PatternIndex, StallState
 
 BATCH_SHARE = 0.25  # a round evicts at most this share of a card's excess (at least one page)
 SWAP_CANDIDATES = 4  # best restores x cheapest evictions tried per card and round
@@ -43,7 +47,7 @@ def _ordered(candidates: np.ndarray, score: np.ndarray, rank: np.ndarray) -> np.
     return candidates[np.lexsort((rank[candidates], score[candidates]))]
 
 
-def evict_to_fit(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> None:
+def evict_to_fit(state: PatternIndex, capacity: np.ndarray, rank: np.ndarray) -> None:
     """Evict pages in density order (in batches, see module docstring) until every card fits."""
     num_experts = state.shape[1]
     layer_of = np.arange(state.pages.size) // num_experts
@@ -89,7 +93,7 @@ def evict_to_fit(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> N
             rise[entries] = new
 
 
-def local_search(state: StallState, capacity: np.ndarray, rank: np.ndarray) -> None:
+def local_search(state: PatternIndex, capacity: np.ndarray, rank: np.ndarray) -> None:
     """Restore pages into free capacity (most stall saved per byte first, then most often
     selected), then swap one restore with one eviction on a card while that strictly lowers
     the objective. Never exceeds any card's capacity."""
@@ -149,7 +153,7 @@ def _top(values: np.ndarray, k: int) -> np.ndarray:
 
 
 def _best_swap(
-    state: StallState, experts: np.ndarray, evict: np.ndarray, restore: np.ndarray,
+    state: PatternIndex, experts: np.ndarray, evict: np.ndarray, restore: np.ndarray,
     slack: float, tol: float,
 ) -> tuple[int, int] | None:
     """(restore x, evict y) among a card's experts lowering the objective the most, if any."""
@@ -172,7 +176,7 @@ def _best_swap(
     return best
 
 
-def _joint_change(state: StallState, x_in: int, x_out: int) -> float:
+def _joint_change(state: PatternIndex, x_in: int, x_out: int) -> float:
     """Exact objective change of restoring one page of x_in and evicting one page of x_out,
     two experts of one layer (applied, measured, undone)."""
     layer = x_in // state.shape[1]
@@ -185,11 +189,18 @@ def _joint_change(state: StallState, x_in: int, x_out: int) -> float:
     return after - before
 
 
+def new_state(problem: Problem, patterns: list[LayerPatterns], start: np.ndarray
+              ) -> PatternIndex:
+    """The incremental state of the problem's execution model at placement `start` [L, E]."""
+    kind = CpuState if problem.execution == "cpu" else StallState
+    return kind(problem, patterns, start)
+
+
 def repair_pages(problem: Problem, patterns: list[LayerPatterns], start: np.ndarray,
                  seed: int) -> np.ndarray:
     """[L, E] int resident pages: from `start` ([L, E] pages, may exceed capacity), evict in
     density order until every card fits, then local search."""
-    state = StallState(problem, patterns, start)
+    state = new_state(problem, patterns, start)
     rank = tie_rank(patterns, seed)
     capacity = np.asarray(problem.capacity, dtype=np.float64)
     evict_to_fit(state, capacity, rank)

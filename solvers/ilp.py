@@ -33,17 +33,21 @@ RESERVE_S = 6.0  # seconds kept after PDLP for rounding and scoring
 
 
 def run(milp: MilpModel, time_limit: float, seed: int) -> tuple[np.ndarray | None, float, bool]:
-    """Solve `milp`: (variable values or None, bound in objective units, proven optimal)."""
+    """Solve `milp`: (variable values or None, bound in objective units with the model's
+    offset, proven optimal)."""
     solver = mb.Solver(BACKEND)
     solver.set_time_limit_in_seconds(max(0.1, float(time_limit)))
     solver.set_solver_specific_parameters(
         f"parallel/maxnthreads = 1\nrandomization/randomseedshift = {int(seed)}\n"
         "limits/gap = 1e-6")
     status = solver.solve(milp.model)
-    if status not in (mb.SolveStatus.OPTIMAL, mb.SolveStatus.FEASIBLE):
-        return None, float("nan"), False
-    values = solver.values(milp.model.get_variables()).to_numpy()
-    return values, float(solver.best_objective_bound), status == mb.SolveStatus.OPTIMAL
+    solved = status in (mb.SolveStatus.OPTIMAL, mb.SolveStatus.FEASIBLE)
+    # A run stopped before any solution (NOT_SOLVED) still proved its bound.
+    bound = (float(solver.best_objective_bound) + milp.offset
+             if solved or status == mb.SolveStatus.NOT_SOLVED else float("nan"))
+    values = solver.values(milp.model.get_variables()).to_numpy() if solved else None
+    return values, bound if np.isfinite(bound) else float("nan"), \
+        status == mb.SolveStatus.OPTIMAL
 
 
 def rounded_candidates(problem: Problem, patterns: list[LayerPatterns], data: MilpData,

@@ -7,7 +7,7 @@ Lagrangian value of the multipliers, evaluated exactly (`dual_bound`). For any m
 y_i >= 0 on the time rows (t_b >= ...), y_i <= 0 on the budget rows and 0 on the page linking
 rows, with sum_{i in block b} y_i <= w_b,
 
-    bound(y) = sum_i y_i * side_i + sum_x min_{(f_x, r_x) feasible} (d_f f_x + d_r r_x)
+    bound(y) = offset + sum_i y_i * side_i + sum_x min_{(f_x, r_x) feasible} (d_f f_x + d_r r_x)
 
 where side_i is the finite side of row i and d = objective - matrix^T y the reduced costs, is
 at most the MILP optimum (weak duality; the t_b terms vanish as their reduced costs are >= 0).
@@ -52,7 +52,7 @@ def dual_bound(data: MilpData, y: np.ndarray) -> float:
     full = np.where(has_r, d_f + d_r * pages, d_f)
     partial = np.where(has_r, np.minimum(0.0, d_r * (pages - 1.0)), 0.0)
     experts = float(np.minimum(full, partial).sum())
-    value = rows + experts
+    value = rows + experts + data.offset
     return value - SAFETY * abs(value)
 
 

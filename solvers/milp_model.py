@@ -5,17 +5,28 @@ Variables, per expert x (flat index layer * E + e) with P_x pages of page size p
     r_x in {0..P_x}        resident pages (only when P_x > 1; else r_x is f_x)
     with  P_x f_x <= r_x <= P_x - 1 + f_x   (r_x = P_x exactly when f_x = 1)
     cold_x = bytes_x - p r_x - (bytes_x - p P_x) f_x
-and per block b (a distinct selection pattern of one layer, weight w_b, see patterns.py):
-    t_b >= 0               the block's layer stall
-Constraints:
+and per block b (a pattern of one layer, weight w_b, see patterns.py):
+    t_b >= 0               what the block costs
+Constraints under staging (t_b: the block's layer stall):
     t_b >= sum_{x in b, home c} [latency_c (1 - f_x) + cold_x / bandwidth_c]   per card c
     t_b >= sum_{x in b, behind g} cold_x / link_bandwidth_g                    per link g
+under cpu execution (t_b: 1 when any expert of the block is cold; w_b its seconds):
+    t_b >= 1 - f_x                                                             per x in b
+and always
     sum_{x homed on c} (bytes_x - cold_x) <= capacity_c                        per card c
-Objective: min sum_b w_b t_b  (= cost.objective at integer points).
+Objective: min sum_b w_b t_b + offset  (= cost.objective at integer points).
 Card rows of cards with no selected expert in the block are left out (they read t_b >= 0),
 and so is a link row whose block selects experts of a single card c of the link when
-link_bandwidth_g >= bandwidth_c (the card row dominates it). Times are scaled by
-`time_scale` seconds and bytes by `byte_scale` so coefficients are near 1.
+link_bandwidth_g >= bandwidth_c (the card row dominates it).
+
+Folding: a block left with a single row (a staging pattern whose selected experts are all on
+one card, a cpu pattern of one expert) costs exactly that row's right-hand side, a linear
+function of (f, r) that is never negative; it is added to the objective of f and r (and a
+constant to `offset`) instead of getting a t_b and a row. The MILP then grows with the
+number of multi-card patterns only: on one card every pattern folds and the problem is a
+knapsack over the L * E experts whatever the number of calibration steps. Robust mode keeps
+every block (fold=False), as it bounds each profile's sum separately.
+Times are scaled by `time_scale` seconds and bytes by `byte_scale` so coefficients are near 1.
 """
 
 from __future__ import annotations
@@ -37,7 +48,9 @@ class MilpData:
 
     Rows: the `num_time_rows` time rows first (row_block: [num_time_rows] block of each),
     then one budget row per card (num_cards), then the page linking rows. matrix: csr [rows, cols].
-    f, r, t, time_scale, num_pages: as in MilpModel.
+    f, r, t, time_scale, num_pages: as in MilpModel (t: the blocks that were not folded, in
+    block order; all of them with fold=False).
+    offset: constant added to objective @ v (objective units: time_scale seconds).
     """
 
     matrix: sp.csr_matrix
@@ -55,12 +68,14 @@ class MilpData:
     t: np.ndarray
     time_scale: float
     num_pages: np.ndarray
+    offset: float = 0.0
 
 
 @dataclass
 class MilpModel:
     """model: the MILP. f, r, t: variable indices ([L * E], [L * E] or -1 where r is f,
-    [num blocks]). time_scale: seconds per objective unit."""
+    [blocks not folded]). time_scale: seconds per objective unit; offset: constant objective
+    units the model leaves out; block_weight: objective weight of each t."""
 
     model: mb.Model
     f: np.ndarray
@@ -68,6 +83,8 @@ class MilpModel:
     t: np.ndarray
     time_scale: float
     num_pages: np.ndarray
+    offset: float
+    block_weight: np.ndarray
 
     def hint(self, resident_pages: np.ndarray) -> None:
         """Hint the placement [L, E] (and its block stalls, left to the solver)."""
@@ -86,9 +103,9 @@ class MilpModel:
         return np.where(f == 1, self.num_pages, np.minimum(r, self.num_pages - 1))
 
 
-def build(problem: Problem, patterns: list[LayerPatterns]) -> MilpModel:
+def build(problem: Problem, patterns: list[LayerPatterns], fold: bool = True) -> MilpModel:
     """The MILP of `problem` over the merged step patterns (see module docstring)."""
-    return model_of(milp_data(problem, patterns))
+    return model_of(milp_data(problem, patterns, fold))
 
 
 def model_of(data: MilpData, integral: bool = True) -> MilpModel:
@@ -99,65 +116,82 @@ def model_of(data: MilpData, integral: bool = True) -> MilpModel:
     for col in range(data.num_int if integral else 0):
         model.helper.set_var_integrality(col, True)
     return MilpModel(model=model, f=data.f, r=data.r, t=data.t, time_scale=data.time_scale,
-                     num_pages=data.num_pages)
+                     num_pages=data.num_pages, offset=data.offset,
+                     block_weight=data.objective[data.t])
 
 
-def milp_data(problem: Problem, patterns: list[LayerPatterns]) -> MilpData:
-    """The sparse arrays of the MILP of `problem` over `patterns` (see module docstring)."""
-    num_layers, num_experts = problem.expert_bytes.shape
+@dataclass(frozen=True)
+class _Columns:
+    """The expert columns and what a cold expert costs in them, per expert x ([L * E]):
+    cold_x = bytes_x + fc_single_x f_x (+ rc_x r_x where P_x > 1)."""
+
+    eb: np.ndarray
+    pb: np.ndarray
+    pages: np.ndarray
+    multi: np.ndarray
+    f_col: np.ndarray
+    r_col: np.ndarray
+    fc: np.ndarray
+    rc: np.ndarray
+    fc_single: np.ndarray
+
+
+def _columns(problem: Problem) -> _Columns:
+    eb = np.asarray(problem.expert_bytes, dtype=np.float64).ravel()
+    pages = problem.num_pages().ravel()
+    pb = eb if problem.page_bytes is None else np.full_like(eb, float(problem.page_bytes))
+    multi = np.flatnonzero(pages > 1)
+    r_col = np.full(eb.size, -1, dtype=np.int64)
+    r_col[multi] = eb.size + np.arange(multi.size)
+    fc = -(eb - pb * pages)
+    rc = -pb
+    return _Columns(eb, pb, pages, multi, np.arange(eb.size), r_col, fc, rc,
+                    np.where(pages > 1, fc, fc + rc))
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Time-row entries t_block + coef * column >= sum of const, before scaling: entries
+    (key, column, coef, const) with the block of each entry's row; block weights."""
+
+    key: np.ndarray
+    col: np.ndarray
+    coef: np.ndarray
+    const: np.ndarray
+    block: np.ndarray
+    weight: np.ndarray
+
+
+def _stage_rows(problem: Problem, patterns: list[LayerPatterns], cols: _Columns) -> _Rows:
+    """Card and link rows of every staging pattern (module docstring), in seconds."""
+    num_experts = problem.num_experts
     cards = problem.cards
     num_cards, num_links = cards.num_cards, cards.num_links
     latency = np.asarray(cards.latency, dtype=np.float64)
     bandwidth = np.asarray(cards.bandwidth, dtype=np.float64)
     link_of = np.asarray(cards.link_of)
     link_bw = np.asarray(cards.link_bandwidth, dtype=np.float64)
-    eb = np.asarray(problem.expert_bytes, dtype=np.float64).ravel()
-    pages = problem.num_pages().ravel()
-    pb = eb if problem.page_bytes is None else np.full_like(eb, float(problem.page_bytes))
     card = np.asarray(problem.home).ravel()
-    byte_scale = float(eb.max())
-    time_scale = float(np.median(latency[card] + eb / bandwidth[card]))
-
-    # Columns: f (all experts), r (experts with > 1 page), t (blocks).
-    num_x = eb.size
-    multi = np.flatnonzero(pages > 1)
-    r_col = np.full(num_x, -1, dtype=np.int64)
-    r_col[multi] = num_x + np.arange(multi.size)
-    f_col = np.arange(num_x)
-    # cold_x = cold0 + fc * f + rc * r  (bytes); with one page r is f.
-    fc = -(eb - pb * pages)
-    rc = -pb
-    fc_single = np.where(pages > 1, fc, fc + rc)
-
-    sel = (np.concatenate([p.selected for p in patterns]) if patterns
-           else np.zeros((0, num_experts), bool))
+    sel = np.concatenate([p.selected for p in patterns])
     block_layer = np.concatenate(
-        [np.full(p.selected.shape[0], layer) for layer, p in enumerate(patterns)]
-    )
-    weight = np.concatenate([p.weight for p in patterns])
+        [np.full(p.selected.shape[0], layer) for layer, p in enumerate(patterns)])
     num_blocks = sel.shape[0]
-    t_col = num_x + multi.size + np.arange(num_blocks)
-    num_cols = num_x + multi.size + num_blocks
-
     blocks, local = np.nonzero(sel)
     x = block_layer[blocks] * num_experts + local
     c = card[x]
     g = link_of[c]
+    eb, fc_single, rc, r_col = cols.eb, cols.fc_single, cols.rc, cols.r_col
+    parts = []  # (key, block, column, coefficient, constant)
 
-    row_parts = []  # (row key, column, coefficient, constant) for the time rows
-
-    def time_rows(key: np.ndarray, per_f: np.ndarray, per_r: np.ndarray, const: np.ndarray):
-        row_parts.append((key, f_col[x], per_f, const))
-        has_r = r_col[x] >= 0
-        row_parts.append((key[has_r], r_col[x][has_r], per_r[has_r], np.zeros(has_r.sum())))
+    def add(key, block, xs, per_f, per_r, const):
+        parts.append((key, block, cols.f_col[xs], per_f, const))
+        has_r = r_col[xs] >= 0
+        parts.append((key[has_r], block[has_r], r_col[xs][has_r], per_r[has_r],
+                      np.zeros(has_r.sum())))
 
     # Card rows: t_b + sum [lat f + (-cold coefficient) / bw] >= sum (lat + bytes / bw).
-    time_rows(
-        blocks * num_cards + c,
-        latency[c] - fc_single[x] / bandwidth[c],
-        -rc[x] / bandwidth[c],
-        latency[c] + eb[x] / bandwidth[c],
-    )
+    add(blocks * num_cards + c, blocks, x, latency[c] - fc_single[x] / bandwidth[c],
+        -rc[x] / bandwidth[c], latency[c] + eb[x] / bandwidth[c])
     # Link rows, skipping those a single card's row dominates.
     link_key = blocks * num_links + g
     cards_on = np.zeros((num_blocks * num_links, num_cards), dtype=bool)
@@ -166,35 +200,82 @@ def milp_data(problem: Problem, patterns: list[LayerPatterns]) -> MilpData:
     dominated = single & (link_bw[np.arange(num_blocks * num_links) % num_links]
                           >= bandwidth[cards_on.argmax(axis=1)])
     keep = ~dominated[link_key]
-    offset = num_blocks * num_cards
-    xk = x[keep]
-    row_parts.append((offset + link_key[keep], f_col[xk], -fc_single[xk] / link_bw[g[keep]],
-                      eb[xk] / link_bw[g[keep]]))
-    has_r = r_col[xk] >= 0
-    row_parts.append((offset + link_key[keep][has_r], r_col[xk][has_r],
-                      -rc[xk][has_r] / link_bw[g[keep]][has_r], np.zeros(has_r.sum())))
+    xk, gk = x[keep], g[keep]
+    add(num_blocks * num_cards + link_key[keep], blocks[keep], xk,
+        -fc_single[xk] / link_bw[gk], -rc[xk] / link_bw[gk], eb[xk] / link_bw[gk])
+    key, block, col, coef, const = (np.concatenate(p) for p in zip(*parts, strict=True))
+    return _Rows(key, col, coef, const, block, np.concatenate([p.weight for p in patterns]))
 
-    keys = np.concatenate([p[0] for p in row_parts])
-    cols = np.concatenate([p[1] for p in row_parts])
-    coef = np.concatenate([p[2] for p in row_parts]) / time_scale
-    const = np.concatenate([p[3] for p in row_parts]) / time_scale
-    row_keys, row_of = np.unique(keys, return_inverse=True)
-    num_time_rows = row_keys.size
-    row_block = np.where(row_keys < offset, row_keys // num_cards, (row_keys - offset) // num_links)
-    rhs = np.bincount(row_of, weights=const, minlength=num_time_rows)
+
+def _cpu_rows(patterns: list[LayerPatterns], num_experts: int, cols: _Columns) -> _Rows:
+    """One row t_b + f_x >= 1 per expert x of every cpu pattern b (weight: its seconds)."""
+    sel = np.concatenate([p.selected for p in patterns])
+    block_layer = np.concatenate(
+        [np.full(p.selected.shape[0], layer) for layer, p in enumerate(patterns)])
+    blocks, local = np.nonzero(sel)
+    x = block_layer[blocks] * num_experts + local
+    ones = np.ones(x.size)
+    return _Rows(np.arange(x.size), cols.f_col[x], ones, ones, blocks,
+                 np.concatenate([p.weight for p in patterns]))
+
+
+def milp_data(problem: Problem, patterns: list[LayerPatterns], fold: bool = True) -> MilpData:
+    """The sparse arrays of the MILP of `problem` over `patterns` (see module docstring)."""
+    cards = problem.cards
+    num_cards = cards.num_cards
+    cols = _columns(problem)
+    num_x, multi, pages = cols.eb.size, cols.multi, cols.pages
+    card = np.asarray(problem.home).ravel()
+    if problem.execution == "cpu":
+        rows = _cpu_rows(patterns, problem.num_experts, cols)
+        positive = rows.weight[rows.weight > 0]
+        time_scale = float(np.median(positive)) if positive.size else 1.0
+        weight = rows.weight / time_scale  # t_b in [0, 1]; its seconds are in the weight
+        coef, const = rows.coef, rows.const
+    else:
+        rows = _stage_rows(problem, patterns, cols)
+        latency = np.asarray(cards.latency, dtype=np.float64)
+        bandwidth = np.asarray(cards.bandwidth, dtype=np.float64)
+        time_scale = float(np.median(latency[card] + cols.eb / bandwidth[card]))
+        weight = rows.weight
+        coef, const = rows.coef / time_scale, rows.const / time_scale
+    byte_scale = float(cols.eb.max())
+
+    row_keys, first, row_of = np.unique(rows.key, return_index=True, return_inverse=True)
+    row_of = row_of.ravel()
+    row_block = rows.block[first]
+    per_block = np.bincount(row_block, minlength=weight.size)
+    folded_row = fold & (per_block[row_block] == 1)
+    # Folded rows: w_b * (const - coef . v) joins the objective.
+    objective_x = np.zeros(num_x + multi.size)
+    entry_folded = folded_row[row_of]
+    w = weight[rows.block[entry_folded]]
+    np.add.at(objective_x, rows.col[entry_folded], -w * coef[entry_folded])
+    offset = float(w @ const[entry_folded])
+    # Kept rows and blocks, renumbered.
+    kept_rows = np.flatnonzero(~folded_row)
+    new_row = np.full(row_keys.size, -1)
+    new_row[kept_rows] = np.arange(kept_rows.size)
+    kept_blocks = np.unique(row_block[kept_rows])
+    t_of_block = np.full(weight.size, -1, dtype=np.int64)
+    t_of_block[kept_blocks] = num_x + multi.size + np.arange(kept_blocks.size)
+    num_time_rows = kept_rows.size
+    num_cols = num_x + multi.size + kept_blocks.size
+    keep = ~entry_folded
+    entry_row = new_row[row_of[keep]]
+    rhs = np.bincount(entry_row, weights=const[keep], minlength=num_time_rows)
+    time_block = row_block[kept_rows]
 
     # Budget rows: sum (pb r + (bytes - pb P) f) <= capacity, scaled by byte_scale.
-    bud_f = np.where(pages > 1, -fc, eb) / byte_scale
+    bud_f = np.where(pages > 1, -cols.fc, cols.eb) / byte_scale
     bud_rows = [card, card[multi]]
-    bud_cols = [f_col, r_col[multi]]
-    bud_vals = [bud_f, pb[multi] / byte_scale]
+    bud_cols = [cols.f_col, cols.r_col[multi]]
+    bud_vals = [bud_f, cols.pb[multi] / byte_scale]
     # Page linking rows: r - P f >= 0 and r - f <= P - 1.
     link_rows_n = 2 * multi.size
     pl_rows = np.concatenate([np.arange(multi.size), multi.size + np.arange(multi.size)]).repeat(2)
-    pl_cols = np.stack([
-        np.stack([r_col[multi], f_col[multi]], axis=1),
-        np.stack([r_col[multi], f_col[multi]], axis=1),
-    ]).reshape(-1)
+    pair = np.stack([cols.r_col[multi], cols.f_col[multi]], axis=1)
+    pl_cols = np.stack([pair, pair]).reshape(-1)
     pl_vals = np.stack([
         np.stack([np.ones(multi.size), -pages[multi].astype(float)], axis=1),
         np.stack([np.ones(multi.size), -np.ones(multi.size)], axis=1),
@@ -202,10 +283,12 @@ def milp_data(problem: Problem, patterns: list[LayerPatterns]) -> MilpData:
 
     base_b = num_time_rows
     base_p = base_b + num_cards
-    all_rows = np.concatenate([row_of, np.arange(num_time_rows), base_b + np.concatenate(bud_rows),
-                               base_p + pl_rows])
-    all_cols = np.concatenate([cols, t_col[row_block], np.concatenate(bud_cols), pl_cols])
-    all_vals = np.concatenate([coef, np.ones(num_time_rows), np.concatenate(bud_vals), pl_vals])
+    all_rows = np.concatenate([entry_row, np.arange(num_time_rows),
+                               base_b + np.concatenate(bud_rows), base_p + pl_rows])
+    all_cols = np.concatenate([rows.col[keep], t_of_block[time_block],
+                               np.concatenate(bud_cols), pl_cols])
+    all_vals = np.concatenate([coef[keep], np.ones(num_time_rows), np.concatenate(bud_vals),
+                               pl_vals])
     num_rows = base_p + link_rows_n
     matrix = sp.csr_matrix((all_vals, (all_rows, all_cols)), shape=(num_rows, num_cols))
     matrix.sum_duplicates()
@@ -217,10 +300,13 @@ def milp_data(problem: Problem, patterns: list[LayerPatterns]) -> MilpData:
                              np.full(multi.size, np.inf), pages[multi] - 1.0])
     col_lo = np.zeros(num_cols)
     col_hi = np.concatenate([np.ones(num_x), pages[multi].astype(np.float64),
-                             np.full(num_blocks, np.inf)])
-    objective = np.concatenate([np.zeros(num_x + multi.size), weight])
+                             np.full(kept_blocks.size, np.inf)])
+    objective = np.concatenate([objective_x, weight[kept_blocks]])
 
     return MilpData(matrix=matrix, row_lo=row_lo, row_hi=row_hi, col_lo=col_lo, col_hi=col_hi,
                     objective=objective, num_int=num_x + multi.size,
-                    num_time_rows=num_time_rows, num_cards=num_cards, row_block=row_block,
-                    f=f_col, r=r_col, t=t_col, time_scale=time_scale, num_pages=pages)
+                    num_time_rows=num_time_rows, num_cards=num_cards,
+                    row_block=t_of_block[time_block] - (num_x + multi.size), f=cols.f_col,
+                    r=cols.r_col, t=t_of_block[kept_blocks], time_scale=time_scale,
+                    num_pages=pages,
+                    offset=offset)

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from solvers.cpu import Host
 from solvers.errors import SolverError
+
+EXECUTIONS = ("stage", "cpu")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ class Steps:
     selected: [S, L, E] bool, expert e of MoE layer l selected by >= 1 of the B tokens of step s.
     weight:   weight of this (profile, B) in the objective.
     base_step_s: step time with no staging, for tokens/s = B / (base + stall).
+    tokens:   [S, B, L, k] int expert ids of each step's tokens (-1: none), or None. The `cpu`
+              execution model needs them at B > 1 (how many tokens run a cold expert, and
+              which tokens wait for the host); at B = 1 a step is one token and `selected`
+              says it all.
     """
 
     name: str
@@ -52,6 +59,21 @@ class Steps:
     selected: np.ndarray
     weight: float = 1.0
     base_step_s: float = 0.0
+    tokens: np.ndarray | None = None
+
+    def token_ids(self) -> np.ndarray:
+        """[S, B, L, k] int expert ids of each step's tokens (-1: none): `tokens`, or at B = 1
+        the selected experts of each step as its one token."""
+        if self.tokens is not None:
+            return np.asarray(self.tokens)
+        if self.batch != 1:
+            raise SolverError(f"steps {self.name!r}: the tokens of each step are needed at "
+                              f"B = {self.batch} (cpu execution counts tokens per expert)")
+        sel = np.asarray(self.selected)
+        width = max(1, int(sel.sum(axis=2).max(initial=0)))
+        order = np.argsort(~sel, axis=2, kind="stable")[:, :, :width]
+        ids = np.where(np.take_along_axis(sel, order, axis=2), order, -1)
+        return ids[:, None].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -65,6 +87,12 @@ class Problem:
     steps:        calibration traffic; objective = sum_k weight_k * mean_s stall(steps_k[s]).
     page_bytes:   None: one page per expert; else experts are cut into pages of this size
                   (the last page shorter). Residency is a prefix of pages.
+    execution:    how a cold selected expert runs: "stage" (its cold bytes are copied to its
+                  home card, which computes it: solvers/cost.py) or "cpu" (the host CPU
+                  computes it from host RAM: solvers/cpu.py; whole experts only).
+    host:         the host CPU, for execution "cpu".
+    expert_flops: [L, E] float FLOPs of one token through each expert (2 x weight
+                  elements), for execution "cpu".
     """
 
     expert_bytes: np.ndarray
@@ -73,6 +101,9 @@ class Problem:
     cards: Cards
     steps: list[Steps] = field(default_factory=list)
     page_bytes: int | None = None
+    execution: str = "stage"
+    host: Host | None = None
+    expert_flops: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -197,6 +228,21 @@ def validate(problem: Problem, need_steps: bool = True) -> None:
         )
     if problem.page_bytes is not None and int(problem.page_bytes) <= 0:
         raise SolverError(f"page_bytes must be positive, got {problem.page_bytes}")
+    if problem.execution not in EXECUTIONS:
+        raise SolverError(f"execution must be one of {', '.join(EXECUTIONS)}, "
+                          f"got {problem.execution!r}")
+    if problem.execution == "cpu":
+        if problem.host is None:
+            raise SolverError("cpu execution needs the host's figures (the spec's [host] table)")
+        problem.host.check()
+        if problem.page_bytes is not None:
+            raise SolverError("cpu execution computes whole experts on the host: pages are "
+                              "for staging (drop --page-size)")
+        flops = problem.expert_flops
+        if (flops is None or np.asarray(flops).shape != eb.shape
+                or not np.all(np.isfinite(flops)) or np.any(np.asarray(flops) < 0)):
+            raise SolverError(f"cpu execution needs expert_flops, a finite non-negative "
+                              f"{list(eb.shape)} array")
     if need_steps and not problem.steps:
         raise SolverError("the problem has no calibration steps")
     for st in problem.steps:
@@ -208,6 +254,14 @@ def validate(problem: Problem, need_steps: bool = True) -> None:
             )
         if not np.isfinite(st.weight) or st.weight < 0:
             raise SolverError(f"steps {st.name!r}: weight must be finite and non-negative")
+        if st.tokens is not None:
+            tok = np.asarray(st.tokens)
+            if (tok.ndim != 4 or tok.shape[0] != sel.shape[0] or tok.shape[2] != eb.shape[0]
+                    or not np.issubdtype(tok.dtype, np.integer) or tok.max(initial=-1)
+                    >= eb.shape[1] or tok.min(initial=-1) < -1):
+                raise SolverError(f"steps {st.name!r}: tokens must be an int [S, B, "
+                                  f"{eb.shape[0]}, k] array of expert ids or -1, got "
+                                  f"{tok.dtype} {tok.shape}")
 
 
 def check_placement(problem: Problem, placement: Placement) -> None:

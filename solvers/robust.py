@@ -11,7 +11,7 @@ offload itself is feasible (z = 1), so the optimum never exceeds 1.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ortools.linear_solver.python import model_builder as mb
@@ -20,8 +20,8 @@ from solvers import baselines, cost, greedy
 from solvers.errors import SolverError
 from solvers.ilp import run
 from solvers.milp_model import build
-from solvers.patterns import LayerPatterns, layer_patterns
-from solvers.problem import Placement, Problem, SolveResult, Steps, relative_gap, validate
+from solvers.patterns import LayerPatterns, problem_patterns
+from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,13 @@ def _check_same_layout(problems: list[Problem]) -> None:
                 and np.array_equal(p.home, first.home)
                 and np.array_equal(p.capacity, first.capacity)
                 and p.page_bytes == first.page_bytes
+                and p.execution == first.execution and p.host == first.host
                 and all(np.array_equal(getattr(p.cards, f), getattr(first.cards, f))
                         for f in ("bandwidth", "latency", "link_of", "link_bandwidth")))
         if not same:
             raise SolverError(f"robust profile {k} differs from profile 0 in sizes, homes, "
-                              "capacity, cards or page size: only the steps may differ")
+                              "capacity, cards, page size or execution: only the steps may "
+                              "differ")
 
 
 def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> RobustOutcome:
@@ -81,11 +83,11 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
     zero = [z <= 0 for z in layer]
     scale = [z if z > 0 else 1.0 for z in layer]
     # One MILP over all profiles' blocks, each profile's weights divided by its Z_k.
-    steps = [Steps(f"{k}", st.batch, st.selected, st.weight / scale[k], st.base_step_s)
+    steps = [replace(st, name=f"{k}", weight=st.weight / scale[k])
              for k, p in enumerate(problems) for st in p.steps]
-    merged = Problem(first.expert_bytes, first.home, first.capacity, first.cards, steps,
-                     first.page_bytes)
-    per_profile = [layer_patterns([st for st in steps if st.name == str(k)], num_layers)
+    merged = replace(first, steps=steps)
+    per_profile = [problem_patterns(replace(first, steps=[st for st in steps
+                                                          if st.name == str(k)]))
                    for k in range(len(problems))]
     # One pattern list per layer (as build expects), profiles kept as separate blocks.
     patterns = [LayerPatterns(np.concatenate([pats[lay].selected for pats in per_profile]),
@@ -94,8 +96,8 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
     profile_of = np.concatenate([np.repeat(np.arange(len(problems)),
                                            [pats[lay].weight.size for pats in per_profile])
                                  for lay in range(num_layers)])
-    weights = np.concatenate([p.weight for p in patterns])
-    milp = build(merged, patterns)
+    milp = build(merged, patterns, fold=False)
+    weights = milp.block_weight
     # z row per profile: z - sum_{b in k} w_b t_b >= 0 (t in time_scale units).
     model = milp.model
     z = model.new_num_var(0.0, np.inf, "z")
@@ -112,7 +114,7 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
     def worst(pages: np.ndarray) -> float:
         return max(ratios_of(problems, Placement(pages), layer).values())
 
-    candidates = [greedy.greedy_pages(merged, layer_patterns(steps, num_layers), seed),
+    candidates = [greedy.greedy_pages(merged, problem_patterns(merged), seed),
                   layer_pl.resident_pages]
     scores = [worst(c) for c in candidates]
     hint = candidates[int(np.argmin(scores))]

@@ -26,7 +26,68 @@ def _ranges(start: np.ndarray, stop: np.ndarray) -> np.ndarray:
     return np.repeat(start - np.cumsum(length) + length, length) + np.arange(int(length.sum()))
 
 
-class StallState:
+class PatternIndex:
+    """Rows (the patterns of every layer, numbered together) and their entries (row, expert),
+    indexed by row (CSR) and by expert (CSC): the part of an incremental state that does not
+    depend on the execution model. Subclasses give `row_cost`, what each row costs now."""
+
+    def __init__(self, patterns: list[LayerPatterns], shape: tuple[int, int]) -> None:
+        num_layers, num_experts = shape
+        self.shape = (int(num_layers), int(num_experts))
+        sel = np.concatenate([p.selected for p in patterns])  # [R, E]
+        self.row_layer = np.concatenate(
+            [np.full(p.selected.shape[0], layer) for layer, p in enumerate(patterns)]
+        )
+        self.row_weight = np.concatenate([p.weight for p in patterns])
+        self.layer_rows = np.cumsum([0] + [p.selected.shape[0] for p in patterns])
+        rows, experts = np.nonzero(sel)
+        self.entry_row = rows
+        self.entry_expert = self.row_layer[rows] * num_experts + experts
+        self.row_ptr = np.searchsorted(rows, np.arange(sel.shape[0] + 1))
+        order = np.argsort(self.entry_expert, kind="stable")
+        self.expert_rows = rows[order]
+        self.expert_ptr = np.searchsorted(
+            self.entry_expert[order], np.arange(num_layers * num_experts + 1)
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_weight.size)
+
+    def row_cost(self) -> np.ndarray:
+        """[R] seconds each row costs at the current placement (before its weight)."""
+        raise NotImplementedError
+
+    def objective(self) -> float:
+        return float(self.row_weight @ self.row_cost())
+
+    def layer_objective(self, layer: int) -> float:
+        lo, hi = self.layer_rows[layer], self.layer_rows[layer + 1]
+        return float(self.row_weight[lo:hi] @ self.row_cost()[lo:hi])
+
+    def entries_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Entry indices of `rows` (int array of distinct rows)."""
+        return _ranges(self.row_ptr[rows], self.row_ptr[rows + 1])
+
+    def entries_of_layer(self, layer: int) -> slice:
+        """The entries of `layer` (a contiguous range)."""
+        lo, hi = self.layer_rows[layer], self.layer_rows[layer + 1]
+        return slice(int(self.row_ptr[lo]), int(self.row_ptr[hi]))
+
+    def rows_of(self, x: np.ndarray) -> np.ndarray:
+        """Rows selecting any of experts x (concatenated; distinct when x are in distinct
+        layers or never share a row)."""
+        return self.expert_rows[_ranges(self.expert_ptr[x], self.expert_ptr[x + 1])]
+
+    def per_expert(self, layer: int, values: np.ndarray) -> np.ndarray:
+        """[E] sums, per expert of `layer`, of `values` given for the layer's entries (in
+        entries_of_layer order)."""
+        span = self.entries_of_layer(layer)
+        local = self.entry_expert[span] - layer * self.shape[1]
+        return np.bincount(local, weights=values, minlength=self.shape[1])
+
+
+class StallState(PatternIndex):
     """Per-row card loads of a placement.
 
     resident_pages: [L, E] int, copied. `pages` ([L * E], flat) holds the current placement
@@ -37,8 +98,7 @@ class StallState:
     def __init__(
         self, problem: Problem, patterns: list[LayerPatterns], resident_pages: np.ndarray
     ) -> None:
-        num_layers, num_experts = problem.expert_bytes.shape
-        self.shape = (num_layers, num_experts)
+        super().__init__(patterns, problem.expert_bytes.shape)
         cards = problem.cards
         self.num_cards = cards.num_cards
         latency = np.asarray(cards.latency, dtype=np.float64)
@@ -59,22 +119,8 @@ class StallState:
         self.link = link_of[self.card]
         self.pages = np.array(resident_pages, dtype=np.int64).ravel()
 
-        # Rows and entries.
-        sel = np.concatenate([p.selected for p in patterns])  # [R, E]
-        self.row_layer = np.concatenate(
-            [np.full(p.selected.shape[0], layer) for layer, p in enumerate(patterns)]
-        )
-        self.row_weight = np.concatenate([p.weight for p in patterns])
-        self.layer_rows = np.cumsum([0] + [p.selected.shape[0] for p in patterns])
-        rows, experts = np.nonzero(sel)
-        self.entry_row = rows
-        self.entry_expert = self.row_layer[rows] * num_experts + experts
-        self.row_ptr = np.searchsorted(rows, np.arange(sel.shape[0] + 1))
-        order = np.argsort(self.entry_expert, kind="stable")
-        self.expert_rows = rows[order]
-        self.expert_ptr = np.searchsorted(
-            self.entry_expert[order], np.arange(num_layers * num_experts + 1)
-        )
+        rows = self.entry_row
+        num_rows = self.num_rows
 
         # Per entry: flat positions of its card and link in `times`, its row weight and the
         # bandwidth of its link.
@@ -86,7 +132,6 @@ class StallState:
         self.entry_link_bw = link_bw[self.link[self.entry_expert]]
 
         cold = (self.expert_bytes - self.resident_bytes_flat()).astype(np.float64)
-        num_rows = sel.shape[0]
         key = rows * self.num_cards + entry_card
         self.cold_bytes = np.bincount(
             key, weights=cold[self.entry_expert], minlength=num_rows * self.num_cards
@@ -120,12 +165,8 @@ class StallState:
         return np.bincount(self.card, weights=self.resident_bytes_flat().astype(np.float64),
                            minlength=self.num_cards)
 
-    def objective(self) -> float:
-        return float(self.row_weight @ self.stall)
-
-    def layer_objective(self, layer: int) -> float:
-        lo, hi = self.layer_rows[layer], self.layer_rows[layer + 1]
-        return float(self.row_weight[lo:hi] @ self.stall[lo:hi])
+    def row_cost(self) -> np.ndarray:
+        return self.stall
 
     def _page_size(self, x: np.ndarray, page: np.ndarray) -> np.ndarray:
         """Bytes of page index `page` (0-based) of experts x; the last page is shorter."""
@@ -146,20 +187,6 @@ class StallState:
         self.restore_card[x] = (r == full - 1) * lat + back / bw
 
     # --- pricing -----------------------------------------------------------------------------
-
-    def entries_of_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Entry indices of `rows` (int array of distinct rows)."""
-        return _ranges(self.row_ptr[rows], self.row_ptr[rows + 1])
-
-    def entries_of_layer(self, layer: int) -> slice:
-        """The entries of `layer` (a contiguous range)."""
-        lo, hi = self.layer_rows[layer], self.layer_rows[layer + 1]
-        return slice(int(self.row_ptr[lo]), int(self.row_ptr[hi]))
-
-    def rows_of(self, x: np.ndarray) -> np.ndarray:
-        """Rows selecting any of experts x (concatenated; distinct when x are in distinct
-        layers or never share a row)."""
-        return self.expert_rows[_ranges(self.expert_ptr[x], self.expert_ptr[x + 1])]
 
     def evict_rise(self, entries: np.ndarray | slice) -> np.ndarray:
         """Weighted stall increase of each entry's row if one more page of its expert is
@@ -214,13 +241,6 @@ class StallState:
         span = self.entries_of_layer(layer)
         return (self.per_expert(layer, self.evict_rise(span)),
                 self.per_expert(layer, self.restore_drop(span)))
-
-    def per_expert(self, layer: int, values: np.ndarray) -> np.ndarray:
-        """[E] sums, per expert of `layer`, of `values` given for the layer's entries (in
-        entries_of_layer order)."""
-        span = self.entries_of_layer(layer)
-        local = self.entry_expert[span] - layer * self.shape[1]
-        return np.bincount(local, weights=values, minlength=self.shape[1])
 
     # --- moves -------------------------------------------------------------------------------
 
