@@ -15,7 +15,7 @@ from placer.inventory import estimate_inventory, read_inventory
 from traces.importers import FORMATS, import_routing
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile
-from traces.stats import plot_heatmap, trace_stats
+from traces.stats import check_plot_path, plot_heatmap, trace_stats
 
 
 def register(app: typer.Typer) -> None:
@@ -29,9 +29,11 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option("--json", help="Print the stats as JSON.")
                             ] = False,
         plot: Annotated[Path | None, typer.Option(
-            help="Write a layers x experts heatmap (PNG) here.")] = None,
+            help="Write a layers x experts heatmap (PNG) to exactly this path (*.png, or a "
+                 "name without a suffix).")] = None,
         phase: Annotated[str | None, typer.Option(
-            help="Per-layer figures over prefill or decode rows only (default: all).")] = None,
+            help="Per-layer figures over prefill or decode rows only (default: all): "
+                 "prefill or decode.")] = None,
         tag: Annotated[list[str] | None, typer.Option(help="Only these tags; repeatable.")
                        ] = None,
     ) -> None:
@@ -39,9 +41,11 @@ def register(app: typer.Typer) -> None:
 
         Per MoE layer: the entropy of expert use (bits) and the share of selections taken by
         the hottest 10% / 25% / 50% of experts; --plot writes a layers x experts heatmap."""
+        if plot is not None:
+            check_plot_path(plot)
         result = trace_stats(trace_dir, phase=phase, tags=tag)
         if plot is not None:
-            plot_heatmap(load_profile(trace_dir, phase=phase, tags=tag), plot)
+            plot = plot_heatmap(load_profile(trace_dir, phase=phase, tags=tag), plot)
         if json_out:
             print_json(result)
             return
