@@ -1,14 +1,25 @@
 """Replay held-out traffic against a plan before it is deployed.
 
-For each trace set and concurrency B, sampled decode steps (B tokens of B distinct sequences,
-fixed seed) are replayed against the plan's placement with the same cost model the solver
-optimizes (`solvers.cost`), and against the baselines at the same budget: layer offload,
-uniform (no profile) and the oracle (solved on this very traffic: the limit). Drift is the
-Jensen-Shannon divergence between the plan's calibration profile and the traffic.
+For each trace set and concurrency B, decode steps are replayed against the plan's placement
+with the cost model the solver optimizes (`solvers.cost`), and against the baselines at the
+same budget: layer offload, uniform (no profile) and the oracle (solved on this very traffic,
+all of it: the limit). By default every held-out token is replayed
+(`traces.profile.every_token_steps`: at B = 1 each token once, exactly; at B > 1 continuous
+batching of B distinct sequences over `groupings` seeded orders); `num_steps` samples that
+many steps instead, and imported count matrices, which have no tokens, are always sampled
+(with a note). Every figure carries a 95% bootstrap interval over sequences, paired across
+the lines of a row (`placer.intervals`); the verdict against layer offload is read from the
+interval of the stall ratio: better, worse or within noise.
+
+Memory: the replay walks the steps in chunks of CHUNK_CELLS mask cells; the oracle's problem
+and the `cache_slots` replay (an LRU walks the steps in order) hold the whole [S, L, E] mask.
+Drift is the Jensen-Shannon divergence between the plan's calibration profile and the
+traffic.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,21 +27,68 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.expert_cache import expected_staging
+from placer.intervals import (
+    FIELDS,
+    REPLICATES,
+    Estimate,
+    Units,
+    attribute,
+    line_figures,
+    ratio_estimate,
+    replicate_weights,
+    units_of,
+    verdict,
+)
 from placer.plan import Plan
 from placer.solve import cards_of, figures
 from solvers import baselines, greedy, ilp
+from solvers.cost import step_stats
 from solvers.problem import Placement, Problem, SolveResult, Steps
 from traces.dataset import check_compatible, check_shape
-from traces.profile import load_profile, sample_steps, split_sequences
+from traces.profile import (
+    Profile,
+    TokenSteps,
+    every_token_steps,
+    load_profile,
+    sampled_token_steps,
+    split_sequences,
+    step_mask,
+)
+
+DEFAULT_SAMPLED_STEPS = 256  # steps sampled from imported counts when neither flag nor plan says
+CHUNK_CELLS = 1 << 22        # [steps, L, E] mask cells replayed at a time
+LINES = ("placement", "layer", "uniform", "oracle")
 
 
 @dataclass(frozen=True)
 class EvalOptions:
     concurrency: tuple[int, ...] | None = None  # default: the plan's
-    num_steps: int | None = None                # default: the plan's
+    num_steps: int | None = None                # None: replay every held-out token
     seed: int | None = None                     # default: the plan's
     oracle_time_limit: float = 10.0
     cache_slots: int = 0                        # LRU slots per card, as `placer run` has
+    groupings: int = 4                          # continuous-batching orders at B > 1
+    replicates: int = REPLICATES                # bootstrap replicates of every interval
+
+
+def check_options(opts: EvalOptions) -> None:
+    """One PlacerError line for the first option out of range."""
+    if opts.concurrency is not None and any(b < 1 for b in opts.concurrency):
+        raise PlacerError(f"--concurrency: every value must be >= 1, got "
+                          f"{','.join(map(str, opts.concurrency))}")
+    if opts.num_steps is not None and opts.num_steps < 1:
+        raise PlacerError(f"--steps must be >= 1 (omit it to replay every held-out token), "
+                          f"got {opts.num_steps}")
+    if opts.seed is not None and opts.seed < 0:
+        raise PlacerError(f"--seed must be >= 0, got {opts.seed}")
+    if not math.isfinite(opts.oracle_time_limit) or opts.oracle_time_limit <= 0:
+        raise PlacerError(f"--oracle-time-limit must be a positive number of seconds, got "
+                          f"{opts.oracle_time_limit}")
+    if opts.cache_slots < 0:
+        raise PlacerError(f"--cache-slots must be >= 0, got {opts.cache_slots}")
+    if opts.groupings < 1 or opts.replicates < 1:
+        raise PlacerError(f"groupings and replicates must be >= 1, got {opts.groupings} and "
+                          f"{opts.replicates}")
 
 
 def plan_problem(plan: Plan, steps: list[Steps]) -> Problem:
@@ -38,6 +96,13 @@ def plan_problem(plan: Plan, steps: list[Steps]) -> Problem:
     return Problem(plan.matrix("bytes"), plan.matrix("card"),
                    np.array([c.capacity_bytes for c in plan.cards], dtype=np.int64),
                    cards_of(plan.hardware), steps, plan.page_size)
+
+
+def traffic_problem(plan: Plan, name: str, steps: TokenSteps, base_step_s: float) -> Problem:
+    """The plan's problem over all of `steps` (what the oracle is solved on)."""
+    mask = step_mask(steps.tokens, plan.experts_per_layer)
+    return plan_problem(plan, [Steps(name, steps.batch, mask, 1.0, base_step_s,
+                                     tokens=steps.tokens)])
 
 
 def plan_placement(plan: Plan) -> Placement:
@@ -84,90 +149,167 @@ def oracle(problem: Problem, time_limit: float, seed: int) -> SolveResult:
     return ilp.solve(problem, time_limit=time_limit, seed=seed)
 
 
+def replay_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int | None,
+                 seed: int, *, groupings: int = 4, fallback_steps: int = DEFAULT_SAMPLED_STEPS,
+                 seq_ids: set[int] | None = None) -> tuple[TokenSteps, str | None]:
+    """The steps to replay at concurrency `batch`, and a note when they had to be sampled:
+    every token (per-token traces, `num_steps` None), else `num_steps` (or, for imported
+    counts without it, `fallback_steps`) sampled steps."""
+    if profile.per_token and num_steps is None:
+        return every_token_steps(trace_dir, batch, groupings=groupings, seed=seed,
+                                 seq_ids=seq_ids), None
+    if profile.per_token:
+        return sampled_token_steps(trace_dir, batch, num_steps, seed, seq_ids=seq_ids), None
+    n = num_steps or fallback_steps
+    note = (f"{trace_dir}: imported counts have no tokens; {n} steps sampled from their "
+            f"frequencies at B={batch}, interval over sampled steps")
+    return sampled_token_steps(profile, batch, n, seed), note
+
+
 def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions) -> dict:
     """The evaluation report (the `--json` form): results, drift and verdicts."""
+    check_options(opts)
     if not trace_dirs:
         raise PlacerError("give at least one --traces DIR to evaluate on")
     batches = opts.concurrency or tuple(plan.budget.get("concurrency") or (1,))
-    num_steps = opts.num_steps or int(plan.solver.get("steps") or 256)
     seed = plan.solver.get("seed", 0) if opts.seed is None else opts.seed
+    fallback = int(plan.solver.get("steps") or DEFAULT_SAMPLED_STEPS)
     placement = plan_placement(plan)
     calib = calibration_counts(plan)
-    top_k = int(plan.model["top_k"])
-    results, drift, verdicts, per_layer = [], [], [], []
+    results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
         profile = load_profile(trace_dir)
         name = str(trace_dir)
-        source = profile if not profile.per_token else trace_dir
-        worst = 0.0
+        rows = []
         for b in batches:
-            selected = sample_steps(source, b, num_steps, seed)
-            base = plan.hardware.base_step_s(b)
-            problem = plan_problem(plan, [Steps(name, b, selected, 1.0, base)])
-            rivals = {"layer": baselines.layer_offload(problem),
-                      "uniform": baselines.uniform(problem, top_k=top_k, seed=seed),
-                      "oracle": oracle(problem, opts.oracle_time_limit, seed)}
-            row = {"traces": name, "concurrency": b,
-                   "placement": figures(problem, placement, selected, b, base),
-                   **{k: figures(problem, r.placement, selected, b, base)
-                      for k, r in rivals.items()},
-                   "oracle_gap": rivals["oracle"].gap}
-            row["ratio_to_layer"] = _ratio(row["placement"], row["layer"])
-            if opts.cache_slots:
-                row["placement+cache"] = cache_figures(plan, selected, b, opts.cache_slots)
-            worst = max(worst, row["ratio_to_layer"])
-            results.append(row)
-            per_layer.append(_per_layer(problem, selected, b, placement, rivals))
+            steps, note = replay_steps(trace_dir, profile, b, opts.num_steps, seed,
+                                       groupings=opts.groupings, fallback_steps=fallback)
+            notes += [note] if note else []
+            row, staged = evaluate_row(plan, name, steps, placement, opts, seed)
+            rows.append(row)
+            per_layer.append({"concurrency": b, "staged_bytes_per_token": staged})
+        results += rows
         if calib is not None:
             js = js_divergence(calib, profile.counts)
             drift.append({"traces": name, "js_mean_bits": float(js.mean()),
                           "js_per_layer_bits": js.tolist()})
-        verdicts.append(_verdict(name, worst))
-    return {"plan_fingerprint": plan.model["fingerprint"], "steps": num_steps, "seed": seed,
-            "results": results, "drift": drift, "verdicts": verdicts, "per_layer": per_layer}
+        verdicts.append(trace_verdict(name, rows))
+    return {"plan_fingerprint": plan.model["fingerprint"],
+            "replay": "every held-out token" if opts.num_steps is None
+            else f"{opts.num_steps} sampled decode steps",
+            "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,
+            "replicates": opts.replicates, "notes": notes, "results": results, "drift": drift,
+            "verdicts": verdicts, "per_layer": per_layer}
 
 
-def cache_figures(plan: Plan, selected: np.ndarray, batch: int, slots: int) -> dict:
+def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
+                 opts: EvalOptions, seed: int) -> tuple[dict, dict[str, list[float]]]:
+    """One (traffic, B) row with intervals, and each line's staged bytes per token by layer."""
+    batch = steps.batch
+    base = plan.hardware.base_step_s(batch)
+    best = oracle(traffic_problem(plan, name, steps, base), opts.oracle_time_limit, seed)
+    problem = plan_problem(plan, [])
+    lines = {"placement": placement, "layer": baselines.layer_offload(problem).placement,
+             "uniform": baselines.uniform(problem, top_k=int(plan.model["top_k"]),
+                                          seed=seed).placement,
+             "oracle": best.placement}
+    units = units_of(steps.seqs)
+    sums, staged = replay_lines(problem, lines, steps, units)
+    weights = replicate_weights(units.count, opts.replicates, seed)
+    tokens = units.tokens()
+    row: dict = {"traces": name, "concurrency": batch, "steps": len(steps),
+                 "tokens": int(tokens.sum()), "interval_units": units.count,
+                 "interval_over": units.over}
+    stall: dict[str, Estimate] = {}
+    for line in LINES:
+        row[line], stall[line] = line_figures(sums[line], tokens, weights, batch, base)
+    row["oracle_gap"] = best.gap
+    for key, other in (("ratio_to_layer", "layer"), ("ratio_to_oracle", "oracle")):
+        ratio = stall["placement"].ratio_to(stall[other])
+        row[key], row[f"{key}_ci95"] = ratio.point, ratio.ci95()
+    row["verdict"] = verdict(row["ratio_to_layer_ci95"])
+    if opts.cache_slots:
+        row["placement+cache"] = cache_figures(plan, steps, units, weights, opts.cache_slots)
+    scale = 1.0 / (len(steps) * batch)
+    return row, {line: (staged[line] * scale).tolist() for line in LINES}
+
+
+def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenSteps,
+                 units: Units) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Replay `steps` against each line's placement, a chunk of steps at a time.
+
+    Returns per line the [n, 4] sums of FIELDS attributed to the n units, and the [L] staged
+    bytes of each layer summed over all steps."""
+    num_layers, num_experts = problem.num_layers, problem.num_experts
+    chunk = max(1, CHUNK_CELLS // (num_layers * num_experts))
+    sums = {k: np.zeros((units.count, len(FIELDS))) for k in lines}
+    staged = {k: np.zeros(num_layers) for k in lines}
+    for start in range(0, len(steps), chunk):
+        stop = min(start + chunk, len(steps))
+        mask = step_mask(steps.tokens[start:stop], num_experts)
+        for name, placement in lines.items():
+            stats = step_stats(problem, placement, mask)
+            per_step = np.stack([stats.step_stall, stats.staged_bytes.sum(axis=1),
+                                 stats.transfers.sum(axis=1), stats.selected_bytes.sum(axis=1)],
+                                axis=1)
+            sums[name] += attribute(units.unit_of[start:stop], per_step, units.count)
+            staged[name] += stats.staged_bytes.sum(axis=0)
+    return sums, staged
+
+
+def cache_figures(plan: Plan, steps: TokenSteps, units: Units, weights: np.ndarray,
+                  slots: int) -> dict:
     """Static placement plus an LRU of `slots` staged experts per card, replayed over the
-    sampled steps in order: what the runtime with `--cache-slots` stages (same counts)."""
-    static, cached = (expected_staging(plan, selected, n) for n in (0, slots))
-    steps = selected.shape[0]
-    return {"cache_slots": slots,
-            "staged_bytes_per_token": float(cached.bytes.sum()) / steps / batch,
-            "copies_per_token": float(cached.copies.sum()) / steps / batch,
-            "cache_hits_per_token": float(cached.hits.sum()) / steps / batch,
-            "staged_bytes_saved": 1.0 - float(cached.bytes.sum()) / max(1, static.bytes.sum())}
+    steps in order: what the runtime with `--cache-slots` stages (same counts), with
+    intervals (the same replicate weights as the row's)."""
+    mask = step_mask(steps.tokens, plan.experts_per_layer)
+    static, cached = (expected_staging(plan, mask, n) for n in (0, slots))
+    per_step = np.stack([cached.bytes.sum(axis=(1, 2)), cached.copies.sum(axis=(1, 2)),
+                         cached.hits.sum(axis=(1, 2)), static.bytes.sum(axis=(1, 2))], axis=1)
+    sums = attribute(units.unit_of, per_step, units.count)
+    tokens = units.tokens()
+    out: dict = {"cache_slots": slots}
+    for i, key in enumerate(("staged_bytes_per_token", "copies_per_token",
+                             "cache_hits_per_token")):
+        est = ratio_estimate(sums[:, i], tokens, weights)
+        out[key], out[f"{key}_ci95"] = est.point, est.ci95()
+    kept = ratio_estimate(sums[:, 0], sums[:, 3], weights)
+    low, high = kept.ci95()
+    out["staged_bytes_saved"] = 1.0 - kept.point if sums[:, 3].sum() > 0 else 0.0
+    out["staged_bytes_saved_ci95"] = [1.0 - high, 1.0 - low] if sums[:, 3].sum() > 0 \
+        else [0.0, 0.0]
+    return out
 
 
-def _ratio(placement: dict, layer: dict) -> float:
-    """Stall of the placement over stall of layer offload (inf when layer offload has none)."""
-    p, lay = placement["stall_ms_per_step"], layer["stall_ms_per_step"]
-    if lay == 0:
-        return 0.0 if p == 0 else float("inf")
-    return p / lay
-
-
-def _verdict(name: str, worst: float) -> dict:
-    if worst > 1.0:
-        return {"traces": name, "ok": False, "worst_ratio_to_layer": worst,
+def trace_verdict(name: str, rows: list[dict]) -> dict:
+    """One traffic set over all its concurrencies: worse if any row's stall ratio to layer
+    offload is worse beyond noise, better if every row's is better, else within noise.
+    `ok` (for scripts) is "not worse"."""
+    worst = max(r["ratio_to_layer"] for r in rows)
+    out = {"traces": name, "worst_ratio_to_layer": worst}
+    worse = [r for r in rows if r["verdict"] == "worse"]
+    if worse:
+        r = max(worse, key=lambda r: r["ratio_to_layer"])
+        return {**out, "verdict": "worse", "ok": False,
                 "message": f"WARNING: {name}: this placement is predicted WORSE than layer "
-                           f"offload on this traffic (stall {worst:.3f}x layer offload's)"}
-    return {"traces": name, "ok": True, "worst_ratio_to_layer": worst,
-            "message": f"ok: {name}: better than layer offload at every concurrency "
-                       f"(stall at most {worst:.3f}x layer offload's)"}
+                           f"offload on this traffic (stall {r['ratio_to_layer']:.3f}x layer "
+                           f"offload's at B={r['concurrency']}, 95% interval "
+                           f"{_span(r['ratio_to_layer_ci95'])})"}
+    if all(r["verdict"] == "better" for r in rows):
+        return {**out, "verdict": "better", "ok": True,
+                "message": f"better: {name}: better than layer offload at every concurrency "
+                           f"(stall at most {worst:.3f}x layer offload's, every 95% interval "
+                           f"below 1)"}
+    r = next(r for r in rows if r["verdict"] == "within noise")
+    return {**out, "verdict": "within noise", "ok": True,
+            "message": f"within noise: {name}: not told apart from layer offload at "
+                       f"B={r['concurrency']} (stall {r['ratio_to_layer']:.3f}x layer "
+                       f"offload's, 95% interval {_span(r['ratio_to_layer_ci95'])} holds 1)"}
 
 
-def _per_layer(problem: Problem, selected: np.ndarray, batch: int, placement: Placement,
-               rivals: dict[str, SolveResult]) -> dict:
-    """Staged bytes per token per layer, for the plot."""
-    from solvers.cost import step_stats
-
-    rows = {"placement": placement, **{k: r.placement for k, r in rivals.items()}}
-    return {"concurrency": batch,
-            "staged_bytes_per_token": {
-                k: (step_stats(problem, p, selected).staged_bytes.mean(axis=0) / batch).tolist()
-                for k, p in rows.items()}}
+def _span(ci: list[float]) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] = (
@@ -178,22 +320,31 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
     k-fold over the sequences of the plan's first calibration trace set: for each fold, a
     greedy plan (same homes and budgets as `plan`) is solved on `fraction` of the other
     folds' sequences and replayed on the held-out fold, beside the uniform baseline and the
-    oracle (greedy solved on the held-out fold itself). Figures are means over folds.
+    oracle (greedy solved on the held-out fold itself). Every token of a fold is replayed
+    (and trained on) unless `num_steps` asks for that many sampled steps. Figures are means
+    over folds.
     """
+    if folds < 2:
+        raise PlacerError(f"--folds must be >= 2, got {folds}")
     if not plan.calibration or not plan.calibration[0].get("per_token"):
         raise PlacerError("--curve needs a plan solved on per-token traces (placer collect)")
     trace_dir = Path(plan.calibration[0]["traces"])
     b = batch or int((plan.budget.get("concurrency") or [1])[0])
     seed = plan.solver.get("seed", 0) if seed is None else seed
-    num_steps = num_steps or int(plan.solver.get("steps") or 256)
     base = plan.hardware.base_step_s(b)
     top_k = int(plan.model["top_k"])
+    profile = load_profile(trace_dir)
     splits = split_sequences(trace_dir, folds, seed)
     rng = np.random.default_rng(seed)
     rows: dict[float, list[dict]] = {f: [] for f in fractions}
     lines: dict[str, list[dict]] = {"uniform": [], "oracle": []}
+
+    def steps_of(seq_ids: set[int]) -> np.ndarray:
+        steps, _ = replay_steps(trace_dir, profile, b, num_steps, seed, seq_ids=seq_ids)
+        return step_mask(steps.tokens, plan.experts_per_layer)
+
     for i, held_out in enumerate(splits):
-        test = sample_steps(trace_dir, b, num_steps, seed, seq_ids=held_out)
+        test = steps_of(held_out)
         problem = plan_problem(plan, [Steps("held-out", b, test, 1.0, base)])
         lines["uniform"].append(figures(problem, baselines.uniform(
             problem, top_k=top_k, seed=seed).placement, test, b, base))
@@ -204,7 +355,7 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
             take = max(b, int(round(f * len(train_pool))))
             chosen = set(rng.choice(train_pool, size=min(take, len(train_pool)),
                                     replace=False).tolist())
-            train = sample_steps(trace_dir, b, num_steps, seed, seq_ids=chosen)
+            train = steps_of(chosen)
             solved = greedy.solve(plan_problem(plan, [Steps("train", b, train, 1.0, base)]),
                                   seed=seed)
             row = figures(problem, solved.placement, test, b, base)
@@ -220,4 +371,3 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
 
 def _mean(rows: list[dict]) -> dict:
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-

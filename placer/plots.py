@@ -20,6 +20,7 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     calib = calibration_counts(plan)
     fig, axes = plt.subplots(len(trace_dirs), 2, figsize=(13, 3.6 * len(trace_dirs)),
@@ -34,6 +35,7 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
         ax.set_title(f"{trace_dir}: staged MiB per token by layer (B={first_b})")
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("MiB / token")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax = axes[row][1]
         traffic = load_profile(trace_dir).counts.astype(np.float64)
@@ -43,12 +45,19 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
         ax.set_title("traffic minus calibration: share of each layer's selections")
         ax.set_xlabel("expert")
         ax.set_ylabel("MoE layer ordinal")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(im, ax=ax)
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=90, format="png")
+        tmp.replace(out)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return out
 
 

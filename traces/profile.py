@@ -1,14 +1,19 @@
 """Profiles: what the solver consumes from a trace directory.
 
-`load_profile` aggregates per-(MoE layer, expert) selection counts; `sample_steps` draws
-decode steps of B concurrent tokens from distinct sequences; `split_sequences` makes k folds
-of sequence ids for calibration / held-out evaluation. Every reader streams the Parquet
-dataset batch by batch (`traces.dataset`), so memory is bounded by one batch plus the
-outputs (and, for sampling, one small record per sequence).
+`load_profile` aggregates per-(MoE layer, expert) selection counts. Decode steps of B
+concurrent tokens of distinct sequences come as the tokens in them (`TokenSteps`): every
+token of a trace (`every_token_steps`, what `placer evaluate` replays) or a sample
+(`sampled_token_steps`); `step_mask` turns them into the [S, L, E] selections the stage cost
+model reads (`sample_steps` = the mask of a sample). `split_sequences` makes k folds of
+sequence ids for calibration / held-out evaluation. Every reader streams the Parquet dataset
+batch by batch (`traces.dataset`), so memory is bounded by one batch plus the outputs (and
+one small record per sequence, or per token when every token is replayed).
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,30 +128,80 @@ def split_sequences(trace_dir: Path, folds: int, seed: int = 0, *,
     return [set(perm[i::folds].tolist()) for i in range(folds)]
 
 
+@dataclass(frozen=True)
+class TokenSteps:
+    """Decode steps as the tokens in them.
+
+    tokens: [S, B, L, k] int16 expert ids of each step's B tokens (per MoE layer ordinal),
+            -1 where a step has fewer than B tokens (or a token lacks a layer's row).
+    seqs:   [S, B] int64 sequence id of each token (-1 where none: imported counts have no
+            sequences, and a missing token has none).
+    """
+
+    tokens: np.ndarray
+    seqs: np.ndarray
+
+    @property
+    def batch(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def step_mask(tokens: np.ndarray, num_experts: int) -> np.ndarray:
+    """[S, B, L, k] expert ids (-1: none) -> [S, L, E] bool: the experts at least one of each
+    step's tokens selected, per MoE layer ordinal."""
+    num_steps, _, num_layers, _ = tokens.shape
+    step = np.arange(num_steps)[:, None, None, None]
+    layer = np.arange(num_layers)[None, None, :, None]
+    flat = (step * num_layers + layer) * num_experts + tokens
+    out = np.zeros(num_steps * num_layers * num_experts, dtype=bool)
+    out[flat[tokens >= 0]] = True
+    return out.reshape(num_steps, num_layers, num_experts)
+
+
 def sample_steps(source: Path | Profile, batch: int, num_steps: int, seed: int = 0, *,
                  tags: list[str] | None = None,
                  seq_ids: set[int] | None = None) -> np.ndarray:
     """[S, L, E] bool: for each of `num_steps` decode steps, the experts selected by at least
-    one of `batch` concurrent tokens, per MoE layer ordinal. Same inputs and seed -> same out.
+    one of `batch` concurrent tokens, per MoE layer ordinal: the step_mask of
+    `sampled_token_steps` (which says how steps are drawn). Same inputs and seed -> same out."""
+    steps = sampled_token_steps(source, batch, num_steps, seed, tags=tags, seq_ids=seq_ids)
+    num_experts = (source.num_experts if isinstance(source, Profile)
+                   else _num_experts(open_traces(source)))
+    return step_mask(steps.tokens, num_experts)
+
+
+def _num_experts(td: TraceDir) -> int:
+    model = td.model
+    return model["num_experts"] if td.kind == KIND_COUNTS else model["experts_per_layer"]
+
+
+def sampled_token_steps(source: Path | Profile, batch: int, num_steps: int, seed: int = 0, *,
+                        tags: list[str] | None = None,
+                        seq_ids: set[int] | None = None) -> TokenSteps:
+    """`num_steps` sampled decode steps of `batch` concurrent tokens each.
 
     From a per-token trace directory: step s takes B tokens of B *distinct* sequences (decode
     rows; all rows if there are none): sequences are drawn without replacement with
     probability proportional to their number of tokens (a long sequence is in flight longer),
-    then one token uniformly within each; the step is the union of their real selections, so
-    co-selection within a token is kept. The sampled (seq, pos) keys are chosen first from a
-    per-sequence summary, then one streaming pass gathers them (bounded memory). Fewer
-    distinct sequences than B is a TraceError.
+    then one token uniformly within each; the tokens keep their real selections at every
+    layer, so co-selection within a token is kept. The sampled (seq, pos) keys are chosen
+    first from a per-sequence summary, then one streaming pass gathers them (bounded memory).
+    Fewer distinct sequences than B is a TraceError.
 
     From imported counts (a directory or a Profile with per_token=False) there are no tokens:
     each of the B tokens independently picks `top_k` distinct experts per layer with
-    probability proportional to the frequency (Gumbel top-k). A per-token Profile is refused:
-    pass its trace directory so that real steps are sampled.
+    probability proportional to the frequency (Gumbel top-k; -1 where fewer than k experts
+    occur); `seqs` is all -1. A per-token Profile is refused: pass its trace directory so
+    that real steps are sampled.
     """
     if batch < 1 or num_steps < 1:
         raise TraceError(f"batch and num_steps must be >= 1, got {batch} and {num_steps}")
     if isinstance(source, Profile):
         if source.per_token:
-            raise TraceError("sample_steps needs the trace directory of a per-token profile "
+            raise TraceError("sampling steps needs the trace directory of a per-token profile "
                              "(steps are drawn from real tokens of distinct sequences)")
         return _frequency_steps(source, batch, num_steps, seed)
     td = open_traces(source)
@@ -155,22 +210,22 @@ def sample_steps(source: Path | Profile, batch: int, num_steps: int, seed: int =
     return _trace_steps(td, batch, num_steps, seed, tags, seq_ids)
 
 
-def _frequency_steps(profile: Profile, batch: int, num_steps: int, seed: int) -> np.ndarray:
+def _frequency_steps(profile: Profile, batch: int, num_steps: int, seed: int) -> TokenSteps:
     num_layers, num_experts, k = len(profile.moe_layers), profile.num_experts, profile.top_k
     rng = np.random.default_rng(seed)
     with np.errstate(divide="ignore"):
         logits = np.log(profile.frequency())
-    out = np.zeros((num_steps, num_layers, num_experts), dtype=bool)
+    out = np.full((num_steps, batch, num_layers, k), -1, dtype=np.int16)
     chunk = max(1, CHUNK_CELLS // (batch * num_experts))
     for start in range(0, num_steps, chunk):
         steps = min(chunk, num_steps - start)
-        step_of = np.repeat(np.arange(start, start + steps), batch * k)
         for layer in range(num_layers):
             keys = logits[layer] + rng.gumbel(size=(steps * batch, num_experts))
             picks = np.argpartition(-keys, k - 1, axis=1)[:, :k]
-            finite = np.isfinite(np.take_along_axis(keys, picks, axis=1)).ravel()
-            out[step_of[finite], layer, picks.ravel()[finite]] = True
-    return out
+            finite = np.isfinite(np.take_along_axis(keys, picks, axis=1))
+            out[start:start + steps, :, layer, :] = np.where(finite, picks, -1).reshape(
+                steps, batch, k)
+    return TokenSteps(out, np.full((num_steps, batch), -1, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -217,9 +272,7 @@ def _positions(td: TraceDir, phase: str | None, tags: list[str] | None,
 
 
 def _trace_steps(td: TraceDir, batch: int, num_steps: int, seed: int,
-                 tags: list[str] | None, seq_ids: set[int] | None) -> np.ndarray:
-    model = td.model
-    layers, num_experts = tuple(model["moe_layers"]), model["experts_per_layer"]
+                 tags: list[str] | None, seq_ids: set[int] | None) -> TokenSteps:
     phase = _decode_or_all(td, "decode", tags, seq_ids)
     summary = _summarize(td, phase, tags, seq_ids)
     n = len(summary.ids)
@@ -241,34 +294,116 @@ def _trace_steps(td: TraceDir, batch: int, num_steps: int, seed: int,
         lists = _positions(td, phase, tags, np.unique(summary.ids[chosen[gappy[chosen]]]))
         for s, b in zip(*np.nonzero(gappy[chosen]), strict=True):
             pos[s, b] = lists[int(summary.ids[chosen[s, b]])][rank[s, b]]
-    return _gather(td, summary, chosen, pos, phase, tags, seq_ids, layers, num_experts)
-
-
-def _gather(td: TraceDir, summary: _SeqSummary, chosen: np.ndarray, pos: np.ndarray,
-            phase: str | None, tags: list[str] | None, seq_ids: set[int] | None,
-            layers: tuple[int, ...], num_experts: int) -> np.ndarray:
-    """One streaming pass: OR the selections of each sampled (sequence, position) into its
-    steps. `chosen`, `pos`: [S, B] sequence indices (into summary.ids) and positions."""
-    num_steps = chosen.shape[0]
     span = int(summary.last.max()) + 1
-    keys = (chosen * span + pos).ravel()
-    step_of = np.repeat(np.arange(num_steps), chosen.shape[1])
-    order = np.argsort(keys, kind="stable")
-    unique_keys, first_at, reps = np.unique(keys[order], return_index=True, return_counts=True)
-    steps_sorted = step_of[order]
-    lut = _layer_lut(layers)
-    out = np.zeros((num_steps, len(layers), num_experts), dtype=bool)
+    keys, inverse = np.unique(chosen * span + pos, return_inverse=True)
+    table = _token_table(td, summary.ids, span, keys, phase, tags, seq_ids)
+    return TokenSteps(table[inverse.reshape(chosen.shape)], summary.ids[chosen])
+
+
+def _token_table(td: TraceDir, ids: np.ndarray, span: int, keys: np.ndarray,
+                 phase: str | None, tags: list[str] | None, seq_ids: set[int] | None
+                 ) -> np.ndarray:
+    """[U, L, k] int16 selections of the U tokens with `keys` (sorted, distinct; a key is the
+    index of the token's sequence in `ids` * span + its position), gathered in one streaming
+    pass; -1 where a token has no row at a layer."""
+    model = td.model
+    lut = _layer_lut(tuple(model["moe_layers"]))
+    out = np.full((len(keys), len(model["moe_layers"]), model["top_k"]), -1, dtype=np.int16)
+    if not len(keys):
+        return out
     for b in stream_rows(td, ["seq_id", "pos", "layer", "experts"], phase, tags, seq_ids):
-        seq_index = np.minimum(np.searchsorted(summary.ids, b["seq_id"]), len(summary.ids) - 1)
-        row_keys = np.where(summary.ids[seq_index] == b["seq_id"], seq_index * span + b["pos"], -1)
-        at = np.minimum(np.searchsorted(unique_keys, row_keys), len(unique_keys) - 1)
-        hit = np.flatnonzero(unique_keys[at] == row_keys)
-        if not len(hit):
-            continue
-        u = at[hit]
-        count = reps[u]
-        row = np.repeat(hit, count)
-        offsets = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-        steps = steps_sorted[np.repeat(first_at[u], count) + offsets]
-        out[steps[:, None], lut[b["layer"][row]][:, None], b["experts"][row]] = True
+        seq_index = np.minimum(np.searchsorted(ids, b["seq_id"]), len(ids) - 1)
+        row_keys = np.where(ids[seq_index] == b["seq_id"], seq_index * span + b["pos"], -1)
+        at = np.minimum(np.searchsorted(keys, row_keys), len(keys) - 1)
+        hit = np.flatnonzero(keys[at] == row_keys)
+        out[at[hit], lut[b["layer"][hit]]] = b["experts"][hit]
     return out
+
+
+def every_token_steps(trace_dir: Path, batch: int, *, groupings: int = 4, seed: int = 0,
+                      tags: list[str] | None = None, seq_ids: set[int] | None = None,
+                      phase: str | None = "decode") -> TokenSteps:
+    """Every token of the trace (rows of `phase`; all rows if none has it) replayed, not
+    sampled.
+
+    B = 1: each token is one step, once, in (sequence id, position) order: exact.
+    B > 1: continuous batching. B slots each decode one sequence token by token and take the
+    next sequence of a seeded random order when theirs ends (one in flight in another slot is
+    passed over, so every step holds B distinct sequences); the order is cyclic, and stepping
+    stops at the first step by which every token has been used, so every step is full and
+    every token is used (the few taken a second time at the end, twice). `groupings` such
+    schedules, each from its own order, are concatenated. Fewer sequences than B is a
+    TraceError; so are imported counts, which have no tokens (sample them instead).
+
+    Two streaming passes (token keys of the first MoE layer, then every row): memory is the
+    [N, L, k] int16 table of the N tokens plus the output.
+    """
+    if batch < 1 or groupings < 1:
+        raise TraceError(f"batch and groupings must be >= 1, got {batch} and {groupings}")
+    td = open_traces(trace_dir)
+    if td.kind == KIND_COUNTS:
+        raise TraceError(f"{td.root} holds imported counts: it has no tokens to replay one by "
+                         f"one (steps can only be sampled from its frequencies)")
+    phase = _decode_or_all(td, phase, tags, seq_ids)
+    ids, keys, span = _token_keys(td, phase, tags, seq_ids)
+    table = _token_table(td, ids, span, keys, phase, tags, seq_ids)
+    seq_of = ids[keys // span]
+    if batch == 1:
+        return TokenSteps(table[:, None], seq_of[:, None])
+    if len(ids) < batch:
+        raise TraceError(f"{td.root} has only {len(ids)} sequences with {phase or 'any'} "
+                         f"tokens; a step of batch {batch} needs {batch} distinct sequences")
+    lengths = np.bincount(keys // span, minlength=len(ids))
+    rng = np.random.default_rng(seed)
+    index = np.concatenate([_continuous_batching(lengths, batch, rng)
+                            for _ in range(groupings)])
+    return TokenSteps(table[index], seq_of[index])
+
+
+def _token_keys(td: TraceDir, phase: str | None, tags: list[str] | None,
+                seq_ids: set[int] | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(sorted distinct sequence ids, sorted distinct token keys, span) of the selected
+    tokens, a token's key being (index of its sequence in ids) * span + position."""
+    seqs, positions = [], []
+    for b in stream_rows(td, ["seq_id", "pos"], phase, tags, seq_ids, first_layer_only=True):
+        seqs.append(b["seq_id"])
+        positions.append(b["pos"].astype(np.int64))
+    if not seqs:
+        raise TraceError(f"no trace rows in {td.root} match tags={tags} and the given seq_ids")
+    seq, pos = np.concatenate(seqs), np.concatenate(positions)
+    ids = np.unique(seq)
+    span = int(pos.max()) + 1
+    return ids, np.unique(np.searchsorted(ids, seq) * span + pos), span
+
+
+def _continuous_batching(lengths: np.ndarray, batch: int, rng: np.random.Generator
+                         ) -> np.ndarray:
+    """[S, B] token indices (tokens numbered sequence after sequence, `lengths` [n] tokens
+    each) of one continuous-batching schedule over a random cyclic order of the sequences
+    (see every_token_steps)."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    order = deque(rng.permutation(len(lengths)).tolist())
+    ends: dict[int, int] = {}  # sequence -> step its latest run ends (exclusive)
+    first_taken = np.zeros(len(lengths), dtype=bool)
+    horizon = 0
+    free = [(0, slot) for slot in range(batch)]  # (step a slot is free from, slot)
+    runs: list[tuple[int, int, int]] = []  # (slot, sequence, first step)
+    while True:
+        step, slot = heapq.heappop(free)
+        if first_taken.all() and step >= horizon:
+            break
+        while ends.get(order[0], -1) > step:  # in flight in another slot
+            order.rotate(-1)
+        seq = order.popleft()
+        order.append(seq)
+        ends[seq] = step + int(lengths[seq])
+        runs.append((slot, seq, step))
+        if not first_taken[seq]:
+            first_taken[seq] = True
+            horizon = max(horizon, ends[seq])
+        heapq.heappush(free, (ends[seq], slot))
+    index = np.empty((horizon, batch), dtype=np.int64)
+    for slot, seq, start in runs:
+        stop = min(start + int(lengths[seq]), horizon)
+        index[start:stop, slot] = offsets[seq] + np.arange(stop - start)
+    return index

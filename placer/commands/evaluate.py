@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, parse_list, print_json
+from placer.errors import PlacerError
 from placer.plan import read_plan
 
 
@@ -23,18 +24,22 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[str | None, typer.Option(
             help="Concurrent sequences, e.g. 1,8 (default: the plan's).")] = None,
         steps: Annotated[int | None, typer.Option(
-            help="Decode steps sampled per trace set and concurrency (default: the plan's).")
-        ] = None,
-        seed: Annotated[int | None, typer.Option(help="Sampling seed (default: the plan's).")
+            help="Sample this many decode steps per trace set and concurrency instead of "
+                 "replaying every held-out token (the default; imported count matrices have "
+                 "no tokens and are always sampled).")] = None,
+        seed: Annotated[int | None, typer.Option(
+            help="Seed of the batching orders, samples and bootstrap (default: the plan's).")
                         ] = None,
         oracle_time_limit: Annotated[float, typer.Option(
-            help="Seconds for the oracle ILP on each traffic set.")] = 10.0,
+            help="Seconds for the oracle ILP on each traffic set and concurrency.")] = 10.0,
         curve: Annotated[bool, typer.Option(
             help="Also show held-out figures against the amount of calibration traffic.")
         ] = False,
-        folds: Annotated[int, typer.Option(help="Folds over sequences for --curve.")] = 4,
+        folds: Annotated[int, typer.Option(help="Folds over sequences for --curve (>= 2).")
+                         ] = 4,
         plot: Annotated[Path | None, typer.Option(help="Write a PNG of per-layer staging "
-                                                       "and drift heatmaps.")] = None,
+                                                       "and drift heatmaps (a .png path).")
+                        ] = None,
         cache_slots: Annotated[int, typer.Option(
             help="Also replay static placement + an LRU of N staged experts per card "
                  "(what `placer run --cache-slots N` stages).")] = 0,
@@ -42,10 +47,19 @@ def register(app: typer.Typer) -> None:
                             ] = False,
     ) -> None:
         """Replay held-out traffic against a placement and the layer-offload, uniform and
-        oracle baselines at the same budget; warn where the placement is predicted worse."""
+        oracle baselines at the same budget; warn where the placement is predicted worse.
+
+        Every held-out token is replayed (at B > 1 in steps of B distinct sequences,
+        continuous batching over 4 seeded orders); each figure has a 95% bootstrap interval
+        over sequences, and the verdict against layer offload (better, worse or within
+        noise) reads the interval of the stall ratio."""
         from placer.evaluate import EvalOptions, calibration_curve, evaluate
         from placer.plots import plot_evaluation
 
+        if folds < 2:
+            raise PlacerError(f"--folds must be >= 2, got {folds}")
+        if plot is not None and plot.suffix.lower() != ".png":
+            raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
         plan = read_plan(plan_path)
         trace_dirs = list(traces or [])
         opts = EvalOptions(
@@ -64,10 +78,13 @@ def register(app: typer.Typer) -> None:
 
 
 def print_report(report: dict) -> None:
-    """Every row reads: placement X, layer offload Y, uniform U, oracle Z."""
+    """Every row reads: placement X, layer offload Y, uniform U, oracle Z, each figure with
+    the half-width of its 95% interval; then each row's ratios and verdict."""
     console = Console()
-    table = Table(title=f"predicted on replayed traffic ({report['steps']} sampled decode steps "
-                        f"per row, seed {report['seed']})")
+    how = ("every held-out token (B>1: continuous batching, "
+           f"{report['groupings']} orders)" if report["steps"] is None else report["replay"])
+    table = Table(title=f"predicted on {how}, seed {report['seed']}; ± 95% bootstrap "
+                        f"interval ({report['replicates']} replicates)")
     for col in ("traffic", "B", "", "hit rate", "staged KiB/token", "transfers/token",
                 "stall ms/step", "tok/s"):
         table.add_column(col, justify="right")
@@ -75,19 +92,30 @@ def print_report(report: dict) -> None:
         for i, line in enumerate(("placement", "layer", "uniform", "oracle")):
             f = r[line]
             table.add_row(r["traces"] if i == 0 else "", str(r["concurrency"]) if i == 0 else "",
-                          "layer offload" if line == "layer" else line, f"{f['hit_rate']:.3f}",
-                          f"{f['staged_bytes_per_token'] / 1024:.1f}",
-                          f"{f['transfers_per_token']:.2f}", f"{f['stall_ms_per_step']:.4f}",
-                          f"{f['tokens_per_s']:.2f}", end_section=i == 3)
+                          "layer offload" if line == "layer" else line,
+                          _pm(f, "hit_rate", "{:.3f}"),
+                          _pm(f, "staged_bytes_per_token", "{:.1f}", 1 / 1024),
+                          _pm(f, "transfers_per_token", "{:.2f}"),
+                          _pm(f, "stall_ms_per_step", "{:.4f}"),
+                          _pm(f, "tokens_per_s", "{:.2f}"), end_section=i == 3)
     console.print(table)
     for r in report["results"]:
+        console.print(f"{r['traces']} B={r['concurrency']}: {r['tokens']} tokens in "
+                      f"{r['steps']} steps, interval over {r['interval_units']} "
+                      f"{r['interval_over']}; stall / layer offload {r['ratio_to_layer']:.3f} "
+                      f"{_span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / oracle "
+                      f"{r['ratio_to_oracle']:.3f} {_span(r['ratio_to_oracle_ci95'])}")
         if "placement+cache" in r:
             c = r["placement+cache"]
             console.print(f"{r['traces']} B={r['concurrency']}: placement + LRU of "
                           f"{c['cache_slots']} experts per card stages "
-                          f"{c['staged_bytes_per_token'] / 1024:.1f} KiB/token in "
-                          f"{c['copies_per_token']:.2f} copies/token "
-                          f"({c['staged_bytes_saved']:.1%} fewer bytes than static alone)")
+                          f"{_pm(c, 'staged_bytes_per_token', '{:.1f}', 1 / 1024)} KiB/token "
+                          f"in {_pm(c, 'copies_per_token', '{:.2f}')} copies/token "
+                          f"({c['staged_bytes_saved']:.1%} "
+                          f"{_span(c['staged_bytes_saved_ci95'], '{:.1%}')} fewer bytes than "
+                          f"static alone)")
+    for note in report["notes"]:
+        console.print(f"note: {note}")
     for d in report["drift"]:
         console.print(f"drift {d['traces']}: Jensen-Shannon divergence from the calibration "
                       f"profile {d['js_mean_bits']:.4f} bits (mean over layers)")
@@ -102,6 +130,17 @@ def print_report(report: dict) -> None:
                           f"{row['hit_rate']:.3f}", f"{row['stall_ms_per_step']:.4f}")
         console.print(curve)
     for v in report["verdicts"]:
-        console.print(v["message"], style="bold red" if not v["ok"] else "green")
+        console.print(v["message"], style={"worse": "bold red", "better": "green"}.get(
+            v["verdict"], "yellow"))
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
+
+
+def _pm(figures: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    """"value ± half-width" of a figure and its `<key>_ci95`."""
+    low, high = figures[f"{key}_ci95"]
+    return f"{fmt.format(figures[key] * scale)} ± {fmt.format((high - low) / 2 * scale)}"
+
+
+def _span(ci: list[float], fmt: str = "{:.3f}") -> str:
+    return f"[{fmt.format(ci[0])}, {fmt.format(ci[1])}]"

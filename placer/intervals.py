@@ -1,0 +1,154 @@
+"""95% intervals of replayed figures: a paired bootstrap over sequences.
+
+A replayed decode step of B tokens has a cost (stall, staged bytes, transfers, selected
+bytes). Each of its tokens is attributed 1/B of it, so a sequence carries the cost of the
+steps it is in, and every figure is a ratio estimator over sequences:
+
+    stall per step   = B x sum attributed stall / tokens
+    staged per token = sum attributed staged bytes / tokens     (transfers alike)
+    hit rate         = 1 - sum attributed staged / sum attributed selected bytes
+
+A replicate resamples the n sequences with replacement (multinomial counts, weights
+[R, n]) and recomputes each figure with those weights; the interval is the 2.5th and 97.5th
+percentile of the R replicates. Every line of a row (placement, layer offload, uniform,
+oracle) is weighed with the same replicate weights, so a ratio of two lines is paired: its
+interval is the interval of the ratio, not a combination of two intervals. The oracle's
+placement is held fixed across replicates (it is solved once, on all of the traffic).
+tokens/s = B / (base + stall) is monotone, so its interval is the stall's, mapped, with the
+endpoints swapped.
+
+Count-only traffic (steps sampled from imported frequencies) has no sequences: the units
+are then the sampled steps themselves ("interval over sampled steps").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+REPLICATES = 1000
+LOW, HIGH = 2.5, 97.5  # percentiles of a 95% interval
+FIELDS = ("stall", "staged", "transfers", "selected")  # per-step sums a replay attributes
+
+
+@dataclass(frozen=True)
+class Units:
+    """What replicates resample. unit_of: [S, B] int unit of each token of each step (-1:
+    none); count: number of units; over: "sequences" or "sampled steps"."""
+
+    unit_of: np.ndarray
+    count: int
+    over: str
+
+    def tokens(self) -> np.ndarray:
+        """[n] float tokens of each unit."""
+        mine = self.unit_of[self.unit_of >= 0]
+        return np.bincount(mine, minlength=self.count).astype(np.float64)
+
+
+def units_of(seqs: np.ndarray) -> Units:
+    """The resampling units of steps whose tokens belong to sequences `seqs` ([S, B] int64,
+    -1: none): the distinct sequences, or each step when no token has a sequence."""
+    seqs = np.asarray(seqs)
+    if (seqs >= 0).any():
+        ids, inverse = np.unique(seqs, return_inverse=True)
+        inverse = inverse.reshape(seqs.shape)
+        offset = int(ids[0] < 0)  # -1 sorts first: it is no unit
+        return Units(np.where(seqs >= 0, inverse - offset, -1), len(ids) - offset, "sequences")
+    num_steps, batch = seqs.shape
+    return Units(np.repeat(np.arange(num_steps), batch).reshape(num_steps, batch), num_steps,
+                 "sampled steps")
+
+
+def replicate_weights(count: int, replicates: int = REPLICATES, seed: int = 0) -> np.ndarray:
+    """[R, n] float bootstrap weights: how often each of `count` units is drawn in each of R
+    resamples of `count` draws with replacement."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(count, np.full(count, 1.0 / count), size=replicates).astype(
+        np.float64)
+
+
+def attribute(unit_of: np.ndarray, per_step: np.ndarray, count: int) -> np.ndarray:
+    """Each token's share of its step: unit_of [c, B] (-1: none), per_step [c, F] ->
+    [count, F] sums over each unit's tokens of per_step / B."""
+    chunk, batch = unit_of.shape
+    per_step = np.asarray(per_step, dtype=np.float64).reshape(chunk, -1)
+    has = unit_of >= 0
+    step = np.broadcast_to(np.arange(chunk)[:, None], unit_of.shape)[has]
+    out = np.zeros((count, per_step.shape[1]))
+    np.add.at(out, unit_of[has], per_step[step] / batch)
+    return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure: its point estimate and its R bootstrap replicates ([R] float)."""
+
+    point: float
+    replicates: np.ndarray
+
+    def ci95(self) -> list[float]:
+        if np.isnan(self.replicates).all():
+            return [float("nan"), float("nan")]
+        low, high = np.nanpercentile(self.replicates, (LOW, HIGH))
+        return [float(low), float(high)]
+
+    def ratio_to(self, other: Estimate) -> Estimate:
+        """This figure over `other`, replicate by replicate (paired)."""
+        return Estimate(_divide(self.point, other.point),
+                        _divide(self.replicates, other.replicates))
+
+
+def _divide(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray | float:
+    """num / den, with 0 / 0 = 0 and x / 0 = inf (as a stall ratio reads)."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(den > 0, num / np.where(den > 0, den, 1.0),
+                       np.where(num > 0, np.inf, 0.0))
+    return float(out) if out.ndim == 0 else out
+
+
+def ratio_estimate(num: np.ndarray, den: np.ndarray, weights: np.ndarray) -> Estimate:
+    """sum num / sum den over units ([n] each), and over each replicate's weights [R, n]."""
+    return Estimate(_divide(num.sum(), den.sum()), _divide(weights @ num, weights @ den))
+
+
+def line_figures(sums: np.ndarray, tokens: np.ndarray, weights: np.ndarray, batch: int,
+                 base_step_s: float) -> tuple[dict, Estimate]:
+    """The figures of one line of a row with their intervals, and its stall estimate (s per
+    step) for paired ratios.
+
+    sums: [n, 4] attributed per-unit sums of FIELDS; tokens: [n] tokens per unit."""
+    stall, staged, transfers, selected = (sums[:, i] for i in range(len(FIELDS)))
+    stall_s = ratio_estimate(stall * batch, tokens, weights)
+    miss = ratio_estimate(staged, selected, weights)
+    figures = {"hit_rate": 1.0 - miss.point if selected.sum() > 0 else 1.0,
+               "hit_rate_ci95": [1.0 - miss.ci95()[1], 1.0 - miss.ci95()[0]]
+               if selected.sum() > 0 else [1.0, 1.0]}
+    for name, field in (("staged_bytes_per_token", staged), ("transfers_per_token", transfers)):
+        est = ratio_estimate(field, tokens, weights)
+        figures[name], figures[f"{name}_ci95"] = est.point, est.ci95()
+    low, high = stall_s.ci95()
+    figures["stall_ms_per_step"] = stall_s.point * 1e3
+    figures["stall_ms_per_step_ci95"] = [low * 1e3, high * 1e3]
+    figures["tokens_per_s"] = tokens_per_s(batch, base_step_s, stall_s.point)
+    figures["tokens_per_s_ci95"] = [tokens_per_s(batch, base_step_s, high),
+                                    tokens_per_s(batch, base_step_s, low)]
+    return figures, stall_s
+
+
+def tokens_per_s(batch: int, base_step_s: float, stall_s: float) -> float:
+    step = base_step_s + stall_s
+    return batch / step if step > 0 else float("inf")
+
+
+def verdict(ci95: list[float]) -> str:
+    """A stall ratio to layer offload judged by its interval: "better" when all of it is
+    below 1, "worse" when all of it is above 1, else "within noise"."""
+    low, high = ci95
+    if high < 1.0:
+        return "better"
+    if low > 1.0:
+        return "worse"
+    return "within noise"
