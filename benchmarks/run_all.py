@@ -21,6 +21,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_solvers.py": ["--quick"],
     "bench_emit.py": ["--quick"],
     "bench_gpu.py": [],
+    "bench_cpu_experts.py": ["--quick"],
 }
 
 

@@ -153,8 +153,6 @@ def host_memory_bandwidth(buffer_bytes: int, repeats: int, threads: int) -> floa
     the write-allocate reads of the destination are not counted. The warm-up copy runs on the
     same threads, so each thread's pages are first touched (NUMA-placed) by the thread that
     copies them."""
-    if buffer_bytes < threads * 4096:
-        raise PlacerError(f"probe --host: copy buffer of {buffer_bytes} bytes is too small")
     src = np.ones(buffer_bytes, dtype=np.uint8)
     dst = np.empty_like(src)
     bounds = [buffer_bytes * i // threads // 64 * 64 for i in range(threads)] + [buffer_bytes]
@@ -173,11 +171,6 @@ def host_matmul_flops(dtype: str, tokens: int, hidden: int, inter: int, repeats:
     in `dtype`, on `threads` threads. Torch's thread count is restored afterwards."""
     import torch
 
-    if dtype not in HOST_DTYPES:
-        raise PlacerError(f"probe --host --dtype: expected one of {', '.join(HOST_DTYPES)}, "
-                          f"got {dtype!r}")
-    if min(tokens, hidden, inter) < 1:
-        raise PlacerError(f"probe --host --tokens: expected a positive count, got {tokens}")
     torch_dtype = getattr(torch, dtype)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, hidden, generator=generator).to(torch_dtype)
@@ -219,8 +212,16 @@ def host_sync_us(round_trips: int = 200) -> float | None:
 def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens: int = 1024,
                repeats: int = 5) -> HostProbe:
     """Measure this host's `[host]` figures on all its cores (no GPU needed)."""
+    if dtype not in HOST_DTYPES:
+        raise PlacerError(f"probe --host --dtype: expected one of {', '.join(HOST_DTYPES)}, "
+                          f"got {dtype!r}")
+    if tokens < 1:
+        raise PlacerError(f"probe --host --tokens: expected a positive count, got {tokens}")
     threads = host_threads()
     buffer_bytes = default_buffer_bytes() if buffer_bytes is None else buffer_bytes
+    if buffer_bytes < threads * 4096:
+        raise PlacerError(f"probe --host --mb: a copy buffer of {buffer_bytes} bytes is too "
+                          f"small for {threads} threads")
     hidden, inter = MATMUL_SHAPE
     bandwidth = host_memory_bandwidth(buffer_bytes, repeats, threads)
     flops = host_matmul_flops(dtype, tokens, hidden, inter, repeats, threads)

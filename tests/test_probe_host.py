@@ -1,0 +1,112 @@
+"""`placer probe --host` (no GPU needed) and the CPU-expert benchmark's measuring functions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from placer.probe import HostProbe, format_flops, host_fragment, last_level_cache_bytes
+from solvers.cpu import expert_seconds
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = ("--mb", "8", "--tokens", "64")  # an 8 MiB copy, a 64-row matmul: a fast probe
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/bench_cpu_experts.py as a module (benchmarks/ is not a package)."""
+    path = REPO / "benchmarks" / "bench_cpu_experts.py"
+    spec = importlib.util.spec_from_file_location("bench_cpu_experts", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_probe_host_json_needs_no_gpu(cli, dtype: str) -> None:
+    threads_before = torch.get_num_threads()
+    out = json.loads(cli("probe", "--host", "--json", "--dtype", dtype, *SMALL).stdout)
+    assert torch.get_num_threads() == threads_before  # the probe restores torch's threads
+    for key in ("memory_bandwidth", "flops", "sync_us"):
+        assert math.isfinite(out[key]) and out[key] > 0, key
+    assert out["dtype"] == dtype
+    assert out["buffer_bytes"] == 8 * 2**20 and out["matmul"] == [64, 2048, 768]
+    assert out["sync_measured"] == torch.cuda.is_available()
+
+
+def test_probe_host_fragment_parses_as_the_host_table(cli) -> None:
+    text = cli("probe", "--host", *SMALL).stdout
+    host = tomllib.loads(text)["host"]
+    assert set(host) == {"memory_bandwidth", "flops", "sync_us"}
+    assert host["memory_bandwidth"].endswith("GB/s") and host["flops"].endswith("FLOPS")
+    assert float(host["memory_bandwidth"].removesuffix("GB/s")) > 0
+    assert isinstance(host["sync_us"], float) and host["sync_us"] > 0
+
+
+def test_fragment_figures_and_comments() -> None:
+    probe = HostProbe(memory_bandwidth=12.3456e9, flops=567.8e9, sync_us=30.0,
+                      sync_measured=False, dtype="bfloat16", threads=4,
+                      buffer_bytes=256 * 2**20, matmul=(1024, 2048, 768), repeats=5)
+    text = host_fragment(probe)
+    assert tomllib.loads(text)["host"] == {"memory_bandwidth": "12.35GB/s",
+                                           "flops": "567.8GFLOPS", "sync_us": 30.0}
+    assert "typical, not measured" in text and "torch bfloat16 matmul" in text
+    measured = host_fragment(HostProbe(**{**probe.__dict__, "sync_us": 12.26,
+                                          "sync_measured": True}))
+    assert tomllib.loads(measured)["host"]["sync_us"] == 12.3
+    assert "typical" not in measured
+
+
+def test_format_flops_units() -> None:
+    assert format_flops(1.5e12) == "1.5TFLOPS"
+    assert format_flops(393.52e9) == "393.5GFLOPS"
+    assert format_flops(2e15) == "2PFLOPS"
+
+
+def test_probe_host_bad_options_are_one_line(cli) -> None:
+    result = cli("probe", "--host", "--dtype", "float16", ok=False)
+    assert result.exit_code == 1 and "bfloat16, float32" in result.output
+    assert "Traceback" not in result.output
+    result = cli("probe", "--host", "--mb", "0", ok=False)
+    assert result.exit_code == 1 and "too small" in result.output
+    result = cli("probe", "--host", "--tokens", "0", ok=False)
+    assert result.exit_code == 1 and "positive count" in result.output
+
+
+def test_pool_outgrows_the_cache(bench) -> None:
+    for expert_bytes, cache in [(9_437_184, 32 * 2**20), (49_766_400, 32 * 2**20),
+                                (1000, 10**6), (10**9, 0)]:
+        count = bench.pool_size(expert_bytes, cache)
+        assert count * expert_bytes > 4 * cache and count >= 4
+        assert count == 4 or (count - 1) * expert_bytes <= 4 * cache
+    assert last_level_cache_bytes() >= 0
+
+
+def test_run_expert_is_the_swiglu_expert(bench) -> None:
+    gen = torch.Generator().manual_seed(0)
+    gate, up = torch.randn(6, 4, generator=gen), torch.randn(6, 4, generator=gen)
+    down, x = torch.randn(4, 6, generator=gen), torch.randn(3, 4, generator=gen)
+    g, u = x @ gate.T, x @ up.T
+    expected = (g / (1 + torch.exp(-g)) * u) @ down.T
+    torch.testing.assert_close(bench.run_expert(x, (gate, up, down)), expected)
+
+
+def test_measure_rows_on_a_tiny_expert(bench) -> None:
+    rows = bench.measure("tiny", 64, 32, [1, 4], calls=3, memory_bandwidth=1e9, flops=1e10,
+                         cache_bytes=0)
+    assert [r.tokens for r in rows] == [1, 4] and all(r.experts == 4 for r in rows)
+    for r in rows:
+        assert r.expert_bytes == 3 * 64 * 32 * 2 and r.expert_flops == 2 * 3 * 64 * 32
+        assert r.predicted_s == float(expert_seconds(r.expert_bytes, r.expert_flops, r.tokens,
+                                                     1e9, 1e10))
+        assert r.predicted_s == max(r.memory_s, r.compute_s)
+        assert 0 < r.best_s <= r.measured_s and math.isfinite(r.ratio)
