@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from traces.errors import TraceError
 from traces.schema import KIND_COUNTS, KIND_TOKENS, read_meta
@@ -57,10 +58,12 @@ def _visible(path: Path, root: Path) -> bool:
 def scan(trace_dir: Path) -> TraceDir:
     """All trace files under `trace_dir` (which must be a directory; it may be empty)."""
     root = Path(trace_dir)
+    if root.exists() and not root.is_dir():
+        raise TraceError(f"{root} is not a directory (a trace directory holds *.parquet files)")
     if not root.is_dir():
         raise TraceError(f"trace directory not found: {root}")
     files = tuple(sorted(p for p in root.rglob("*.parquet") if p.is_file() and _visible(p, root)))
-    metas = tuple(read_meta(f) for f in files)
+    metas = tuple(_checked_meta(f) for f in files)
     kinds = {m.get("kind") for m in metas}
     if len(kinds) > 1:
         raise TraceError(f"{root} mixes per-token traces and imported counts; keep them apart")
@@ -69,6 +72,8 @@ def scan(trace_dir: Path) -> TraceDir:
         raise TraceError(f"{files[0]}: unknown trace kind {kind!r}")
     if kind == KIND_COUNTS and len(files) > 1:
         raise TraceError(f"{root} holds {len(files)} count matrices; one directory, one matrix")
+    if kind == KIND_COUNTS:
+        _check_counts(files[0], metas[0])
     if kind == KIND_TOKENS:
         first = {k: metas[0].get(k) for k in MODEL_KEYS}
         for f, m in zip(files[1:], metas[1:], strict=True):
@@ -76,6 +81,55 @@ def scan(trace_dir: Path) -> TraceDir:
                 raise TraceError(f"{root} holds traces of different models ({files[0].name} "
                                  f"and {f.relative_to(root)})")
     return TraceDir(root, kind, files, metas)
+
+
+# Metadata keys every reader uses, by kind, and their JSON types.
+META_TYPES = {
+    KIND_TOKENS: {"fingerprint": str, "num_layers": int, "moe_layers": list,
+                  "experts_per_layer": int, "top_k": int, "tag": str},
+    KIND_COUNTS: {"num_moe_layers": int, "num_experts": int, "top_k": int, "tokens": int,
+                  "tag": str},
+}
+
+
+def _checked_meta(path: Path) -> dict:
+    """The `placer` metadata of `path` with every key a reader uses of the right type."""
+    try:
+        meta = read_meta(path)
+    except TraceError:
+        raise
+    except (ValueError, TypeError, AttributeError) as exc:  # JSON that is not an object
+        raise TraceError(f"{path}: unreadable 'placer' metadata ({exc})") from None
+    kind = meta.get("kind")
+    for key, kind_of in META_TYPES.get(kind, {}).items():
+        value = meta.get(key)
+        if not isinstance(value, kind_of) or isinstance(value, bool) or (
+                kind_of is int and value < (0 if key == "tokens" else 1)):
+            raise TraceError(f"{path}: metadata {key} is {value!r}, expected "
+                             f"{'a positive integer' if kind_of is int else kind_of.__name__}")
+    if kind == KIND_TOKENS and not (meta["moe_layers"] and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0
+            for x in meta["moe_layers"])):
+        raise TraceError(f"{path}: metadata moe_layers is {meta['moe_layers']!r}, expected "
+                         "decoder layer indices")
+    return meta
+
+
+def _check_counts(path: Path, meta: dict) -> None:
+    """TraceError unless the count matrix at `path` decodes to the metadata's MoE layers x
+    experts of non-negative counts. Read whole: it is L x E int64, small."""
+    try:
+        table = pq.read_table(path)
+        layers = table.column("layer").to_numpy()
+        counts = np.array(table.column("counts").to_pylist(), dtype=np.int64)
+    except (pa.ArrowException, OSError, KeyError, ValueError, TypeError) as exc:
+        raise TraceError(f"{path}: cannot read its count matrix ({exc})") from None
+    shape = (meta["num_moe_layers"], meta["num_experts"])
+    if counts.shape != shape or sorted(layers.tolist()) != list(range(shape[0])):
+        raise TraceError(f"{path}: count matrix of shape {list(counts.shape)}, its metadata says "
+                         f"{list(shape)}")
+    if (counts < 0).any():
+        raise TraceError(f"{path}: negative counts")
 
 
 def open_traces(trace_dir: Path) -> TraceDir:
@@ -144,21 +198,57 @@ def stream_rows(td: TraceDir, columns: list[str], phase: str | None, tags: list[
     needed = list(dict.fromkeys([*columns, *(["seq_id"] if seq_ids is not None else [])]))
     allowed = None if seq_ids is None else np.fromiter(seq_ids, dtype=np.int64)
     k = td.model["top_k"]
-    batches = td.dataset().to_batches(
-        columns=needed, filter=expr, batch_size=BATCH_ROWS, batch_readahead=READAHEAD,
-        fragment_readahead=1, fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
-    for batch in batches:
-        out = {}
-        for name in needed:
-            col = batch.column(name)
-            if name == "experts":
-                out[name] = col.flatten().to_numpy().reshape(-1, k)
-            elif pa.types.is_dictionary(col.type):
-                out[name] = np.array(col.dictionary.to_pylist())[col.indices.to_numpy()]
-            else:
-                out[name] = col.to_numpy()
+    for path, batch in _batches(td, needed, expr):
+        try:
+            out = {name: _column(batch.column(name), k) for name in needed}
+        except (pa.ArrowException, ValueError, IndexError) as exc:
+            raise TraceError(f"{path}: cannot read its Parquet data ({exc})") from None
+        _check_values(path, td, out)
         if allowed is not None:
             keep = np.isin(out["seq_id"], allowed)
             out = {name: arr[keep] for name, arr in out.items()}
         if len(out[needed[0]]):
             yield out
+
+
+def _column(col: pa.Array, k: int) -> np.ndarray:
+    """One column as numpy: `experts` [N, k] int16, dictionary columns as str arrays."""
+    if pa.types.is_fixed_size_list(col.type):
+        return col.flatten().to_numpy().reshape(-1, k)
+    if pa.types.is_dictionary(col.type):
+        return np.array(col.dictionary.to_pylist())[col.indices.to_numpy()]
+    return col.to_numpy()
+
+
+def _batches(td: TraceDir, columns: list[str], expr: ds.Expression | None
+             ) -> Iterator[tuple[Path, pa.RecordBatch]]:
+    """The record batches of every file of `td` in turn, with the file they came from; a
+    file pyarrow cannot decode (a corrupt page, a wrong column type) is a TraceError naming
+    it."""
+    if td.kind != KIND_TOKENS:
+        raise TraceError(f"{td.root} holds imported counts, not per-token traces")
+    for path in td.files:
+        try:
+            batches = ds.dataset(str(path), format="parquet").to_batches(
+                columns=columns, filter=expr, batch_size=BATCH_ROWS,
+                batch_readahead=READAHEAD, fragment_readahead=1,
+                fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
+            for batch in batches:
+                yield path, batch
+        except (pa.ArrowException, OSError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TraceError(f"{path}: cannot read its Parquet data ({first})") from None
+
+
+def _check_values(path: Path, td: TraceDir, batch: dict[str, np.ndarray]) -> None:
+    """TraceError naming `path` when a row names an expert or layer the trace's model does
+    not have (a corrupt page that still decodes)."""
+    experts = batch.get("experts")
+    if experts is not None and experts.size and (
+            experts.min() < 0 or experts.max() >= td.model["experts_per_layer"]):
+        raise TraceError(f"{path}: an expert id outside [0, {td.model['experts_per_layer']}) "
+                         "(corrupt data?)")
+    layers = batch.get("layer")
+    if layers is not None and not np.isin(layers, td.model["moe_layers"]).all():
+        raise TraceError(f"{path}: a layer outside the MoE layers {td.model['moe_layers']} "
+                         "(corrupt data?)")

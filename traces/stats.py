@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+import secrets
 from pathlib import Path
 
 import numpy as np
 
 from traces.dataset import open_traces, stream_rows
+from traces.errors import TraceError
 from traces.profile import Profile, load_profile
 from traces.schema import KIND_COUNTS, PHASES
 
@@ -38,6 +41,8 @@ def trace_stats(trace_dir: Path, *, phase: str | None = None,
     """Tokens, sequences, per tag and per phase; per MoE layer entropy and hot shares.
 
     `phase`: restrict the per-layer figures to one phase (default: every row)."""
+    if phase is not None and phase not in PHASES:
+        raise TraceError(f"--phase {phase!r}: choose {' or '.join(PHASES)}")
     td = open_traces(trace_dir)
     profile = load_profile(trace_dir, phase=phase, tags=tags)
     per_tag: dict[str, dict] = {}
@@ -76,28 +81,59 @@ def trace_stats(trace_dir: Path, *, phase: str | None = None,
     }
 
 
-def plot_heatmap(profile: Profile, path: Path) -> Path:
-    """Write a layers x experts heatmap of selection frequency to `path` (PNG)."""
+def check_plot_path(path: Path) -> Path:
+    """`path` where a PNG heatmap may be written: a .png name (or one without a suffix, written
+    as PNG under exactly that name), not a directory."""
+    path = Path(path)
+    if path.suffix and path.suffix.lower() != ".png":
+        raise TraceError(f"--plot {path}: a heatmap is a PNG; name it *.png")
+    if path.is_dir():
+        raise TraceError(f"--plot {path} is a directory; name a .png file")
+    if not path.parent.is_dir():
+        raise TraceError(f"--plot {path}: no directory {path.parent}")
+    return path
+
+
+def heatmap_figure(profile: Profile):
+    """A matplotlib figure of the layers x experts selection frequency; integer ticks on both
+    axes (decoder layer indices, expert ids). The caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     freq = profile.frequency()
     width = min(16.0, 3.0 + 0.05 * profile.num_experts)
     height = min(12.0, 2.0 + 0.25 * len(profile.moe_layers))
     fig, ax = plt.subplots(figsize=(width, height))
+    image = ax.imshow(freq, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("decoder layer")
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=min(profile.num_experts, 16), integer=True))
+    ax.set_xlim(-0.5, profile.num_experts - 0.5)
+    ticks = np.unique(np.linspace(0, len(profile.moe_layers) - 1,
+                                  min(len(profile.moe_layers), 16)).round().astype(int))
+    ax.set_yticks(ticks, [str(profile.moe_layers[i]) for i in ticks])
+    ax.set_title(f"{profile.name}: P(expert selected by a token), {profile.tokens} tokens")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def plot_heatmap(profile: Profile, path: Path) -> Path:
+    """Write a layers x experts heatmap of selection frequency to exactly `path` (PNG; see
+    `check_plot_path`), through a temporary file renamed into place; the path written."""
+    import matplotlib.pyplot as plt
+
+    path = check_plot_path(path)
+    fig = heatmap_figure(profile)
+    tmp = path.parent / f".heatmap-{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
-        image = ax.imshow(freq, aspect="auto", interpolation="nearest", cmap="viridis")
-        ax.set_xlabel("expert")
-        ax.set_ylabel("decoder layer")
-        ticks = np.linspace(0, len(profile.moe_layers) - 1,
-                            min(len(profile.moe_layers), 16)).round().astype(int)
-        ax.set_yticks(ticks, [str(profile.moe_layers[i]) for i in ticks])
-        ax.set_title(f"{profile.name}: P(expert selected by a token), {profile.tokens} tokens")
-        fig.colorbar(image, ax=ax)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        with open(tmp, "xb") as f:  # mode from the umask, as any new file
+            fig.savefig(f, format="png", dpi=100)
+        os.replace(tmp, path)
     finally:
         plt.close(fig)
-    return Path(path)
+        tmp.unlink(missing_ok=True)
+    return path
