@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from placer.hardware import parse_spec
 from placer.probe import HostProbe, format_flops, host_fragment, last_level_cache_bytes
 from solvers.cpu import expert_seconds
 
@@ -64,6 +65,19 @@ def test_fragment_figures_and_comments() -> None:
                                           "sync_measured": True}))
     assert tomllib.loads(measured)["host"]["sync_us"] == 12.3
     assert "typical" not in measured
+
+
+def test_fragment_is_read_by_the_hardware_spec() -> None:
+    probe = HostProbe(memory_bandwidth=23.456e9, flops=1.234e12, sync_us=15.0,
+                      sync_measured=True, dtype="float32", threads=2,
+                      buffer_bytes=2**28, matmul=(1024, 2048, 768), repeats=5)
+    spec = parse_spec({"name": "box", "cards": 1,
+                       "card": {"vram": "24GiB", "h2d_bandwidth": "25GB/s", "latency_us": 10},
+                       "decode": {"base_step_ms": {"1": 10.0}},
+                       **tomllib.loads(host_fragment(probe))})
+    assert spec.host.memory_bandwidth == 23.46e9
+    assert spec.host.flops == pytest.approx(1.234e12, rel=1e-12)
+    assert spec.host.sync_s == pytest.approx(15e-6, rel=1e-12) and spec.host.sockets == 1
 
 
 def test_format_flops_units() -> None:
