@@ -305,7 +305,7 @@ def test_seq_ids_unique_across_runs_in_one_directory(tmp_path, trace_models, pla
                                                      trace_data):
     corpus = trace_data.prose_corpus(tmp_path / "p.txt", blocks=4)
     out = tmp_path / "t"
-    for extra in ([], ["--no-weights"]):
+    for extra in ([], ["--no-weights", "--tag", "again"]):  # one corpus, two samples
         placer_run("collect", "--model", trace_models["qwen3_moe"], "--corpus", corpus,
                    "--out", out, "--no-progress", *extra)
     files = sorted(out.glob("*.parquet"))

@@ -123,6 +123,26 @@ def check_out_dir(out_dir: Path, fingerprint: str) -> None:
                          f"collect into another directory")
 
 
+# What makes two traces the same sample of traffic: a second file of one in a directory
+# would count every one of its sequences twice in the profile.
+SAME_SAMPLE = ("fingerprint", "corpus_sha256", "tag", "mode")
+
+
+def refuse_duplicate(out_dir: Path, meta: dict) -> None:
+    """TraceError if a trace in `out_dir` holds the sample `meta` (a trace's metadata, or at
+    least its SAME_SAMPLE keys and `corpus`) describes: same model, corpus bytes, tag, mode."""
+    if not Path(out_dir).is_dir():
+        return
+    td = scan(out_dir)
+    key = {k: meta.get(k) for k in SAME_SAMPLE}
+    for path, found in zip(td.files, td.metas, strict=True):
+        if {k: found.get(k) for k in SAME_SAMPLE} == key:
+            raise TraceError(f"{path} already holds corpus {meta.get('corpus')} (tag "
+                             f"{key['tag']}, mode {key['mode']}) from this model: collecting it "
+                             "again would count it twice; remove that file or collect into "
+                             "another directory")
+
+
 def load_tokenizer(model_dir: Path, tokenizer: Path | None):
     """The checkpoint's tokenizer (or the one at `tokenizer`), or a TraceError if none."""
     from transformers import AutoTokenizer
@@ -190,6 +210,10 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
         vocab = [i for i in range(len(tokenizer)) if i not in special]
         corpora = [*corpora, random_corpus(random_tokens, vocab=vocab,
                                            doc_length=options.max_length, seed=options.seed)]
+    for corpus in corpora:  # before loading the model (_collect_corpus checks again)
+        refuse_duplicate(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.source,
+                                   "corpus_sha256": corpus.sha256, "tag": corpus.tag,
+                                   "mode": options.mode})
     device = resolve_device(options.device)
     torch.manual_seed(options.seed)
     model = load_model(model_dir, device, options.dtype)
@@ -231,6 +255,7 @@ def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, ou
             "seq_id_base": base, "weights": options.weights, "max_length": options.max_length,
             "max_new_tokens": options.max_new_tokens if options.mode == "generate" else None,
             "seed": options.seed}
+    refuse_duplicate(out_dir, meta)
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
     budget = options.max_tokens
