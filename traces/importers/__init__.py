@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from traces.errors import TraceError
-from traces.importers import counts, sglang, tokens
+from traces.importers import counts, llamacpp, sglang, tokens, trtllm, vllm
 from traces.importers.common import ImportRequest
 
 Importer = Callable[[list[Path], Path, ImportRequest], Path]
@@ -31,6 +31,10 @@ Importer = Callable[[list[Path], Path, ImportRequest], Path]
 FORMATS: dict[str, Importer] = {
     "counts": counts.import_matrix,
     "sglang": sglang.import_dumps,
+    "sglang-http": sglang.import_http,
+    "vllm": vllm.import_vllm,
+    "imatrix": llamacpp.import_imatrix,
+    "trtllm": trtllm.import_trtllm,
     "tokens": tokens.import_tokens,
 }
 

@@ -1,4 +1,7 @@
-"""Importing SGLang expert-distribution recorder dumps into a trace directory.
+"""SGLang routing: expert-distribution recorder dumps (`sglang`) and /generate responses
+with routed experts (`sglang-http`).
+
+## `sglang`: recorder dumps
 
 SGLang (`--expert-distribution-recorder-mode stat|stat_approx|per_pass|per_token`, then
 `POST /start_expert_distribution_record`, traffic, `POST /dump_expert_distribution_record`)
@@ -33,11 +36,39 @@ pass, and every decode token is its own sequence. Phase: DECODE passes, and one-
 segments of MIXED passes, are `decode`; every other pass is `prefill`. Gate weights are not
 recorded. Without DP attention every rank records the same tokens: import one rank's file
 (stat counts are then multiplied by the number of ranks, which frequencies do not see).
+
+## `sglang-http`: /generate responses
+
+A server started with `--enable-return-routed-experts` answers a `POST /generate` that sends
+`"return_routed_experts": true` with `meta_info["routed_experts"]`: the base64 of the
+little-endian int32 bytes of an array (tokens, num_hidden_layers, width). Read from
+sgl-project/sglang commit d4d0fc58371761f9f0da007a4ef4f0ad2bd19658
+`python/sglang/srt/layers/moe/routed_experts_capturer.py` (`_RoutedExpertsCapturerReal`:
+device buffer width `num_experts_per_tok + num_fused_shared_experts`, host buffer and so the
+returned array `num_experts_per_tok`; `get_routed_experts` returns the rows of the request's
+first `seqlen - 1` KV slots; `extract_routed_experts_from_meta_info` decodes it with
+`np.frombuffer(base64, dtype=np.int32)`), and from kvcache-ai/sglang commit
+04653fa88f5ce4ea83632c4ad436343db6bc8324 `managers/schedule_batch.py` (`Req.seqlen =
+len(origin_input_ids) + len(output_ids)`), `managers/detokenizer_manager.py`
+(`_extract_routed_experts`: `pybase64.b64encode(tensor.numpy().tobytes())`) and
+`managers/tokenizer_manager.py` (`meta_info` with `prompt_tokens`, `completion_tokens`,
+`routed_experts`; the response has `output_ids`). So a response holds prompt_tokens +
+completion_tokens - 1 rows (the last generated token never ran), in position order; rows of a
+dense layer are 0 (never captured) and are skipped by the model's MoE layers; a wider array
+(fused shared experts) is cut to its first top-k columns, the routed ones.
+
+The file is a JSONL of the responses as a client saved them (one object per line, or the
+list a batched request returns). One response is one sequence: positions are row indices,
+rows before prompt_tokens are `prefill`, the rest `decode`; token ids of decode rows come
+from `output_ids` (prompt ids are not in the response: -1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import binascii
+import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +76,15 @@ import numpy as np
 
 from traces.collect import ModelIdentity
 from traces.errors import TraceError
-from traces.importers.common import ImportRequest, TokenRows, check_empty, write_rows
+from traces.importers.common import (
+    UNKNOWN_TOKEN,
+    ImportRequest,
+    TokenRows,
+    check_empty,
+    check_experts,
+    need_identity,
+    write_rows,
+)
 from traces.importers.counts import resolve_top_k, write_counts
 from traces.schema import PHASES
 
@@ -266,3 +305,73 @@ def _token_rows(dump: SGLangDump, identity: ModelIdentity) -> TokenRows:
                          "every MoE layer")
     return TokenRows(source=dump.path, seq=t.seq[real], pos=t.pos[real], token=t.token[real],
                      phase=t.phase[real], experts=experts[real, :, :k], weights=None)
+
+
+# --- sglang-http: /generate responses with "return_routed_experts": true --------------------
+
+HTTP_FORMAT = "sglang-http"
+
+
+def http_responses(path: Path) -> Iterator[tuple[str, dict]]:
+    """(where, response) of every response in a JSONL file: one JSON object per line, or a
+    list of them (the answer to a batched /generate)."""
+    with Path(path).open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"{path}:{number}: not a JSON line ({exc})") from None
+            batch = item if isinstance(item, list) else [item]
+            for index, response in enumerate(batch):
+                where = f"{path}:{number}" + (f"[{index}]" if isinstance(item, list) else "")
+                if not isinstance(response, dict):
+                    raise TraceError(f"{where}: expected a /generate response object")
+                yield where, response
+
+
+def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity) -> TokenRows:
+    """One response as the rows of its sequence (format: module docstring)."""
+    meta = response.get("meta_info")
+    if not isinstance(meta, dict) or not isinstance(meta.get("routed_experts"), str):
+        raise TraceError(f"{where}: no meta_info.routed_experts (send \"return_routed_experts\""
+                         ": true to a server started with --enable-return-routed-experts)")
+    counts = [meta.get(key) for key in ("prompt_tokens", "completion_tokens")]
+    if not all(isinstance(c, int) and c >= 0 for c in counts) or sum(counts) < 2:
+        raise TraceError(f"{where}: meta_info.prompt_tokens and completion_tokens must be "
+                         f"integers with a sum of at least 2, got {counts}")
+    prompt, completion = counts
+    n = prompt + completion - 1  # the last generated token never runs through the model
+    try:
+        raw = base64.b64decode(meta["routed_experts"], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise TraceError(f"{where}: meta_info.routed_experts is not base64 ({exc})") from None
+    values, odd = divmod(len(raw), 4)
+    width, rest = divmod(values, n * identity.num_layers)
+    if odd or rest or width < identity.top_k:
+        raise TraceError(f"{where}: meta_info.routed_experts holds {len(raw) // 4} int32, "
+                         f"expected {n} tokens (prompt + completion - 1) x "
+                         f"{identity.num_layers} layers x top-k {identity.top_k} (or more "
+                         "columns with fused shared experts)")
+    routed = np.frombuffer(raw, dtype="<i4").reshape(n, identity.num_layers, -1)
+    experts = routed[:, list(identity.moe_layers), :identity.top_k]
+    check_experts(Path(where), "meta_info.routed_experts", experts, identity)
+    token = np.full(n, UNKNOWN_TOKEN, dtype=np.int32)
+    output_ids = response.get("output_ids")
+    if isinstance(output_ids, list) and len(output_ids) == completion:
+        token[prompt:] = output_ids[:completion - 1]
+    phase = np.where(np.arange(n) < prompt, PHASES.index("prefill"), PHASES.index("decode"))
+    return TokenRows(source=Path(path), seq=np.zeros(n, dtype=np.int64),
+                     pos=np.arange(n, dtype=np.int32), token=token,
+                     phase=phase.astype(np.int8), experts=experts, weights=None)
+
+
+def import_http(paths: list[Path], out_dir: Path, request: ImportRequest) -> Path:
+    """`placer traces import --format sglang-http`: saved /generate responses as trace rows,
+    one sequence per response."""
+    identity = need_identity(request, "the sglang-http format")
+    parts = (http_rows(path, where, response, identity)
+             for path in paths for where, response in http_responses(path))
+    return write_rows(parts, out_dir, paths, request, mode=HTTP_FORMAT, default_tag=DEFAULT_TAG,
+                      weights=False)
