@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
+from rich.console import Console
 
 from placer.errors import PlacerError
 from placer.files import dumps_json
@@ -16,6 +18,7 @@ from traces.collect import ModelIdentity
 from traces.errors import TraceError
 
 DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, FileNotFoundError)
+PIPE_WIDTH = 1000  # columns of tables and text when stdout is not a terminal: never cut
 
 
 def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
@@ -37,6 +40,12 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
         return fn
 
     return decorate
+
+
+def console() -> Console:
+    """A rich Console on stdout: the terminal's width there, and wide enough that no table
+    column or name is cut when the output goes to a file or a pipe (rich's default is 80)."""
+    return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
 
 
 def print_json(obj: Any) -> None:

@@ -10,7 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, print_json
+from placer.devices import check_device
+from placer.errors import PlacerError
 from placer.units import format_bytes
+
+MAX_CACHE_SLOTS = 1 << 16
 
 
 def register(app: typer.Typer) -> None:
@@ -36,12 +40,23 @@ def register(app: typer.Typer) -> None:
         greedily, and print the text and the staging counters."""
         from placer.runtime.generate import run_prompt
 
+        check_run_options(prompt, cache_slots, device)
         result = run_prompt(placed, model, prompt, max_new_tokens=max_new_tokens,
                             cache_slots=cache_slots, device=device)
         if json_out:
             print_json(result)
         else:
             print_result(result)
+
+
+def check_run_options(prompt: str, cache_slots: int, device: str) -> None:
+    """One line for a value `placer run` cannot use, before the model is loaded."""
+    if not prompt.strip():
+        raise PlacerError("--prompt: expected some text to continue, got an empty prompt")
+    if not 0 <= cache_slots <= MAX_CACHE_SLOTS:
+        raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, got "
+                          f"{cache_slots}")
+    check_device(device)
 
 
 def print_result(result: dict) -> None:
