@@ -23,16 +23,20 @@ with the figures probed in the same run: measured / predicted, target within 25%
 (PASS / MISS). For diagnosis each row also gives the bound the roofline picks, the expert's
 effective bandwidth (bytes_e / measured) and FLOP/s, and measured over the additive model
 bytes_e / memory_bandwidth + n * flops_e / flops (no overlap of streaming and compute).
-The exit status is 0 either way. `--quick`: fewer calls (a smoke run, not figures to quote).
+Each shape says how much of the cores' time other processes took while it ran (/proc/stat):
+figures measured beside a busy neighbour are not the machine's. The exit status is 0 either
+way. `--quick`: fewer calls (a smoke run, not figures to quote).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +74,29 @@ class Row:
     @property
     def additive_ratio(self) -> float:
         return self.measured_s / (self.memory_s + self.compute_s)
+
+
+def busy_seconds() -> tuple[float, float] | None:
+    """(CPU seconds all processes have run, CPU seconds this one has run) so far, from
+    /proc/stat; None where there is no /proc/stat (not Linux)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    own = os.times()
+    return ((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"),
+            own.user + own.system)
+
+
+def others_share(before: tuple[float, float] | None, wall_s: float, cores: int) -> str:
+    """How much of the cores' time other processes (or the hypervisor) took since `before`:
+    on a shared host a busy neighbour stalls torch's threads at every barrier."""
+    after = busy_seconds()
+    if before is None or after is None:
+        return "unknown"
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return f"{max(0.0, others) / (wall_s * cores):.0%}"
 
 
 def pool_size(expert_bytes: int, cache_bytes: int) -> int:
@@ -157,10 +184,14 @@ def main() -> None:
           f"{host.matmul[1]} @ {host.matmul[1]} x {host.matmul[2]})", flush=True)
     torch.set_num_threads(threads)
     for shape, (hidden, inter) in SHAPES.items():
+        before, start = busy_seconds(), time.perf_counter()
         rows = measure(shape, hidden, inter, tokens, calls, host.memory_bandwidth, host.flops,
                        cache)
+        busy = others_share(before, time.perf_counter() - start, threads)
         print(f"{shape}: hidden {hidden} x inter {inter}, bf16, {rows[0].expert_bytes / 1e6:.1f} "
-              f"MB an expert, {rows[0].experts} experts cycled, median of {calls} calls")
+              f"MB an expert, {rows[0].experts} experts cycled, median of {calls} calls; other "
+              f"processes took {busy} of the cores meanwhile (figures from a busy host are "
+              "not to quote)")
         for row in rows:
             print_row(row)
 
