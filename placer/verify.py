@@ -6,7 +6,10 @@ the manifest names; every routed expert of the inventory is placed exactly once,
 tile its byte stream with a resident prefix, and their pieces name the right source tensors;
 no card keeps more resident than its capacity; and, once all of that holds, reading each
 output once (streamed, chunk by chunk), its sha256 is the manifest's and every piece's bytes
-equal the source bytes they came from.
+equal the source bytes they came from (a difference is reported at the absolute offset of its
+first differing byte, in the output and in the source), and every source file, hashed afresh,
+has the sha256 emit recorded (a checkpoint with the same tensors but other bytes would pass
+every other check).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,7 +26,8 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from placer.emit import WRITE_BYTES, direct_io, pread_into, set_direct, stream_segments
+from placer import digests
+from placer.emit import WRITE_BYTES, direct_io, pread_into, set_direct, sha256_file, stream_segments
 from placer.errors import PlacerError
 from placer.inventory import read_inventory
 from placer.manifest import read_manifest
@@ -146,11 +151,21 @@ class Piece:
     source_offset: int
     what: str
 
+    def differs(self, output: str, at: int) -> str:
+        """The problem line when this piece's bytes first differ at output offset `at`."""
+        return (f"{self.what} at byte {at} of {output} (byte "
+                f"{self.source_offset + at - self.offset} of {self.source})")
+
+
+SOURCE_DIFFERS = "the source checkpoint differs from the one this placement was made from"
+
 
 def check_bytes(placed: Path, model_dir: Path, manifest: dict, report: Report) -> None:
     """Every output's sha256 and every piece's bytes against its source: one pass over each
     output, two outputs per core at once (each thread waits on the disk about as long as it
-    hashes; preadv and hashlib release the GIL)."""
+    hashes; preadv and hashlib release the GIL). Meanwhile every source file the manifest
+    records is hashed afresh (never from the digest cache, which is what it checks) and
+    compared with the sha256 emit recorded."""
     src_off = {(t["name"], t["source_file"]): t["source_offset"] - t["tensor_offset"]
                for ex in manifest["experts"] for t in ex["tensors"]}
     pieces: dict[str, list[Piece]] = {f["name"]: [] for f in manifest["files"]}
@@ -162,30 +177,57 @@ def check_bytes(placed: Path, model_dir: Path, manifest: dict, report: Report) -
                     p["offset"], p["length"], o["source_file"],
                     src_off[(o["tensor"], o["source_file"])] + o["start"],
                     f"expert ({ex['layer']}, {ex['expert']}) page {page['index']}: {p['file']} "
-                    f"tensor {p['tensor']} differs from {o['source_file']} tensor {o['tensor']} "
-                    f"at byte {o['start']}"))
+                    f"tensor {p['tensor']} differs from {o['source_file']} tensor "
+                    f"{o['tensor']}"))
                 report.bytes_compared += p["length"]
                 report.pieces += 1
+    recorded = manifest["source"]["files"]
     sources: dict[str, int] = {}  # shared by the threads: a shard open per output is too many
     try:
         for name in sorted({p.source for ps in pieces.values() for p in ps}):
             sources[name] = os.open(model_dir / name, os.O_RDONLY)
         with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
+            hashed = [pool.submit(check_source, model_dir, f) for f in
+                      sorted(recorded, key=lambda f: -f["size"])]  # longest first
             found = pool.map(lambda f: check_output(placed / f["name"], f["sha256"],
                                                     pieces[f["name"]], sources),
                              manifest["files"])
             for problems in list(found):
                 report.problems += problems
+            source_problems = [p for h in hashed if (p := h.result())]
     finally:
         for fd in sources.values():
             os.close(fd)
+    if source_problems:
+        report.problems[:0] = [SOURCE_DIFFERS, *source_problems]  # the summary first
+
+
+def check_source(model_dir: Path, recorded: dict) -> str | None:
+    """Hash the source file `recorded` names ({name, size, sha256}) in `model_dir`; the
+    problem when it differs from the record. A fresh digest is remembered (digests.py), so a
+    corrupt cache entry is replaced by the truth."""
+    path = model_dir / recorded["name"]
+    if not path.is_file():
+        return f"source {recorded['name']}: missing from {model_dir}"
+    key, began = digests.stat_key(path), time.time()
+    size = path.stat().st_size
+    if size != recorded["size"]:
+        return (f"source {recorded['name']}: {size} bytes, the placement was made from "
+                f"{recorded['size']}")
+    digest = sha256_file(path)
+    digests.remember({path: (key, digest, began)})
+    if digest != recorded["sha256"]:
+        return (f"source {recorded['name']}: sha256 {digest[:16]}..., the placement was made "
+                f"from {recorded['sha256'][:16]}...")
+    return None
 
 
 def check_output(path: Path, sha256: str, pieces: list[Piece], sources: dict[str, int]
                  ) -> list[str]:
     """Read the output at `path` once, front to back, WRITE_BYTES at a time: its sha256, and
     every piece (whatever its order) against its source bytes (`sources`: open fds by name);
-    the problems found.
+    the problems found, each piece that differs with the absolute offset of its first
+    differing byte in the output and in the source.
 
     The output is read with O_DIRECT where the filesystem allows it: from the disk, not
     from pages cached when it was written, and without filling the page cache with it
@@ -194,7 +236,7 @@ def check_output(path: Path, sha256: str, pieces: list[Piece], sources: dict[str
     pieces = sorted(pieces, key=lambda p: p.offset)
     h = hashlib.sha256()
     out, src = mmap.mmap(-1, WRITE_BYTES), bytearray(WRITE_BYTES)
-    bad: set[int] = set()  # indices of pieces that differ
+    bad: dict[int, int] = {}  # index of a piece that differs: output offset of its first diff
     first = 0  # the first piece not wholly before the current chunk
     pos = 0
     fd = os.open(path, os.O_RDONLY)
@@ -211,29 +253,35 @@ def check_output(path: Path, sha256: str, pieces: list[Piece], sources: dict[str
                 if p.offset >= end:
                     break
                 lo, hi = max(p.offset, pos), min(p.offset + p.length, end)
-                if lo < hi and i not in bad and not _same(
-                        out, lo - pos, sources[p.source], p.source_offset + lo - p.offset,
-                        hi - lo, src):
-                    bad.add(i)
+                if lo < hi and i not in bad:
+                    at = _first_difference(out, lo - pos, sources[p.source],
+                                           p.source_offset + lo - p.offset, hi - lo, src)
+                    if at is not None:
+                        bad[i] = lo + at
             while first < len(pieces) and pieces[first].offset + pieces[first].length <= end:
                 first += 1
             pos = end
     finally:
         os.close(fd)
-    bad.update(i for i in range(first, len(pieces))  # pieces that run past the end of the file
-               if pieces[i].offset + pieces[i].length > pos)
-    problems = [pieces[i].what for i in sorted(bad)]
+    for i in range(first, len(pieces)):  # pieces that run past the end of the file
+        if i not in bad and pieces[i].offset + pieces[i].length > pos:
+            bad[i] = max(pieces[i].offset, pos)
+    problems = [pieces[i].differs(path.name, bad[i]) for i in sorted(bad)]
     if h.hexdigest() != sha256:
         problems.insert(0, f"{path.name}: sha256 differs from the manifest's")
     return problems
 
 
-def _same(out: mmap.mmap, at: int, source: int, offset: int, length: int,
-          buf: bytearray) -> bool:
-    """Whether `length` bytes at `at` of `out` equal those at `offset` of fd `source`, read
-    into `buf`. Compared by numpy without copying either side (slicing both copied up to
-    16 MiB twice, costing more than the hash; memoryviews compare byte by byte)."""
-    if pread_into(source, memoryview(buf)[:length], offset) != length:
-        return False
-    return np.array_equal(np.frombuffer(out, np.uint8, length, at),
-                          np.frombuffer(buf, np.uint8, length))
+def _first_difference(out: mmap.mmap, at: int, source: int, offset: int, length: int,
+                      buf: bytearray) -> int | None:
+    """Where the `length` bytes at `at` of `out` first differ from those at `offset` of fd
+    `source` (read into `buf`), relative to `at`; None when all are equal. Compared by numpy
+    without copying either side (slicing both copied up to 16 MiB twice, costing more than
+    the hash; memoryviews compare byte by byte); a source that ends early differs where it
+    ends."""
+    n = pread_into(source, memoryview(buf)[:length], offset)
+    a = np.frombuffer(out, np.uint8, n, at)
+    b = np.frombuffer(buf, np.uint8, n)
+    if np.array_equal(a, b):
+        return None if n == length else n
+    return int(np.flatnonzero(a != b)[0])

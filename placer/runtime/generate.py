@@ -8,6 +8,8 @@ import torch
 
 from placer.errors import PlacerError
 from placer.inventory import read_inventory
+from placer.manifest import read_manifest
+from placer.runtime.integrity import check_integrity
 from placer.runtime.loader import load_placed
 from placer.runtime.patch import load_staged_model
 
@@ -37,11 +39,13 @@ def run_prompt(placed: Path, checkpoint: Path, prompt: str, *, max_new_tokens: i
     if max_new_tokens < 1:
         raise PlacerError("--max-new-tokens must be >= 1")
     torch_device = resolve_device(device)
-    runtime = load_placed(placed, device=torch_device, cache_slots=cache_slots)
+    manifest = read_manifest(placed)
     fingerprint = read_inventory(checkpoint).fingerprint
-    if fingerprint != runtime.plan.model["fingerprint"]:
-        raise PlacerError(f"{placed} was placed for model {runtime.plan.model['fingerprint']}, "
+    if fingerprint != manifest["model"]["fingerprint"]:
+        raise PlacerError(f"{placed} was placed for model {manifest['model']['fingerprint']}, "
                           f"but {checkpoint} is model {fingerprint}")
+    check_integrity(placed, checkpoint, manifest)
+    runtime = load_placed(placed, device=torch_device, cache_slots=cache_slots)
     model = load_staged_model(checkpoint, runtime, device=str(torch_device))
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     inputs = tokenizer(prompt, return_tensors="pt").to(torch_device)
