@@ -1,4 +1,5 @@
-"""`placer collect`: run a real MoE checkpoint over sample traffic and record its routing."""
+"""`placer collect`: run a real MoE checkpoint over sample traffic (or send the traffic to a
+running server that returns routed experts) and record its routing."""
 
 from __future__ import annotations
 
@@ -9,18 +10,20 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command, model_identity, print_json
+from placer.devices import check_device
 from placer.errors import PlacerError
-from placer.inventory import read_inventory
-from traces.collect import DTYPES, MODES, CollectOptions, check_options, collect
+from placer.inventory import Inventory, estimate_inventory, read_inventory
+from traces.collect import DTYPES, MODES, CollectOptions, CollectResult, check_options, collect
 from traces.corpora import open_corpus
+from traces.server import ENGINES, ServerOptions, collect_from_server
 
 
 def register(app: typer.Typer) -> None:
     @command(app, "collect")
     def collect_command(
-        model: Annotated[Path, typer.Option(
-            help="Checkpoint directory (config.json, *.safetensors, tokenizer).")],
         out: Annotated[Path, typer.Option(help="Trace directory to write into.")],
+        model: Annotated[Path | None, typer.Option(
+            help="Checkpoint directory (config.json, *.safetensors, tokenizer).")] = None,
         corpus: Annotated[list[Path] | None, typer.Option(
             help="Corpus file (.txt blocks, .jsonl text/messages/turns, .parquet); repeatable.")
         ] = None,
@@ -50,6 +53,18 @@ def register(app: typer.Typer) -> None:
             help="Tokenizer directory (default: the checkpoint's own).")] = None,
         weights: Annotated[bool, typer.Option(
             help="Record the gate weights of the selected experts.")] = True,
+        server: Annotated[str | None, typer.Option(
+            help="Send the corpora to this running server (http://HOST:PORT) instead of "
+                 "running the model here; it must return routed experts.")] = None,
+        engine: Annotated[str | None, typer.Option(
+            help="With --server: the server's engine, sglang (started with "
+                 "--enable-return-routed-experts); vllm's HTTP server returns no routing "
+                 "placer can read (import its offline arrays with traces import).")] = None,
+        config: Annotated[Path | None, typer.Option(
+            help="With --server: the model's config.json instead of a checkpoint (give "
+                 "--tokenizer unless its directory holds the tokenizer).")] = None,
+        concurrency: Annotated[int, typer.Option(
+            help="With --server: requests in flight at once.")] = 4,
         progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
@@ -58,24 +73,60 @@ def register(app: typer.Typer) -> None:
 
         Runs the checkpoint with transformers (local files only) over the corpora and writes,
         for every token and MoE layer, the experts its router selected and their gate weights
-        (Parquet traces in --out, one file per corpus)."""
+        (Parquet traces in --out, one file per corpus).
+
+        With --server URL --engine sglang, sends each document as a request to a running
+        server started with --enable-return-routed-experts instead, decoding greedily up to
+        --max-new-tokens, and records the routing the server returns: prompt tokens prefill,
+        generated tokens decode, one sequence per request (no gate weights)."""
         corpus, tag = corpus or [], tag or []
         if tag and len(tag) != len(corpus):
             raise PlacerError(f"give one --tag per --corpus ({len(tag)} tags, "
                               f"{len(corpus)} corpora)")
-        options = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,
-                                 max_new_tokens=max_new_tokens, max_tokens=max_tokens,
-                                 device=device, dtype=dtype, seed=seed, weights=weights,
-                                 tokenizer=tokenizer, progress=progress)
-        check_options(options)
-        inv = read_inventory(model)
-        identity = model_identity(inv)
         corpora = [open_corpus(path, tag=tag[i] if tag else None, text_field=text_field)
                    for i, path in enumerate(corpus)]
-        results = collect(model, corpora, out, identity, options, random_tokens=random_tokens)
+        if server is not None:
+            if engine is None:
+                raise PlacerError(f"--server needs --engine ({' | '.join(ENGINES)})")
+            if random_tokens:
+                raise PlacerError("--random-tokens runs only locally; give --corpus with "
+                                  "--server")
+            options = ServerOptions(max_new_tokens=max_new_tokens, max_length=max_length,
+                                    concurrency=concurrency, progress=progress,
+                                    tokenizer=tokenizer)
+            results = _collect_server(server, engine, model, config, corpora, out, options)
+        else:
+            if engine is not None or config is not None:
+                raise PlacerError("--engine and --config go with --server URL")
+            if model is None:
+                raise PlacerError("give --model CKPT (or --server URL to collect through a "
+                                  "running server)")
+            options = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,
+                                     max_new_tokens=max_new_tokens, max_tokens=max_tokens,
+                                     device=device, dtype=dtype, seed=seed, weights=weights,
+                                     tokenizer=tokenizer, progress=progress)
+            check_options(options)
+            if not 0 <= seed < 2**63:
+                raise PlacerError(f"--seed: expected an integer in 0..2**63-1, got {seed}")
+            check_device(device)
+            identity = model_identity(read_inventory(model))
+            results = collect(model, corpora, out, identity, options,
+                              random_tokens=random_tokens)
         if json_out:
             print_json([{**asdict(r), "path": str(r.path)} for r in results])
             return
         for r in results:
             typer.echo(f"{r.tag}: {r.tokens} tokens, {r.sequences} sequences, {r.rows} rows "
                        f"-> {r.path}")
+
+
+def _collect_server(url: str, engine: str, model: Path | None, config: Path | None,
+                    corpora: list, out: Path, options: ServerOptions) -> list[CollectResult]:
+    """`collect --server`: the model's shape from the checkpoint or its config.json."""
+    if (model is None) == (config is None):
+        raise PlacerError("--server needs --model CKPT or --config config.json (not both): "
+                          "the server's routing is checked against that model")
+    inv: Inventory = read_inventory(model) if model is not None else estimate_inventory(config)
+    return collect_from_server(url, engine, model if model is not None else config.parent,
+                               corpora, out, model_identity(inv), options,
+                               shared_experts=inv.shared_experts, estimated=inv.estimated)

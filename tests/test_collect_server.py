@@ -1,0 +1,256 @@
+"""`placer collect --server`: against a stub SGLang server the test starts on 127.0.0.1.
+
+The stub serves a tiny DeepSeek-V3 checkpoint (layer 0 dense, one shared expert) with
+transformers through SGLang's exact HTTP shapes, read from kvcache-ai/sglang commit
+04653fa88f5ce4ea83632c4ad436343db6bc8324:
+- `POST /generate` (`python/sglang/srt/entrypoints/http_server.py::generate_request`), body
+  fields `input_ids`, `sampling_params.max_new_tokens`, `sampling_params.temperature`,
+  `return_routed_experts`, `stream` (`srt/managers/io_struct.py::GenerateReqInput`);
+- reply {"text", "output_ids", "meta_info"} (`srt/managers/tokenizer_manager.py::
+  _handle_batch_output`), `meta_info.routed_experts` = base64 of the raw int32 bytes
+  (`srt/managers/detokenizer_manager.py::_extract_routed_experts`) of the capturer's host
+  cache at the request's first seqlen - 1 token slots, seqlen = prompt + output tokens
+  (`srt/layers/moe/routed_experts_capturer.py::get_routed_experts`), shape (tokens,
+  num_hidden_layers, top_k); dense layers are never written (zeros).
+Greedy decoding runs through RouterCapture; the routing placer writes must equal
+`placer collect --mode generate` on the same model and prompts, token by token.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fixtures_models import CHAT, invoke, make_deepseek_runnable, prose_blocks
+
+from placer.tinymodel import build_tiny_model
+
+MAX_NEW = 6
+REQUEST_LIMIT = 60  # every stub refuses to answer more requests than this (bounded loops)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = build_tiny_model("deepseek_v3", tmp_path_factory.mktemp("srv") / "deepseek",
+                           texts=prose_blocks()[:300], router_scale=3.0)
+    make_deepseek_runnable(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "chat.jsonl"
+    path.write_text("".join(CHAT.read_text().splitlines(keepends=True)[:5]))
+    return path
+
+
+class Generator:
+    """Greedy decoding of one prompt at a time with the experts' routing captured."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from traces.capture import RouterCapture
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
+                                                          dtype="auto").eval()
+        self.capture = RouterCapture(self.model, weights=False)
+        config = self.model.config
+        self.num_layers, self.top_k = config.num_hidden_layers, config.num_experts_per_tok
+        self.eos = [int(config.eos_token_id)]
+        self.lock = threading.Lock()
+
+    def __call__(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], np.ndarray]:
+        """(output ids, routed experts [P + O - 1, num_hidden_layers, top_k] int32)."""
+        torch = self.torch
+        with self.lock, self.capture, torch.inference_mode():
+            self.capture.take()
+            ids = torch.tensor([prompt])
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=max_new_tokens, do_sample=False,
+                                      pad_token_id=0, eos_token_id=self.eos, top_p=None,
+                                      top_k=None, temperature=None)
+            calls = self.capture.take()
+        output = out[0, len(prompt):].tolist()
+        if self.eos[0] in output:
+            output = output[:output.index(self.eos[0]) + 1]
+        routed = np.concatenate([c.experts for c in calls], axis=1)  # [MoE layers, rows, k]
+        fed = len(prompt) + len(output) - 1
+        experts = np.zeros((fed, self.num_layers, self.top_k), dtype=np.int32)
+        experts[:, list(self.capture.layers)] = routed[:, :fed].transpose(1, 0, 2)
+        return output, experts
+
+
+Respond = Callable[[dict], tuple[int, dict]]
+
+
+def sglang_generate(generator: Generator, *, extra_layers: int = 0, id_shift: int = 0,
+                    shared_columns: int = 0) -> Respond:
+    """SGLang's /generate reply; the keywords make it answer as another model would."""
+
+    def respond(body: dict) -> tuple[int, dict]:
+        assert body["return_routed_experts"] is True and body["stream"] is False
+        assert body["sampling_params"]["temperature"] == 0
+        prompt = body["input_ids"]
+        output, experts = generator(prompt, body["sampling_params"]["max_new_tokens"])
+        experts = experts + id_shift
+        if extra_layers:
+            experts = np.concatenate([experts, experts[:, :extra_layers]], axis=1)
+        if shared_columns:  # fused shared experts: ids after the routed ones (8, 9, ...)
+            shared = 8 + np.arange(shared_columns, dtype=np.int32)
+            experts = np.concatenate([experts, np.broadcast_to(
+                shared, (*experts.shape[:2], shared_columns))], axis=2)
+        meta = {"id": "stub", "finish_reason": {"type": "length"}, "prompt_tokens": len(prompt),
+                "completion_tokens": len(output), "cached_tokens": 0,
+                "routed_experts": base64.b64encode(
+                    np.ascontiguousarray(experts, dtype=np.int32).tobytes()).decode()}
+        return 200, {"text": "", "output_ids": output, "meta_info": meta}
+
+    return respond
+
+
+@contextmanager
+def stub_server(respond: Respond) -> Iterator[tuple[str, list[dict]]]:
+    """(URL, request bodies received) of a loopback server answering POST /generate."""
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(body)
+            if self.path != "/generate" or len(received) > REQUEST_LIMIT:
+                status, reply = 404, {"error": "no such route or too many requests"}
+            else:
+                status, reply = respond(body)
+            data = json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def generator(model: Path) -> Generator:
+    return Generator(model)
+
+
+@pytest.fixture(scope="module")
+def local(model: Path, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`placer collect --mode generate` of the corpus, one prompt per batch (no padding)."""
+    out = tmp_path_factory.mktemp("local") / "local"
+    invoke("collect", "--model", model, "--corpus", corpus, "--mode", "generate",
+           "--max-new-tokens", MAX_NEW, "--max-length", 40, "--batch-size", 1,
+           "--out", out, "--no-progress")
+    return out
+
+
+def _rows(trace_dir: Path) -> list[tuple]:
+    """Every row as (sequence number, pos, phase, token, layer, experts), sorted."""
+    files = sorted(trace_dir.glob("*.parquet"))
+    assert len(files) == 1
+    meta = json.loads(pq.read_schema(files[0]).metadata[b"placer"])
+    table = pa.concat_tables([pq.read_table(f) for f in files])
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    return sorted((s - meta["seq_id_base"], p, ph, t, la, tuple(e)) for s, p, ph, t, la, e in zip(
+        cols["seq_id"], cols["pos"], cols["phase"], cols["token"], cols["layer"],
+        cols["experts"], strict=True))
+
+
+def _server_collect(url: str, model: Path, corpus: Path, out: Path, *extra, ok: bool = True):
+    return invoke("collect", "--server", url, "--engine", "sglang", "--model", model,
+                  "--corpus", corpus, "--max-new-tokens", MAX_NEW, "--max-length", 40,
+                  "--out", out, "--no-progress", *extra, ok=ok)
+
+
+@pytest.mark.parametrize("shared_columns", [0, 1])
+def test_server_routing_equals_local_collect(model, corpus, generator, local, tmp_path,
+                                             shared_columns) -> None:
+    with stub_server(sglang_generate(generator, shared_columns=shared_columns)) as (url, got):
+        _server_collect(url, model, corpus, tmp_path / "srv", "--concurrency", 2)
+    assert len(got) == 5 and all(b["sampling_params"]["max_new_tokens"] == MAX_NEW
+                                 for b in got)
+    expected, actual = _rows(local), _rows(tmp_path / "srv")
+    assert actual == expected and len(actual) > 2 * 5 * 10
+    assert {r[4] for r in actual} == {1, 2}  # the dense layer 0 is dropped
+    assert {r[2] for r in actual} == {"prefill", "decode"}
+    meta = json.loads(pq.read_schema(next((tmp_path / "srv").glob("*.parquet")))
+                      .metadata[b"placer"])
+    assert meta["mode"] == "server-sglang" and meta["weights"] is False
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"extra_layers": 1}, "3 layers x top-k 2"), ({"id_shift": 8}, "expert ids in [8,")])
+def test_a_server_running_another_model_is_refused(model, corpus, generator, tmp_path,
+                                                   kwargs, words) -> None:
+    out = tmp_path / "srv"
+    with stub_server(sglang_generate(generator, **kwargs)) as (url, _):
+        result = _server_collect(url, model, corpus, out, ok=False)
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1 and "another model" in result.output, result.output
+    assert words in result.output
+    assert not list(out.rglob("*.parquet*"))
+
+
+def test_a_failing_server_is_retried_then_refused_in_one_line(model, corpus, tmp_path,
+                                                              monkeypatch) -> None:
+    import traces.server
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(traces.server, "sleep", sleeps.append)
+    out = tmp_path / "srv"
+    with stub_server(lambda body: (503, {"error": "overloaded"})) as (url, got):
+        result = _server_collect(url, model, corpus, out, "--concurrency", 1, ok=False)
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert "no answer after 4 tries (HTTP 503" in result.output
+    assert sleeps == [0.5, 1.0, 2.0] and len(got) == 4  # the first request and 3 retries
+    assert not list(out.rglob("*.parquet*"))
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sleeps.clear()
+    refused = _server_collect(f"http://127.0.0.1:{port}", model, corpus, out,
+                              "--concurrency", 1, ok=False)
+    assert refused.exit_code == 1 and "no answer after 4 tries" in refused.output
+    assert sleeps == [0.5, 1.0, 2.0]
+    assert not list(out.rglob("*.parquet*"))
+
+
+def test_no_routed_experts_and_vllm_are_refused(model, corpus, tmp_path) -> None:
+    def plain(body: dict) -> tuple[int, dict]:
+        return 200, {"text": "", "output_ids": [5], "meta_info": {"prompt_tokens": 3}}
+
+    with stub_server(plain) as (url, _):
+        result = _server_collect(url, model, corpus, tmp_path / "a", ok=False)
+    assert result.exit_code == 1 and "--enable-return-routed-experts" in result.output
+    vllm = invoke("collect", "--server", "http://127.0.0.1:9", "--engine", "vllm", "--model",
+                  model, "--corpus", corpus, "--out", tmp_path / "b", ok=False)
+    assert vllm.exit_code == 1 and "placer traces import DIR --format vllm" in vllm.output
+    assert vllm.output.count("\n") == 1

@@ -1,0 +1,325 @@
+'''Collecting routing through a running inference server (`placer collect --server URL`).
+
+Every document of a corpus is sent, as prompt token ids, to a server started with routed
+expert return enabled; greedy decoding; the routing it returns becomes trace rows
+(`traces.schema`): prompt tokens `prefill`, generated tokens fed back `decode`, one sequence
+per request, in corpus order (sequence n = document n), exactly as `placer collect --mode
+generate` numbers and tags them. The rows come from the engine that will serve, for a model
+of any size; they carry no gate weights.
+
+SGLang (read from kvcache-ai/sglang commit 04653fa88f5ce4ea83632c4ad436343db6bc8324, an
+SGLang fork that keeps upstream's routed-experts code; upstream sgl-project/sglang
+`python/sglang/srt/layers/moe/routed_experts_capturer.py` at
+d4d0fc58371761f9f0da007a4ef4f0ad2bd19658 has the same buffers):
+- server flag `--enable-return-routed-experts` (`srt/server_args.py`); request
+  `POST /generate` (`srt/entrypoints/http_server.py::generate_request`) with a
+  `GenerateReqInput` body (`srt/managers/io_struct.py`): `input_ids` (list of token ids),
+  `sampling_params` {"max_new_tokens", "temperature": 0 = greedy}, `return_routed_experts`:
+  true, `stream`: false.
+- response (`srt/managers/tokenizer_manager.py::_handle_batch_output`): {"text",
+  "output_ids", "meta_info": {"prompt_tokens", "completion_tokens", "finish_reason", ...,
+  "routed_experts"}}; `routed_experts` is the base64 text of the raw bytes of an int32
+  tensor (`srt/managers/detokenizer_manager.py::_extract_routed_experts`,
+  `pybase64.b64encode(t.numpy().tobytes())`; the capturer's own
+  `extract_routed_experts_from_meta_info` decodes it with np.frombuffer(dtype=int32)).
+- which tokens: `scheduler_output_processor_mixin.py::maybe_collect_routed_experts` calls
+  `get_routed_experts(req_pool_idx, seqlen=len(origin_input_ids) + len(output_ids))`, which
+  returns the host cache at `req_to_token[:seqlen - 1]`: every prompt token and every output
+  token but the last (never fed back), in position order. Shape (seqlen - 1,
+  num_hidden_layers, width): the host cache keeps `num_experts_per_tok` columns (the device
+  buffer's extra `num_fused_shared_experts` columns are cut in `_sync_fwd_experts_buffer_DtoH`;
+  older versions returned them, so a width of top_k + shared experts is accepted and cut to
+  the first top_k, the routed ones). Layers without routed experts are never written (zeros)
+  and are dropped here: rows keep the model's MoE layers only.
+The ids are what the router selected (logical ids) when the server runs without expert
+parallel redundancy (`--ep-num-redundant-experts` 0).
+
+vLLM is not supported here: its offline API returns `CompletionOutput.routed_experts`
+(int32 [prompt + output tokens, num_hidden_layers, k], logical ids;
+`vllm/model_executor/layers/fused_moe/routed_experts_capturer.py`), and recent OpenAI
+servers put it base64-encoded in `choices[i].routed_experts` of `/v1/completions`
+(`vllm/entrypoints/openai/completion/serving.py` at 030ea52effcb05071543c8c42b8f0145e94cee43,
+`numpy2base64(output.routed_experts)`) with no shape beside it, and that encoding could not
+be confirmed from the source here; `placer traces import --format vllm` reads the offline
+arrays instead.
+'''
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import http.client
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from time import perf_counter, sleep
+
+import numpy as np
+
+from traces.collect import (
+    DECODE,
+    PREFILL,
+    CollectOptions,
+    CollectResult,
+    ModelIdentity,
+    _encode,
+    check_out_dir,
+    load_tokenizer,
+)
+from traces.corpora import Corpus
+from traces.dataset import scan
+from traces.errors import TraceError
+from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
+from traces.writer import TraceWriter
+
+ENGINES = ("sglang", "vllm")
+VLLM_REFUSAL = ("--engine vllm: vLLM's HTTP server does not return routed experts in a form "
+                "placer can read (its /v1/completions `routed_experts` is an unshaped base64 "
+                "blob, in recent versions only); run the offline API with "
+                "enable_return_routed_experts=True, save each CompletionOutput.routed_experts "
+                "as .npy, and load them with `placer traces import DIR --format vllm`")
+RETRY_STATUS = frozenset({500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to talk to the server; see `placer collect --help`."""
+
+    max_new_tokens: int = 32
+    max_length: int = 512
+    concurrency: int = 4
+    retries: int = 3           # further tries of a request after a connection error or 5xx
+    backoff_s: float = 0.5     # wait before retry i: backoff_s * 2**i
+    timeout_s: float = 600.0   # per request
+    progress: bool = True
+    tokenizer: Path | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One request's routing: P prompt tokens, O output tokens; `experts` [P + O - 1,
+    MoE layers, k] int16 for the prompt and every output token but the last."""
+
+    prompt: list[int]
+    output: list[int]
+    experts: np.ndarray
+
+
+def check_server_options(url: str, engine: str, options: ServerOptions) -> str:
+    """The base URL without a trailing slash; a TraceError for an option out of range."""
+    if engine not in ENGINES:
+        raise TraceError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "vllm":
+        raise TraceError(VLLM_REFUSAL)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise TraceError(f"--server {url!r}: expected http://HOST:PORT")
+    for name in ("max_new_tokens", "max_length", "concurrency"):
+        if getattr(options, name) < 1:
+            raise TraceError(f"--{name.replace('_', '-')} must be >= 1")
+    return url.rstrip("/")
+
+
+def collect_from_server(url: str, engine: str, tokenizer_dir: Path, corpora: list[Corpus],
+                        out_dir: Path, identity: ModelIdentity,
+                        options: ServerOptions = ServerOptions(), *,
+                        shared_experts: int = 0, estimated: bool = False
+                        ) -> list[CollectResult]:
+    """Send every corpus to the server and write one trace file per corpus into `out_dir`.
+    `shared_experts`: the model's shared experts (a server may return their columns too)."""
+    base_url = check_server_options(url, engine, options)
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, identity.fingerprint)
+    if not corpora:
+        raise TraceError("nothing to collect: give --corpus PATH")
+    tags = [c.tag for c in corpora]
+    if len(set(tags)) != len(tags):
+        raise TraceError(f"corpus tags must be distinct, got {tags}; set them with --tag")
+    tokenizer = load_tokenizer(tokenizer_dir, options.tokenizer)
+    client = SGLangClient(base_url, identity, options, shared_experts)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [_collect_corpus(client, tokenizer, corpus, out_dir, identity, options, engine,
+                            estimated) for corpus in corpora]
+
+
+class SGLangClient:
+    """`POST /generate` with routed experts, retried on connection errors and 5xx."""
+
+    def __init__(self, base_url: str, identity: ModelIdentity, options: ServerOptions,
+                 shared_experts: int) -> None:
+        self.url = f"{base_url}/generate"
+        self.identity, self.options = identity, options
+        self.widths = {identity.top_k, identity.top_k + shared_experts}
+
+    def generate(self, prompt: list[int]) -> Reply:
+        body = {"input_ids": prompt, "return_routed_experts": True, "stream": False,
+                "sampling_params": {"max_new_tokens": self.options.max_new_tokens,
+                                    "temperature": 0.0}}
+        return self.parse(prompt, _post_json(self.url, body, self.options))
+
+    def parse(self, prompt: list[int], response: object) -> Reply:
+        """The routing of one /generate response; a TraceError if it does not fit the model."""
+        try:
+            output = [int(t) for t in response["output_ids"]]
+            meta = response["meta_info"]
+        except (TypeError, KeyError, ValueError):
+            raise TraceError(f"{self.url}: the response has no output_ids and meta_info "
+                             "(is this an SGLang server?)") from None
+        encoded = meta.get("routed_experts") if isinstance(meta, dict) else None
+        if not isinstance(encoded, str):
+            raise TraceError(f"{self.url}: meta_info has no routed_experts; start the server "
+                             "with --enable-return-routed-experts")
+        try:
+            flat = np.frombuffer(base64.b64decode(encoded, validate=True), dtype="<i4")
+        except (binascii.Error, ValueError):
+            raise TraceError(f"{self.url}: meta_info.routed_experts is not base64 of int32 "
+                             "values") from None
+        return Reply(prompt, output, self._shape(flat, len(prompt) + len(output) - 1))
+
+    def _shape(self, flat: np.ndarray, tokens: int) -> np.ndarray:
+        """[tokens, MoE layers, top_k] int16 from the flat int32 values."""
+        ident = self.identity
+        per_token = flat.size // max(tokens, 1)
+        width = per_token // ident.num_layers if per_token % ident.num_layers == 0 else 0
+        if tokens < 1 or flat.size != tokens * per_token or width not in self.widths:
+            raise TraceError(
+                f"{self.url}: meta_info.routed_experts holds {flat.size} values for {tokens} "
+                f"tokens; this model needs {ident.num_layers} layers x top-k {ident.top_k} = "
+                f"{ident.num_layers * ident.top_k} per token: the server runs another model")
+        experts = flat.reshape(tokens, ident.num_layers, width)[:, list(ident.moe_layers),
+                                                                :ident.top_k]
+        if experts.size and (experts.min() < 0 or experts.max() >= ident.experts_per_layer):
+            raise TraceError(f"{self.url}: routed expert ids in [{experts.min()}, "
+                             f"{experts.max()}], this model has {ident.experts_per_layer} "
+                             "experts per layer: the server runs another model")
+        return experts.astype(np.int16)
+
+
+def _post_json(url: str, body: dict, options: ServerOptions) -> object:
+    """POST `body` as JSON and decode the JSON reply, retrying `options.retries` times on a
+    connection error, a timeout or a 5xx status with exponential backoff."""
+    data = json.dumps(body).encode()
+    last = ""
+    for attempt in range(options.retries + 1):
+        if attempt:
+            sleep(options.backoff_s * 2 ** (attempt - 1))
+        request = urllib.request.Request(url, data=data, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=options.timeout_s) as reply:
+                return json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:200].decode(errors="replace").strip()
+            last = f"HTTP {exc.code} {detail}".strip()
+            if exc.code not in RETRY_STATUS:
+                raise TraceError(f"{url}: {last}") from None
+        except (urllib.error.URLError, http.client.HTTPException, TimeoutError,
+                ConnectionError) as exc:
+            last = str(getattr(exc, "reason", exc) or type(exc).__name__)
+        except json.JSONDecodeError:
+            raise TraceError(f"{url}: the reply is not JSON") from None
+    raise TraceError(f"{url}: no answer after {options.retries + 1} tries ({last})")
+
+
+def _run_id(out_dir: Path, identity: ModelIdentity, corpus: Corpus, url: str,
+            options: ServerOptions) -> int:
+    """A 31-bit id from the run's identity, bumped until unused in `out_dir`."""
+    ident = json.dumps({"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
+                        "tag": corpus.tag, "server": url, **asdict(options)},
+                       sort_keys=True, default=str)
+    run_id = int(hashlib.sha256(ident.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+    used = {m.get("run_id") for m in scan(out_dir).metas}
+    while run_id in used:
+        run_id = (run_id + 1) & 0x7FFFFFFF
+    return run_id
+
+
+def _collect_corpus(client: SGLangClient, tokenizer, corpus: Corpus, out_dir: Path,
+                    identity: ModelIdentity, options: ServerOptions, engine: str,
+                    estimated: bool) -> CollectResult:
+    run_id = _run_id(out_dir, identity, corpus, client.url, options)
+    base = run_id << SEQ_ID_SHIFT
+    meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
+            "corpus_sha256": corpus.sha256, "mode": f"server-{engine}", "run_id": run_id,
+            "seq_id_base": base, "weights": False, "max_length": options.max_length,
+            "max_new_tokens": options.max_new_tokens, "seed": None, "server": client.url,
+            "estimated": estimated}
+    layers = np.asarray(identity.moe_layers, dtype=np.int16)
+    path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
+    prompts = _encode(corpus, tokenizer, CollectOptions(mode="generate",
+                                                        max_length=options.max_length))
+    tokens = sequences = 0
+    with TraceWriter(path, tag=corpus.tag, top_k=identity.top_k, meta=meta) as writer, \
+            _Progress(corpus, options) as advance:
+        for reply in _replies(client, prompts, options.concurrency):
+            pos, token, phase = _rows(reply)
+            n, num_layers = len(pos), len(layers)
+            writer.write(np.full(n * num_layers, base + sequences, dtype=np.int64),
+                         np.repeat(pos, num_layers), np.repeat(token, num_layers),
+                         np.repeat(phase, num_layers), np.tile(layers, n),
+                         reply.experts.reshape(n * num_layers, -1), None)
+            tokens += n
+            sequences += 1
+            advance(n)
+        if tokens == 0:
+            raise TraceError(f"corpus {corpus.source} produced no tokens")
+        writer.close()
+    return CollectResult(corpus.tag, path, tokens, sequences, writer.rows)
+
+
+def _replies(client: SGLangClient, prompts: Iterator[list[int]],
+             concurrency: int) -> Iterator[Reply]:
+    """The replies in prompt order, at most `concurrency` requests in flight."""
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    pending = []
+    try:
+        for prompt in prompts:
+            pending.append(pool.submit(client.generate, prompt))
+            if len(pending) >= concurrency:
+                yield pending.pop(0).result()
+        while pending:
+            yield pending.pop(0).result()
+    finally:  # on an error or an interrupt, do not wait for requests still in flight
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _rows(reply: Reply) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pos, token, phase) of the reply's P + O - 1 routed tokens, each [P + O - 1]."""
+    fed = reply.prompt + reply.output[:-1]
+    phase = np.full(len(fed), DECODE, dtype=np.int32)
+    phase[:len(reply.prompt)] = PREFILL
+    return np.arange(len(fed), dtype=np.int32), np.asarray(fed, dtype=np.int32), phase
+
+
+class _Progress:
+    """A rich progress bar on stderr over the corpus's documents; yields `advance(tokens)`."""
+
+    def __init__(self, corpus: Corpus, options: ServerOptions) -> None:
+        self.corpus, self.options = corpus, options
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.start, self.tokens = perf_counter(), 0
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]}"), console=Console(stderr=True),
+                            disable=not self.options.progress)
+        self.bar.start()
+        self.task = self.bar.add_task(f"{self.corpus.tag} (requests)", rate="",
+                                      total=self.corpus.num_documents)
+        return self.advance
+
+    def advance(self, tokens: int) -> None:
+        self.tokens += tokens
+        rate = self.tokens / max(perf_counter() - self.start, 1e-9)
+        self.bar.update(self.task, advance=1, rate=f"{self.tokens} tok, {rate:,.0f} tok/s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
