@@ -92,5 +92,11 @@ def test_bad_token_files(tmp_path, cli):
         assert_one_line_error(result, needle)
         assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
     np.savez(tmp_path / "ok.npz", expert_ids=good)
-    assert_one_line_error(cli("traces", "import", tmp_path / "ok.npz", "--out", tmp_path / "o",
-                              ok=False), "needs --model CKPT or --config")
+    options = [([], "needs --model CKPT or --config"),
+               (["--config", config, "--top-k", 3], "--top-k 3 differs from the model's 2"),
+               (["--config", config, "--tokens", 9], "--tokens is for count matrices"),
+               (["--config", config, "--model", tmp_path], "not both"),
+               (["--config", config, "--prompt-lens", config], "--prompt-lens is for the vllm")]
+    for extra, needle in options:
+        assert_one_line_error(cli("traces", "import", tmp_path / "ok.npz", "--out",
+                                  tmp_path / "o", *extra, ok=False), needle)

@@ -122,4 +122,7 @@ def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
         fmt = found.pop()
     if fmt not in FORMATS:
         raise TraceError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if request.prompt_lens is not None and fmt != "vllm":
+        raise TraceError(f"--prompt-lens is for the vllm format, not {fmt} (which records "
+                         "its own phases)")
     return FORMATS[fmt](expand(sources, fmt), Path(out_dir), request)

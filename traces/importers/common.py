@@ -73,11 +73,17 @@ def sources_sha256(paths: Iterable[Path]) -> str:
 
 
 def need_identity(request: ImportRequest, what: str) -> ModelIdentity:
-    """The model identity, or a TraceError saying that `what` needs --model or --config."""
-    if request.identity is None:
+    """The model identity of a per-token import, or a TraceError saying that `what` needs
+    --model or --config (or was given a count-only option that contradicts it)."""
+    identity = request.identity
+    if identity is None:
         raise TraceError(f"{what} needs --model CKPT or --config config.json (it names the "
                          "decoder layers, experts and top-k the rows are checked against)")
-    return request.identity
+    if request.top_k not in (None, identity.top_k):
+        raise TraceError(f"--top-k {request.top_k} differs from the model's {identity.top_k}")
+    if request.tokens is not None:
+        raise TraceError(f"--tokens is for count matrices; {what} counts its own tokens")
+    return identity
 
 
 def check_experts(path: Path, field: str, experts: np.ndarray, identity: ModelIdentity) -> None:
