@@ -17,7 +17,8 @@ from solvers.errors import SolverError
 from traces.collect import ModelIdentity
 from traces.errors import TraceError
 
-DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, FileNotFoundError)
+DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, FileNotFoundError, PermissionError,
+                 IsADirectoryError, NotADirectoryError)  # OSErrors that name a bad path
 PIPE_WIDTH = 1000  # columns of tables and text when stdout is not a terminal: never cut
 
 
@@ -31,8 +32,8 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
                 return fn(*args, **kw)
             except DOMAIN_ERRORS as exc:
                 message = str(exc)
-                if isinstance(exc, FileNotFoundError) and exc.filename:
-                    message = f"no such file or directory: {exc.filename}"
+                if isinstance(exc, OSError) and exc.filename:  # "permission denied: PATH"
+                    message = f"{(exc.strerror or type(exc).__name__).lower()}: {exc.filename}"
                 typer.echo(f"error: {message}", err=True)
                 raise typer.Exit(1) from exc
 
