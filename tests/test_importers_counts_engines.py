@@ -51,8 +51,9 @@ def test_imatrix_counts(tmp_path, cli):
     config = write_config(tmp_path / "model")
     counts = {layer: rng.integers(1, 500, EXPERTS) for layer in MOE_LAYERS}
     write_imatrix(tmp_path / "imatrix.gguf", counts, tensor="ffn_gate_up_exps")
-    cli("traces", "import", tmp_path / "imatrix.gguf", "--out", tmp_path / "a", "--config",
-        config)
+    result = cli("traces", "import", tmp_path / "imatrix.gguf", "--out", tmp_path / "a",
+                 "--config", config)
+    assert "note: llama-imatrix counts come from prompt processing only" in result.stdout
     profile = load_profile(tmp_path / "a")
     np.testing.assert_array_equal(profile.counts, np.stack(list(counts.values())))
     assert profile.top_k == TOP_K and not profile.per_token

@@ -15,6 +15,7 @@ from placer.inventory import estimate_inventory, read_inventory
 from traces.importers import FORMATS, import_routing
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile
+from traces.schema import read_meta
 from traces.stats import check_plot_path, plot_heatmap, trace_stats
 
 
@@ -94,16 +95,20 @@ def register(app: typer.Typer) -> None:
         path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
                                  top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens)
         profile = load_profile(out, phase=None)
+        note = read_meta(path).get("note")
         if json_out:
             print_json({"path": str(path), "name": profile.name, "per_token": profile.per_token,
                         "moe_layers": list(profile.moe_layers),
                         "num_experts": profile.num_experts, "top_k": profile.top_k,
-                        "tokens": profile.tokens, "sequences": profile.sequences})
+                        "tokens": profile.tokens, "sequences": profile.sequences,
+                        "note": note})
             return
         typer.echo(f"{profile.name}: {len(profile.moe_layers)} MoE layers x "
                    f"{profile.num_experts} experts, {profile.tokens} tokens"
                    f"{f', {profile.sequences} sequences, per token' if profile.per_token else ''}"
                    f" -> {path}")
+        if note:
+            typer.echo(f"note: {note}")
 
 
 def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
