@@ -10,6 +10,7 @@ import json
 import os
 import random
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -401,3 +402,234 @@ def test_the_compiled_schema_check_agrees_with_jsonschema(placed) -> None:
     verdicts = [(fast(case), reference.is_valid(case)) for case in cases]
     assert all(a == b for a, b in verdicts)
     assert 10 < sum(ok for ok, _ in verdicts) < len(cases) - 10  # both kinds were tried
+
+
+def hidden_leftovers(out: Path) -> list[str]:
+    """What an emit may leave beside or inside `out`: staging, old and lock siblings, temps."""
+    names = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+    if out.is_dir():
+        names += [p.name for p in out.iterdir() if p.name.startswith(".")]
+    return names
+
+
+def _signal_at_write(monkeypatch, signum: int, at: int = 3) -> list[int]:
+    """8 KiB write buffers; the `at`-th write sends `signum` to the main thread (as kill
+    would), then goes on writing."""
+    import threading
+
+    import placer.emit
+
+    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
+    write, calls = placer.emit._write_all, []
+
+    def signalling(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == at:
+            signal.pthread_kill(threading.main_thread().ident, signum)
+        write(fd, data, offset)
+
+    monkeypatch.setattr(placer.emit, "_write_all", signalling)
+    return calls
+
+
+class _Terminated(Exception):
+    pass
+
+
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM raises _Terminated in this test (pytest would die of it otherwise); the test's
+    handler, which emit must give back."""
+
+    def handler(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield handler
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_force_interrupted_keeps_the_old_placement(signum, placed, tmp_path: Path, cli,
+                                                   monkeypatch, sigterm_raises) -> None:
+    out, model = placed
+    before = (out / "manifest.json").read_text()
+    calls = _signal_at_write(monkeypatch, signum)
+    result = cli("emit", "--plan", tmp_path / "plan.json", "--model", model, "--out", out,
+                 "--force", "--align", "256", ok=False)
+    assert result.exit_code == 130 and len(calls) >= 3  # click: Aborted!
+    assert (out / "manifest.json").read_text() == before
+    assert "ok:" in cli("verify", out, "--model", model).output
+    assert hidden_leftovers(out) == []
+    assert signal.getsignal(signal.SIGTERM) is sigterm_raises
+
+
+def test_fresh_emit_terminated_leaves_nothing(tiny_models, tmp_path: Path, cli, monkeypatch,
+                                              sigterm_raises) -> None:
+    model, out = tiny_models["qwen3_moe"], tmp_path / "placed"
+    _signal_at_write(monkeypatch, signal.SIGTERM)
+    result = cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out,
+                 ok=False)
+    assert result.exit_code == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_emits_leave_no_hidden_files_and_respect_the_umask(tiny_models, tmp_path: Path, cli
+                                                           ) -> None:
+    model, out = tiny_models["qwen3_moe"], tmp_path / "placed"
+    plan = mixed_plan(model, tmp_path)
+    old = os.umask(0o022)
+    try:
+        cli("emit", "--plan", plan, "--model", model, "--out", out)
+        assert hidden_leftovers(out) == []
+        assert oct((out / "manifest.json").stat().st_mode & 0o777) == oct(0o644)
+        os.umask(0o027)
+        cli("emit", "--plan", plan, "--model", model, "--out", out, "--force", "--align", "256")
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["placed", "plan.json"]
+    assert hidden_leftovers(out) == []
+    assert oct((out / "manifest.json").stat().st_mode & 0o777) == oct(0o640)
+    assert json.loads((out / "manifest.json").read_text())["align"] == 256
+
+
+def _tree_digest(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+def test_emit_refuses_an_out_inside_equal_to_or_holding_the_model(tiny_models, tmp_path: Path,
+                                                                  cli) -> None:
+    model = tmp_path / "ckpt" / "model"
+    shutil.copytree(tiny_models["qwen3_moe"], model)
+    plan = mixed_plan(model, tmp_path)
+    before = _tree_digest(tmp_path / "ckpt")
+    link = tmp_path / "link"
+    link.symlink_to(model)
+    cases = [(model, "is inside the checkpoint"), (model / "placed", "is inside the checkpoint"),
+             (link, "is inside the checkpoint"), (tmp_path / "ckpt", "holds the checkpoint")]
+    for out, needle in cases:
+        result = cli("emit", "--plan", plan, "--model", model, "--out", out, "--force", ok=False)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1 and needle in lines[0], result.output
+    assert _tree_digest(tmp_path / "ckpt") == before
+
+
+def test_a_full_disk_during_force_keeps_the_old_placement(placed, tmp_path: Path, cli,
+                                                          monkeypatch) -> None:
+    import placer.emit
+
+    out, model = placed
+    before = (out / "manifest.json").read_text()
+    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
+    write, calls = placer.emit._write_all, []
+
+    def full_at_fifth(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(fd, data, offset)
+
+    monkeypatch.setattr(placer.emit, "_write_all", full_at_fifth)
+    result = cli("emit", "--plan", tmp_path / "plan.json", "--model", model, "--out", out,
+                 "--force", "--align", "256", ok=False)
+    assert result.output.strip() == (f"error: writing {out} failed: No space left on device "
+                                     "(nothing was left behind; the old placement is unchanged)")
+    assert (out / "manifest.json").read_text() == before
+    assert hidden_leftovers(out) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["placed", "plan.json"]
+
+
+def test_the_space_check_counts_the_new_placement_beside_the_old(placed, tmp_path: Path, cli,
+                                                                 monkeypatch) -> None:
+    """--force writes the new placement beside the old, which stays until the swap: what is
+    needed is every new output's bytes (each may pass its end by one O_DIRECT block)."""
+    import placer.emit
+    from placer.units import format_bytes
+
+    out, model = placed
+    manifest = json.loads((out / "manifest.json").read_text())
+    need = sum(f["size"] + 4096 for f in manifest["files"])  # the same plan and align again
+    free = [need - 1]
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(placer.emit.shutil, "disk_usage",
+                        lambda path: usage._replace(free=free[0]))
+    args = ["emit", "--plan", tmp_path / "plan.json", "--model", model, "--out", out, "--force"]
+    result = cli(*args, ok=False)
+    assert result.output.strip() == (
+        f"error: not enough disk space for {out}: the new placement needs {format_bytes(need)} "
+        f"beside the old one, which stays until the new one is complete; "
+        f"{format_bytes(need - 1)} free")
+    assert "ok:" in cli("verify", out, "--model", model).output
+    free[0] = need
+    cli(*args)
+
+
+def test_a_second_emit_into_the_same_out_is_refused(placed, tmp_path: Path, cli,
+                                                    monkeypatch) -> None:
+    """One emit holds --out's lock (its first write waits); another is refused in one line,
+    the first completes, and the lock file goes with it."""
+    import threading
+
+    import placer.emit
+    from placer.plan import read_plan
+    from placer.verify import verify_placed
+
+    out, model = placed
+    write, started, release = placer.emit._write_all, threading.Event(), threading.Event()
+
+    def waiting(fd, data, offset):
+        started.set()
+        release.wait(10)
+        write(fd, data, offset)
+
+    monkeypatch.setattr(placer.emit, "_write_all", waiting)
+    first = threading.Thread(target=placer.emit.emit_placement,
+                             args=(read_plan(tmp_path / "plan.json"), model, out),
+                             kwargs={"align": 256, "force": True})
+    first.start()
+    try:
+        assert started.wait(10)
+        result = cli("emit", "--plan", tmp_path / "plan.json", "--model", model, "--out", out,
+                     "--force", ok=False)
+    finally:
+        release.set()
+        first.join(10)
+    lock = tmp_path / ".placed.placer-lock"
+    assert result.output.strip() == (f"error: another emit is writing {out} (it holds {lock}); "
+                                     "wait for it to finish")
+    assert verify_placed(out, model).ok
+    assert json.loads((out / "manifest.json").read_text())["align"] == 256
+    assert hidden_leftovers(out) == []
+
+
+def test_what_a_killed_swap_left_is_recovered(placed, tmp_path: Path, cli, monkeypatch) -> None:
+    """Killed between moving the old placement aside and moving the new one in (where the
+    filesystem cannot exchange two directories): the next emit moves the old one back and
+    removes the staged one; the swap by two renames then works."""
+    import placer.emit
+
+    out, model = placed
+    before = (out / "manifest.json").read_text()
+    out.rename(tmp_path / ".placed.placer-old")
+    (tmp_path / ".placed.placer-new").mkdir()
+    (tmp_path / ".placed.placer-new" / "card0.safetensors").write_bytes(b"partial")
+    args = ["emit", "--plan", tmp_path / "plan.json", "--model", model, "--out", out]
+    assert "pass --force" in cli(*args, ok=False).output
+    assert (out / "manifest.json").read_text() == before
+    assert hidden_leftovers(out) == []
+    monkeypatch.setattr(placer.emit, "exchange", lambda a, b: False)
+    cli(*args, "--force", "--align", "256")
+    assert "ok:" in cli("verify", out, "--model", model).output
+    assert json.loads((out / "manifest.json").read_text())["align"] == 256
+    assert hidden_leftovers(out) == []
+
+
+def test_an_existing_empty_out_is_kept(tiny_models, tmp_path: Path, cli) -> None:
+    """An existing empty --out (a mount point, say) is written in place, not replaced."""
+    model, out = tiny_models["qwen3_moe"], tmp_path / "placed"
+    out.mkdir()
+    inode = out.stat().st_ino
+    cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out)
+    assert out.stat().st_ino == inode and hidden_leftovers(out) == []
+    assert "ok:" in cli("verify", out, "--model", model).output

@@ -17,17 +17,23 @@ def register(app: typer.Typer) -> None:
     def emit(
         plan: Annotated[Path, typer.Option(help="plan.json written by `placer solve`.")],
         model: Annotated[Path, typer.Option(help="The checkpoint directory it was solved for.")],
-        out: Annotated[Path, typer.Option(help="Placed directory to write (must be empty).")],
+        out: Annotated[Path, typer.Option(
+            help="Placed directory to write: new, or empty (or --force); never inside, equal to "
+                 "or holding --model.")],
         align: Annotated[int, typer.Option(
             help="Every output tensor (each expert's cold part) starts at a multiple of this "
                  "absolute byte offset.")] = 4096,
-        force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+        force: Annotated[bool, typer.Option(
+            help="Replace a non-empty --out: the new placement is written beside it and swapped "
+                 "in once complete, so the old one stays valid until then (room for both is "
+                 "needed).")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="Print the output files as JSON.")
                             ] = False,
     ) -> None:
         """Write card<N>.safetensors (resident pages), host<G>.safetensors (cold parts, one
         aligned range per expert) and manifest.json (last) for PLAN, streaming bytes from
-        MODEL; nothing that looks complete is left behind on failure."""
+        MODEL. Nothing is left behind on failure, SIGINT or SIGTERM; a second emit into the
+        same --out while one runs is refused."""
         from placer.emit import emit_placement
         from placer.plan import read_plan
 
