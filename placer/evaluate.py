@@ -347,9 +347,9 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
         test = steps_of(held_out)
         problem = plan_problem(plan, [Steps("held-out", b, test, 1.0, base)])
         lines["uniform"].append(figures(problem, baselines.uniform(
-            problem, top_k=top_k, seed=seed).placement, test, b, base))
+            problem, top_k=top_k, seed=seed).placement, problem.steps[0]))
         lines["oracle"].append(figures(problem, greedy.solve(problem, seed=seed).placement,
-                                       test, b, base))
+                                       problem.steps[0]))
         train_pool = sorted(set().union(*(s for j, s in enumerate(splits) if j != i)))
         for f in fractions:
             take = max(b, int(round(f * len(train_pool))))
@@ -358,7 +358,7 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
             train = steps_of(chosen)
             solved = greedy.solve(plan_problem(plan, [Steps("train", b, train, 1.0, base)]),
                                   seed=seed)
-            row = figures(problem, solved.placement, test, b, base)
+            row = figures(problem, solved.placement, problem.steps[0])
             row["tokens"] = load_profile(trace_dir, seq_ids=chosen).tokens
             rows[f].append(row)
     out = []

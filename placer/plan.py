@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.flops import expert_flops
 from placer.hardware import HardwareSpec, spec_from_json
 from placer.inventory import Inventory
 
@@ -77,6 +78,7 @@ class Plan:
     calibration: list[dict] = field(default_factory=list)  # profiles solved on, with counts
     predicted: list[dict] = field(default_factory=list)    # per profile and concurrency
     robust: dict | None = None
+    execution: str = "stage"    # how cold experts run: staged to their card, or on the CPU
 
     @property
     def moe_layers(self) -> list[int]:
@@ -109,6 +111,7 @@ class Plan:
                                     "resident": p.resident} for p in e.pages]}
                         for e in self.experts],
             "calibration": self.calibration, "predicted": self.predicted, "robust": self.robust,
+            "execution": self.execution,
         }
 
 
@@ -129,7 +132,7 @@ def plan_from_json(d: dict, source: str = "plan") -> Plan:
                                                 p["resident"]) for p in e["pages"]))
                      for e in d["experts"]],
             calibration=d.get("calibration", []), predicted=d.get("predicted", []),
-            robust=d.get("robust"))
+            robust=d.get("robust"), execution=d.get("execution", "stage"))
     except (KeyError, TypeError) as exc:
         raise PlacerError(f"malformed plan: missing or bad field {exc}") from None
 
@@ -174,7 +177,8 @@ def num_pages(expert_bytes: np.ndarray, page_size: int | None) -> np.ndarray:
 
 def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
                resident_pages: np.ndarray, page_size: int | None, budget_bytes: np.ndarray,
-               staging_bytes: np.ndarray, budget: dict, ep: str, solver: dict) -> Plan:
+               staging_bytes: np.ndarray, budget: dict, ep: str, solver: dict,
+               execution: str = "stage") -> Plan:
     """Assemble a plan from a solved placement.
 
     home, resident_pages: [L, E] int (card of each expert, leading pages resident);
@@ -196,5 +200,8 @@ def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
     model = {"fingerprint": inv.fingerprint, "architecture": inv.architecture,
              "model_type": inv.model_type, "num_layers": inv.num_layers,
              "moe_layers": list(inv.moe_layers), "experts_per_layer": inv.experts_per_layer,
-             "top_k": inv.top_k, "estimated": inv.estimated}
-    return Plan(model, spec, budget, page_size, ep, solver, cards, experts)
+             "top_k": inv.top_k, "estimated": inv.estimated,
+             "hidden_size": inv.config.get("hidden_size"),
+             "expert_flops": expert_flops(inv).tolist()}
+    return Plan(model, spec, budget, page_size, ep, solver, cards, experts,
+                execution=execution)

@@ -13,17 +13,26 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.flops import expert_flops
 from placer.hardware import HardwareSpec
 from placer.inventory import Inventory
 from placer.plan import Plan, build_plan
-from placer.solve_options import SOLVERS, SolveOptions
+from placer.solve_options import DEFAULT_STEPS, EXECUTIONS, SOLVERS, SolveOptions
 from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
-from solvers.cost import step_stats
+from solvers.cost import replay
+from solvers.cpu import Host
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
 from solvers.staging import staging_bytes
 from traces.dataset import check_compatible, check_shape
-from traces.profile import Profile, load_profile, sample_steps
+from traces.profile import (
+    Profile,
+    TokenSteps,
+    every_token_steps,
+    load_profile,
+    sampled_token_steps,
+    step_mask,
+)
 
 
 @dataclass(frozen=True)
@@ -33,21 +42,81 @@ class Traffic:
     name: str
     path: Path | None
     profile: Profile | None
-    steps: dict[int, np.ndarray] = field(default_factory=dict)  # B -> [S, L, E] bool
+    steps: dict[int, TokenSteps] = field(default_factory=dict)  # B -> decode steps
 
 
-def load_traffic(trace_dir: Path, inv: Inventory, batches: tuple[int, ...], num_steps: int,
-                 seed: int, seq_ids: set[int] | None = None) -> Traffic:
-    """Check `trace_dir` against the model and sample its decode steps at every batch."""
+def traffic_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int | None,
+                  seed: int, seq_ids: set[int] | None = None) -> TokenSteps:
+    """The decode steps of a trace set at `batch`: every token (B = 1: each once; B > 1: one
+    continuous-batching schedule that uses every token) when `num_steps` is None and the
+    traces are per token; else `num_steps` sampled steps (DEFAULT_STEPS for counts)."""
+    if num_steps is None and profile.per_token:
+        return every_token_steps(trace_dir, batch, groupings=1, seed=seed, seq_ids=seq_ids)
+    source = trace_dir if profile.per_token else profile
+    return sampled_token_steps(source, batch, num_steps or DEFAULT_STEPS, seed,
+                               seq_ids=seq_ids)
+
+
+def load_traffic(trace_dir: Path, inv: Inventory, batches: tuple[int, ...],
+                 num_steps: int | None, seed: int, seq_ids: set[int] | None = None) -> Traffic:
+    """Check `trace_dir` against the model and take its decode steps at every batch."""
     trace_dir = Path(trace_dir)
     if inv.estimated:  # a config-only inventory has no real fingerprint: check shapes only
         check_shape(trace_dir, len(inv.moe_layers), inv.experts_per_layer)
     else:
         check_compatible(trace_dir, inv.fingerprint, inv.moe_layers, inv.experts_per_layer)
     profile = load_profile(trace_dir, seq_ids=seq_ids)
-    steps = {b: sample_steps(profile if not profile.per_token else trace_dir, b, num_steps,
-                             seed, seq_ids=seq_ids) for b in batches}
+    steps = {b: traffic_steps(trace_dir, profile, b, num_steps, seed, seq_ids)
+             for b in batches}
     return Traffic(profile.name or trace_dir.name, trace_dir, profile, steps)
+
+
+def make_steps(name: str, steps: TokenSteps, num_experts: int, weight: float,
+               base_step_s: float) -> Steps:
+    """Solver steps of decode steps given as their tokens."""
+    return Steps(name, steps.batch, step_mask(steps.tokens, num_experts), weight, base_step_s,
+                 steps.tokens)
+
+
+def host_of(spec: HardwareSpec, hidden_size: int) -> Host | None:
+    """The spec's host CPU as the solver's cpu execution model needs it (None without a
+    [host] table): activations are hidden_size bf16 values per token each way, over the
+    slowest card's host link."""
+    if spec.host is None:
+        return None
+    return Host(memory_bandwidth=spec.host.memory_bandwidth, flops=spec.host.flops,
+                sync_s=spec.host.sync_s, activation_bytes=2.0 * hidden_size,
+                h2d_bandwidth=min(c.h2d_bandwidth for c in spec.cards))
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How cold experts run, with what the cpu model needs (placer.plan records it)."""
+
+    mode: str
+    host: Host | None
+    expert_flops: np.ndarray | None
+
+    @property
+    def fields(self) -> dict:
+        """The solvers.Problem fields of this execution."""
+        return {"execution": self.mode, "host": self.host, "expert_flops": self.expert_flops}
+
+
+def execution_of(mode: str, spec: HardwareSpec, hidden_size: int | None,
+                 flops: np.ndarray) -> Execution:
+    """Check `mode` against the spec and model: cpu execution needs a [host] table."""
+    if mode not in EXECUTIONS:
+        raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)}, not {mode!r}")
+    if mode == "stage":
+        return Execution(mode, None, None)
+    if spec.host is None:
+        raise PlacerError(f"hardware spec {spec.name!r} has no [host] table: --execution cpu "
+                          "needs the host CPU's memory_bandwidth, flops and sync_us (placer "
+                          "probe --host measures them)")
+    if not hidden_size:
+        raise PlacerError("--execution cpu needs the model's hidden_size (config.json)")
+    return Execution(mode, host_of(spec, hidden_size), flops)
 
 
 def cards_of(spec: HardwareSpec) -> Cards:
@@ -77,12 +146,14 @@ def choose_homes(inv: Inventory, spec: HardwareSpec, ep: str, traffic: list[Traf
     raise PlacerError(f"--ep must be contiguous or balanced, not {ep!r}")
 
 
-def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: SolveOptions
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """([C] budget bytes, [C] staging bytes) per card, or a PlacerError when infeasible."""
+def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: SolveOptions,
+                 execution: str = "stage") -> tuple[np.ndarray, np.ndarray]:
+    """([C] budget bytes, [C] staging bytes) per card, or a PlacerError when infeasible.
+    Cold experts computed by the CPU are never staged: no staging buffer then."""
     sizes = inv.expert_bytes()
     num_cards = len(spec.cards)
-    staging = staging_bytes(sizes, home, num_cards, max(opts.concurrency), inv.top_k)
+    staging = (staging_bytes(sizes, home, num_cards, max(opts.concurrency), inv.top_k)
+               if execution == "stage" else np.zeros(num_cards, dtype=np.int64))
     homed = np.bincount(home.ravel(), weights=sizes.ravel(), minlength=num_cards).astype(np.int64)
     free = np.array([c.free_bytes for c in spec.cards], dtype=np.int64)
     if opts.budget is not None and opts.offload is not None:
@@ -113,25 +184,27 @@ def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: Sol
 
 
 def make_problem(inv: Inventory, spec: HardwareSpec, home: np.ndarray, capacity: np.ndarray,
-                 traffic: list[Traffic], opts: SolveOptions) -> Problem:
+                 traffic: list[Traffic], opts: SolveOptions, execution: Execution) -> Problem:
     """The solver's problem over the given traffic (steps weighted per concurrency)."""
     weights = opts.weights or tuple(1.0 / len(opts.concurrency) for _ in opts.concurrency)
     if len(weights) != len(opts.concurrency):
         raise PlacerError("--weights needs one weight per --concurrency value")
-    steps = [Steps(t.name, b, t.steps[b], w / len(traffic), spec.base_step_s(b))
+    steps = [make_steps(t.name, t.steps[b], inv.experts_per_layer, w / len(traffic),
+                        spec.base_step_s(b))
              for t in traffic for b, w in zip(opts.concurrency, weights, strict=True)]
-    return Problem(inv.expert_bytes(), home, capacity, cards_of(spec), steps, opts.page_size)
+    return Problem(inv.expert_bytes(), home, capacity, cards_of(spec), steps, opts.page_size,
+                   **execution.fields)
 
 
 def robust_scenarios(inv: Inventory, spec: HardwareSpec, home: np.ndarray,
-                     capacity: np.ndarray, traffic: list[Traffic], opts: SolveOptions
-                     ) -> list[Problem]:
+                     capacity: np.ndarray, traffic: list[Traffic], opts: SolveOptions,
+                     execution: Execution) -> list[Problem]:
     """One problem per (profile, concurrency), named "PROFILE B=b": robust mode bounds the
     ratio to layer offload at every concurrency, as `placer evaluate` judges it, not only
     their weighted mix."""
     return [Problem(inv.expert_bytes(), home, capacity, cards_of(spec),
-                    [Steps(f"{t.name} B={b}", b, t.steps[b], 1.0, spec.base_step_s(b))],
-                    opts.page_size)
+                    [make_steps(f"{t.name} B={b}", t.steps[b], inv.experts_per_layer, 1.0,
+                                spec.base_step_s(b))], opts.page_size, **execution.fields)
             for t in traffic for b in opts.concurrency]
 
 
@@ -148,11 +221,11 @@ def run_solver(name: str, problem: Problem, opts: SolveOptions, top_k: int) -> S
     raise PlacerError(f"unknown solver {name!r}; choose from {', '.join(SOLVERS)}")
 
 
-def figures(problem: Problem, placement: Placement, selected: np.ndarray, batch: int,
-            base_step_s: float) -> dict[str, float]:
-    """What a placement costs on sampled steps: hit rate, staged bytes and transfers per
-    token, stall per step (ms) and predicted tokens/s."""
-    s = step_stats(problem, placement, selected).summary(batch, base_step_s)
+def figures(problem: Problem, placement: Placement, steps: Steps) -> dict[str, float]:
+    """What a placement costs on the given steps: hit rate, staged bytes and transfers per
+    token (cpu execution: bytes and experts the host computes), stall per step (ms) and
+    predicted tokens/s."""
+    s = replay(problem, placement, steps).summary(steps.batch, steps.base_step_s)
     return {"hit_rate": s["hit_rate"], "staged_bytes_per_token": s["staged_bytes_per_token"],
             "transfers_per_token": s["transfers_per_token"],
             "stall_ms_per_step": s["stall_s_per_step"] * 1e3, "tokens_per_s": s["tokens_per_s"]}
@@ -166,15 +239,21 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                           f"(or use --solver layer / uniform)")
     if opts.robust and len(trace_dirs) < 2:
         raise PlacerError("--robust needs at least two --traces sets to be robust across")
+    execution = execution_of(opts.execution, spec, inv.config.get("hidden_size"),
+                             expert_flops(inv))
+    if execution.mode == "cpu" and opts.page_size is not None:
+        raise PlacerError("--execution cpu computes whole experts on the host: --page-size "
+                          "is for staging")
     traffic = [load_traffic(d, inv, opts.concurrency, opts.num_steps, opts.seed)
                for d in trace_dirs]
     home = choose_homes(inv, spec, opts.ep, traffic)
-    budget, staging = card_budgets(inv, spec, home, opts)
+    budget, staging = card_budgets(inv, spec, home, opts, execution.mode)
     capacity = budget - staging
-    problem = make_problem(inv, spec, home, capacity, traffic, opts)
+    problem = make_problem(inv, spec, home, capacity, traffic, opts, execution)
     robust_info = None
     if opts.robust:
-        outcome = robust.solve(robust_scenarios(inv, spec, home, capacity, traffic, opts),
+        outcome = robust.solve(robust_scenarios(inv, spec, home, capacity, traffic, opts,
+                                                execution),
                                time_limit=opts.time_limit, seed=opts.seed)
         result, robust_info = outcome.result, {"ratios": dict(outcome.ratios),
                                                "worst_ratio": max(outcome.ratios.values())}
@@ -190,14 +269,17 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                 "value": opts.offload if opts.offload is not None else opts.budget,
                 "concurrency": list(opts.concurrency),
                 "weights": list(opts.weights) if opts.weights else None},
-        ep=opts.ep, solver=solver_json(result, opts))
+        ep=opts.ep, solver=solver_json(result, opts), execution=execution.mode)
     plan.robust = robust_info
     plan.calibration = [calibration_json(t) for t in traffic]
-    plan.predicted = [
-        {"profile": t.name, "concurrency": b,
-         **{name: figures(problem, r.placement, t.steps[b], b, spec.base_step_s(b))
-            for name, r in (("placement", result), *baseline_results.items())}}
-        for t in traffic for b in opts.concurrency]
+    plan.predicted = []
+    for t in traffic:
+        for b in opts.concurrency:
+            steps = make_steps(t.name, t.steps[b], inv.experts_per_layer, 1.0,
+                               spec.base_step_s(b))
+            plan.predicted.append({"profile": t.name, "concurrency": b, **{
+                name: figures(problem, r.placement, steps)
+                for name, r in (("placement", result), *baseline_results.items())}})
     return plan
 
 
@@ -205,6 +287,7 @@ def solver_json(result: SolveResult, opts: SolveOptions) -> dict:
     return {"name": result.solver, "objective": result.objective, "bound": result.bound,
             "gap": result.gap, "seconds": result.seconds, "status": result.status,
             "seed": opts.seed, "time_limit": opts.time_limit, "steps": opts.num_steps,
+            "execution": opts.execution,
             "objective_unit": "ratio to layer offload (worst profile and concurrency)"
             if opts.robust
             else "seconds of expected stall per decode step (weighted over concurrency)"}

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from placer.errors import PlacerError
+
 SOLVERS = ("ilp", "greedy", "layer", "uniform")
-DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency
+EXECUTIONS = ("stage", "cpu")
+DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
 
 
 @dataclass(frozen=True)
@@ -20,4 +24,34 @@ class SolveOptions:
     robust: bool = False
     time_limit: float = 60.0
     seed: int = 0
-    num_steps: int = DEFAULT_STEPS
+    num_steps: int | None = None   # None: every calibration token (counts: DEFAULT_STEPS)
+    execution: str = "stage"       # how a cold expert runs: staged to its card, or on the CPU
+
+
+def check_options(opts: SolveOptions) -> None:
+    """A PlacerError naming the first option out of range."""
+    if opts.solver not in SOLVERS:
+        raise PlacerError(f"--solver must be one of {', '.join(SOLVERS)}, not {opts.solver!r}")
+    if opts.execution not in EXECUTIONS:
+        raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)}, "
+                          f"not {opts.execution!r}")
+    if opts.robust and opts.solver not in ("ilp", "greedy"):
+        raise PlacerError(f"--robust solves its own MILP: it cannot be combined with --solver "
+                          f"{opts.solver} (a fixed baseline)")
+    if opts.seed < 0:
+        raise PlacerError(f"--seed must be >= 0, not {opts.seed}")
+    if not (math.isfinite(opts.time_limit) and opts.time_limit > 0):
+        raise PlacerError(f"--time-limit must be a positive number of seconds, not "
+                          f"{opts.time_limit}")
+    if opts.num_steps is not None and opts.num_steps < 1:
+        raise PlacerError(f"--steps must be >= 1 (or left out: every calibration token), not "
+                          f"{opts.num_steps}")
+    if any(b < 1 for b in opts.concurrency):
+        raise PlacerError(f"--concurrency values must be >= 1, not {list(opts.concurrency)}")
+    if opts.weights is not None:
+        if any(not math.isfinite(w) or w < 0 for w in opts.weights) or sum(opts.weights) <= 0:
+            raise PlacerError(f"--weights must be finite, non-negative and not all 0, not "
+                              f"{list(opts.weights)}")
+    if opts.offload is not None and not (math.isfinite(opts.offload)
+                                         and 0.0 < opts.offload < 1.0):
+        raise PlacerError(f"--offload must be a share in (0, 1), not {opts.offload}")

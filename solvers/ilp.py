@@ -42,9 +42,10 @@ def run(milp: MilpModel, time_limit: float, seed: int) -> tuple[np.ndarray | Non
         "limits/gap = 1e-6")
     status = solver.solve(milp.model)
     solved = status in (mb.SolveStatus.OPTIMAL, mb.SolveStatus.FEASIBLE)
-    # A run stopped before any solution (NOT_SOLVED) still proved its bound.
-    bound = (float(solver.best_objective_bound) + milp.offset
-             if solved or status == mb.SolveStatus.NOT_SOLVED else float("nan"))
+    # A run stopped before any solution (NOT_SOLVED) may still have proved a bound.
+    raw = solver.best_objective_bound  # a float, or pandas.NA when SCIP has none
+    bound = (float(raw) + milp.offset if isinstance(raw, int | float)
+             and (solved or status == mb.SolveStatus.NOT_SOLVED) else float("nan"))
     values = solver.values(milp.model.get_variables()).to_numpy() if solved else None
     return values, bound if np.isfinite(bound) else float("nan"), \
         status == mb.SolveStatus.OPTIMAL

@@ -14,7 +14,7 @@ from placer.errors import PlacerError
 from placer.hardware import load_spec
 from placer.inventory import EXPERT_DTYPES, estimate_inventory, read_inventory
 from placer.plan import Plan, write_json_atomic
-from placer.solve_options import DEFAULT_STEPS, SOLVERS, SolveOptions
+from placer.solve_options import EXECUTIONS, SOLVERS, SolveOptions, check_options
 from placer.units import format_bytes, parse_bytes
 
 
@@ -56,8 +56,15 @@ def register(app: typer.Typer) -> None:
         ] = False,
         time_limit: Annotated[float, typer.Option(help="ILP time limit in seconds.")] = 60.0,
         seed: Annotated[int, typer.Option(help="Seed for step sampling and solvers.")] = 0,
-        steps: Annotated[int, typer.Option(
-            help="Decode steps sampled per profile and concurrency.")] = DEFAULT_STEPS,
+        steps: Annotated[int | None, typer.Option(
+            help="Sample this many decode steps per profile and concurrency instead of "
+                 "using every calibration token (imported counts are always sampled: 256 "
+                 "by default).")] = None,
+        execution: Annotated[str, typer.Option(
+            help=f"How a cold expert runs: {' | '.join(EXECUTIONS)}. stage: its cold bytes "
+                 "are copied to its GPU, which computes it (placer's runtime); cpu: the host "
+                 "CPU computes it from host RAM (llama.cpp -ot / --n-cpu-moe, KTransformers; "
+                 "needs the spec's [host] table).")] = "stage",
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
     ) -> None:
@@ -74,7 +81,9 @@ def register(app: typer.Typer) -> None:
             offload=offload, concurrency=tuple(parse_list(concurrency, int, "--concurrency")),
             weights=tuple(parse_list(weights, float, "--weights")) if weights else None,
             ep=ep, page_size=parse_bytes(page_size, "--page-size") if page_size else None,
-            robust=robust, time_limit=time_limit, seed=seed, num_steps=steps)
+            robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
+            execution=execution)
+        check_options(opts)
         plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
         write_json_atomic(plan.to_json(), out)
         if json_out:
