@@ -67,14 +67,19 @@ def test_imatrix_counts(tmp_path, cli):
     assert_one_line_error(cli("traces", "import", tmp_path / "shifted.gguf", "--out",
                               tmp_path / "c", "--config", config, ok=False),
                           "expected the model's MoE layers [1, 2, 3]")
-    writer = GGUFWriter(tmp_path / "model.gguf", arch="llama")
-    writer.add_tensor("blk.1.ffn_gate_exps.weight", np.ones((8, 4), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    assert_one_line_error(cli("traces", "import", tmp_path / "model.gguf", "--out",
-                              tmp_path / "d", "--top-k", 2, ok=False), "expected 'imatrix'")
+    bad = {"model.gguf": ("llama", "blk.1.ffn_gate_exps.weight", (8, 4), "expected 'imatrix'"),
+           "flipped.gguf": ("imatrix", "blk.1.ffn_gate_exps.weight.counts", (1, 8),
+                            "expected [1, n_expert]")}
+    for name, (kind, tensor, shape, needle) in bad.items():
+        writer = GGUFWriter(tmp_path / name, arch="llama")
+        writer.add_string("general.type", kind)
+        writer.add_tensor(tensor, np.ones(shape, np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        assert_one_line_error(cli("traces", "import", tmp_path / name, "--out", tmp_path / "d",
+                                  "--top-k", 2, ok=False), needle)
 
 
 def write_statistics(directory, counts: dict[tuple[int, int, int], np.ndarray]) -> None:

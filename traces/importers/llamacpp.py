@@ -51,6 +51,9 @@ def read_imatrix(path: Path) -> tuple[dict[int, np.ndarray], dict]:
     for tensor in reader.tensors:
         match = _COUNTS.match(tensor.name)
         if match:
+            if int(tensor.shape[0]) != 1:
+                raise TraceError(f"{path}: {tensor.name} has ggml ne {list(tensor.shape)}, "
+                                 "expected [1, n_expert]")
             found.setdefault(int(match[1]), {})[match[2]] = np.asarray(tensor.data)
     if not found:
         raise TraceError(f"{path}: no blk.L.ffn_*_exps.weight.counts tensor (expected the "
