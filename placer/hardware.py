@@ -238,7 +238,8 @@ def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field:
         name=_text(data.get("name", source), f"{at}name"),
         description=_text(data.get("description", ""), f"{at}description"),
         host_ram=host_ram, cards=cards, links=links,
-        base_step_ms=_base_steps(data.get("decode"), f"{at}decode"), host=host)
+        base_step_ms=_base_steps(data.get("decode"), top if seconds else f"{at}decode"),
+        host=host)
 
 
 def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
@@ -285,9 +286,10 @@ def _link(index: int, t: dict, num_cards: int, at: str) -> Link:
 
 def _base_steps(decode: Any, where: str) -> tuple[tuple[int, float], ...]:
     """(batch, ms) sorted by batch from `[decode] base_step_ms` (required: no default)."""
-    need = f"{where}.base_step_ms: required, a table of batch size to ms (e.g. {{ 1 = 9.0 }})"
+    table = "a table of batch size to ms (e.g. { 1 = 9.0 })"
+    need = f"{where}.base_step_ms: required, {table}"
     if decode is None:
-        raise PlacerError(f"{where}: missing; {need}")
+        raise PlacerError(f"{where}: missing; give [decode] base_step_ms, {table}")
     if not isinstance(decode, dict):
         raise PlacerError(f"{where}: expected a table, got {_kind(decode)}")
     unknown = set(decode) - {"base_step_ms"}
