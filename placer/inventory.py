@@ -264,6 +264,9 @@ def config_moe_layers(config: dict) -> tuple[int, ...]:
 def read_inventory(checkpoint: Path) -> Inventory:
     """The inventory of the checkpoint directory `checkpoint` (headers only)."""
     checkpoint = Path(checkpoint)
+    if checkpoint.exists() and not checkpoint.is_dir():
+        raise PlacerError(f"{checkpoint} is not a directory (a checkpoint directory holds "
+                          "config.json and *.safetensors)")
     if not checkpoint.is_dir():
         raise PlacerError(f"checkpoint directory not found: {checkpoint}")
     config = read_config(checkpoint / "config.json")

@@ -271,3 +271,21 @@ def test_config_unknown_torch_dtype_needs_an_explicit_dtype(cli, tmp_path: Path)
     path.write_text(json.dumps(small_config(torch_dtype="int8")))
     assert_one_line_error(cli("inspect", "--config", path, ok=False), "'int8'", "--expert-dtype")
     cli("inspect", "--config", path, "--expert-dtype", "fp8", "--dense-dtype", "bf16")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors",
+                                  "model.safetensors.index.json"])
+def test_unreadable_checkpoint_file_is_one_line(cli, tiny_models, tmp_path: Path, monkeypatch,
+                                                name: str) -> None:
+    from unreadable import deny_reads
+
+    ckpt = copy(tiny_models["mixtral" if name.endswith("index.json") else "olmoe"],
+                tmp_path / "c")
+    deny_reads(monkeypatch, ckpt / name)
+    assert_one_line_error(cli("inspect", ckpt, ok=False), f"permission denied: {ckpt / name}")
+
+
+def test_checkpoint_path_that_is_a_file(cli, tiny_models, tmp_path: Path) -> None:
+    ckpt = copy(tiny_models["olmoe"], tmp_path / "c")
+    assert_one_line_error(cli("inspect", ckpt / "config.json", ok=False),
+                          f"{ckpt / 'config.json'} is not a directory")

@@ -75,3 +75,13 @@ def test_intact_files_run(placed, cli) -> None:
     result = cli("run", out, "--model", source, "--prompt", "Hello", "--max-new-tokens", "1",
                  "--device", "cpu", "--json")
     assert json.loads(result.output)["new_tokens"] == 1
+
+
+@pytest.mark.parametrize("which", ["manifest.json", "card0.safetensors", "source"])
+def test_unreadable_files_are_one_line(placed, cli, monkeypatch, which: str) -> None:
+    from unreadable import deny_reads
+
+    out, source = placed
+    path = source / "model.safetensors" if which == "source" else out / which
+    deny_reads(monkeypatch, path)
+    assert_one_line_error(run(cli, out, source), f"permission denied: {path}")

@@ -129,3 +129,18 @@ def test_a_padded_source_is_named(source: Path, tmp_path: Path, cli) -> None:
     assert problems(cli, placed, source) == [
         SOURCE_DIFFERS, f"source model.safetensors: {size + 1} bytes, the placement was made "
                         f"from {size}"]
+
+
+@pytest.mark.parametrize("which", ["manifest.json", "host0.safetensors", "source"])
+def test_unreadable_files_are_one_line(source: Path, tmp_path: Path, cli, monkeypatch,
+                                       which: str) -> None:
+    from unreadable import deny_reads
+
+    placed = emit(source, tmp_path, cli)
+    path = source / "model.safetensors" if which == "source" else placed / which
+    deny_reads(monkeypatch, path)
+    result = cli("verify", placed, "--model", source, ok=False)
+    # (for a non-root user safetensors' own open fails first on an output: "FAIL host0...:
+    # not a readable safetensors file"; the patch reaches Python's opens only)
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"error: permission denied: {path}"]
