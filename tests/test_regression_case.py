@@ -1,9 +1,10 @@
 """The motivating regression, shown on a tiny model and real text placer collects.
 
 A placement solved on prose stages fewer bytes than layer offload on held-out prose, but
-uniform random token ids route flatter than prose, so the same placement can lose to layer
-offload there: evaluate must flag exactly the trace sets on which it is predicted worse, and
-a robust plan over prose + random tokens must not be worse on either. The tiny qwen3_moe is
+chat and uniform random token ids route differently, so the same placement can lose to layer
+offload there: evaluate must flag exactly the trace sets on which it is predicted worse
+(beyond the 95% interval of its stall ratio), and a robust plan over prose + random tokens
+must not be worse on either. The tiny qwen3_moe is
 built with router_scale=4 so its routing is peaked enough on prose for a static placement to
 pay, as a trained router's is (a random-init router at scale 1 routes nearly uniformly).
 """
@@ -71,15 +72,19 @@ def test_evaluate_flags_exactly_the_traffic_it_loses_on(setup, cli):
                "--oracle-time-limit", "2").output
     flagged = 0
     for traces, verdict in zip(sets, report["verdicts"], strict=True):
-        worst = max(r["placement"]["stall_ms_per_step"] / r["layer"]["stall_ms_per_step"]
-                    for r in rows(report, traces))
-        assert verdict["ok"] == (worst <= 1.0)
-        assert ("WARNING" in verdict["message"]) == (worst > 1.0)
+        # worse: the whole 95% interval of some concurrency's stall ratio lies above 1
+        worse = any(r["ratio_to_layer_ci95"][0] > 1.0 for r in rows(report, traces))
+        for r in rows(report, traces):
+            ratio = r["placement"]["stall_ms_per_step"] / r["layer"]["stall_ms_per_step"]
+            assert r["ratio_to_layer"] == pytest.approx(ratio, rel=1e-12)
+        assert verdict["ok"] == (not worse)
+        assert ("WARNING" in verdict["message"]) == worse
         flagged += not verdict["ok"]
     assert report["drift"] and all(d["js_mean_bits"] >= 0 for d in report["drift"])
     assert flagged == text.count("WARNING")
-    # The point of the test: random tokens do defeat the prose placement here.
-    assert not report["verdicts"][2]["ok"]
+    # The point of the test: chat routes differently enough to defeat the prose placement
+    # beyond noise (random tokens come close to layer offload: 1.04x at B=1, within noise).
+    assert report["verdicts"][1]["verdict"] == "worse"
 
 
 def test_robust_plan_is_not_worse_than_layer_offload_on_either_profile(setup, cli):
@@ -92,7 +97,9 @@ def test_robust_plan_is_not_worse_than_layer_offload_on_either_profile(setup, cl
 
 def test_solver_objective_equals_the_evaluators_figure_on_its_own_traffic(setup, cli):
     plan = json.loads(setup["plan"].read_text())
-    report = evaluate(cli, setup["plan"], setup["calib"])
+    report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["calib"],
+                            "--steps", plan["solver"]["steps"], "--oracle-time-limit", "2",
+                            "--json").output)  # the very steps the solver sampled
     weights = plan["budget"]["weights"] or [1 / len(plan["budget"]["concurrency"])] * 2
     replayed = sum(w * r["placement"]["stall_ms_per_step"] / 1e3
                    for w, r in zip(weights, rows(report, setup["calib"]), strict=True))
@@ -102,14 +109,16 @@ def test_solver_objective_equals_the_evaluators_figure_on_its_own_traffic(setup,
 def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
     from placer.expert_cache import expected_staging
     from placer.plan import read_plan
-    from traces.profile import sample_steps
+    from traces.profile import every_token_steps, step_mask
 
     report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["held"],
                             "--cache-slots", "4", "--oracle-time-limit", "1", "--json").output)
     plan = read_plan(setup["plan"])
     for row in rows(report, setup["held"]):
         cached, b = row["placement+cache"], row["concurrency"]
-        selected = sample_steps(setup["held"], b, report["steps"], report["seed"])
+        selected = step_mask(every_token_steps(setup["held"], b, seed=report["seed"],
+                                               groupings=report["groupings"]).tokens,
+                             plan.experts_per_layer)
         want = expected_staging(plan, selected, 4)
         assert cached["staged_bytes_per_token"] == pytest.approx(
             want.bytes.sum() / selected.shape[0] / b, rel=1e-12)
