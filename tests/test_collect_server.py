@@ -205,6 +205,17 @@ def test_server_routing_equals_local_collect(model, corpus, generator, local, tm
     assert meta["mode"] == "server-sglang" and meta["weights"] is False
 
 
+def test_max_tokens_ends_the_corpus_at_the_reply_that_reaches_it(model, corpus, generator,
+                                                                 local, tmp_path) -> None:
+    expected = _rows(local)
+    per_seq = np.bincount([r[0] for r in expected if r[4] == 1])  # tokens of each sequence
+    budget = int(per_seq[0] + per_seq[1] // 2)  # reached inside the second sequence
+    with stub_server(sglang_generate(generator)) as (url, _):
+        _server_collect(url, model, corpus, tmp_path / "srv", "--max-tokens", budget,
+                        "--concurrency", 3)
+    assert _rows(tmp_path / "srv") == [r for r in expected if r[0] < 2]
+
+
 @pytest.mark.parametrize(("kwargs", "words"), [
     ({"extra_layers": 1}, "3 layers x top-k 2"), ({"id_shift": 8}, "expert ids in [8,")])
 def test_a_server_running_another_model_is_refused(model, corpus, generator, tmp_path,

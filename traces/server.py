@@ -56,6 +56,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from time import perf_counter, sleep
@@ -93,6 +94,7 @@ class ServerOptions:
 
     max_new_tokens: int = 32
     max_length: int = 512
+    max_tokens: int | None = None  # a corpus ends at the reply that reaches this many
     concurrency: int = 4
     retries: int = 3           # further tries of a request after a connection error or 5xx
     backoff_s: float = 0.5     # wait before retry i: backoff_s * 2**i
@@ -120,8 +122,9 @@ def check_server_options(url: str, engine: str, options: ServerOptions) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise TraceError(f"--server {url!r}: expected http://HOST:PORT")
-    for name in ("max_new_tokens", "max_length", "concurrency"):
-        if getattr(options, name) < 1:
+    for name in ("max_new_tokens", "max_length", "concurrency", "max_tokens"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
             raise TraceError(f"--{name.replace('_', '-')} must be >= 1")
     return url.rstrip("/")
 
@@ -256,8 +259,9 @@ def _collect_corpus(client: SGLangClient, tokenizer, corpus: Corpus, out_dir: Pa
                                                         max_length=options.max_length))
     tokens = sequences = 0
     with TraceWriter(path, tag=corpus.tag, top_k=identity.top_k, meta=meta) as writer, \
-            _Progress(corpus, options) as advance:
-        for reply in _replies(client, prompts, options.concurrency):
+            _Progress(corpus, options) as advance, \
+            closing(_replies(client, prompts, options.concurrency)) as replies:
+        for reply in replies:
             pos, token, phase = _rows(reply)
             n, num_layers = len(pos), len(layers)
             writer.write(np.full(n * num_layers, base + sequences, dtype=np.int64),
@@ -267,6 +271,8 @@ def _collect_corpus(client: SGLangClient, tokenizer, corpus: Corpus, out_dir: Pa
             tokens += n
             sequences += 1
             advance(n)
+            if options.max_tokens is not None and tokens >= options.max_tokens:
+                break
         if tokens == 0:
             raise TraceError(f"corpus {corpus.source} produced no tokens")
         writer.close()

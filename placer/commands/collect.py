@@ -92,8 +92,8 @@ def register(app: typer.Typer) -> None:
                 raise PlacerError("--random-tokens runs only locally; give --corpus with "
                                   "--server")
             options = ServerOptions(max_new_tokens=max_new_tokens, max_length=max_length,
-                                    concurrency=concurrency, progress=progress,
-                                    tokenizer=tokenizer)
+                                    max_tokens=max_tokens, concurrency=concurrency,
+                                    progress=progress, tokenizer=tokenizer)
             results = _collect_server(server, engine, model, config, corpora, out, options)
         else:
             if engine is not None or config is not None:

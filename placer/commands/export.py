@@ -103,9 +103,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _echo_tensors(offload: LlamaCppOffload) -> None:
-    names = offload.tensor_names()
+    names = [t.replace("{layer}", "N") for t in offload.expert_tensors()]
     if not names:
-        typer.echo("# GGUF tensors: blk.N.ffn_{gate,up,down}_exps of the cold layers "
-                   "(architecture not known to placer)")
+        typer.echo("# GGUF tensors to CPU: blk.N.ffn_{gate,up,down}_exps of the cold layers N "
+                   "(names of this architecture not known to placer)")
         return
-    typer.echo(f"# GGUF tensors to CPU ({offload.gguf_arch}): {', '.join(names)}")
+    typer.echo(f"# GGUF tensors to CPU ({offload.gguf_arch}), N in the cold layers: "
+               f"{', '.join(names)}")

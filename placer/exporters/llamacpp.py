@@ -58,14 +58,19 @@ class LlamaCppOffload:
         """The arguments as one shell-quoted line ('' when nothing is offloaded)."""
         return "" if self.override is None else f"-ot {shlex.quote(self.override)}"
 
-    def tensor_names(self) -> list[str]:
-        """The GGUF tensors the override moves to CPU, layer by layer ([] for an unknown
-        architecture)."""
+    def expert_tensors(self) -> list[str]:
+        """The GGUF expert tensors of one layer, with `{layer}` for its block number ([] for
+        an architecture placer does not know)."""
         if self.gguf_arch is None:
             return []
         suffixes = ("weight", "bias") if self.gguf_arch in BIASED else ("weight",)
-        return [f"blk.{layer}.{name}.{suffix}" for layer in self.cold_layers
-                for name in EXPERT_TENSORS for suffix in suffixes]
+        return [f"blk.{{layer}}.{name}.{suffix}" for name in EXPERT_TENSORS
+                for suffix in suffixes]
+
+    def tensor_names(self) -> list[str]:
+        """The GGUF tensors the override moves to CPU, layer by layer."""
+        return [t.format(layer=layer) for layer in self.cold_layers
+                for t in self.expert_tensors()]
 
 
 def layer_offload_cold(plan: Plan) -> int:
