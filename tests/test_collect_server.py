@@ -186,7 +186,7 @@ def _rows(trace_dir: Path) -> list[tuple]:
 def _server_collect(url: str, model: Path, corpus: Path, out: Path, *extra, ok: bool = True):
     return invoke("collect", "--server", url, "--engine", "sglang", "--model", model,
                   "--corpus", corpus, "--max-new-tokens", MAX_NEW, "--max-length", 40,
-                  "--out", out, "--no-progress", *extra, ok=ok)
+                  "--out", out, "--no-progress", "--request-timeout", 20, *extra, ok=ok)
 
 
 @pytest.mark.parametrize("shared_columns", [0, 1])

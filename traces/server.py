@@ -122,6 +122,8 @@ def check_server_options(url: str, engine: str, options: ServerOptions) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise TraceError(f"--server {url!r}: expected http://HOST:PORT")
+    if options.timeout_s <= 0:
+        raise TraceError("--request-timeout must be > 0")
     for name in ("max_new_tokens", "max_length", "concurrency", "max_tokens"):
         value = getattr(options, name)
         if value is not None and value < 1:

@@ -65,6 +65,9 @@ def register(app: typer.Typer) -> None:
                  "--tokenizer unless its directory holds the tokenizer).")] = None,
         concurrency: Annotated[int, typer.Option(
             help="With --server: requests in flight at once.")] = 4,
+        request_timeout: Annotated[float, typer.Option(
+            help="With --server: seconds to wait for one reply (then retried, 3 times at "
+                 "most, as after a connection error or a 5xx).")] = 600.0,
         progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
@@ -93,7 +96,8 @@ def register(app: typer.Typer) -> None:
                                   "--server")
             options = ServerOptions(max_new_tokens=max_new_tokens, max_length=max_length,
                                     max_tokens=max_tokens, concurrency=concurrency,
-                                    progress=progress, tokenizer=tokenizer)
+                                    timeout_s=request_timeout, progress=progress,
+                                    tokenizer=tokenizer)
             results = _collect_server(server, engine, model, config, corpora, out, options)
         else:
             if engine is not None or config is not None:
