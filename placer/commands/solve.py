@@ -28,10 +28,12 @@ def register(app: typer.Typer) -> None:
             help="Checkpoint directory (reads its headers only).")] = None,
         config: Annotated[Path | None, typer.Option(
             help="Plan from a config.json alone, before downloading the weights.")] = None,
-        expert_dtype: Annotated[str, typer.Option(
-            help=f"With --config: expert dtype ({', '.join(EXPERT_DTYPES)}).")] = "bf16",
-        dense_dtype: Annotated[str, typer.Option(
-            help=f"With --config: dense dtype ({', '.join(EXPERT_DTYPES)}).")] = "bf16",
+        expert_dtype: Annotated[str | None, typer.Option(
+            help=f"With --config: expert dtype ({', '.join(EXPERT_DTYPES)}; default: the "
+                 "config's quantization method, else its torch_dtype, else bf16).")] = None,
+        dense_dtype: Annotated[str | None, typer.Option(
+            help=f"With --config: dense dtype ({', '.join(EXPERT_DTYPES)}; default: the "
+                 "config's torch_dtype, else bf16).")] = None,
         traces: Annotated[list[Path] | None, typer.Option(
             help="Trace directory to learn from (repeat for several profiles).")] = None,
         solver: Annotated[str, typer.Option(help=f"One of {', '.join(SOLVERS)}.")] = "ilp",
