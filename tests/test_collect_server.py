@@ -31,26 +31,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_models import CHAT, invoke, make_deepseek_runnable, prose_blocks
 
-from placer.tinymodel import build_tiny_model
+pytest_plugins = ["fixtures_models"]  # trace_models, trace_data, placer_run
 
 MAX_NEW = 6
 REQUEST_LIMIT = 60  # every stub refuses to answer more requests than this (bounded loops)
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = build_tiny_model("deepseek_v3", tmp_path_factory.mktemp("srv") / "deepseek",
-                           texts=prose_blocks()[:300], router_scale=3.0)
-    make_deepseek_runnable(out)
-    return out
+def model(trace_models: dict[str, Path]) -> Path:
+    """The session's tiny DeepSeek-V3: 3 layers (layer 0 dense), 8 experts, top-2, 1 shared."""
+    return trace_models["deepseek_v3"]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def corpus(tmp_path_factory: pytest.TempPathFactory, trace_data) -> Path:
+    """Five real chat prompts."""
     path = tmp_path_factory.mktemp("corpus") / "chat.jsonl"
-    path.write_text("".join(CHAT.read_text().splitlines(keepends=True)[:5]))
+    path.write_text("".join(trace_data.chat.read_text().splitlines(keepends=True)[:5]))
     return path
 
 
@@ -162,10 +160,11 @@ def generator(model: Path) -> Generator:
 
 
 @pytest.fixture(scope="module")
-def local(model: Path, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def local(model: Path, corpus: Path, tmp_path_factory: pytest.TempPathFactory,
+          placer_run) -> Path:
     """`placer collect --mode generate` of the corpus, one prompt per batch (no padding)."""
     out = tmp_path_factory.mktemp("local") / "local"
-    invoke("collect", "--model", model, "--corpus", corpus, "--mode", "generate",
+    placer_run("collect", "--model", model, "--corpus", corpus, "--mode", "generate",
            "--max-new-tokens", MAX_NEW, "--max-length", 40, "--batch-size", 1,
            "--out", out, "--no-progress")
     return out
@@ -183,17 +182,24 @@ def _rows(trace_dir: Path) -> list[tuple]:
         cols["experts"], strict=True))
 
 
-def _server_collect(url: str, model: Path, corpus: Path, out: Path, *extra, ok: bool = True):
-    return invoke("collect", "--server", url, "--engine", "sglang", "--model", model,
-                  "--corpus", corpus, "--max-new-tokens", MAX_NEW, "--max-length", 40,
-                  "--out", out, "--no-progress", "--request-timeout", 20, *extra, ok=ok)
+@pytest.fixture(scope="module")
+def collect_via(placer_run, model: Path, corpus: Path):
+    """`collect_via(url, out, *extra, ok=True)`: `placer collect --server url` of the corpus."""
+
+    def run(url: str, out: Path, *extra, ok: bool = True):
+        return placer_run("collect", "--server", url, "--engine", "sglang", "--model", model,
+                          "--corpus", corpus, "--max-new-tokens", MAX_NEW, "--max-length", 40,
+                          "--out", out, "--no-progress", "--request-timeout", 20, *extra,
+                          ok=ok)
+
+    return run
 
 
 @pytest.mark.parametrize("shared_columns", [0, 1])
-def test_server_routing_equals_local_collect(model, corpus, generator, local, tmp_path,
+def test_server_routing_equals_local_collect(generator, local, collect_via, tmp_path,
                                              shared_columns) -> None:
     with stub_server(sglang_generate(generator, shared_columns=shared_columns)) as (url, got):
-        _server_collect(url, model, corpus, tmp_path / "srv", "--concurrency", 2)
+        collect_via(url, tmp_path / "srv", "--concurrency", 2)
     assert len(got) == 5 and all(b["sampling_params"]["max_new_tokens"] == MAX_NEW
                                  for b in got)
     expected, actual = _rows(local), _rows(tmp_path / "srv")
@@ -205,31 +211,30 @@ def test_server_routing_equals_local_collect(model, corpus, generator, local, tm
     assert meta["mode"] == "server-sglang" and meta["weights"] is False
 
 
-def test_max_tokens_ends_the_corpus_at_the_reply_that_reaches_it(model, corpus, generator,
-                                                                 local, tmp_path) -> None:
+def test_max_tokens_ends_the_corpus_at_the_reply_that_reaches_it(generator, local, collect_via,
+                                                                 tmp_path) -> None:
     expected = _rows(local)
     per_seq = np.bincount([r[0] for r in expected if r[4] == 1])  # tokens of each sequence
     budget = int(per_seq[0] + per_seq[1] // 2)  # reached inside the second sequence
     with stub_server(sglang_generate(generator)) as (url, _):
-        _server_collect(url, model, corpus, tmp_path / "srv", "--max-tokens", budget,
-                        "--concurrency", 3)
+        collect_via(url, tmp_path / "srv", "--max-tokens", budget, "--concurrency", 3)
     assert _rows(tmp_path / "srv") == [r for r in expected if r[0] < 2]
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [
     ({"extra_layers": 1}, "3 layers x top-k 2"), ({"id_shift": 8}, "expert ids in [8,")])
-def test_a_server_running_another_model_is_refused(model, corpus, generator, tmp_path,
-                                                   kwargs, words) -> None:
+def test_a_server_running_another_model_is_refused(generator, collect_via, tmp_path, kwargs,
+                                                   words) -> None:
     out = tmp_path / "srv"
     with stub_server(sglang_generate(generator, **kwargs)) as (url, _):
-        result = _server_collect(url, model, corpus, out, ok=False)
+        result = collect_via(url, out, ok=False)
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and "another model" in result.output, result.output
     assert words in result.output
     assert not list(out.rglob("*.parquet*"))
 
 
-def test_a_failing_server_is_retried_then_refused_in_one_line(model, corpus, tmp_path,
+def test_a_failing_server_is_retried_then_refused_in_one_line(collect_via, tmp_path,
                                                               monkeypatch) -> None:
     import traces.server
 
@@ -237,7 +242,7 @@ def test_a_failing_server_is_retried_then_refused_in_one_line(model, corpus, tmp
     monkeypatch.setattr(traces.server, "sleep", sleeps.append)
     out = tmp_path / "srv"
     with stub_server(lambda body: (503, {"error": "overloaded"})) as (url, got):
-        result = _server_collect(url, model, corpus, out, "--concurrency", 1, ok=False)
+        result = collect_via(url, out, "--concurrency", 1, ok=False)
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert "no answer after 4 tries (HTTP 503" in result.output
     assert sleeps == [0.5, 1.0, 2.0] and len(got) == 4  # the first request and 3 retries
@@ -247,21 +252,21 @@ def test_a_failing_server_is_retried_then_refused_in_one_line(model, corpus, tmp
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sleeps.clear()
-    refused = _server_collect(f"http://127.0.0.1:{port}", model, corpus, out,
-                              "--concurrency", 1, ok=False)
+    refused = collect_via(f"http://127.0.0.1:{port}", out, "--concurrency", 1, ok=False)
     assert refused.exit_code == 1 and "no answer after 4 tries" in refused.output
     assert sleeps == [0.5, 1.0, 2.0]
     assert not list(out.rglob("*.parquet*"))
 
 
-def test_no_routed_experts_and_vllm_are_refused(model, corpus, tmp_path) -> None:
+def test_no_routed_experts_and_vllm_are_refused(model, corpus, collect_via, placer_run,
+                                                tmp_path) -> None:
     def plain(body: dict) -> tuple[int, dict]:
         return 200, {"text": "", "output_ids": [5], "meta_info": {"prompt_tokens": 3}}
 
     with stub_server(plain) as (url, _):
-        result = _server_collect(url, model, corpus, tmp_path / "a", ok=False)
+        result = collect_via(url, tmp_path / "a", ok=False)
     assert result.exit_code == 1 and "--enable-return-routed-experts" in result.output
-    vllm = invoke("collect", "--server", "http://127.0.0.1:9", "--engine", "vllm", "--model",
-                  model, "--corpus", corpus, "--out", tmp_path / "b", ok=False)
+    vllm = placer_run("collect", "--server", "http://127.0.0.1:9", "--engine", "vllm",
+                      "--model", model, "--corpus", corpus, "--out", tmp_path / "b", ok=False)
     assert vllm.exit_code == 1 and "placer traces import DIR --format vllm" in vllm.output
     assert vllm.output.count("\n") == 1
