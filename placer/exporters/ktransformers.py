@@ -27,7 +27,9 @@ MoE layer on the GPU and runs the rest on the CPU. Read from kvcache-ai/sglang c
   mapping when `--kt-weight-path` is set (KT mode), so the file moves no expert.
 
 So the file is `{"logical_count": t}`, t int32 [1, num_hidden_layers, num_experts], and R is
-the shortest decimal with `int(total * R) == resident experts`. The mask is one set for the
+the shortest decimal at or above resident / total with `int(total * R) == resident` in
+floating point (total = the engine's MoE layers x experts; the plain quotient often
+truncates to one expert fewer). The mask is one set for the
 whole tensor-parallel group (rank 0 builds it and broadcasts it), every rank holding a shard
 of every GPU expert: a plan whose cards keep different resident sets is refused unless the
 caller accepts their union; an expert resident only in part (`--page-size`) cannot be
@@ -96,7 +98,8 @@ def resident_experts(plan: Plan, *, union: bool = False) -> np.ndarray:
 
 
 def gpu_experts_ratio(count: int, total: int) -> str:
-    """The shortest decimal R with int(total * float(R)) == count (the engine truncates)."""
+    """The shortest decimal R >= count / total with int(total * float(R)) == count (the
+    engine truncates, so count / total itself may give count - 1)."""
     if count == 0:
         return "0"
     if count == total:
