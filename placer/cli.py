@@ -57,7 +57,7 @@ class PlacerGroup(TyperGroup):
         except click_errors.ClickException as exc:
             echo(f"error: {usage_message(exc)}", err=True)
             code = exc.exit_code
-        except click_errors.Abort:
+        except typer.Abort:
             echo("error: aborted", err=True)
             code = 1
         if not standalone_mode:

@@ -6,10 +6,10 @@ import dataclasses
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, print_json
+from placer.commands.common import console as rich_console
 from placer.hardware import HardwareSpec, load_spec, preset_names
 from placer.probe import host_fragment, probe_host, spec_fragment
 from placer.probe import probe as run_probe
@@ -86,7 +86,7 @@ def print_spec(spec: HardwareSpec) -> None:
         table.add_row(str(c.index), c.model, format_bytes(c.vram),
                       format_bytes(c.vram - c.free_bytes), format_bytes(c.free_bytes),
                       f"{c.h2d_bandwidth / 1e9:.1f} GB/s", f"{c.latency_s * 1e6:.1f} us")
-    console = Console()
+    console = rich_console()
     console.print(table)
     for link in spec.links:
         console.print(f"link {link.name}: cards {list(link.cards)}, "

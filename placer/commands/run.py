@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         greedily, and print the text and the staging counters."""
         from placer.runtime.generate import run_prompt
 
-        check_run_options(prompt, cache_slots, device)
+        check_run_options(placed, prompt, cache_slots, device)
         result = run_prompt(placed, model, prompt, max_new_tokens=max_new_tokens,
                             cache_slots=cache_slots, device=device)
         if json_out:
@@ -49,8 +49,10 @@ def register(app: typer.Typer) -> None:
             print_result(result)
 
 
-def check_run_options(prompt: str, cache_slots: int, device: str) -> None:
+def check_run_options(placed: Path, prompt: str, cache_slots: int, device: str) -> None:
     """One line for a value `placer run` cannot use, before the model is loaded."""
+    if not placed.is_dir():
+        raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
     if not prompt.strip():
         raise PlacerError("--prompt: expected some text to continue, got an empty prompt")
     if not 0 <= cache_slots <= MAX_CACHE_SLOTS:
