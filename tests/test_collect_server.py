@@ -1,8 +1,8 @@
-"""`placer collect --server`: against a stub SGLang server the test starts on 127.0.0.1.
+"""`placer collect --server`: against stub SGLang and vLLM servers the test starts on 127.0.0.1.
 
-The stub serves a tiny DeepSeek-V3 checkpoint (layer 0 dense, one shared expert) with
-transformers through SGLang's exact HTTP shapes, read from kvcache-ai/sglang commit
-04653fa88f5ce4ea83632c4ad436343db6bc8324:
+The stubs serve a tiny DeepSeek-V3 checkpoint (layer 0 dense, one shared expert) with
+transformers through the engines' exact HTTP shapes. SGLang, read from kvcache-ai/sglang
+commit 04653fa88f5ce4ea83632c4ad436343db6bc8324:
 - `POST /generate` (`python/sglang/srt/entrypoints/http_server.py::generate_request`), body
   fields `input_ids`, `sampling_params.max_new_tokens`, `sampling_params.temperature`,
   `return_routed_experts`, `stream` (`srt/managers/io_struct.py::GenerateReqInput`);
@@ -12,6 +12,12 @@ transformers through SGLang's exact HTTP shapes, read from kvcache-ai/sglang com
   cache at the request's first seqlen - 1 token slots, seqlen = prompt + output tokens
   (`srt/layers/moe/routed_experts_capturer.py::get_routed_experts`), shape (tokens,
   num_hidden_layers, top_k); dense layers are never written (zeros).
+vLLM: `POST /v1/completions` with `prompt` (token ids), `max_tokens`, `temperature`,
+`return_token_ids` (`vllm/entrypoints/openai/completion/protocol.py` at
+002032ee2b18e1f7bd924ec47b62504ba3866063); reply `choices[0].token_ids` and
+`choices[0].routed_experts` = base64 of a .npy of the routed experts
+(`completion/serving.py` at 030ea52effcb05071543c8c42b8f0145e94cee43, `numpy2base64`; shape
+(num_tokens - 1, layers, k), uint8 where ids fit, as vllm-project/router PR #184 describes it).
 Greedy decoding runs through RouterCapture; the routing placer writes must equal
 `placer collect --mode generate` on the same model and prompts, token by token.
 """
@@ -19,6 +25,7 @@ Greedy decoding runs through RouterCapture; the routing placer writes must equal
 from __future__ import annotations
 
 import base64
+import io
 import json
 import socket
 import threading
@@ -119,16 +126,35 @@ def sglang_generate(generator: Generator, *, extra_layers: int = 0, id_shift: in
     return respond
 
 
+def vllm_completions(generator: Generator) -> Respond:
+    """vLLM's /v1/completions reply, routed experts as a base64 .npy of uint8."""
+
+    def respond(body: dict) -> tuple[int, dict]:
+        assert body["return_token_ids"] is True and body["temperature"] == 0
+        assert body["stream"] is False
+        output, experts = generator(body["prompt"], body["max_tokens"])
+        buffer = io.BytesIO()
+        np.save(buffer, experts.astype(np.uint8))
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
+                  "stop_reason": None, "token_ids": output,
+                  "routed_experts": base64.b64encode(buffer.getvalue()).decode()}
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(output)}
+        return 200, {"id": "cmpl-stub", "object": "text_completion", "created": 0,
+                     "model": "stub", "choices": [choice], "usage": usage}
+
+    return respond
+
+
 @contextmanager
-def stub_server(respond: Respond) -> Iterator[tuple[str, list[dict]]]:
-    """(URL, request bodies received) of a loopback server answering POST /generate."""
+def stub_server(respond: Respond, route: str = "/generate") -> Iterator[tuple[str, list[dict]]]:
+    """(URL, request bodies received) of a loopback server answering POST `route`."""
     received: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append(body)
-            if self.path != "/generate" or len(received) > REQUEST_LIMIT:
+            if self.path != route or len(received) > REQUEST_LIMIT:
                 status, reply = 404, {"error": "no such route or too many requests"}
             else:
                 status, reply = respond(body)
@@ -184,10 +210,11 @@ def _rows(trace_dir: Path) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def collect_via(placer_run, model: Path, corpus: Path):
-    """`collect_via(url, out, *extra, ok=True)`: `placer collect --server url` of the corpus."""
+    """`collect_via(url, out, *extra, ok=True, engine="sglang")`: `placer collect --server
+    url` of the corpus."""
 
-    def run(url: str, out: Path, *extra, ok: bool = True):
-        return placer_run("collect", "--server", url, "--engine", "sglang", "--model", model,
+    def run(url: str, out: Path, *extra, ok: bool = True, engine: str = "sglang"):
+        return placer_run("collect", "--server", url, "--engine", engine, "--model", model,
                           "--corpus", corpus, "--max-new-tokens", MAX_NEW, "--max-length", 40,
                           "--out", out, "--no-progress", "--request-timeout", 20, *extra,
                           ok=ok)
@@ -211,6 +238,14 @@ def test_server_routing_equals_local_collect(generator, local, collect_via, tmp_
     assert meta["mode"] == "server-sglang" and meta["weights"] is False
 
 
+def test_vllm_server_routing_equals_local_collect(generator, local, collect_via,
+                                                  tmp_path) -> None:
+    with stub_server(vllm_completions(generator), "/v1/completions") as (url, got):
+        collect_via(url, tmp_path / "srv", "--concurrency", 2, engine="vllm")
+    assert len(got) == 5 and all(b["max_tokens"] == MAX_NEW for b in got)
+    assert _rows(tmp_path / "srv") == _rows(local)
+
+
 def test_max_tokens_ends_the_corpus_at_the_reply_that_reaches_it(generator, local, collect_via,
                                                                  tmp_path) -> None:
     expected = _rows(local)
@@ -222,7 +257,7 @@ def test_max_tokens_ends_the_corpus_at_the_reply_that_reaches_it(generator, loca
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [
-    ({"extra_layers": 1}, "3 layers x top-k 2"), ({"id_shift": 8}, "expert ids in [8,")])
+    ({"extra_layers": 1}, "3 layers, top-k 2]"), ({"id_shift": 8}, "expert ids in [8,")])
 def test_a_server_running_another_model_is_refused(generator, collect_via, tmp_path, kwargs,
                                                    words) -> None:
     out = tmp_path / "srv"
@@ -258,15 +293,13 @@ def test_a_failing_server_is_retried_then_refused_in_one_line(collect_via, tmp_p
     assert not list(out.rglob("*.parquet*"))
 
 
-def test_no_routed_experts_and_vllm_are_refused(model, corpus, collect_via, placer_run,
-                                                tmp_path) -> None:
-    def plain(body: dict) -> tuple[int, dict]:
-        return 200, {"text": "", "output_ids": [5], "meta_info": {"prompt_tokens": 3}}
-
-    with stub_server(plain) as (url, _):
-        result = collect_via(url, tmp_path / "a", ok=False)
-    assert result.exit_code == 1 and "--enable-return-routed-experts" in result.output
-    vllm = placer_run("collect", "--server", "http://127.0.0.1:9", "--engine", "vllm",
-                      "--model", model, "--corpus", corpus, "--out", tmp_path / "b", ok=False)
-    assert vllm.exit_code == 1 and "placer traces import DIR --format vllm" in vllm.output
-    assert vllm.output.count("\n") == 1
+@pytest.mark.parametrize(("engine", "route", "reply"), [
+    ("sglang", "/generate", {"text": "", "output_ids": [5], "meta_info": {"prompt_tokens": 3}}),
+    ("vllm", "/v1/completions", {"choices": [{"index": 0, "text": "", "token_ids": [5]}]})])
+def test_a_server_without_routed_experts_is_refused(collect_via, tmp_path, engine, route,
+                                                    reply) -> None:
+    with stub_server(lambda body: (200, reply), route) as (url, _):
+        result = collect_via(url, tmp_path / "a", engine=engine, ok=False)
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert "no routed_experts; start the server with --enable-return-routed-experts" in \
+        result.output

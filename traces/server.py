@@ -34,14 +34,20 @@ d4d0fc58371761f9f0da007a4ef4f0ad2bd19658 has the same buffers):
 The ids are what the router selected (logical ids) when the server runs without expert
 parallel redundancy (`--ep-num-redundant-experts` 0).
 
-vLLM is not supported here: its offline API returns `CompletionOutput.routed_experts`
-(int32 [prompt + output tokens, num_hidden_layers, k], logical ids;
-`vllm/model_executor/layers/fused_moe/routed_experts_capturer.py`), and recent OpenAI
-servers put it base64-encoded in `choices[i].routed_experts` of `/v1/completions`
-(`vllm/entrypoints/openai/completion/serving.py` at 030ea52effcb05071543c8c42b8f0145e94cee43,
-`numpy2base64(output.routed_experts)`) with no shape beside it, and that encoding could not
-be confirmed from the source here; `placer traces import --format vllm` reads the offline
-arrays instead.
+vLLM (server flag `--enable-return-routed-experts`): `POST /v1/completions` with a
+`CompletionRequest` body (`vllm/entrypoints/openai/completion/protocol.py` at
+002032ee2b18e1f7bd924ec47b62504ba3866063): `prompt` as a list of token ids, `max_tokens`,
+`temperature` 0 (greedy), `return_token_ids` true (the reply's `choices[0].token_ids` are the
+output ids), `stream` false, `routed_experts_prompt_start` left at 0 (no prompt row skipped).
+The reply (`vllm/entrypoints/openai/completion/serving.py` at
+030ea52effcb05071543c8c42b8f0145e94cee43, `request_output_to_completion_response`) has
+`choices[i].routed_experts = numpy2base64(output.routed_experts)`: base64 of a NumPy `.npy`
+file, so its header carries the shape and dtype (vllm-project/router PR #184 describes it as
+(num_tokens - 1, num_hidden_layers, num_experts_per_tok), uint8/uint16; the capturer,
+`vllm/model_executor/layers/fused_moe/routed_experts_capturer.py`, keeps
+[tokens, num_hidden_layers, num_experts_per_tok] int32 logical ids). placer reads the header
+and checks the shape against the model; rows past prompt + output - 1 (a row for the last
+output token, which is never fed back) are dropped.
 '''
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import base64
 import binascii
 import hashlib
 import http.client
+import io
 import json
 import urllib.error
 import urllib.parse
@@ -80,11 +87,6 @@ from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
 
 ENGINES = ("sglang", "vllm")
-VLLM_REFUSAL = ("--engine vllm: vLLM's HTTP server does not return routed experts in a form "
-                "placer can read (its /v1/completions `routed_experts` is an unshaped base64 "
-                "blob, in recent versions only); run the offline API with "
-                "enable_return_routed_experts=True, save each CompletionOutput.routed_experts "
-                "as .npy, and load them with `placer traces import DIR --format vllm`")
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 
 
@@ -117,8 +119,6 @@ def check_server_options(url: str, engine: str, options: ServerOptions) -> str:
     """The base URL without a trailing slash; a TraceError for an option out of range."""
     if engine not in ENGINES:
         raise TraceError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine == "vllm":
-        raise TraceError(VLLM_REFUSAL)
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise TraceError(f"--server {url!r}: expected http://HOST:PORT")
@@ -147,29 +147,64 @@ def collect_from_server(url: str, engine: str, tokenizer_dir: Path, corpora: lis
     if len(set(tags)) != len(tags):
         raise TraceError(f"corpus tags must be distinct, got {tags}; set them with --tag")
     tokenizer = load_tokenizer(tokenizer_dir, options.tokenizer)
-    client = SGLangClient(base_url, identity, options, shared_experts)
+    client = (SGLangClient if engine == "sglang" else VLLMClient)(base_url, identity, options,
+                                                                  shared_experts)
     out_dir.mkdir(parents=True, exist_ok=True)
     return [_collect_corpus(client, tokenizer, corpus, out_dir, identity, options, engine,
                             estimated) for corpus in corpora]
 
 
-class SGLangClient:
-    """`POST /generate` with routed experts, retried on connection errors and 5xx."""
+class Client:
+    """One request per prompt, retried on connection errors and 5xx; `route` and `parse` are
+    the engine's."""
+
+    route = ""
 
     def __init__(self, base_url: str, identity: ModelIdentity, options: ServerOptions,
                  shared_experts: int) -> None:
-        self.url = f"{base_url}/generate"
+        self.url = f"{base_url}{self.route}"
         self.identity, self.options = identity, options
         self.widths = {identity.top_k, identity.top_k + shared_experts}
 
     def generate(self, prompt: list[int]) -> Reply:
-        body = {"input_ids": prompt, "return_routed_experts": True, "stream": False,
-                "sampling_params": {"max_new_tokens": self.options.max_new_tokens,
-                                    "temperature": 0.0}}
-        return self.parse(prompt, _post_json(self.url, body, self.options))
+        return self.parse(prompt, _post_json(self.url, self.body(prompt), self.options))
+
+    def body(self, prompt: list[int]) -> dict:
+        raise NotImplementedError
 
     def parse(self, prompt: list[int], response: object) -> Reply:
-        """The routing of one /generate response; a TraceError if it does not fit the model."""
+        raise NotImplementedError
+
+    def fit(self, routed: np.ndarray, prompt: list[int], output: list[int]) -> Reply:
+        """The reply from `routed` [tokens, num_hidden_layers, width]: the first P + O - 1
+        tokens, the model's MoE layers, the first top_k columns; a TraceError if the shape
+        or the ids do not fit the model."""
+        ident, tokens = self.identity, len(prompt) + len(output) - 1
+        if (routed.ndim != 3 or routed.shape[0] not in (tokens, tokens + 1)
+                or routed.shape[1] != ident.num_layers or routed.shape[2] not in self.widths):
+            raise TraceError(
+                f"{self.url}: routed experts of shape {list(routed.shape)} for {tokens} routed "
+                f"tokens; this model needs [{tokens}, {ident.num_layers} layers, top-k "
+                f"{ident.top_k}]: the server runs another model")
+        experts = routed[:tokens, list(ident.moe_layers), :ident.top_k]
+        if experts.size and (experts.min() < 0 or experts.max() >= ident.experts_per_layer):
+            raise TraceError(f"{self.url}: routed expert ids in [{experts.min()}, "
+                             f"{experts.max()}], this model has {ident.experts_per_layer} "
+                             "experts per layer: the server runs another model")
+        return Reply(prompt, output, experts.astype(np.int16))
+
+
+class SGLangClient(Client):
+    """SGLang's `POST /generate` (module docstring)."""
+
+    route = "/generate"
+
+    def body(self, prompt: list[int]) -> dict:
+        return {"input_ids": prompt, "return_routed_experts": True, "stream": False,
+                "sampling_params": {"max_new_tokens": self.options.max_new_tokens,
+                                    "temperature": 0.0}}
+
+    def parse(self, prompt: list[int], response: object) -> Reply:
         try:
             output = [int(t) for t in response["output_ids"]]
             meta = response["meta_info"]
@@ -185,25 +220,42 @@ class SGLangClient:
         except (binascii.Error, ValueError):
             raise TraceError(f"{self.url}: meta_info.routed_experts is not base64 of int32 "
                              "values") from None
-        return Reply(prompt, output, self._shape(flat, len(prompt) + len(output) - 1))
+        per_token = self.identity.num_layers * (len(prompt) + len(output) - 1)
+        width = flat.size // per_token if per_token and flat.size % per_token == 0 else 0
+        shape = (-1, self.identity.num_layers, width) if width else (1, 1, flat.size)
+        return self.fit(flat.reshape(shape), prompt, output)
 
-    def _shape(self, flat: np.ndarray, tokens: int) -> np.ndarray:
-        """[tokens, MoE layers, top_k] int16 from the flat int32 values."""
-        ident = self.identity
-        per_token = flat.size // max(tokens, 1)
-        width = per_token // ident.num_layers if per_token % ident.num_layers == 0 else 0
-        if tokens < 1 or flat.size != tokens * per_token or width not in self.widths:
-            raise TraceError(
-                f"{self.url}: meta_info.routed_experts holds {flat.size} values for {tokens} "
-                f"tokens; this model needs {ident.num_layers} layers x top-k {ident.top_k} = "
-                f"{ident.num_layers * ident.top_k} per token: the server runs another model")
-        experts = flat.reshape(tokens, ident.num_layers, width)[:, list(ident.moe_layers),
-                                                                :ident.top_k]
-        if experts.size and (experts.min() < 0 or experts.max() >= ident.experts_per_layer):
-            raise TraceError(f"{self.url}: routed expert ids in [{experts.min()}, "
-                             f"{experts.max()}], this model has {ident.experts_per_layer} "
-                             "experts per layer: the server runs another model")
-        return experts.astype(np.int16)
+
+class VLLMClient(Client):
+    """vLLM's OpenAI-compatible `POST /v1/completions` (module docstring)."""
+
+    route = "/v1/completions"
+
+    def body(self, prompt: list[int]) -> dict:
+        return {"prompt": prompt, "max_tokens": self.options.max_new_tokens,
+                "temperature": 0.0, "return_token_ids": True, "stream": False}
+
+    def parse(self, prompt: list[int], response: object) -> Reply:
+        try:
+            choice = response["choices"][0]
+            output = [int(t) for t in choice["token_ids"]]
+        except (TypeError, KeyError, IndexError, ValueError):
+            raise TraceError(f"{self.url}: the response has no choices[0].token_ids (is this "
+                             "a vLLM server?)") from None
+        encoded = choice.get("routed_experts") if isinstance(choice, dict) else None
+        if not isinstance(encoded, str):
+            raise TraceError(f"{self.url}: choices[0] has no routed_experts; start the server "
+                             "with --enable-return-routed-experts")
+        try:
+            routed = np.load(io.BytesIO(base64.b64decode(encoded, validate=True)),
+                             allow_pickle=False)
+        except (binascii.Error, ValueError, OSError, EOFError):
+            raise TraceError(f"{self.url}: choices[0].routed_experts is not base64 of a .npy "
+                             "array") from None
+        if not np.issubdtype(routed.dtype, np.integer):
+            raise TraceError(f"{self.url}: routed experts of dtype {routed.dtype}, expected "
+                             "integers")
+        return self.fit(routed, prompt, output)
 
 
 def _post_json(url: str, body: dict, options: ServerOptions) -> object:
@@ -245,7 +297,7 @@ def _run_id(out_dir: Path, identity: ModelIdentity, corpus: Corpus, url: str,
     return run_id
 
 
-def _collect_corpus(client: SGLangClient, tokenizer, corpus: Corpus, out_dir: Path,
+def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: ServerOptions, engine: str,
                     estimated: bool) -> CollectResult:
     run_id = _run_id(out_dir, identity, corpus, client.url, options)
@@ -281,7 +333,7 @@ def _collect_corpus(client: SGLangClient, tokenizer, corpus: Corpus, out_dir: Pa
     return CollectResult(corpus.tag, path, tokens, sequences, writer.rows)
 
 
-def _replies(client: SGLangClient, prompts: Iterator[list[int]],
+def _replies(client: Client, prompts: Iterator[list[int]],
              concurrency: int) -> Iterator[Reply]:
     """The replies in prompt order, at most `concurrency` requests in flight."""
     pool = ThreadPoolExecutor(max_workers=concurrency)

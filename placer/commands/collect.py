@@ -57,9 +57,8 @@ def register(app: typer.Typer) -> None:
             help="Send the corpora to this running server (http://HOST:PORT) instead of "
                  "running the model here; it must return routed experts.")] = None,
         engine: Annotated[str | None, typer.Option(
-            help="With --server: the server's engine, sglang (started with "
-                 "--enable-return-routed-experts); vllm's HTTP server returns no routing "
-                 "placer can read (import its offline arrays with traces import).")] = None,
+            help=f"With --server: the server's engine, {' | '.join(ENGINES)} (started with "
+                 "--enable-return-routed-experts).")] = None,
         config: Annotated[Path | None, typer.Option(
             help="With --server: the model's config.json instead of a checkpoint (give "
                  "--tokenizer unless its directory holds the tokenizer).")] = None,
@@ -78,8 +77,8 @@ def register(app: typer.Typer) -> None:
         for every token and MoE layer, the experts its router selected and their gate weights
         (Parquet traces in --out, one file per corpus).
 
-        With --server URL --engine sglang, sends each document as a request to a running
-        server started with --enable-return-routed-experts instead, decoding greedily up to
+        With --server URL --engine sglang|vllm, sends each document as a request to a
+        running server started with --enable-return-routed-experts instead, decoding greedily up to
         --max-new-tokens, and records the routing the server returns: prompt tokens prefill,
         generated tokens decode, one sequence per request (no gate weights)."""
         corpus, tag = corpus or [], tag or []
