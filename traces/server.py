@@ -4,7 +4,8 @@ Every document of a corpus is sent, as prompt token ids, to a server started wit
 expert return enabled; greedy decoding; the routing it returns becomes trace rows
 (`traces.schema`): prompt tokens `prefill`, generated tokens fed back `decode`, one sequence
 per request, in corpus order (sequence n = document n), exactly as `placer collect --mode
-generate` numbers and tags them. The rows come from the engine that will serve, for a model
+generate` numbers and tags them (and tokenizes them: `traces.collect._encode`, chat template
+with the generation prompt). The rows come from the engine that will serve, for a model
 of any size; they carry no gate weights.
 
 SGLang (read from kvcache-ai/sglang commit 04653fa88f5ce4ea83632c4ad436343db6bc8324, an
@@ -28,8 +29,8 @@ d4d0fc58371761f9f0da007a4ef4f0ad2bd19658 has the same buffers):
   token but the last (never fed back), in position order. Shape (seqlen - 1,
   num_hidden_layers, width): the host cache keeps `num_experts_per_tok` columns (the device
   buffer's extra `num_fused_shared_experts` columns are cut in `_sync_fwd_experts_buffer_DtoH`;
-  older versions returned them, so a width of top_k + shared experts is accepted and cut to
-  the first top_k, the routed ones). Layers without routed experts are never written (zeros)
+  a reply with top_k + shared columns, should a version keep them, is accepted and cut to the
+  first top_k, the routed ones). Layers without routed experts are never written (zeros)
   and are dropped here: rows keep the model's MoE layers only.
 The ids are what the router selected (logical ids) when the server runs without expert
 parallel redundancy (`--ep-num-redundant-experts` 0).
