@@ -40,9 +40,9 @@ from placer.intervals import (
     verdict,
 )
 from placer.plan import Plan
-from placer.solve import cards_of, figures
+from placer.solve import cards_of, figures, make_steps
 from solvers import baselines, greedy, ilp
-from solvers.cost import step_stats
+from solvers.cost import replay
 from solvers.problem import Placement, Problem, SolveResult, Steps
 from traces.dataset import check_compatible, check_shape
 from traces.profile import (
@@ -100,9 +100,8 @@ def plan_problem(plan: Plan, steps: list[Steps]) -> Problem:
 
 def traffic_problem(plan: Plan, name: str, steps: TokenSteps, base_step_s: float) -> Problem:
     """The plan's problem over all of `steps` (what the oracle is solved on)."""
-    mask = step_mask(steps.tokens, plan.experts_per_layer)
-    return plan_problem(plan, [Steps(name, steps.batch, mask, 1.0, base_step_s,
-                                     tokens=steps.tokens)])
+    return plan_problem(plan, [make_steps(name, steps, plan.experts_per_layer, 1.0,
+                                          base_step_s)])
 
 
 def plan_placement(plan: Plan) -> Placement:
@@ -247,9 +246,10 @@ def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenStep
     staged = {k: np.zeros(num_layers) for k in lines}
     for start in range(0, len(steps), chunk):
         stop = min(start + chunk, len(steps))
-        mask = step_mask(steps.tokens[start:stop], num_experts)
+        part = TokenSteps(steps.tokens[start:stop], steps.seqs[start:stop])
+        chunk_steps = make_steps("replay", part, num_experts, 1.0, 0.0)
         for name, placement in lines.items():
-            stats = step_stats(problem, placement, mask)
+            stats = replay(problem, placement, chunk_steps)
             per_step = np.stack([stats.step_stall, stats.staged_bytes.sum(axis=1),
                                  stats.transfers.sum(axis=1), stats.selected_bytes.sum(axis=1)],
                                 axis=1)
@@ -339,13 +339,12 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
     rows: dict[float, list[dict]] = {f: [] for f in fractions}
     lines: dict[str, list[dict]] = {"uniform": [], "oracle": []}
 
-    def steps_of(seq_ids: set[int]) -> np.ndarray:
+    def steps_of(name: str, seq_ids: set[int]) -> Steps:
         steps, _ = replay_steps(trace_dir, profile, b, num_steps, seed, seq_ids=seq_ids)
-        return step_mask(steps.tokens, plan.experts_per_layer)
+        return make_steps(name, steps, plan.experts_per_layer, 1.0, base)
 
     for i, held_out in enumerate(splits):
-        test = steps_of(held_out)
-        problem = plan_problem(plan, [Steps("held-out", b, test, 1.0, base)])
+        problem = plan_problem(plan, [steps_of("held-out", held_out)])
         lines["uniform"].append(figures(problem, baselines.uniform(
             problem, top_k=top_k, seed=seed).placement, problem.steps[0]))
         lines["oracle"].append(figures(problem, greedy.solve(problem, seed=seed).placement,
@@ -355,9 +354,7 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
             take = max(b, int(round(f * len(train_pool))))
             chosen = set(rng.choice(train_pool, size=min(take, len(train_pool)),
                                     replace=False).tolist())
-            train = steps_of(chosen)
-            solved = greedy.solve(plan_problem(plan, [Steps("train", b, train, 1.0, base)]),
-                                  seed=seed)
+            solved = greedy.solve(plan_problem(plan, [steps_of("train", chosen)]), seed=seed)
             row = figures(problem, solved.placement, problem.steps[0])
             row["tokens"] = load_profile(trace_dir, seq_ids=chosen).tokens
             rows[f].append(row)
