@@ -501,9 +501,10 @@ def estimate_inventory(config_path: Path, expert_dtype: str | None = None,
     """
     config = read_config(Path(config_path))
     num_layers, num_experts, top_k, shared = moe_shape(config)
-    expert_dtype = expert_dtype or _declared(config, config_path, "--expert-dtype",
-                                             quantized=True)
-    dense_dtype = dense_dtype or _declared(config, config_path, "--dense-dtype", quantized=False)
+    if expert_dtype is None:
+        expert_dtype = _declared(config, config_path, "--expert-dtype", quantized=True)
+    if dense_dtype is None:
+        dense_dtype = _declared(config, config_path, "--dense-dtype", quantized=False)
     hidden = _need(config, "hidden_size")
     inter = config.get("moe_intermediate_size") or _need(config, "intermediate_size")
     for dtype in (expert_dtype, dense_dtype):

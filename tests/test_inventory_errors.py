@@ -289,3 +289,11 @@ def test_checkpoint_path_that_is_a_file(cli, tiny_models, tmp_path: Path) -> Non
     ckpt = copy(tiny_models["olmoe"], tmp_path / "c")
     assert_one_line_error(cli("inspect", ckpt / "config.json", ok=False),
                           f"{ckpt / 'config.json'} is not a directory")
+
+
+@pytest.mark.parametrize("dtype", ["", "int3"])
+def test_config_estimate_refuses_an_unknown_expert_dtype(cli, tmp_path: Path, dtype: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(small_config()))
+    assert_one_line_error(cli("inspect", "--config", path, "--expert-dtype", dtype, ok=False),
+                          f"unknown dtype {dtype!r}")

@@ -64,25 +64,24 @@ def test_bogus_phase_is_refused(cli, tmp_path: Path) -> None:
                           ).output)["layer_stats_phase"] == "decode"
 
 
-@pytest.mark.parametrize("name", ["tr", "heat.png"])
-def test_plot_writes_exactly_the_path_given(cli, tmp_path: Path, name: str) -> None:
+def test_plot_writes_exactly_the_path_given(cli, tmp_path: Path) -> None:
     write_trace(tmp_path / "tr")
-    out = tmp_path / "plots" / name
+    out = tmp_path / "plots" / "Heat.PNG"
     out.parent.mkdir()
     result = cli("traces", "stats", tmp_path / "tr", "--plot", out)
     assert result.output.splitlines()[-1] == f"heatmap -> {out}"
-    assert sorted(p.name for p in out.parent.iterdir()) == [name]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["Heat.PNG"]
     assert out.read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.parametrize("name", ["x.json", "dir"])
+@pytest.mark.parametrize("name", ["tr", "x.json", "dir.png", "nodir/x.png"])
 def test_plot_path_refused_before_anything_is_written(cli, tmp_path: Path, name: str) -> None:
     write_trace(tmp_path / "tr")
-    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir.png").mkdir()
     assert_one_line_error(cli("traces", "stats", tmp_path / "tr", "--plot", tmp_path / name,
-                              ok=False), name)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "tr"]
-    assert not any((tmp_path / "dir").iterdir())
+                              ok=False), str(tmp_path / name))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png", "tr"]
+    assert not any((tmp_path / "dir.png").iterdir())
 
 
 def test_heatmap_ticks_are_integers(tmp_path: Path) -> None:

@@ -82,10 +82,10 @@ def trace_stats(trace_dir: Path, *, phase: str | None = None,
 
 
 def check_plot_path(path: Path) -> Path:
-    """`path` where a PNG heatmap may be written: a .png name (or one without a suffix, written
-    as PNG under exactly that name), not a directory."""
+    """`path` where a PNG heatmap may be written: a *.png name (matplotlib would append .png
+    to a name without one, and write another format for another suffix) in a directory."""
     path = Path(path)
-    if path.suffix and path.suffix.lower() != ".png":
+    if path.suffix.lower() != ".png":
         raise TraceError(f"--plot {path}: a heatmap is a PNG; name it *.png")
     if path.is_dir():
         raise TraceError(f"--plot {path} is a directory; name a .png file")

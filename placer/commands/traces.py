@@ -30,8 +30,7 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option("--json", help="Print the stats as JSON.")
                             ] = False,
         plot: Annotated[Path | None, typer.Option(
-            help="Write a layers x experts heatmap (PNG) to exactly this path (*.png, or a "
-                 "name without a suffix).")] = None,
+            help="Write a layers x experts heatmap to this path (a *.png name).")] = None,
         phase: Annotated[str | None, typer.Option(
             help="Per-layer figures over prefill or decode rows only (default: all): "
                  "prefill or decode.")] = None,
