@@ -165,8 +165,10 @@ def replay_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int |
     return sampled_token_steps(profile, batch, n, seed), note
 
 
-def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions) -> dict:
-    """The evaluation report (the `--json` form): results, drift and verdicts."""
+def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
+             progress: bool = False) -> dict:
+    """The evaluation report (the `--json` form): results, drift and verdicts; with
+    `progress`, a bar on stderr over the (traffic, concurrency) rows."""
     check_options(opts)
     if not trace_dirs:
         raise PlacerError("give at least one --traces DIR to evaluate on")
@@ -178,28 +180,69 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions) -> dict:
     results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
-        profile = load_profile(trace_dir)
-        name = str(trace_dir)
-        rows = []
-        for b in batches:
-            steps, note = replay_steps(trace_dir, profile, b, opts.num_steps, seed,
-                                       groupings=opts.groupings, fallback_steps=fallback)
-            notes += [note] if note else []
-            row, staged = evaluate_row(plan, name, steps, placement, opts, seed)
-            rows.append(row)
-            per_layer.append({"concurrency": b, "staged_bytes_per_token": staged})
-        results += rows
-        if calib is not None:
-            js = js_divergence(calib, profile.counts)
-            drift.append({"traces": name, "js_mean_bits": float(js.mean()),
-                          "js_per_layer_bits": js.tolist()})
-        verdicts.append(trace_verdict(name, rows))
+    with _Bar(progress, len(trace_dirs) * len(batches)) as bar:
+        for trace_dir in trace_dirs:
+            profile = load_profile(trace_dir)
+            name = str(trace_dir)
+            rows = []
+            for b in batches:
+                bar.show(f"{trace_dir.name} B={b}")
+                steps, note = replay_steps(trace_dir, profile, b, opts.num_steps, seed,
+                                           groupings=opts.groupings, fallback_steps=fallback)
+                notes += [note] if note else []
+                row, staged = evaluate_row(plan, name, steps, placement, opts, seed)
+                rows.append(row)
+                per_layer.append({"concurrency": b, "staged_bytes_per_token": staged})
+                bar.advance()
+            results += rows
+            _add_drift_and_verdict(calib, profile, name, rows, drift, verdicts)
     return {"plan_fingerprint": plan.model["fingerprint"],
             "replay": "every held-out token" if opts.num_steps is None
             else f"{opts.num_steps} sampled decode steps",
             "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,
             "replicates": opts.replicates, "notes": notes, "results": results, "drift": drift,
             "verdicts": verdicts, "per_layer": per_layer}
+
+
+def _add_drift_and_verdict(calib: np.ndarray | None, profile: Profile, name: str,
+                           rows: list[dict], drift: list[dict], verdicts: list[dict]) -> None:
+    if calib is not None:
+        js = js_divergence(calib, profile.counts)
+        drift.append({"traces": name, "js_mean_bits": float(js.mean()),
+                      "js_per_layer_bits": js.tolist()})
+    verdicts.append(trace_verdict(name, rows))
+
+
+class _Bar:
+    """A rich progress bar on stderr over `total` rows (a no-op when not `enabled`)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.bar = Progress(TextColumn("evaluate {task.description}"), BarColumn(),
+                                MofNCompleteColumn(), console=Console(stderr=True),
+                                transient=True)
+            self.task = self.bar.add_task("", total=total)
+
+    def __enter__(self) -> _Bar:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def show(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=what)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
 
 
 def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,

@@ -277,3 +277,25 @@ def test_real_routing_every_token_with_intervals(tmp_path, cli):
         assert low <= row["ratio_to_layer"] <= high < 1.0  # trained routing: placement pays
         assert row["verdict"] == "better"
         assert row["interval_over"] == "sequences" and row["interval_units"] >= 2
+
+
+def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypatch, tmp_path):
+    import matplotlib.figure
+
+    drawn = []
+    save = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        drawn.append(fig)
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    png = tmp_path / "e.png"
+    cli("evaluate", small["plan"], "--traces", small["held"], "--concurrency", "1",
+        "--oracle-time-limit", "1", "--plot", png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob(".*"))
+    axes = {ax.get_xlabel(): ax for ax in drawn[0].axes}
+    ticks = [axes["MoE layer"].xaxis, axes["expert"].xaxis, axes["expert"].yaxis]
+    for axis in ticks:
+        locs = axis.get_majorticklocs()
+        assert len(locs) >= 2 and all(float(v).is_integer() for v in locs), locs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -66,7 +67,8 @@ def register(app: typer.Typer) -> None:
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
             if concurrency else None, num_steps=steps, seed=seed,
             oracle_time_limit=oracle_time_limit, cache_slots=cache_slots)
-        report = evaluate(plan, trace_dirs, opts)
+        report = evaluate(plan, trace_dirs, opts,
+                          progress=not json_out and sys.stderr.isatty())
         if curve:
             report["curve"] = calibration_curve(plan, folds=folds, seed=seed, num_steps=steps)
         if plot:
