@@ -303,3 +303,17 @@ def test_a_server_without_routed_experts_is_refused(collect_via, tmp_path, engin
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert "no routed_experts; start the server with --enable-return-routed-experts" in \
         result.output
+
+
+def test_a_config_alone_describes_the_served_model(generator, local, model, corpus, placer_run,
+                                                   tmp_path) -> None:
+    """A model too big for this box: its config.json and tokenizer are enough."""
+    with stub_server(sglang_generate(generator)) as (url, _):
+        placer_run("collect", "--server", url, "--engine", "sglang", "--config",
+                   model / "config.json", "--tokenizer", model, "--corpus", corpus,
+                   "--max-new-tokens", MAX_NEW, "--max-length", 40, "--out", tmp_path / "srv",
+                   "--no-progress", "--request-timeout", 20)
+    assert _rows(tmp_path / "srv") == _rows(local)
+    meta = json.loads(pq.read_schema(next((tmp_path / "srv").glob("*.parquet")))
+                      .metadata[b"placer"])
+    assert meta["estimated"] is True and meta["moe_layers"] == [1, 2]
