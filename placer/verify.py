@@ -54,6 +54,8 @@ class Report:
 def verify_placed(placed: Path, model_dir: Path) -> Report:
     """Every check of the module docstring; the problems found (none: ok)."""
     placed, model_dir = Path(placed), Path(model_dir)
+    if placed.exists() and not placed.is_dir():
+        raise PlacerError(f"{placed} is not a directory (give the directory placer emit wrote)")
     manifest = read_manifest(placed)
     report = Report(str(placed))
     inv = read_inventory(model_dir)

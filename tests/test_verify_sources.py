@@ -144,3 +144,12 @@ def test_unreadable_files_are_one_line(source: Path, tmp_path: Path, cli, monkey
     # not a readable safetensors file"; the patch reaches Python's opens only)
     assert result.exit_code == 1
     assert result.output.splitlines() == [f"error: permission denied: {path}"]
+
+
+def test_placed_path_that_is_a_file(source: Path, tmp_path: Path, cli) -> None:
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(bytes(range(128, 256)))  # not UTF-8: read as a manifest, a traceback
+    result = cli("verify", junk, "--model", source, ok=False)
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"error: {junk} is not a directory (give the "
+                                          "directory placer emit wrote)"]
