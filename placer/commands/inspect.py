@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, print_json
+from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.inventory import EXPERT_DTYPES, Inventory, estimate_inventory, read_inventory
 from placer.units import format_bytes
@@ -68,7 +68,7 @@ def print_summary(inv: Inventory) -> None:
     ]
     for k, v in rows:
         table.add_row(k, v)
-    Console().print(table)
+    rich_console().print(table)
     first = inv.experts[0]
     sample = Table(title=f"layer {first.layer}, expert {first.expert}")
     columns = ("tensor", "dtype", "shape", "length") if inv.estimated else (
@@ -78,4 +78,4 @@ def print_summary(inv: Inventory) -> None:
     for t in first.tensors:
         where = () if inv.estimated else (str(t.file), str(t.offset))
         sample.add_row(t.name, t.dtype, str(list(t.shape)), *where, str(t.length))
-    Console().print(sample)
+    rich_console().print(sample)

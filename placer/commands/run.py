@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, print_json
+from placer.commands.common import console as rich_console
 from placer.devices import check_device
 from placer.errors import PlacerError
 from placer.units import format_bytes
@@ -63,7 +63,7 @@ def check_run_options(placed: Path, prompt: str, cache_slots: int, device: str) 
 
 def print_result(result: dict) -> None:
     """The generated text, then staging per card and in total."""
-    console = Console()
+    console = rich_console()
     console.print(f"[bold]{result['prompt']}[/bold]{result['text']}", highlight=False)
     table = Table(title=f"staging over {result['new_tokens']} new tokens on {result['device']}"
                   f" (cache slots: {result['cache_slots']})")

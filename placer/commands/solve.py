@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, parse_list, print_json
+from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.hardware import load_spec
 from placer.inventory import EXPERT_DTYPES, estimate_inventory, read_inventory
@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
 
 def print_plan(plan: Plan, out: Path) -> None:
     """The human summary of a plan: solver quality, cards, predicted figures."""
-    console = Console()
+    console = rich_console()
     s = plan.solver
     console.print(f"solver {s['name']}: objective {s['objective']:.6g} ({s['objective_unit']}), "
                   f"bound {s['bound']:.6g}, gap {100 * s['gap']:.2f}%, {s['seconds']:.2f} s, "

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, model_identity, print_json
+from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.inventory import estimate_inventory, read_inventory
 from traces.importers import FORMATS, import_routing
@@ -127,7 +127,7 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
 
 
 def _print_stats(result: dict) -> None:
-    console = Console()
+    console = rich_console()
     console.print(f"[bold]{result['name']}[/bold] ({result['kind']}): {result['tokens']} tokens, "
                   f"{result['sequences']} sequences, {len(result['moe_layers'])} MoE layers x "
                   f"{result['num_experts']} experts, top-{result['top_k']}")
