@@ -58,6 +58,7 @@ from traces.profile import (
 DEFAULT_SAMPLED_STEPS = 256  # steps sampled from imported counts when neither flag nor plan says
 CHUNK_CELLS = 1 << 22        # [steps, L, E] mask cells replayed at a time
 LINES = ("placement", "layer", "uniform", "oracle")
+MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,9 @@ def check_options(opts: EvalOptions) -> None:
     if opts.num_steps is not None and opts.num_steps < 1:
         raise PlacerError(f"--steps must be >= 1 (omit it to replay every held-out token), "
                           f"got {opts.num_steps}")
-    if opts.seed is not None and opts.seed < 0:
-        raise PlacerError(f"--seed must be >= 0, got {opts.seed}")
+    if opts.seed is not None and not 0 <= opts.seed <= MAX_SEED:
+        raise PlacerError(f"--seed must be in 0..2**31-1 (the oracle ILP's seed is a 32-bit "
+                          f"int), got {opts.seed}")
     if not math.isfinite(opts.oracle_time_limit) or opts.oracle_time_limit <= 0:
         raise PlacerError(f"--oracle-time-limit must be a positive number of seconds, got "
                           f"{opts.oracle_time_limit}")

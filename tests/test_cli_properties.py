@@ -261,8 +261,6 @@ XFAIL: dict[str, str] = {
     "solve --budget": f"'1e400GB' overflows (a traceback): {LEAD}",
     "solve --weights": f"--weights '' is accepted as no weights: {LEAD}",
     "solve --page-size": f"--page-size '' is accepted as no pages: {LEAD}",
-    "evaluate --seed": f"a seed >= 2**63 is accepted: {LEAD}",
-    "evaluate --concurrency": f"--concurrency '' is accepted as the plan's: {LEAD}",
     "verify PLACED": "a file for PLACED is a traceback (NotADirectoryError): placer/verify.py",
     "inspect --expert-dtype": "--expert-dtype '' is accepted as the default: "
                               "placer/commands/inspect.py / placer/inventory.py",

@@ -244,13 +244,15 @@ def test_trace_verdict_over_concurrencies():
 @pytest.mark.parametrize(("args", "message"), [
     (["--steps", "0"], "--steps must be >= 1"),
     (["--steps", "-5"], "--steps must be >= 1"),
-    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--seed", "-1"], "--seed must be in 0..2**31-1"),
+    (["--seed", str(2**31)], "--seed must be in 0..2**31-1"),
     (["--oracle-time-limit", "-1"], "--oracle-time-limit must be a positive"),
     (["--oracle-time-limit", "nan"], "--oracle-time-limit must be a positive"),
     (["--cache-slots", "-1"], "--cache-slots must be >= 0"),
     (["--folds", "1"], "--folds must be >= 2"),
     (["--plot", "out.jpg"], "--plot writes a PNG"),
     (["--concurrency", "0"], "--concurrency: every value must be >= 1"),
+    (["--concurrency", ""], "--concurrency: empty list"),
 ])
 def test_option_errors_are_one_line(small, cli, args, message):
     result = cli("evaluate", small["plan"], "--traces", small["held"], *args, ok=False)

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         trace_dirs = list(traces or [])
         opts = EvalOptions(
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
-            if concurrency else None, num_steps=steps, seed=seed,
+            if concurrency is not None else None, num_steps=steps, seed=seed,
             oracle_time_limit=oracle_time_limit, cache_slots=cache_slots)
         report = evaluate(plan, trace_dirs, opts,
                           progress=not json_out and sys.stderr.isatty())
