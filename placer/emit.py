@@ -49,7 +49,7 @@ from typing import TypeVar
 
 from placer import digests
 from placer.errors import PlacerError
-from placer.files import NAME_MAX, fsync_dir, write_json_atomic
+from placer.files import NAME_MAX, dumps_json, fsync_dir
 from placer.inventory import Expert, Inventory, read_inventory
 from placer.manifest import MANIFEST_FORMAT, validate_manifest
 from placer.plan import Plan
@@ -458,7 +458,7 @@ def _emit_locked(plan: Plan, inv: Inventory, model_dir: Path, out_dir: Path, lai
         paths = [stage / f.name for f, _, _ in laid]
         manifest = write_outputs(plan, inv, model_dir, laid, paths, align, progress, total,
                                  signals.hold)
-        write_json_atomic(manifest, stage / "manifest.json")
+        write_manifest(manifest, stage / "manifest.json")
         signals.hold()  # from here the new placement is complete: finish putting it in place
         old = commit_placement(stage, out_dir, mode, [p.name for p in paths])
     except OSError as exc:
@@ -475,6 +475,15 @@ def _emit_locked(plan: Plan, inv: Inventory, model_dir: Path, out_dir: Path, lai
     if old is not None:  # best effort: the next emit into out_dir removes what is left
         shutil.rmtree(old, ignore_errors=True)
     return manifest
+
+
+def write_manifest(manifest: dict, path: Path) -> None:
+    """Write the manifest (strict JSON) into the staging directory and fsync it: no temporary
+    name is needed there, nothing reads the directory before it is put in place."""
+    with open(path, "w") as f:
+        f.write(dumps_json(manifest) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 # Where an emit into an existing empty directory stages its outputs (inside it, so that a

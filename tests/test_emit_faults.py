@@ -76,10 +76,10 @@ def test_a_fault_at_any_step(setup, tmp_path: Path, cli, mode: str, fault: str, 
     with contextlib.ExitStack() as stack:
         for name, target, real in [("write", placer.emit, placer.emit._write_all),
                                    ("fsync", placer.emit, placer.emit.fsync_path),
-                                   ("manifest", placer.emit, placer.emit.write_json_atomic),
+                                   ("manifest", placer.emit, placer.emit.write_manifest),
                                    ("exchange", placer.emit, exchange),
                                    ("rename", os, os.rename)]:
-            attr = {"write": "_write_all", "fsync": "fsync_path", "manifest": "write_json_atomic",
+            attr = {"write": "_write_all", "fsync": "fsync_path", "manifest": "write_manifest",
                     "exchange": "exchange", "rename": "rename"}[name]
             stack.enter_context(mock.patch.object(target, attr, step(name, real)))
         stack.enter_context(mock.patch.object(placer.emit, "WRITE_BYTES", 8192))

@@ -96,3 +96,12 @@ def test_solve_json_and_plan_are_strict_json(tiny_models, tmp_path: Path, cli) -
     printed, written = strict_loads(result.output), strict_loads(plan.read_text())
     assert printed["solver"]["bound"] is None and printed["solver"]["gap"] is None
     assert written["solver"] == printed["solver"]
+
+
+def test_solve_out_naming_a_directory_is_one_line(tiny_models, tmp_path: Path, cli) -> None:
+    result = cli("solve", "--model", tiny_models["qwen3_moe"], "--hardware", "1x-rtx4090",
+                 "--solver", "layer", "--offload", "0.3", "--out", tmp_path, ok=False)
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"error: cannot write {tmp_path}: it is a directory "
+                                     "(name a file)")
+    assert os.listdir(tmp_path) == []
