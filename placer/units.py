@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from placer.errors import PlacerError
@@ -22,6 +23,8 @@ def parse_bytes(value: str | int | float, what: str = "size") -> int:
         if not m or m[2].upper() not in _UNITS:
             raise PlacerError(f"{what}: cannot read {value!r} as a size (e.g. 20GiB, 512MB)")
         number, unit = float(m[1]), m[2].upper()
+    if not math.isfinite(number * _UNITS[unit]):  # nan, inf, "1e400GB"
+        raise PlacerError(f"{what}: expected a finite size, got {value!r}")
     return int(round(number * _UNITS[unit]))
 
 

@@ -141,7 +141,7 @@ DECODE = "decode = { base_step_ms = { 1 = 0.5, 8 = 1.5 } }\n"
     ("cards = 2", 'cards = ["x"]', "cards: expected a list of tables"),
     ("cards = 2", "cards = 1000000000", "cards: expected 1..1024 cards"),
     ('vram = "1MiB"', "vram = 1e30", "cards[0].vram: expected a size in 0..2**60 bytes"),
-    ('vram = "1MiB"', 'vram = "1e400GB"', "cards[0].vram: expected a size in 0..2**60 bytes"),
+    ('vram = "1MiB"', 'vram = "1e400GB"', "cards[0].vram: expected a finite size"),
     ('vram = "1MiB"', "vram = true", "cards[0].vram: expected a size"),
     ("[[link]]", "[decoed]\nx = 1\n[[link]]", "box.toml: unknown field 'decoed'"),
     ("sync_us = 30.0", "sync_us = 30.0\nsockets = 0", "host.sockets: expected an integer in "
