@@ -301,7 +301,7 @@ def _base_steps(decode: Any, where: str) -> tuple[tuple[int, float], ...]:
     points: dict[int, float] = {}
     for key, ms in steps.items():
         text = str(key).strip()
-        if not text.isdigit() or not 1 <= int(text) <= MAX_BATCH:
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_BATCH:
             raise PlacerError(f"{where}.base_step_ms: batch {key!r} is not an integer in "
                               f"1..{MAX_BATCH}")
         batch = int(text)
@@ -368,7 +368,8 @@ def _rate(value: Any, what: str) -> float:
 
 def _number(value: Any, what: str, lo: float, hi: float, *, positive: bool = False) -> float:
     """A finite plain number in [lo, hi] (> lo with `positive`); strings are refused."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, int) and abs(value) > 2**63):
         raise PlacerError(f"{what}: expected a number, got {value!r}")
     x = float(value)
     if not math.isfinite(x) or x < lo or x > hi or (positive and x <= lo):

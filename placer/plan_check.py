@@ -267,8 +267,8 @@ def _check_calibration(w: _Where, calibration: Any, layers: int, experts: int) -
             w.fail(f"calibration[{i}].counts", f"expected {layers} rows of {experts} counts")
         for row in counts:
             for x in row:
-                if isinstance(x, bool) or not isinstance(x, int | float) or not (
-                        math.isfinite(x) and x >= 0):
+                if not (_int_in(x, 0, 2**63) or (isinstance(x, float) and math.isfinite(x)
+                                                 and x >= 0)):
                     w.fail(f"calibration[{i}].counts", f"expected finite counts >= 0, got {x!r}")
 
 
