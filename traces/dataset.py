@@ -3,7 +3,10 @@
 A directory holds either per-token trace files (kind `tokens`, from `placer collect`) or one
 imported count matrix (kind `counts`, `counts.parquet`); see `traces.schema`. Files are found
 recursively (hive partitions such as `host=a/tag=chat/` are fine); names starting with `.` or
-`_` and unfinished `*.parquet.tmp` files are skipped. Only file footers are read here.
+`_` and unfinished `*.parquet.tmp` files are skipped. Only file footers are read by `scan`
+(and a count matrix, which is small); `stream_rows` streams each file in turn with
+`pyarrow.dataset`, and a file it cannot decode, or whose rows name experts or layers the
+model does not have, is a TraceError naming that file.
 """
 
 from __future__ import annotations
@@ -43,12 +46,6 @@ class TraceDir:
         if self.kind == KIND_COUNTS:
             return {k: meta[k] for k in ("num_moe_layers", "num_experts", "top_k")}
         return {k: meta[k] for k in MODEL_KEYS}
-
-    def dataset(self) -> ds.Dataset:
-        """The per-token files as one `pyarrow.dataset` (streamed by every reader)."""
-        if self.kind != KIND_TOKENS:
-            raise TraceError(f"{self.root} holds imported counts, not per-token traces")
-        return ds.dataset([str(f) for f in self.files], format="parquet")
 
 
 def _visible(path: Path, root: Path) -> bool:
