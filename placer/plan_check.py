@@ -16,13 +16,12 @@ import math
 from typing import Any
 
 from placer.errors import PlacerError
-from placer.hardware import HardwareSpec, spec_from_json
+from placer.hardware import MAX_BYTES, HardwareSpec, spec_from_json
 from placer.manifest import MANIFEST_FORMAT
 from placer.plan import PLAN_FORMAT, PLAN_VERSION, page_spans
 
 REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
 CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")
-MAX_BYTES = 2**60
 
 
 class _Where:
