@@ -52,7 +52,7 @@ def setup(tiny_models, tmp_path_factory) -> tuple[Path, Path, Path]:
 CASES = count()
 
 
-@settings(max_examples=30, deadline=None,
+@settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mode=st.sampled_from(MODES), fault=st.sampled_from(sorted(FAULTS)),
        at=st.integers(1, 45), can_exchange=st.booleans())
