@@ -196,32 +196,35 @@ def check_bytes(placed: Path, model_dir: Path, manifest: dict, report: Report) -
                              manifest["files"])
             for problems in list(found):
                 report.problems += problems
-            source_problems = [p for h in hashed if (p := h.result())]
+            results = [h.result() for h in hashed]
     finally:
         for fd in sources.values():
             os.close(fd)
+    digests.remember({path: fresh for path, fresh, _ in results if fresh is not None})
+    source_problems = [problem for _, _, problem in results if problem is not None]
     if source_problems:
         report.problems[:0] = [SOURCE_DIFFERS, *source_problems]  # the summary first
 
 
-def check_source(model_dir: Path, recorded: dict) -> str | None:
-    """Hash the source file `recorded` names ({name, size, sha256}) in `model_dir`; the
-    problem when it differs from the record. A fresh digest is remembered (digests.py), so a
-    corrupt cache entry is replaced by the truth."""
+def check_source(model_dir: Path, recorded: dict
+                 ) -> tuple[Path, tuple[str, str, float] | None, str | None]:
+    """Hash the source file `recorded` names ({name, size, sha256}) in `model_dir`: (its path,
+    what digests.remember takes to remember the fresh digest, so that a corrupt cache entry
+    is replaced by the truth, or None, the problem when it differs from the record or None)."""
     path = model_dir / recorded["name"]
     if not path.is_file():
-        return f"source {recorded['name']}: missing from {model_dir}"
+        return path, None, f"source {recorded['name']}: missing from {model_dir}"
     key, began = digests.stat_key(path), time.time()
     size = path.stat().st_size
     if size != recorded["size"]:
-        return (f"source {recorded['name']}: {size} bytes, the placement was made from "
-                f"{recorded['size']}")
+        return path, None, (f"source {recorded['name']}: {size} bytes, the placement was made "
+                            f"from {recorded['size']}")
     digest = sha256_file(path)
-    digests.remember({path: (key, digest, began)})
     if digest != recorded["sha256"]:
-        return (f"source {recorded['name']}: sha256 {digest[:16]}..., the placement was made "
-                f"from {recorded['sha256'][:16]}...")
-    return None
+        return path, (key, digest, began), (
+            f"source {recorded['name']}: sha256 {digest[:16]}..., the placement was made from "
+            f"{recorded['sha256'][:16]}...")
+    return path, (key, digest, began), None
 
 
 def check_output(path: Path, sha256: str, pieces: list[Piece], sources: dict[str, int]

@@ -34,9 +34,12 @@ def problems(cli, placed: Path, model: Path) -> list[str]:
     return json.loads(result.output)["problems"]
 
 
-def test_a_wrong_digest_in_the_cache_is_caught(source: Path, tmp_path: Path, cli) -> None:
+def test_a_wrong_digest_in_the_cache_is_caught(source: Path, tmp_path: Path, cli,
+                                               monkeypatch) -> None:
     """A corrupt digest cache makes emit record a wrong source sha256; verify hashes the
-    source afresh and says the checkpoint is not the one the placement was made from."""
+    source afresh, says the checkpoint is not the one the placement was made from, and
+    replaces the cache's entry by the true digest."""
+    monkeypatch.setattr(digests, "RACY_S", -1.0)  # remember digests of files this young
     shard = source / "model.safetensors"
     wrong = "0" * 64
     cache = digests.cache_file()
@@ -52,6 +55,7 @@ def test_a_wrong_digest_in_the_cache_is_caught(source: Path, tmp_path: Path, cli
                                      f"placement was made from {wrong[:16]}..."]
     text = cli("verify", placed, "--model", source, ok=False).output
     assert f"FAIL {SOURCE_DIFFERS}" in text
+    assert digests.cached([shard]) == {shard: real}
 
 
 def test_another_source_config_is_caught(source: Path, tmp_path: Path, cli) -> None:
