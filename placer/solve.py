@@ -288,7 +288,8 @@ def solver_json(result: SolveResult, opts: SolveOptions) -> dict:
             "gap": result.gap, "seconds": result.seconds, "status": result.status,
             "seed": opts.seed, "time_limit": opts.time_limit, "steps": opts.num_steps,
             "execution": opts.execution,
-            "objective_unit": "ratio to layer offload (worst profile and concurrency)"
+            "objective_unit": "mean over profiles and concurrencies of stall / that profile's "
+                              "own best (greedy) stall, each no worse than layer offload"
             if opts.robust
             else "seconds of expected stall per decode step (weighted over concurrency)"}
 

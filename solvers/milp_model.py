@@ -24,8 +24,9 @@ one card, a cpu pattern of one expert) costs exactly that row's right-hand side,
 function of (f, r) that is never negative; it is added to the objective of f and r (and a
 constant to `offset`) instead of getting a t_b and a row. The MILP then grows with the
 number of multi-card patterns only: on one card every pattern folds and the problem is a
-knapsack over the L * E experts whatever the number of calibration steps. Robust mode keeps
-every block (fold=False), as it bounds each profile's sum separately.
+knapsack over the L * E experts whatever the number of calibration steps. Blocks may belong to
+groups (robust mode: one per traffic profile); what each group's folded blocks cost is kept
+apart (`group_objective`, `group_offset`), so each group's sum can be bounded on its own.
 Times are scaled by `time_scale` seconds and bytes by `byte_scale` so coefficients are near 1.
 """
 
@@ -51,6 +52,9 @@ class MilpData:
     f, r, t, time_scale, num_pages: as in MilpModel (t: the blocks that were not folded, in
     block order; all of them with fold=False).
     offset: constant added to objective @ v (objective units: time_scale seconds).
+    group_objective: [G, num_int] objective of the folded blocks of each group, on f and r;
+    group_offset: [G] their constants; t_group: [len(t)] group of each kept block. The sums
+    over groups are objective[:num_int] and offset.
     """
 
     matrix: sp.csr_matrix
@@ -68,7 +72,10 @@ class MilpData:
     t: np.ndarray
     time_scale: float
     num_pages: np.ndarray
-    offset: float = 0.0
+    offset: float
+    group_objective: np.ndarray
+    group_offset: np.ndarray
+    t_group: np.ndarray
 
 
 @dataclass
@@ -103,9 +110,9 @@ class MilpModel:
         return np.where(f == 1, self.num_pages, np.minimum(r, self.num_pages - 1))
 
 
-def build(problem: Problem, patterns: list[LayerPatterns], fold: bool = True) -> MilpModel:
+def build(problem: Problem, patterns: list[LayerPatterns]) -> MilpModel:
     """The MILP of `problem` over the merged step patterns (see module docstring)."""
-    return model_of(milp_data(problem, patterns, fold))
+    return model_of(milp_data(problem, patterns))
 
 
 def model_of(data: MilpData, integral: bool = True) -> MilpModel:
@@ -219,8 +226,11 @@ def _cpu_rows(patterns: list[LayerPatterns], num_experts: int, cols: _Columns) -
                  np.concatenate([p.weight for p in patterns]))
 
 
-def milp_data(problem: Problem, patterns: list[LayerPatterns], fold: bool = True) -> MilpData:
-    """The sparse arrays of the MILP of `problem` over `patterns` (see module docstring)."""
+def milp_data(problem: Problem, patterns: list[LayerPatterns],
+              block_group: np.ndarray | None = None) -> MilpData:
+    """The sparse arrays of the MILP of `problem` over `patterns` (see module docstring).
+    block_group: [num patterns] int group of each pattern (in pattern order, layer by layer);
+    default one group."""
     cards = problem.cards
     num_cards = cards.num_cards
     cols = _columns(problem)
@@ -245,13 +255,16 @@ def milp_data(problem: Problem, patterns: list[LayerPatterns], fold: bool = True
     row_of = row_of.ravel()
     row_block = rows.block[first]
     per_block = np.bincount(row_block, minlength=weight.size)
-    folded_row = fold & (per_block[row_block] == 1)
-    # Folded rows: w_b * (const - coef . v) joins the objective.
-    objective_x = np.zeros(num_x + multi.size)
+    folded_row = per_block[row_block] == 1
+    # Folded rows: w_b * (const - coef . v) joins the objective of its block's group.
+    group = np.zeros(weight.size, np.int64) if block_group is None else np.asarray(block_group)
+    num_groups = int(group.max(initial=0)) + 1
+    group_objective = np.zeros((num_groups, num_x + multi.size))
     entry_folded = folded_row[row_of]
-    w = weight[rows.block[entry_folded]]
-    np.add.at(objective_x, rows.col[entry_folded], -w * coef[entry_folded])
-    offset = float(w @ const[entry_folded])
+    b = rows.block[entry_folded]
+    w = weight[b]
+    np.add.at(group_objective, (group[b], rows.col[entry_folded]), -w * coef[entry_folded])
+    group_offset = np.bincount(group[b], weights=w * const[entry_folded], minlength=num_groups)
     # Kept rows and blocks, renumbered.
     kept_rows = np.flatnonzero(~folded_row)
     new_row = np.full(row_keys.size, -1)
@@ -301,12 +314,13 @@ def milp_data(problem: Problem, patterns: list[LayerPatterns], fold: bool = True
     col_lo = np.zeros(num_cols)
     col_hi = np.concatenate([np.ones(num_x), pages[multi].astype(np.float64),
                              np.full(kept_blocks.size, np.inf)])
-    objective = np.concatenate([objective_x, weight[kept_blocks]])
+    objective = np.concatenate([group_objective.sum(axis=0), weight[kept_blocks]])
 
     return MilpData(matrix=matrix, row_lo=row_lo, row_hi=row_hi, col_lo=col_lo, col_hi=col_hi,
                     objective=objective, num_int=num_x + multi.size,
                     num_time_rows=num_time_rows, num_cards=num_cards,
                     row_block=t_of_block[time_block] - (num_x + multi.size), f=cols.f_col,
                     r=cols.r_col, t=t_of_block[kept_blocks], time_scale=time_scale,
-                    num_pages=pages,
-                    offset=offset)
+                    num_pages=pages, offset=float(group_offset.sum()),
+                    group_objective=group_objective, group_offset=group_offset,
+                    t_group=group[kept_blocks])

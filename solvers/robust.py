@@ -1,11 +1,20 @@
-"""Robust placement: minimize the worst ratio, over traffic profiles, of a placement's
-expected stall to layer offload's on that profile.
+"""Robust placement: placements that hold up on traffic they were not solved on.
 
-Each profile k is a Problem with the same sizes, homes, capacity and cards but its own steps.
-With Z_k = objective_k(layer offload), the MILP keeps each profile's block stalls and adds
-    z >= sum_{b in k} w_b t_b / Z_k   for every k,     minimize z.
-A placement with z <= 1 is predicted no worse than layer offload on any profile; layer
-offload itself is feasible (z = 1), so the optimum never exceeds 1.
+Each profile k (a traffic set at one concurrency) is a Problem with the same sizes, homes,
+capacity and cards but its own steps. Let O_k be profile k's own best stall (the greedy
+solved on k alone) and Z_k layer offload's stall on k. The robust placement minimizes the
+mean regret over profiles, subject to never being worse than layer offload on any of them:
+
+    minimize  (1 / K) sum_k stall_k / O_k     s.t.  stall_k <= Z_k  for every k.
+
+Layer offload is feasible, so a solution always exists. Dividing by O_k (not Z_k) weighs a
+profile by how much a placement can win on it, so a skewed profile (small O_k) is not drowned
+by a flat one. Measured by leave-one-domain-out on real routing (benchmarks/bench_routing.py):
+on OLMoE's five domains this kept 2.56x / 1.82x the oracle's stall on the unseen domain at
+B = 1 / 8 where minimizing the worst ratio to layer offload (placer's former --robust) kept
+3.19x / 1.99x, and it lost less in profile (1.80x / 1.45x against 2.53x / 1.74x); on ESFT's
+four tasks both are within 0.5% on the unseen task (2.28x / 1.77x) and the mean regret is
+better in profile (1.42x / 1.32x against 1.58x / 1.42x).
 """
 
 from __future__ import annotations
@@ -19,14 +28,15 @@ from ortools.linear_solver.python import model_builder as mb
 from solvers import baselines, cost, greedy
 from solvers.errors import SolverError
 from solvers.ilp import run
-from solvers.milp_model import build
+from solvers.milp_model import milp_data, model_of
 from solvers.patterns import LayerPatterns, problem_patterns
 from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
 
 
 @dataclass(frozen=True)
 class RobustOutcome:
-    """result.objective is the worst ratio; ratios: profile name -> ratio to layer offload."""
+    """result.objective is the mean regret (stall / the profile's own best stall, mean over
+    profiles); ratios: profile name -> ratio to layer offload (each <= 1)."""
 
     result: SolveResult
     ratios: dict[str, float]
@@ -66,9 +76,8 @@ def _check_same_layout(problems: list[Problem]) -> None:
 def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> RobustOutcome:
     """The robust placement over `problems` (see module docstring).
 
-    A profile on which layer offload stalls 0 (Z_k = 0) keeps ratio-1 semantics: its blocks
-    must stall 0 too (t_b <= 0, which layer offload satisfies) and it takes no part in z; the
-    worst ratio reported is then at least 1.
+    A profile on which layer offload stalls 0 (Z_k = 0) must stall 0 too (which layer offload
+    satisfies); a profile whose own best stalls 0 counts its regret in units of Z_k.
     """
     if not problems:
         raise SolverError("robust placement needs at least one traffic profile")
@@ -80,43 +89,50 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
     num_layers = first.num_layers
     layer_pl = baselines.layer_offload(first).placement
     layer = [cost.objective(p, layer_pl) for p in problems]
-    zero = [z <= 0 for z in layer]
-    scale = [z if z > 0 else 1.0 for z in layer]
-    # One MILP over all profiles' blocks, each profile's weights divided by its Z_k.
-    steps = [replace(st, name=f"{k}", weight=st.weight / scale[k])
+    # Each profile's own best (greedy) stall: the unit its regret is counted in.
+    own = [greedy.solve(p, seed=seed).objective for p in problems]
+    unit = [o if o > 0 else (z if z > 0 else 1.0) for o, z in zip(own, layer, strict=True)]
+    steps = [replace(st, name=f"{k}", weight=st.weight / unit[k])
              for k, p in enumerate(problems) for st in p.steps]
     merged = replace(first, steps=steps)
     per_profile = [problem_patterns(replace(first, steps=[st for st in steps
                                                           if st.name == str(k)]))
                    for k in range(len(problems))]
-    # One pattern list per layer (as build expects), profiles kept as separate blocks.
+    # One pattern list per layer (as milp_data expects), profiles kept as separate groups.
     patterns = [LayerPatterns(np.concatenate([pats[lay].selected for pats in per_profile]),
                               np.concatenate([pats[lay].weight for pats in per_profile]))
                 for lay in range(num_layers)]
     profile_of = np.concatenate([np.repeat(np.arange(len(problems)),
                                            [pats[lay].weight.size for pats in per_profile])
                                  for lay in range(num_layers)])
-    milp = build(merged, patterns, fold=False)
-    weights = milp.block_weight
-    # z row per profile: z - sum_{b in k} w_b t_b >= 0 (t in time_scale units).
+    data = milp_data(merged, patterns, block_group=profile_of)
+    milp = replace(model_of(data), offset=0.0)  # the objective below holds every constant
     model = milp.model
-    z = model.new_num_var(0.0, np.inf, "z")
+    regrets = []
     for k in range(len(problems)):
-        blocks = np.flatnonzero(profile_of == k)
-        if zero[k]:
-            for b in blocks:
-                model.add(model.var_from_index(int(milp.t[b])) <= 0.0)
-            continue
-        terms = [model.var_from_index(int(milp.t[b])) * float(weights[b]) for b in blocks]
-        model.add(z >= mb.LinearExpr.sum(terms))
-    model.minimize(z)
+        kept = np.flatnonzero(data.t_group == k)
+        cols = np.flatnonzero(data.group_objective[k])
+        terms = ([model.var_from_index(int(data.t[i])) * float(milp.block_weight[i])
+                  for i in kept]
+                 + [model.var_from_index(int(c)) * float(data.group_objective[k, c])
+                    for c in cols])
+        regret = mb.LinearExpr.sum(terms) + float(data.group_offset[k])  # stall_k / unit_k
+        # Never worse than layer offload: stall_k <= Z_k (0 where layer offload waits 0).
+        model.add(regret <= layer[k] / unit[k] / data.time_scale)
+        regrets.append(regret)
+    model.minimize(mb.LinearExpr.sum(regrets) / len(regrets))
 
-    def worst(pages: np.ndarray) -> float:
-        return max(ratios_of(problems, Placement(pages), layer).values())
+    def value(pages: np.ndarray) -> float:
+        """Mean regret of a placement; inf where it is worse than layer offload somewhere."""
+        placement = Placement(pages)
+        stall = [cost.objective(p, placement) for p in problems]
+        if any(v > z * (1 + 1e-9) for v, z in zip(stall, layer, strict=True)):
+            return float("inf")
+        return float(np.mean([v / u for v, u in zip(stall, unit, strict=True)]))
 
     candidates = [greedy.greedy_pages(merged, problem_patterns(merged), seed),
                   layer_pl.resident_pages]
-    scores = [worst(c) for c in candidates]
+    scores = [value(c) for c in candidates]
     hint = candidates[int(np.argmin(scores))]
     milp.hint(hint)
     values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start), seed)
@@ -124,14 +140,11 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0) -> R
     if values is not None:
         cand = Placement(milp.pages(values).reshape(first.expert_bytes.shape))
         if cand.fits(first):
-            value = worst(cand.resident_pages)
-            if value <= best_obj:
-                best, best_obj = cand, value
+            got = value(cand.resident_pages)
+            if got <= best_obj:
+                best, best_obj = cand, got
     if np.isfinite(bound_units):
-        bound = max(bound_units * milp.time_scale, 0.0)  # ratios are never negative
-        if any(zero):
-            bound = max(bound, 1.0)
-        bound = min(bound, best_obj)
+        bound = min(max(bound_units * data.time_scale, 0.0), best_obj)  # regrets are >= 0
     else:
         bound = float("nan")
     gap = relative_gap(best_obj, bound)
