@@ -36,6 +36,7 @@ from placer.intervals import (
     line_figures,
     ratio_estimate,
     replicate_weights,
+    token_shares,
     units_of,
     verdict,
 )
@@ -298,9 +299,24 @@ def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenStep
             per_step = np.stack([stats.step_stall, stats.staged_bytes.sum(axis=1),
                                  stats.transfers.sum(axis=1), stats.selected_bytes.sum(axis=1)],
                                 axis=1)
-            sums[name] += attribute(units.unit_of[start:stop], per_step, units.count)
+            shares = token_shares(part.tokens, share_weights(problem, placement))
+            sums[name] += attribute(units.unit_of[start:stop], per_step, units.count, shares)
             staged[name] += stats.staged_bytes.sum(axis=0)
     return sums, staged
+
+
+def share_weights(problem: Problem, placement: Placement) -> np.ndarray:
+    """[4, L, E] what each selected expert adds to a step's FIELDS under `placement`, to split
+    a step among its tokens (placer.intervals.token_shares): its staging time (latency plus
+    cold bytes over its home card's bandwidth), cold bytes, one transfer if cold, its bytes."""
+    cold = placement.cold_bytes(problem).astype(np.float64)
+    home = np.asarray(problem.home)
+    latency = np.asarray(problem.cards.latency)[home]
+    bandwidth = np.asarray(problem.cards.bandwidth)[home]
+    is_cold = cold > 0
+    return np.stack([np.where(is_cold, latency + cold / bandwidth, 0.0), cold,
+                     is_cold.astype(np.float64),
+                     np.asarray(problem.expert_bytes, dtype=np.float64)])
 
 
 def cache_figures(plan: Plan, steps: TokenSteps, units: Units, weights: np.ndarray,
@@ -312,7 +328,9 @@ def cache_figures(plan: Plan, steps: TokenSteps, units: Units, weights: np.ndarr
     static, cached = (expected_staging(plan, mask, n) for n in (0, slots))
     per_step = np.stack([cached.bytes.sum(axis=(1, 2)), cached.copies.sum(axis=(1, 2)),
                          cached.hits.sum(axis=(1, 2)), static.bytes.sum(axis=(1, 2))], axis=1)
-    sums = attribute(units.unit_of, per_step, units.count)
+    weights_of = share_weights(plan_problem(plan, []), plan_placement(plan))  # split as static
+    shares = token_shares(steps.tokens, weights_of[[1, 2, 2, 1]])
+    sums = attribute(units.unit_of, per_step, units.count, shares)
     tokens = units.tokens()
     out: dict = {"cache_slots": slots}
     for i, key in enumerate(("staged_bytes_per_token", "copies_per_token",

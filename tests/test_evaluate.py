@@ -16,6 +16,7 @@ from placer.intervals import (
     attribute,
     ratio_estimate,
     replicate_weights,
+    token_shares,
     units_of,
     verdict,
 )
@@ -214,8 +215,36 @@ def test_attribution_and_units():
     np.testing.assert_array_equal(units.tokens(), [1, 1, 2])
     sums = attribute(units.unit_of, np.array([[4.0], [2.0], [8.0]]), units.count)
     np.testing.assert_array_equal(sums[:, 0], [1.0, 2.0, 3.0])  # each token half its step
+    shares = np.array([[[3.0], [1.0]], [[0.0], [0.0]], [[1.0], [1.0]]])
+    sums = attribute(units.unit_of, np.array([[4.0], [2.0], [8.0]]), units.count, shares)
+    np.testing.assert_array_equal(sums[:, 0], [1.0, 3.0, 2.0])  # 3:1, then equal where all 0
     steps = units_of(np.full((4, 2), -1))
     assert (steps.count, steps.over) == (4, "sampled steps")
+
+
+def test_token_shares_split_each_expert_among_the_tokens_that_chose_it():
+    # one step, B = 3, one layer, k = 2; weights over E = 4 experts
+    tokens = np.array([[[[0, 1]], [[1, 2]], [[1, -1]]]], dtype=np.int16)
+    weights = np.array([[[6.0, 3.0, 4.0, 100.0]]])  # expert 3 is selected by no one
+    shares = token_shares(tokens, weights)[0, :, 0]
+    np.testing.assert_allclose(shares, [6 + 1, 1 + 4, 1])  # expert 1's 3 split three ways
+    assert shares.sum() == pytest.approx(6 + 3 + 4)  # the step's whole additive cost
+
+
+def test_b3_point_figures_equal_the_mean_over_replayed_steps(small):
+    plan = read_plan(small["plan"])
+    report = evaluate(plan, [small["held"]], EvalOptions(concurrency=(3,), oracle_time_limit=1,
+                                                         replicates=50, seed=4))
+    row = report["results"][0]
+    steps = every_token_steps(small["held"], 3, seed=4)
+    stats = step_stats(plan_problem(plan, []), plan_placement(plan),
+                       step_mask(steps.tokens, EXPERTS))
+    assert row["steps"] == len(steps) and row["tokens"] == 3 * len(steps)
+    assert row["placement"]["stall_ms_per_step"] == pytest.approx(
+        stats.step_stall.mean() * 1e3, rel=1e-12)
+    assert row["placement"]["hit_rate"] == pytest.approx(stats.hit_rate, rel=1e-12)
+    assert row["placement"]["transfers_per_token"] == pytest.approx(
+        stats.transfers.sum() / (3 * len(steps)), rel=1e-12)
 
 
 @pytest.mark.parametrize(("ci", "want"), [([0.7, 0.99], "better"), ([1.01, 1.3], "worse"),
