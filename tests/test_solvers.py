@@ -116,6 +116,20 @@ def test_robust_minimizes_the_mean_regret_never_worse_than_layer_offload() -> No
     assert outcome.result.bound <= outcome.result.objective + 1e-12
 
 
+def test_robust_worst_minimizes_the_worst_ratio_to_layer_offload() -> None:
+    skewed = small_problem(0, popularity=(0.8, 0.5, 0.2, 0.1), name="skewed")
+    reverse = small_problem(0, popularity=(0.1, 0.2, 0.5, 0.8), name="reverse",
+                            traffic_seed=1)
+    outcome = robust.solve([skewed, reverse], time_limit=10, seed=0, objective="worst")
+    assert outcome.result.objective == pytest.approx(max(outcome.ratios.values()), rel=1e-9)
+    layer = baselines.layer_offload(skewed).placement
+    best = min(max(cost.objective(p, pl) / cost.objective(p, layer) for p in (skewed, reverse))
+               for pl in (Placement(np.array(bits).reshape(skewed.expert_bytes.shape))
+                          for bits in itertools.product((0, 1), repeat=8))
+               if pl.fits(skewed))
+    assert outcome.result.objective == pytest.approx(min(best, 1.0), rel=1e-9)
+
+
 def test_staging_bytes_is_one_layers_worst_fetch() -> None:
     eb = np.array([[10, 20, 30, 40], [5, 5, 5, 100]])
     home = np.array([[0, 0, 1, 1], [0, 0, 0, 1]])

@@ -165,10 +165,17 @@ def check_shape(trace_dir: Path, num_moe_layers: int, num_experts: int) -> None:
 def check_compatible(trace_dir: Path, fingerprint: str, moe_layers: list[int] | tuple[int, ...],
                      num_experts: int) -> None:
     """The one check every command that reads traces makes: the fingerprint for per-token
-    traces, the (MoE layers x experts) shape for imported count matrices."""
+    traces, the (MoE layers x experts) shape for imported count matrices and for per-token
+    traces imported with a config.json alone (`estimated`: no checkpoint to fingerprint),
+    whose MoE layers must also be the model's."""
     td = open_traces(trace_dir)
     if td.kind == KIND_COUNTS:
         check_shape(trace_dir, len(moe_layers), num_experts)
+    elif td.model.get("estimated"):
+        check_shape(trace_dir, len(moe_layers), num_experts)
+        if list(td.model["moe_layers"]) != list(moe_layers):
+            raise TraceError(f"traces in {td.root} route in decoder layers "
+                             f"{list(td.model['moe_layers'])}, the model in {list(moe_layers)}")
     else:
         check_fingerprint(trace_dir, fingerprint)
 
