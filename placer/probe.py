@@ -149,8 +149,10 @@ def best_seconds(fn: Callable[[], object], repeats: int, min_s: float = 0.25,
 
 def host_memory_bandwidth(buffer_bytes: int, repeats: int, threads: int) -> float:
     """Bytes/s of a streaming copy of `buffer_bytes` split over `threads` threads (numpy's copy
-    releases the GIL). Counts bytes read + bytes written (2 x buffer, the STREAM convention);
-    the write-allocate reads of the destination are not counted. The warm-up copy runs on the
+    releases the GIL). Counts bytes read + bytes written (2 x buffer, STREAM's convention for
+    its copy): the write-allocate reads of the destination, where the copy's stores do not
+    bypass the cache, are not counted, so on such a host this reads low by up to a third
+    against the pure reads an expert does. The warm-up copy runs on the
     same threads, so each thread's pages are first touched (NUMA-placed) by the thread that
     copies them."""
     src = np.ones(buffer_bytes, dtype=np.uint8)

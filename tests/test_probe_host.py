@@ -124,3 +124,4 @@ def test_measure_rows_on_a_tiny_expert(bench) -> None:
                                                      1e9, 1e10))
         assert r.predicted_s == max(r.memory_s, r.compute_s)
         assert 0 < r.best_s <= r.measured_s and math.isfinite(r.ratio)
+        assert r.hot_s > 0 and math.isfinite(r.streaming_plus_kernels_ratio)
