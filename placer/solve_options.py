@@ -38,8 +38,8 @@ def check_options(opts: SolveOptions) -> None:
     if opts.robust and opts.solver not in ("ilp", "greedy"):
         raise PlacerError(f"--robust solves its own MILP: it cannot be combined with --solver "
                           f"{opts.solver} (a fixed baseline)")
-    if opts.seed < 0:
-        raise PlacerError(f"--seed must be >= 0, not {opts.seed}")
+    if not 0 <= opts.seed < 2**63:
+        raise PlacerError(f"--seed must be in [0, 2**63), not {opts.seed}")
     if not (math.isfinite(opts.time_limit) and opts.time_limit > 0):
         raise PlacerError(f"--time-limit must be a positive number of seconds, not "
                           f"{opts.time_limit}")

@@ -255,17 +255,9 @@ OPTION_CASES = [
     Case("export ktransformers PLAN", PATHS,
          lambda p, w, v: ["export", "ktransformers", bad_path(v, w), "--out", w / "f.pt"]),
 ]
-LEAD = "placer/commands/solve.py / placer/solve_options.py (the lead)"
-XFAIL: dict[str, str] = {
-    "solve --seed": f"a seed >= 2**63 is accepted: {LEAD}",
-    "solve --weights": f"--weights '' is accepted as no weights: {LEAD}",
-    "solve --page-size": f"--page-size '' is accepted as no pages: {LEAD}",
-}
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=XFAIL[c.name])]
-                 if c.name in XFAIL else []) for c in OPTION_CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in OPTION_CASES])
 def test_bad_option_value_is_one_line(pipe: Pipeline, case: Case) -> None:
     @SETTINGS
     @given(value=case.values)

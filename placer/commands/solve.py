@@ -79,10 +79,12 @@ def register(app: typer.Typer) -> None:
         inv = (read_inventory(model) if model is not None
                else estimate_inventory(config, expert_dtype, dense_dtype))
         opts = SolveOptions(
-            solver=solver, budget=parse_bytes(budget, "--budget") if budget else None,
+            solver=solver, budget=parse_bytes(budget, "--budget") if budget is not None else None,
             offload=offload, concurrency=tuple(parse_list(concurrency, int, "--concurrency")),
-            weights=tuple(parse_list(weights, float, "--weights")) if weights else None,
-            ep=ep, page_size=parse_bytes(page_size, "--page-size") if page_size else None,
+            weights=tuple(parse_list(weights, float, "--weights"))
+            if weights is not None else None,
+            ep=ep, page_size=parse_bytes(page_size, "--page-size")
+            if page_size is not None else None,
             robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
             execution=execution)
         check_options(opts)
