@@ -97,7 +97,8 @@ class HostProbe:
     threads: int
     buffer_bytes: int
     matmul: tuple[int, int, int]  # (tokens, hidden, inter)
-    repeats: int
+    copies: int                   # timed copies the bandwidth is the best of
+    matmuls: int                  # timed matmuls the FLOP/s is the best of
 
 
 def host_threads() -> int:
@@ -131,8 +132,9 @@ def default_buffer_bytes() -> int:
 
 
 def best_seconds(fn: Callable[[], object], repeats: int, min_s: float = 0.25,
-                 budget_s: float = 2.0) -> float:
-    """Fastest timed call of `fn` after one untimed warm-up: at least `repeats` calls, more
+                 budget_s: float = 2.0) -> tuple[float, int]:
+    """(Fastest, number) of timed calls of `fn` after one untimed warm-up: at least `repeats`,
+    more
     until `min_s` is spent (a best of many shrugs off a neighbour's burst on a shared host),
     and none past `budget_s` once two are timed (a slow machine stays quick to probe)."""
     fn()
@@ -144,31 +146,41 @@ def best_seconds(fn: Callable[[], object], repeats: int, min_s: float = 0.25,
         times.append(time.perf_counter() - start)
         spent = time.perf_counter() - first
         if (len(times) >= repeats and spent >= min_s) or (len(times) >= 2 and spent > budget_s):
-            return min(times)
+            return min(times), len(times)
 
 
-def host_memory_bandwidth(buffer_bytes: int, repeats: int, threads: int) -> float:
-    """Bytes/s of a streaming copy of `buffer_bytes` split over `threads` threads (numpy's copy
-    releases the GIL). Counts bytes read + bytes written (2 x buffer, STREAM's convention for
-    its copy): the write-allocate reads of the destination, where the copy's stores do not
-    bypass the cache, are not counted, so on such a host this reads low by up to a third
-    against the pure reads an expert does. The warm-up copy runs on the
-    same threads, so each thread's pages are first touched (NUMA-placed) by the thread that
-    copies them."""
-    src = np.ones(buffer_bytes, dtype=np.uint8)
+def host_memory_bandwidth(buffer_bytes: int, repeats: int, threads: int
+                          ) -> tuple[float, int]:
+    """(Bytes/s, copies timed) of a streaming copy of `buffer_bytes` split over `threads`
+    threads (numpy's copy releases the GIL).
+
+    Counts bytes read + bytes written (2 x buffer, STREAM's convention for its copy): the
+    write-allocate reads of the destination, where the copy's stores do not bypass the cache,
+    are not counted, so on such a host this reads low, by up to a third, against the pure
+    reads an expert does. Each thread first writes its own share of both buffers, so on a
+    multi-socket host its pages sit on its own node."""
+    src = np.empty(buffer_bytes, dtype=np.uint8)
     dst = np.empty_like(src)
     bounds = [buffer_bytes * i // threads // 64 * 64 for i in range(threads)] + [buffer_bytes]
     chunks = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def touch(chunk: tuple[np.ndarray, np.ndarray]) -> None:
+        chunk[1].fill(1)
+        chunk[0].fill(0)
+
     with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(touch, chunks))
+
         def copy() -> None:
             list(pool.map(lambda c: np.copyto(*c), chunks))
-        seconds = best_seconds(copy, repeats)
-    return 2 * buffer_bytes / seconds
+
+        seconds, copies = best_seconds(copy, repeats)
+    return 2 * buffer_bytes / seconds, copies
 
 
 def host_matmul_flops(dtype: str, tokens: int, hidden: int, inter: int, repeats: int,
-                      threads: int) -> float:
-    """FLOP/s (2 x tokens x hidden x inter per call) of torch's CPU matmul x @ w^T, x
+                      threads: int) -> tuple[float, int]:
+    """(FLOP/s, calls timed) (2 x tokens x hidden x inter per call) of torch's CPU matmul x @ w^T, x
     [tokens x hidden], w [inter x hidden] (an expert's gate projection as an engine runs it),
     in `dtype`, on `threads` threads. Torch's thread count is restored afterwards."""
     import torch
@@ -180,10 +192,10 @@ def host_matmul_flops(dtype: str, tokens: int, hidden: int, inter: int, repeats:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        seconds = best_seconds(lambda: torch.nn.functional.linear(x, w), repeats)
+        seconds, calls = best_seconds(lambda: torch.nn.functional.linear(x, w), repeats)
     finally:
         torch.set_num_threads(before)
-    return 2.0 * tokens * hidden * inter / seconds
+    return 2.0 * tokens * hidden * inter / seconds, calls
 
 
 def host_sync_us(round_trips: int = 200) -> float | None:
@@ -225,13 +237,14 @@ def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens:
         raise PlacerError(f"probe --host --mb: a copy buffer of {buffer_bytes} bytes is too "
                           f"small for {threads} threads")
     hidden, inter = MATMUL_SHAPE
-    bandwidth = host_memory_bandwidth(buffer_bytes, repeats, threads)
-    flops = host_matmul_flops(dtype, tokens, hidden, inter, repeats, threads)
+    bandwidth, copies = host_memory_bandwidth(buffer_bytes, repeats, threads)
+    flops, matmuls = host_matmul_flops(dtype, tokens, hidden, inter, repeats, threads)
     sync = host_sync_us()
     return HostProbe(memory_bandwidth=bandwidth, flops=flops,
                      sync_us=TYPICAL_SYNC_US if sync is None else sync,
                      sync_measured=sync is not None, dtype=dtype, threads=threads,
-                     buffer_bytes=buffer_bytes, matmul=(tokens, hidden, inter), repeats=repeats)
+                     buffer_bytes=buffer_bytes, matmul=(tokens, hidden, inter), copies=copies,
+                     matmuls=matmuls)
 
 
 def format_flops(flops: float) -> str:
@@ -245,7 +258,6 @@ def format_flops(flops: float) -> str:
 def host_fragment(result: HostProbe) -> str:
     """The `[host]` TOML fragment of a host probe, each figure saying how it was obtained."""
     tokens, hidden, inter = result.matmul
-    how = f"{result.threads} threads, best of {result.repeats}"
     if result.sync_measured:
         sync = (f"sync_us = {result.sync_us:.1f}  # measured: median 4 KiB H2D + kernel + D2H "
                 "round trip on cuda:0")
@@ -254,8 +266,9 @@ def host_fragment(result: HostProbe) -> str:
     lines = ["[host]",
              f'memory_bandwidth = "{result.memory_bandwidth / 1e9:.2f}GB/s"  # measured by '
              f"placer probe --host: copy of {result.buffer_bytes / 2**20:.0f} MiB, "
-             f"bytes read + written, {how}",
+             f"bytes read + written, {result.threads} threads, best of {result.copies}",
              f'flops = "{format_flops(result.flops)}"  # measured: torch {result.dtype} matmul '
-             f"[{tokens} x {hidden}] @ [{hidden} x {inter}], {how}",
+             f"[{tokens} x {hidden}] @ [{hidden} x {inter}], {result.threads} threads, "
+             f"best of {result.matmuls}",
              sync]
     return "\n".join(lines) + "\n"

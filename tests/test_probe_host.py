@@ -56,7 +56,7 @@ def test_probe_host_fragment_parses_as_the_host_table(cli) -> None:
 def test_fragment_figures_and_comments() -> None:
     probe = HostProbe(memory_bandwidth=12.3456e9, flops=567.8e9, sync_us=30.0,
                       sync_measured=False, dtype="bfloat16", threads=4,
-                      buffer_bytes=256 * 2**20, matmul=(1024, 2048, 768), repeats=5)
+                      buffer_bytes=256 * 2**20, matmul=(1024, 2048, 768), copies=5, matmuls=30)
     text = host_fragment(probe)
     assert tomllib.loads(text)["host"] == {"memory_bandwidth": "12.35GB/s",
                                            "flops": "567.8GFLOPS", "sync_us": 30.0}
@@ -70,7 +70,7 @@ def test_fragment_figures_and_comments() -> None:
 def test_fragment_is_read_by_the_hardware_spec() -> None:
     probe = HostProbe(memory_bandwidth=23.456e9, flops=1.234e12, sync_us=15.0,
                       sync_measured=True, dtype="float32", threads=2,
-                      buffer_bytes=2**28, matmul=(1024, 2048, 768), repeats=5)
+                      buffer_bytes=2**28, matmul=(1024, 2048, 768), copies=5, matmuls=30)
     spec = parse_spec({"name": "box", "cards": 1,
                        "card": {"vram": "24GiB", "h2d_bandwidth": "25GB/s", "latency_us": 10},
                        "decode": {"base_step_ms": {"1": 10.0}},
