@@ -66,15 +66,16 @@ def solve(problem: Problem, time_limit: float = 60.0, seed: int = 0) -> SolveRes
     validate(problem)
     start = time.perf_counter()
     patterns = problem_patterns(problem)
-    hint = greedy.greedy_pages(problem, patterns, seed)
     data = milp_data(problem, patterns)
-    best = Placement(hint)
-    best_obj = cost.objective(problem, best)
+    # Where every block folded the MILP is a knapsack over the experts that SCIP solves at
+    # once: the greedy (hint and fallback) runs only where time rows remain or SCIP fails.
+    hint = greedy.greedy_pages(problem, patterns, seed) if data.num_time_rows else None
     candidates: list[np.ndarray] = []
     optimal = False
     if data.num_time_rows <= SCIP_MAX_TIME_ROWS:
         milp = model_of(data)
-        milp.hint(hint)
+        if hint is not None:
+            milp.hint(hint)
         values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start),
                                            seed)
         if values is not None:
@@ -85,7 +86,10 @@ def solve(problem: Problem, time_limit: float = 60.0, seed: int = 0) -> SolveRes
         bound_units = dual_bound(data, duals)
         if converged:
             candidates += rounded_candidates(problem, patterns, data, values, seed)
-    for pages in candidates:
+    if hint is None and not candidates:
+        hint = greedy.greedy_pages(problem, patterns, seed)
+    best, best_obj = None, np.inf
+    for pages in ([hint] if hint is not None else []) + candidates:
         candidate = Placement(pages)
         if candidate.fits(problem):
             value = cost.objective(problem, candidate)

@@ -48,10 +48,18 @@ def layer_patterns(steps: list[Steps], num_layers: int) -> list[LayerPatterns]:
 
 def merge(packed: np.ndarray, weights: np.ndarray, num_experts: int) -> LayerPatterns:
     """Distinct non-empty rows of `packed` ([N, ceil(E / 8)] uint8 bit rows) with positive
-    summed weight."""
-    _, first, inverse = np.unique(packed, axis=0, return_index=True, return_inverse=True)
-    merged = np.bincount(inverse.ravel(), weights=weights, minlength=first.size)
-    rows = np.unpackbits(packed[first], axis=1, count=num_experts).astype(bool)
+    summed weight. Rows are compared as words of 64 bits (a lexsort, not a byte-wise unique)."""
+    width = -(-packed.shape[1] // 8) * 8
+    words = np.zeros((packed.shape[0], width), dtype=np.uint8)
+    words[:, :packed.shape[1]] = packed
+    words = words.view(np.uint64)  # [N, W]
+    order = np.lexsort(words.T[::-1])
+    ordered = words[order]
+    first = np.concatenate([[True], (ordered[1:] != ordered[:-1]).any(axis=1)]) \
+        if len(order) else np.zeros(0, bool)
+    group = np.cumsum(first) - 1
+    merged = np.bincount(group, weights=np.asarray(weights)[order], minlength=int(first.sum()))
+    rows = np.unpackbits(packed[order[first]], axis=1, count=num_experts).astype(bool)
     keep = rows.any(axis=1) & (merged > 0)
     return LayerPatterns(selected=rows[keep], weight=merged[keep])
 
@@ -72,11 +80,35 @@ def cpu_patterns(problem: Problem, steps: list[Steps]) -> list[LayerPatterns]:
     return out
 
 
+def fold_single_card(problem: Problem, layer: int, patterns: LayerPatterns) -> LayerPatterns:
+    """The same objective with every single-card pattern replaced by one-expert patterns.
+
+    A staging pattern whose selected experts are all homed on one card c, whose host link is
+    at least as fast as c (so the link never binds), stalls the sum of its experts' staging
+    times: summed over such patterns that is, per expert, its summed weight times its own
+    staging time, i.e. one pattern {x} per expert. On one card every pattern folds, so a
+    layer keeps at most E patterns however many steps were sampled."""
+    home = np.asarray(problem.home)[layer]
+    cards = problem.cards
+    free = (np.asarray(cards.link_bandwidth)[np.asarray(cards.link_of)]
+            >= np.asarray(cards.bandwidth))  # [C] the card's link never binds alone
+    sel = patterns.selected
+    lo = np.where(sel, home, problem.num_cards).min(axis=1)
+    hi = np.where(sel, home, -1).max(axis=1)
+    single = (lo == hi) & free[np.minimum(lo, problem.num_cards - 1)]
+    weight = patterns.weight[single] @ sel[single]  # [E] summed weight per expert
+    ones = np.flatnonzero(weight > 0)
+    rows = np.concatenate([sel[~single], np.eye(problem.num_experts, dtype=bool)[ones]])
+    return LayerPatterns(rows, np.concatenate([patterns.weight[~single], weight[ones]]))
+
+
 def problem_patterns(problem: Problem) -> list[LayerPatterns]:
-    """The patterns of the problem's own steps, for its execution model."""
+    """The patterns of the problem's own steps, for its execution model (staging: single-card
+    patterns folded, see fold_single_card)."""
     if problem.execution == "cpu":
         return cpu_patterns(problem, problem.steps)
-    return layer_patterns(problem.steps, problem.num_layers)
+    return [fold_single_card(problem, layer, p)
+            for layer, p in enumerate(layer_patterns(problem.steps, problem.num_layers))]
 
 
 def selection_counts(patterns: list[LayerPatterns]) -> np.ndarray:
