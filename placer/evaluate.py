@@ -41,9 +41,11 @@ from placer.intervals import (
     verdict,
 )
 from placer.plan import Plan
-from placer.solve import cards_of, figures, make_steps
+from placer.solve import cards_of, execution_of, figures, make_steps
+from placer.solve_options import EXECUTIONS
 from solvers import baselines, greedy, ilp
 from solvers.cost import replay
+from solvers.cpu import expert_seconds
 from solvers.problem import Placement, Problem, SolveResult, Steps
 from traces.dataset import check_compatible, check_shape
 from traces.profile import (
@@ -71,6 +73,7 @@ class EvalOptions:
     cache_slots: int = 0                        # LRU slots per card, as `placer run` has
     groupings: int = 4                          # continuous-batching orders at B > 1
     replicates: int = REPLICATES                # bootstrap replicates of every interval
+    execution: str | None = None                # stage, cpu or both; default: the plan's
 
 
 def check_options(opts: EvalOptions) -> None:
@@ -89,22 +92,40 @@ def check_options(opts: EvalOptions) -> None:
                           f"{opts.oracle_time_limit}")
     if opts.cache_slots < 0:
         raise PlacerError(f"--cache-slots must be >= 0, got {opts.cache_slots}")
+    if opts.execution is not None and opts.execution not in (*EXECUTIONS, "both"):
+        raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)} or both, got "
+                          f"{opts.execution!r}")
     if opts.groupings < 1 or opts.replicates < 1:
         raise PlacerError(f"groupings and replicates must be >= 1, got {opts.groupings} and "
                           f"{opts.replicates}")
 
 
-def plan_problem(plan: Plan, steps: list[Steps]) -> Problem:
-    """The plan's problem (sizes, homes, capacities, cards) over the given steps."""
+def plan_problem(plan: Plan, steps: list[Steps], execution: str | None = None) -> Problem:
+    """The plan's problem (sizes, homes, capacities, cards) over the given steps, under
+    `execution` (default: the plan's own). The baselines are taken at the plan's capacities
+    under either execution model."""
+    mode = execution or plan.execution
+    flops = plan.model.get("expert_flops")
+    if mode == "cpu" and flops is None:
+        raise PlacerError("this plan records no expert FLOPs (written by an older placer): "
+                          "solve it again to predict cpu execution")
+    run = execution_of(mode, plan.hardware, plan.model.get("hidden_size"),
+                       None if flops is None else np.asarray(flops, dtype=np.float64))
+    page_size = plan.page_size if mode == "stage" else None
+    if mode == "cpu" and plan.page_size is not None and any(
+            0 < e.resident_pages < len(e.pages) for e in plan.experts):
+        raise PlacerError("this plan keeps some experts partly resident: cpu execution "
+                          "computes whole experts (solve it with --execution cpu)")
     return Problem(plan.matrix("bytes"), plan.matrix("card"),
                    np.array([c.capacity_bytes for c in plan.cards], dtype=np.int64),
-                   cards_of(plan.hardware), steps, plan.page_size)
+                   cards_of(plan.hardware), steps, page_size, **run.fields)
 
 
-def traffic_problem(plan: Plan, name: str, steps: TokenSteps, base_step_s: float) -> Problem:
+def traffic_problem(plan: Plan, name: str, steps: TokenSteps, base_step_s: float,
+                    execution: str | None = None) -> Problem:
     """The plan's problem over all of `steps` (what the oracle is solved on)."""
     return plan_problem(plan, [make_steps(name, steps, plan.experts_per_layer, 1.0,
-                                          base_step_s)])
+                                          base_step_s)], execution)
 
 
 def plan_placement(plan: Plan) -> Placement:
@@ -183,20 +204,23 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
-    with _Bar(progress, len(trace_dirs) * len(batches)) as bar:
+    modes = executions(plan, opts.execution)
+    with _Bar(progress, len(trace_dirs) * len(batches) * len(modes)) as bar:
         for trace_dir in trace_dirs:
             profile = load_profile(trace_dir)
             name = str(trace_dir)
             rows = []
             for b in batches:
-                bar.show(f"{trace_dir.name} B={b}")
                 steps, note = replay_steps(trace_dir, profile, b, opts.num_steps, seed,
                                            groupings=opts.groupings, fallback_steps=fallback)
                 notes += [note] if note else []
-                row, staged = evaluate_row(plan, name, steps, placement, opts, seed)
-                rows.append(row)
-                per_layer.append({"concurrency": b, "staged_bytes_per_token": staged})
-                bar.advance()
+                for mode in modes:
+                    bar.show(f"{trace_dir.name} B={b} {mode}")
+                    row, staged = evaluate_row(plan, name, steps, placement, opts, seed, mode)
+                    rows.append(row)
+                    per_layer.append({"concurrency": b, "execution": mode,
+                                      "staged_bytes_per_token": staged})
+                    bar.advance()
             results += rows
             _add_drift_and_verdict(calib, profile, name, rows, drift, verdicts)
     return {"plan_fingerprint": plan.model["fingerprint"],
@@ -248,13 +272,23 @@ class _Bar:
             self.bar.advance(self.task)
 
 
+def executions(plan: Plan, asked: str | None) -> tuple[str, ...]:
+    """The execution models to replay: the plan's own, the one asked, or both."""
+    if asked is None:
+        return (plan.execution,)
+    return EXECUTIONS if asked == "both" else (asked,)
+
+
 def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
-                 opts: EvalOptions, seed: int) -> tuple[dict, dict[str, list[float]]]:
-    """One (traffic, B) row with intervals, and each line's staged bytes per token by layer."""
+                 opts: EvalOptions, seed: int, execution: str
+                 ) -> tuple[dict, dict[str, list[float]]]:
+    """One (traffic, B, execution) row with intervals, and each line's staged bytes (cpu
+    execution: bytes the host computes) per token by layer."""
     batch = steps.batch
     base = plan.hardware.base_step_s(batch)
-    best = oracle(traffic_problem(plan, name, steps, base), opts.oracle_time_limit, seed)
-    problem = plan_problem(plan, [])
+    best = oracle(traffic_problem(plan, name, steps, base, execution), opts.oracle_time_limit,
+                  seed)
+    problem = plan_problem(plan, [], execution)
     lines = {"placement": placement, "layer": baselines.layer_offload(problem).placement,
              "uniform": baselines.uniform(problem, top_k=int(plan.model["top_k"]),
                                           seed=seed).placement,
@@ -263,7 +297,8 @@ def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
     sums, staged = replay_lines(problem, lines, steps, units)
     weights = replicate_weights(units.count, opts.replicates, seed)
     tokens = units.tokens()
-    row: dict = {"traces": name, "concurrency": batch, "steps": len(steps),
+    row: dict = {"traces": name, "concurrency": batch, "execution": execution,
+                 "steps": len(steps),
                  "tokens": int(tokens.sum()), "interval_units": units.count,
                  "interval_over": units.over}
     stall: dict[str, Estimate] = {}
@@ -308,13 +343,18 @@ def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenStep
 def share_weights(problem: Problem, placement: Placement) -> np.ndarray:
     """[4, L, E] what each selected expert adds to a step's FIELDS under `placement`, to split
     a step among its tokens (placer.intervals.token_shares): its staging time (latency plus
-    cold bytes over its home card's bandwidth), cold bytes, one transfer if cold, its bytes."""
+    cold bytes over its home card's bandwidth; cpu execution: its CPU time for one token),
+    cold bytes, one transfer (cpu: one expert computed) if cold, its bytes."""
     cold = placement.cold_bytes(problem).astype(np.float64)
-    home = np.asarray(problem.home)
-    latency = np.asarray(problem.cards.latency)[home]
-    bandwidth = np.asarray(problem.cards.bandwidth)[home]
     is_cold = cold > 0
-    return np.stack([np.where(is_cold, latency + cold / bandwidth, 0.0), cold,
+    if problem.execution == "cpu":
+        host = problem.host
+        time = expert_seconds(cold, problem.expert_flops, 1, host.memory_bandwidth, host.flops)
+    else:
+        home = np.asarray(problem.home)
+        latency = np.asarray(problem.cards.latency)[home]
+        time = latency + cold / np.asarray(problem.cards.bandwidth)[home]
+    return np.stack([np.where(is_cold, time, 0.0), cold,
                      is_cold.astype(np.float64),
                      np.asarray(problem.expert_bytes, dtype=np.float64)])
 
@@ -357,8 +397,8 @@ def trace_verdict(name: str, rows: list[dict]) -> dict:
         return {**out, "verdict": "worse", "ok": False,
                 "message": f"WARNING: {name}: this placement is predicted WORSE than layer "
                            f"offload on this traffic (stall {r['ratio_to_layer']:.3f}x layer "
-                           f"offload's at B={r['concurrency']}, 95% interval "
-                           f"{_span(r['ratio_to_layer_ci95'])})"}
+                           f"offload's at B={r['concurrency']} with {r['execution']} execution, "
+                           f"95% interval {_span(r['ratio_to_layer_ci95'])})"}
     if all(r["verdict"] == "better" for r in rows):
         return {**out, "verdict": "better", "ok": True,
                 "message": f"better: {name}: better than layer offload at every concurrency "
@@ -367,8 +407,9 @@ def trace_verdict(name: str, rows: list[dict]) -> dict:
     r = next(r for r in rows if r["verdict"] == "within noise")
     return {**out, "verdict": "within noise", "ok": True,
             "message": f"within noise: {name}: not told apart from layer offload at "
-                       f"B={r['concurrency']} (stall {r['ratio_to_layer']:.3f}x layer "
-                       f"offload's, 95% interval {_span(r['ratio_to_layer_ci95'])} holds 1)"}
+                       f"B={r['concurrency']} with {r['execution']} execution (stall "
+                       f"{r['ratio_to_layer']:.3f}x layer offload's, 95% interval "
+                       f"{_span(r['ratio_to_layer_ci95'])} holds 1)"}
 
 
 def _span(ci: list[float]) -> str:

@@ -58,6 +58,16 @@ def check_plan(d: Any, source: str) -> None:
     if not isinstance(d["ep"], str):
         w.fail("ep", f"expected a string, got {d['ep']!r}")
     _check_solver(w, d["solver"])
+    if d.get("execution", "stage") not in ("stage", "cpu"):
+        w.fail("execution", f"expected \"stage\" or \"cpu\", got {d['execution']!r}")
+    flops = d["model"].get("expert_flops")
+    if flops is not None and not (
+            isinstance(flops, list) and len(flops) == len(layers)
+            and all(isinstance(row, list) and len(row) == experts_per_layer
+                    and all(_number(v) and math.isfinite(v) and v >= 0 for v in row)
+                    for row in flops)):
+        w.fail("model.expert_flops", f"expected [{len(layers)}][{experts_per_layer}] "
+               "finite non-negative numbers")
     cards = _check_cards(w, d["cards"], spec)
     sums = _check_experts(w, d["experts"], layers, experts_per_layer, len(cards), page_size)
     for c, card in enumerate(cards):
@@ -274,6 +284,11 @@ def _check_calibration(w: _Where, calibration: Any, layers: int, experts: int) -
 def _int_in(value: Any, lo: int, hi: int) -> bool:
     """`value` is a JSON integer (not a bool, not a float) in [lo, hi]."""
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _number(value: Any) -> bool:
+    """`value` is a JSON number (int or float, not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _kind(value: Any) -> str:

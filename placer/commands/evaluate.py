@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from placer.commands.common import command, parse_list, print_json
+from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.plan import read_plan
 
@@ -44,6 +44,10 @@ def register(app: typer.Typer) -> None:
         cache_slots: Annotated[int, typer.Option(
             help="Also replay static placement + an LRU of N staged experts per card "
                  "(what `placer run --cache-slots N` stages).")] = 0,
+        execution: Annotated[str | None, typer.Option(
+            help="How a cold expert runs: stage (copied to its GPU: placer's runtime), cpu "
+                 "(computed by the host CPU: llama.cpp -ot / --n-cpu-moe, KTransformers; needs "
+                 "the spec's [host]) or both, side by side (default: the plan's).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
                             ] = False,
     ) -> None:
@@ -66,7 +70,7 @@ def register(app: typer.Typer) -> None:
         opts = EvalOptions(
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
             if concurrency is not None else None, num_steps=steps, seed=seed,
-            oracle_time_limit=oracle_time_limit, cache_slots=cache_slots)
+            oracle_time_limit=oracle_time_limit, cache_slots=cache_slots, execution=execution)
         report = evaluate(plan, trace_dirs, opts,
                           progress=not json_out and sys.stderr.isatty())
         if curve:
@@ -82,18 +86,19 @@ def register(app: typer.Typer) -> None:
 def print_report(report: dict) -> None:
     """Every row reads: placement X, layer offload Y, uniform U, oracle Z, each figure with
     the half-width of its 95% interval; then each row's ratios and verdict."""
-    console = Console()
+    console = rich_console()
     how = ("every held-out token (B>1: continuous batching, "
            f"{report['groupings']} orders)" if report["steps"] is None else report["replay"])
     table = Table(title=f"predicted on {how}, seed {report['seed']}; ± 95% bootstrap "
                         f"interval ({report['replicates']} replicates)")
-    for col in ("traffic", "B", "", "hit rate", "staged KiB/token", "transfers/token",
-                "stall ms/step", "tok/s"):
+    for col in ("traffic", "B", "execution", "", "hit rate", "cold KiB/token",
+                "cold experts/token", "stall ms/step", "tok/s"):
         table.add_column(col, justify="right")
     for r in report["results"]:
         for i, line in enumerate(("placement", "layer", "uniform", "oracle")):
             f = r[line]
             table.add_row(r["traces"] if i == 0 else "", str(r["concurrency"]) if i == 0 else "",
+                          r["execution"] if i == 0 else "",
                           "layer offload" if line == "layer" else line,
                           _pm(f, "hit_rate", "{:.3f}"),
                           _pm(f, "staged_bytes_per_token", "{:.1f}", 1 / 1024),
@@ -102,7 +107,8 @@ def print_report(report: dict) -> None:
                           _pm(f, "tokens_per_s", "{:.2f}"), end_section=i == 3)
     console.print(table)
     for r in report["results"]:
-        console.print(f"{r['traces']} B={r['concurrency']}: {r['tokens']} tokens in "
+        console.print(f"{r['traces']} B={r['concurrency']} {r['execution']}: {r['tokens']} "
+                      f"tokens in "
                       f"{r['steps']} steps, interval over {r['interval_units']} "
                       f"{r['interval_over']}; stall / layer offload {r['ratio_to_layer']:.3f} "
                       f"{_span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / oracle "
