@@ -246,6 +246,15 @@ def test_vllm_server_routing_equals_local_collect(generator, local, collect_via,
     assert _rows(tmp_path / "srv") == _rows(local)
 
 
+def test_collecting_the_same_corpus_twice_into_one_dir_is_refused(generator, collect_via,
+                                                                  tmp_path) -> None:
+    with stub_server(sglang_generate(generator)) as (url, _):
+        collect_via(url, tmp_path / "srv")
+        result = collect_via(url, tmp_path / "srv", ok=False)
+    assert result.exit_code == 1 and "count it twice" in result.stderr
+    assert len(list((tmp_path / "srv").glob("*.parquet"))) == 1
+
+
 def test_max_tokens_ends_the_corpus_at_the_reply_that_reaches_it(generator, local, collect_via,
                                                                  tmp_path) -> None:
     expected = _rows(local)

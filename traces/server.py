@@ -80,6 +80,7 @@ from traces.collect import (
     _encode,
     check_out_dir,
     load_tokenizer,
+    refuse_duplicate,
 )
 from traces.corpora import Corpus
 from traces.dataset import scan
@@ -308,6 +309,7 @@ def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
             "seq_id_base": base, "weights": False, "max_length": options.max_length,
             "max_new_tokens": options.max_new_tokens, "seed": None, "server": client.url,
             "estimated": estimated}
+    refuse_duplicate(out_dir, meta)
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
     prompts = _encode(corpus, tokenizer, CollectOptions(mode="generate",
