@@ -2,9 +2,10 @@
 property it checks afterwards. No pytest here: the subprocess imports only placer.
 
 python emit_fault_driver.py loop MODEL PLAN OLD ROOT POINTS_JSON
-    For each [signal, delay, mode] of POINTS_JSON: prepare ROOT/<i>/placed (see prepare),
-    emit PLAN into it (--force, align NEW_ALIGN) while a timer thread sends the signal to the
-    main thread after `delay` seconds. Prints one JSON list: whether each emit completed.
+    For each [signal, n, mode] of POINTS_JSON: prepare ROOT/<i>/placed (see prepare), emit
+    PLAN into it (--force, align NEW_ALIGN); the thread that makes the emit's n-th write sends
+    the signal to the main thread (a real signal, at a point that does not depend on timing).
+    Prints one JSON list: whether each emit completed.
 python emit_fault_driver.py cli ARGS...
     `placer ARGS` (the real CLI), printing "writing" once the first output write starts.
 Both slow emit's writes (8 KiB buffers, 4 ms a write) so that signals land while it writes.
@@ -72,25 +73,32 @@ def loop(model: Path, plan: Path, old: Path, root: Path, points: list) -> list[b
     slow_writes()
     for signum in (signal.SIGINT, signal.SIGTERM):  # outside the emit's handlers: ignored
         signal.signal(signum, signal.SIG_IGN)
+    write, main_thread = placer.emit._write_all, threading.main_thread().ident
     completed = []
-    for i, (signum, delay, mode) in enumerate(points):
+    for i, (signum, nth, mode) in enumerate(points):
         out = root / str(i) / "placed"
         out.parent.mkdir(parents=True)
         prepare(out, mode, old)
-        timer = threading.Timer(delay, signal.pthread_kill, (threading.main_thread().ident,
-                                                             signum))
+        writes = []
+
+        def signalling(fd: int, data, offset: int, signum=signum, nth=nth, writes=writes):
+            writes.append(offset)
+            if len(writes) == nth:
+                signal.pthread_kill(main_thread, signum)
+            write(fd, data, offset)
+
+        placer.emit._write_all = signalling
         done = False
         try:
             try:
-                timer.start()
                 placer.emit.emit_placement(read_plan(plan), model, out, align=NEW_ALIGN,
                                            force=mode == "force")
                 done = True
             finally:
-                timer.join()
                 time.sleep(0.01)  # a signal sent now is handled in here
         except KeyboardInterrupt:
             pass
+        placer.emit._write_all = write
         completed.append(done)
     return completed
 
