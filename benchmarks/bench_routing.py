@@ -170,7 +170,7 @@ def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[st
 
 
 def esft_sets(dirs: dict[str, tuple[Path, Path]], full: dict[str, Path]) -> dict:
-    from placer.solve import make_steps
+    from placer.replay import make_steps
     from traces.profile import every_token_steps
 
     sets = {}
@@ -221,7 +221,7 @@ def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
 
 
 def ilp_scaling(full: Path) -> None:
-    from placer.solve import make_steps
+    from placer.replay import make_steps
     from solvers import ilp
     from traces.profile import every_token_steps, sampled_token_steps
 

@@ -11,10 +11,10 @@ many steps instead, and imported count matrices, which have no tokens, are alway
 the lines of a row (`placer.intervals`); the verdict against layer offload is read from the
 interval of the stall ratio: better, worse or within noise.
 
-Memory: the replay walks the steps in chunks of CHUNK_CELLS mask cells; the oracle's problem
-and the `cache_slots` replay (an LRU walks the steps in order) hold the whole [S, L, E] mask.
-Drift is the Jensen-Shannon divergence between the plan's calibration profile and the
-traffic.
+Memory: the replay walks the steps in chunks (placer.replay.CHUNK_CELLS mask cells); the
+oracle's problem and the `cache_slots` replay (an LRU walks the steps in order) hold the
+whole [S, L, E] mask. Drift is the Jensen-Shannon divergence between the plan's calibration
+profile and the traffic.
 """
 
 from __future__ import annotations
@@ -27,25 +27,12 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.expert_cache import expected_staging
-from placer.intervals import (
-    FIELDS,
-    REPLICATES,
-    Estimate,
-    Units,
-    attribute,
-    line_figures,
-    ratio_estimate,
-    replicate_weights,
-    token_shares,
-    units_of,
-    verdict,
-)
+from placer.intervals import REPLICATES, Units, attribute, ratio_estimate, token_shares, verdict
 from placer.plan import Plan
-from placer.solve import cards_of, execution_of, figures, make_steps
+from placer.replay import make_steps, replay_with_intervals, share_weights
+from placer.solve import cards_of, execution_of, figures
 from placer.solve_options import EXECUTIONS
 from solvers import baselines, greedy, ilp
-from solvers.cost import replay
-from solvers.cpu import expert_seconds
 from solvers.problem import Placement, Problem, SolveResult, Steps
 from traces.dataset import check_compatible, check_shape
 from traces.profile import (
@@ -59,7 +46,6 @@ from traces.profile import (
 )
 
 DEFAULT_SAMPLED_STEPS = 256  # steps sampled from imported counts when neither flag nor plan says
-CHUNK_CELLS = 1 << 22        # [steps, L, E] mask cells replayed at a time
 LINES = ("placement", "layer", "uniform", "oracle")
 MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
 
@@ -293,70 +279,20 @@ def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
              "uniform": baselines.uniform(problem, top_k=int(plan.model["top_k"]),
                                           seed=seed).placement,
              "oracle": best.placement}
-    units = units_of(steps.seqs)
-    sums, staged = replay_lines(problem, lines, steps, units)
-    weights = replicate_weights(units.count, opts.replicates, seed)
-    tokens = units.tokens()
+    replayed = replay_with_intervals(problem, lines, steps, base, opts.replicates, seed)
+    units = replayed.units
     row: dict = {"traces": name, "concurrency": batch, "execution": execution,
-                 "steps": len(steps),
-                 "tokens": int(tokens.sum()), "interval_units": units.count,
-                 "interval_over": units.over}
-    stall: dict[str, Estimate] = {}
-    for line in LINES:
-        row[line], stall[line] = line_figures(sums[line], tokens, weights, batch, base)
-    row["oracle_gap"] = best.gap
-    for key, other in (("ratio_to_layer", "layer"), ("ratio_to_oracle", "oracle")):
-        ratio = stall["placement"].ratio_to(stall[other])
-        row[key], row[f"{key}_ci95"] = ratio.point, ratio.ci95()
+                 "steps": len(steps), "tokens": int(units.tokens().sum()),
+                 "interval_units": units.count, "interval_over": units.over,
+                 **replayed.figures, "oracle_gap": best.gap,
+                 **replayed.ratio("ratio_to_layer", "layer"),
+                 **replayed.ratio("ratio_to_oracle", "oracle")}
     row["verdict"] = verdict(row["ratio_to_layer_ci95"])
     if opts.cache_slots:
-        row["placement+cache"] = cache_figures(plan, steps, units, weights, opts.cache_slots)
+        row["placement+cache"] = cache_figures(plan, steps, units, replayed.weights,
+                                               opts.cache_slots)
     scale = 1.0 / (len(steps) * batch)
-    return row, {line: (staged[line] * scale).tolist() for line in LINES}
-
-
-def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenSteps,
-                 units: Units) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Replay `steps` against each line's placement, a chunk of steps at a time.
-
-    Returns per line the [n, 4] sums of FIELDS attributed to the n units, and the [L] staged
-    bytes of each layer summed over all steps."""
-    num_layers, num_experts = problem.num_layers, problem.num_experts
-    chunk = max(1, CHUNK_CELLS // (num_layers * num_experts))
-    sums = {k: np.zeros((units.count, len(FIELDS))) for k in lines}
-    staged = {k: np.zeros(num_layers) for k in lines}
-    for start in range(0, len(steps), chunk):
-        stop = min(start + chunk, len(steps))
-        part = TokenSteps(steps.tokens[start:stop], steps.seqs[start:stop])
-        chunk_steps = make_steps("replay", part, num_experts, 1.0, 0.0)
-        for name, placement in lines.items():
-            stats = replay(problem, placement, chunk_steps)
-            per_step = np.stack([stats.step_stall, stats.staged_bytes.sum(axis=1),
-                                 stats.transfers.sum(axis=1), stats.selected_bytes.sum(axis=1)],
-                                axis=1)
-            shares = token_shares(part.tokens, share_weights(problem, placement))
-            sums[name] += attribute(units.unit_of[start:stop], per_step, units.count, shares)
-            staged[name] += stats.staged_bytes.sum(axis=0)
-    return sums, staged
-
-
-def share_weights(problem: Problem, placement: Placement) -> np.ndarray:
-    """[4, L, E] what each selected expert adds to a step's FIELDS under `placement`, to split
-    a step among its tokens (placer.intervals.token_shares): its staging time (latency plus
-    cold bytes over its home card's bandwidth; cpu execution: its CPU time for one token),
-    cold bytes, one transfer (cpu: one expert computed) if cold, its bytes."""
-    cold = placement.cold_bytes(problem).astype(np.float64)
-    is_cold = cold > 0
-    if problem.execution == "cpu":
-        host = problem.host
-        time = expert_seconds(cold, problem.expert_flops, 1, host.memory_bandwidth, host.flops)
-    else:
-        home = np.asarray(problem.home)
-        latency = np.asarray(problem.cards.latency)[home]
-        time = latency + cold / np.asarray(problem.cards.bandwidth)[home]
-    return np.stack([np.where(is_cold, time, 0.0), cold,
-                     is_cold.astype(np.float64),
-                     np.asarray(problem.expert_bytes, dtype=np.float64)])
+    return row, {line: (replayed.staged[line] * scale).tolist() for line in LINES}
 
 
 def cache_figures(plan: Plan, steps: TokenSteps, units: Units, weights: np.ndarray,

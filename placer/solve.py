@@ -17,6 +17,7 @@ from placer.flops import expert_flops
 from placer.hardware import HardwareSpec
 from placer.inventory import Inventory
 from placer.plan import Plan, build_plan
+from placer.replay import make_steps, replay_with_intervals
 from placer.solve_options import DEFAULT_STEPS, EXECUTIONS, SOLVERS, SolveOptions
 from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
@@ -31,7 +32,6 @@ from traces.profile import (
     every_token_steps,
     load_profile,
     sampled_token_steps,
-    step_mask,
 )
 
 
@@ -69,13 +69,6 @@ def load_traffic(trace_dir: Path, inv: Inventory, batches: tuple[int, ...],
     steps = {b: traffic_steps(trace_dir, profile, b, num_steps, seed, seq_ids)
              for b in batches}
     return Traffic(profile.name or trace_dir.name, trace_dir, profile, steps)
-
-
-def make_steps(name: str, steps: TokenSteps, num_experts: int, weight: float,
-               base_step_s: float) -> Steps:
-    """Solver steps of decode steps given as their tokens."""
-    return Steps(name, steps.batch, step_mask(steps.tokens, num_experts), weight, base_step_s,
-                 steps.tokens)
 
 
 def host_of(spec: HardwareSpec, hidden_size: int) -> Host | None:
@@ -272,14 +265,15 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
         ep=opts.ep, solver=solver_json(result, opts), execution=execution.mode)
     plan.robust = robust_info
     plan.calibration = [calibration_json(t) for t in traffic]
+    lines = {"placement": result.placement,
+             **{name: r.placement for name, r in baseline_results.items()}}
     plan.predicted = []
     for t in traffic:
         for b in opts.concurrency:
-            steps = make_steps(t.name, t.steps[b], inv.experts_per_layer, 1.0,
-                               spec.base_step_s(b))
-            plan.predicted.append({"profile": t.name, "concurrency": b, **{
-                name: figures(problem, r.placement, steps)
-                for name, r in (("placement", result), *baseline_results.items())}})
+            replayed = replay_with_intervals(problem, lines, t.steps[b], spec.base_step_s(b),
+                                             seed=opts.seed)
+            plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
+                                   **replayed.ratio("ratio_to_layer", "layer")})
     return plan
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from placer.evaluate import plan_problem
 from placer.plan import read_plan
-from placer.solve import make_steps
+from placer.replay import make_steps
 from solvers import baselines, cost
 from traces.profile import every_token_steps, step_mask
 

@@ -111,7 +111,8 @@ def print_plan(plan: Plan, out: Path) -> None:
                       format_bytes(c.resident_bytes), format_bytes(c.homed_bytes),
                       format_bytes(c.homed_bytes - c.resident_bytes))
     console.print(cards)
-    console.print(prediction_table(plan.predicted, "predicted on calibration traffic"))
+    console.print(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
+                                                   "bootstrap interval over sequences)"))
     if plan.robust:
         ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
         console.print(f"robust: stall / layer-offload stall per profile and concurrency: {ratios}")
@@ -119,17 +120,24 @@ def print_plan(plan: Plan, out: Path) -> None:
 
 
 def prediction_table(rows: list[dict], title: str) -> Table:
-    """One row per (profile, concurrency): placement vs layer offload vs uniform."""
+    """One row per (profile, concurrency): placement vs layer offload vs uniform, each stall
+    with the half-width of its 95% interval, and the paired ratio with its interval."""
     table = Table(title=title)
     for col in ("traffic", "B", "placement stall ms/step", "tok/s", "hit rate",
                 "layer offload ms/step", "tok/s ", "uniform ms/step", "vs layer"):
         table.add_column(col, justify="right")
     for r in rows:
         p, lay, uni = r["placement"], r["layer"], r["uniform"]
-        ratio = p["stall_ms_per_step"] / lay["stall_ms_per_step"] if lay["stall_ms_per_step"] \
-            else float("nan")
-        table.add_row(r["profile"], str(r["concurrency"]), f"{p['stall_ms_per_step']:.3f}",
+        low, high = r["ratio_to_layer_ci95"]
+        table.add_row(r["profile"], str(r["concurrency"]), _pm(p, "stall_ms_per_step"),
                       f"{p['tokens_per_s']:.2f}", f"{p['hit_rate']:.3f}",
-                      f"{lay['stall_ms_per_step']:.3f}", f"{lay['tokens_per_s']:.2f}",
-                      f"{uni['stall_ms_per_step']:.3f}", f"{ratio:.3f}x")
+                      _pm(lay, "stall_ms_per_step"), f"{lay['tokens_per_s']:.2f}",
+                      _pm(uni, "stall_ms_per_step"),
+                      f"{r['ratio_to_layer']:.3f}x [{low:.3f}, {high:.3f}]")
     return table
+
+
+def _pm(figures: dict, key: str) -> str:
+    """"value ± half-width" of a figure and its 95% interval `<key>_ci95`."""
+    low, high = figures[f"{key}_ci95"]
+    return f"{figures[key]:.3f} ± {(high - low) / 2:.3f}"

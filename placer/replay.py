@@ -1,0 +1,116 @@
+"""Replaying decode steps against several placements at once, with paired intervals.
+
+`placer evaluate` (held-out traffic) and `placer solve` (its predicted table, on the
+calibration traffic) both replay the same steps against a placement and its baselines with
+the cost model the solver optimizes (`solvers.cost.replay`, either execution model), a chunk
+of steps at a time, attribute each step's cost to its tokens' sequences and bootstrap over
+sequences (`placer.intervals`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from placer.intervals import (
+    FIELDS,
+    REPLICATES,
+    Estimate,
+    Units,
+    attribute,
+    line_figures,
+    replicate_weights,
+    token_shares,
+    units_of,
+)
+from solvers.cost import replay
+from solvers.cpu import expert_seconds
+from solvers.problem import Placement, Problem, Steps
+from traces.profile import TokenSteps, step_mask
+
+CHUNK_CELLS = 1 << 22  # [steps, L, E] mask cells replayed at a time
+
+
+def make_steps(name: str, steps: TokenSteps, num_experts: int, weight: float,
+               base_step_s: float) -> Steps:
+    """Solver steps of decode steps given as their tokens."""
+    return Steps(name, steps.batch, step_mask(steps.tokens, num_experts), weight, base_step_s,
+                 steps.tokens)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """Each line's figures with their intervals (`figures[line]`, placer.intervals
+    line_figures), its stall estimate (for paired ratios), the resampling units and replicate
+    weights, and each line's [L] staged bytes summed over the steps."""
+
+    figures: dict[str, dict]
+    stall: dict[str, Estimate]
+    units: Units
+    weights: np.ndarray
+    staged: dict[str, np.ndarray]
+
+    def ratio(self, key: str, other: str) -> dict:
+        """{key: placement stall / `other`'s, key_ci95: its paired interval}."""
+        ratio = self.stall["placement"].ratio_to(self.stall[other])
+        return {key: ratio.point, f"{key}_ci95": ratio.ci95()}
+
+
+def replay_with_intervals(problem: Problem, lines: dict[str, Placement], steps: TokenSteps,
+                          base_step_s: float, replicates: int = REPLICATES, seed: int = 0
+                          ) -> Replayed:
+    """Replay `steps` against every line (a "placement" line among them) with intervals."""
+    units = units_of(steps.seqs)
+    sums, staged = replay_lines(problem, lines, steps, units)
+    weights = replicate_weights(units.count, replicates, seed)
+    tokens = units.tokens()
+    figures, stall = {}, {}
+    for line in lines:
+        figures[line], stall[line] = line_figures(sums[line], tokens, weights, steps.batch,
+                                                  base_step_s)
+    return Replayed(figures, stall, units, weights, staged)
+
+
+def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenSteps,
+                 units: Units) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Replay `steps` against each line's placement, a chunk of steps at a time.
+
+    Returns per line the [n, 4] sums of FIELDS attributed to the n units, and the [L] staged
+    bytes of each layer summed over all steps."""
+    num_layers, num_experts = problem.num_layers, problem.num_experts
+    chunk = max(1, CHUNK_CELLS // (num_layers * num_experts))
+    sums = {k: np.zeros((units.count, len(FIELDS))) for k in lines}
+    staged = {k: np.zeros(num_layers) for k in lines}
+    for start in range(0, len(steps), chunk):
+        stop = min(start + chunk, len(steps))
+        part = TokenSteps(steps.tokens[start:stop], steps.seqs[start:stop])
+        chunk_steps = make_steps("replay", part, num_experts, 1.0, 0.0)
+        for name, placement in lines.items():
+            stats = replay(problem, placement, chunk_steps)
+            per_step = np.stack([stats.step_stall, stats.staged_bytes.sum(axis=1),
+                                 stats.transfers.sum(axis=1), stats.selected_bytes.sum(axis=1)],
+                                axis=1)
+            shares = token_shares(part.tokens, share_weights(problem, placement))
+            sums[name] += attribute(units.unit_of[start:stop], per_step, units.count, shares)
+            staged[name] += stats.staged_bytes.sum(axis=0)
+    return sums, staged
+
+
+def share_weights(problem: Problem, placement: Placement) -> np.ndarray:
+    """[4, L, E] what each selected expert adds to a step's FIELDS under `placement`, to split
+    a step among its tokens (placer.intervals.token_shares): its staging time (latency plus
+    cold bytes over its home card's bandwidth; cpu execution: its CPU time for one token),
+    cold bytes, one transfer (cpu: one expert computed) if cold, its bytes."""
+    cold = placement.cold_bytes(problem).astype(np.float64)
+    is_cold = cold > 0
+    if problem.execution == "cpu":
+        host = problem.host
+        time = expert_seconds(cold, problem.expert_flops, 1, host.memory_bandwidth, host.flops)
+    else:
+        home = np.asarray(problem.home)
+        latency = np.asarray(problem.cards.latency)[home]
+        time = latency + cold / np.asarray(problem.cards.bandwidth)[home]
+    return np.stack([np.where(is_cold, time, 0.0), cold,
+                     is_cold.astype(np.float64),
+                     np.asarray(problem.expert_bytes, dtype=np.float64)])
