@@ -15,7 +15,8 @@
    what it staged.
 
 Every step is a real `placer` command, printed before it runs. `--quick` (what the tests run)
-collects fewer tokens and gives the ILP less time: the same steps, rougher figures.
+collects fewer tokens and gives the ILP and the oracle less time: the same steps, rougher
+figures.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("demo-out"))
     parser.add_argument("--quick", action="store_true", help="fewer tokens, shorter ILP")
     args = parser.parse_args()
-    tokens, seconds = (3000, 5) if args.quick else (12000, 20)
+    tokens, seconds, oracle = (3000, 5, 1) if args.quick else (12000, 20, 10)
     out = fresh_dir(args.out)
 
     model = tiny_model(out / "model")
@@ -62,8 +63,9 @@ def main() -> None:
 
     evals = [a for name in ("heldout", "chat", "random")
              for a in ("--traces", out / "traces" / name)]
-    placer("evaluate", out / "placed", *evals, "--plot", out / "evaluate.png")
-    placer("evaluate", out / "plan-robust.json", *evals)
+    placer("evaluate", out / "placed", *evals, "--oracle-time-limit", oracle,
+           "--plot", out / "evaluate.png")
+    placer("evaluate", out / "plan-robust.json", *evals, "--oracle-time-limit", oracle)
     placer("run", out / "placed", "--model", model, "--prompt", "To be, or not to be",
            "--max-new-tokens", 16)
     print(f"\ndemo done: everything is in {out}/")

@@ -29,6 +29,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("robust-out"))
     parser.add_argument("--tokens", type=int, default=6000, help="tokens per trace")
+    parser.add_argument("--oracle-seconds", type=float, default=10.0,
+                        help="time for each oracle ILP of evaluate")
     args = parser.parse_args()
     out = fresh_dir(args.out)
 
@@ -51,7 +53,7 @@ def main() -> None:
            "--traces", traces / "random", "--robust", "--out", out / "plan-robust.json")
     held_out = ["--traces", traces / "heldout-prose", "--traces", traces / "heldout-random"]
     for plan in ("plan-prose.json", "plan-robust.json"):
-        placer("evaluate", out / plan, *held_out)
+        placer("evaluate", out / plan, *held_out, "--oracle-time-limit", args.oracle_seconds)
     print(f"\nplans and traces in {out}/")
 
 

@@ -256,15 +256,15 @@ def test_verdict_reads_the_interval(ci, want):
 
 def test_trace_verdict_over_concurrencies():
     def row(b, ratio, ci):
-        return {"concurrency": b, "ratio_to_layer": ratio, "ratio_to_layer_ci95": ci,
-                "verdict": verdict(ci)}
+        return {"concurrency": b, "execution": "stage", "ratio_to_layer": ratio,
+                "ratio_to_layer_ci95": ci, "verdict": verdict(ci)}
 
     better = trace_verdict("t", [row(1, 0.5, [0.4, 0.6]), row(8, 0.8, [0.7, 0.9])])
     assert (better["verdict"], better["ok"], better["worst_ratio_to_layer"]) == (
         "better", True, 0.8)
     noisy = trace_verdict("t", [row(1, 0.5, [0.4, 0.6]), row(8, 1.02, [0.95, 1.1])])
     assert (noisy["verdict"], noisy["ok"]) == ("within noise", True)
-    assert "WARNING" not in noisy["message"] and "B=8" in noisy["message"]
+    assert "WARNING" not in noisy["message"] and "B=8 with stage execution" in noisy["message"]
     worse = trace_verdict("t", [row(1, 1.2, [1.1, 1.3]), row(8, 1.02, [0.95, 1.1])])
     assert (worse["verdict"], worse["ok"]) == ("worse", False)
     assert worse["message"].startswith("WARNING") and "[1.100, 1.300]" in worse["message"]
