@@ -52,10 +52,3 @@ def sequences(rows: dict[str, np.ndarray]) -> np.ndarray:
     """[rows] sequence ordinal 0, 1, ... in seq_id order."""
     return np.unique(rows["seq_id"], return_inverse=True)[1]
 
-
-def assert_one_line_error(result, needle: str) -> None:
-    """A CLI result that failed with exit 1 and one `error:` line on stderr holding `needle`."""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.exit_code == 1, result.output
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    assert needle in lines[0], lines[0]

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cli_errors import assert_one_line_error
 
 from placer.tinymodel import ARCHITECTURES
 
@@ -326,7 +327,7 @@ def test_refuses_trace_dir_of_another_model(tmp_path, trace_models, placer_run, 
                "--no-progress")
     result = placer_run("collect", "--model", trace_models["olmoe"], "--corpus", corpus,
                         "--out", out, "--no-progress", ok=False)
-    _assert_one_line_error(result, "another model")
+    assert_one_line_error(result, "another model")
     assert len(list(out.glob("*.parquet"))) == 1
 
 
@@ -371,12 +372,6 @@ def test_readers_ignore_unfinished_files(collected, tmp_path):
     assert load_profile(dst).tokens == load_profile(src).tokens
 
 
-def _assert_one_line_error(result, needle: str) -> None:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert needle in lines[0], lines[0]
-
 
 def test_bad_inputs_give_one_line_and_exit_1(tmp_path, trace_models, placer_run, trace_data):
     import shutil
@@ -417,9 +412,9 @@ def test_bad_inputs_give_one_line_and_exit_1(tmp_path, trace_models, placer_run,
     for extra, checkpoint, needle in cases:
         result = placer_run("collect", "--model", checkpoint, "--out", out, "--no-progress", *extra,
                             ok=False)
-        _assert_one_line_error(result, needle)
+        assert_one_line_error(result, needle)
     csv_corpus = tmp_path / "c.csv"
     csv_corpus.write_text("text\nhello\n")
-    _assert_one_line_error(placer_run("collect", "--model", model, "--corpus", csv_corpus,
+    assert_one_line_error(placer_run("collect", "--model", model, "--corpus", csv_corpus,
                                       "--out", out, ok=False), "unknown format")
     assert not out.exists() or not list(out.glob("*.parquet"))

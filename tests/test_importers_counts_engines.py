@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from cli_errors import assert_one_line_error
 from gguf import GGUFWriter
 from importer_files import (
     EXPERTS,
     MOE_LAYERS,
     TOP_K,
-    assert_one_line_error,
     write_config,
 )
 from safetensors.torch import save_file

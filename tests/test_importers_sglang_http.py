@@ -10,12 +10,12 @@ import base64
 import json
 
 import numpy as np
+from cli_errors import assert_one_line_error
 from importer_files import (
     EXPERTS,
     MOE_LAYERS,
     NUM_LAYERS,
     TOP_K,
-    assert_one_line_error,
     random_routing,
     sequences,
     trace_rows,

@@ -7,12 +7,12 @@ import json
 
 import numpy as np
 import pytest
+from cli_errors import assert_one_line_error
 from importer_files import (
     EXPERTS,
     MOE_LAYERS,
     SHARED_DATA,
     TOP_K,
-    assert_one_line_error,
     random_routing,
     sequences,
     trace_rows,

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from cli_errors import assert_one_line_error
 from importer_files import (
     MOE_LAYERS,
     NUM_LAYERS,
     TOP_K,
-    assert_one_line_error,
     random_routing,
     sequences,
     trace_rows,

@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from cli_errors import assert_one_line_error
 
 
 def copy(src: Path, dst: Path) -> Path:
@@ -17,14 +18,6 @@ def copy(src: Path, dst: Path) -> Path:
 
 def single_file(ckpt: Path) -> Path:
     return ckpt / "model.safetensors"
-
-
-def assert_one_line_error(result, *needles: str) -> None:
-    assert result.exit_code == 1, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_missing_dir(cli, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_errors import assert_one_line_error
 from placed_plans import mixed_plan
 from safetensors.torch import load_file, save_file
 
@@ -27,14 +28,6 @@ def placed(tiny_models, tmp_path: Path, monkeypatch, cli) -> tuple[Path, Path]:
 def run(cli, placed: Path, model: Path):
     return cli("run", placed, "--model", model, "--prompt", "Hello", "--max-new-tokens", "1",
                "--device", "cpu", ok=False)
-
-
-def assert_one_line_error(result, *needles: str) -> None:
-    assert result.exit_code == 1, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_another_model_with_the_same_fingerprint_is_refused(placed, tmp_path: Path,

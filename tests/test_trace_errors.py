@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cli_errors import assert_one_line_error
 
 from traces.errors import TraceError
 from traces.schema import COUNTS_FILE, counts_schema
@@ -41,14 +42,6 @@ def write_trace(root: Path, *, layers: tuple[int, ...] = (1, 2), num_experts: in
                 np.tile(np.array(layers), seqs * tokens), experts, None)
         w.close()
     return path
-
-
-def assert_one_line_error(result, *needles: str) -> None:
-    assert result.exit_code == 1, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_trace_path_that_is_a_file(cli, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from cli_errors import assert_one_line_error
 
 from traces.dataset import check_compatible, check_fingerprint, check_shape
 from traces.errors import TraceError
@@ -199,7 +200,7 @@ def test_import_round_trip_and_shape_checks(tmp_path, collected, placer_run):
             check_fingerprint(out, "x")
     result = placer_run("traces", "import", tmp_path / "m.npy", "--out", tmp_path / "a",
                         "--top-k", 2, ok=False)
-    _assert_one_line_error(result, "already holds traces")
+    assert_one_line_error(result, "already holds traces")
     result = placer_run("collect", "--model", "nowhere", "--corpus", csv_path, "--out",
                         tmp_path / "a", ok=False)
     assert result.exit_code == 1
@@ -221,9 +222,9 @@ def test_import_bad_matrices(tmp_path, placer_run):
     for name, needle in cases:
         result = placer_run("traces", "import", tmp_path / name, "--out", tmp_path / "o",
                             "--top-k", 1, ok=False)
-        _assert_one_line_error(result, needle)
+        assert_one_line_error(result, needle)
     np.save(tmp_path / "ok.npy", np.ones((2, 4), dtype=np.int64))
-    _assert_one_line_error(placer_run("traces", "import", tmp_path / "ok.npy", "--out",
+    assert_one_line_error(placer_run("traces", "import", tmp_path / "ok.npy", "--out",
                                       tmp_path / "o", "--top-k", 5, ok=False), "--top-k must be")
 
 
@@ -285,18 +286,12 @@ def test_stats_of_imported_counts(tmp_path, placer_run):
 
 
 def test_stats_bad_inputs(tmp_path, placer_run):
-    _assert_one_line_error(placer_run("traces", "stats", tmp_path / "nope", ok=False), "not found")
+    assert_one_line_error(placer_run("traces", "stats", tmp_path / "nope", ok=False), "not found")
     (tmp_path / "empty").mkdir()
-    _assert_one_line_error(placer_run("traces", "stats", tmp_path / "empty", ok=False),
+    assert_one_line_error(placer_run("traces", "stats", tmp_path / "empty", ok=False),
                            "no traces")
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x.parquet").write_text("not parquet")
-    _assert_one_line_error(placer_run("traces", "stats", tmp_path / "junk", ok=False),
+    assert_one_line_error(placer_run("traces", "stats", tmp_path / "junk", ok=False),
                            "not a readable Parquet file")
 
-
-def _assert_one_line_error(result, needle: str) -> None:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert needle in lines[0], lines[0]

@@ -1,0 +1,13 @@
+"""The error contract, as tests check it: exit status 1 and one `error: ...` line."""
+
+from __future__ import annotations
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    """A CLI result that failed with exit 1 and printed one line, `error: ...`, holding every
+    needle (stdout and stderr together: nothing else was printed)."""
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
