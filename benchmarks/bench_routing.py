@@ -78,10 +78,11 @@ def import_tokens(path: Path, out: Path) -> Path:
     return out
 
 
-def solve(root: Path, name: str, traces: list[Path], *extra: str) -> Path:
+def solve(root: Path, name: str, traces: list[Path], *extra: str,
+          batches: tuple[int, ...] = BATCHES) -> Path:
     plan = root / f"{name}.json"
     placer("solve", "--config", ESFT / "config.json", "--hardware", BOX, "--offload", OFFLOAD,
-           "--concurrency", ",".join(map(str, BATCHES)), "--time-limit", 30, "--out", plan,
+           "--concurrency", ",".join(map(str, batches)), "--time-limit", 30, "--out", plan,
            *[a for t in traces for a in ("--traces", t)], *extra)
     return plan
 
@@ -105,7 +106,12 @@ def in_profile(root: Path, tasks: tuple[str, ...]) -> dict[str, tuple[Path, Path
         calib, held = (import_tokens(write_half(task, h, root), root / f"{task}-{h}")
                        for h in (0, 1))
         dirs[task] = (calib, held)
-        report = evaluate(solve(root, f"{task}-plain", [calib]), held)
+        sequences = min(len(np.load(root / f"{task}-{h}.npz")["seq_lens"]) for h in (0, 1))
+        batches = tuple(b for b in BATCHES if b <= sequences)
+        if batches != BATCHES:
+            print(f"  {task}: halves of {sequences} sequences make no step of "
+                  f"{max(BATCHES)} distinct sequences: B={','.join(map(str, batches))} only")
+        report = evaluate(solve(root, f"{task}-plain", [calib], batches=batches), held)
         for row in report["results"]:
             print(f"  {task:12s} B={row['concurrency']}: placement / oracle "
                   f"{interval(row, 'ratio_to_oracle')}, placement / layer offload "
@@ -211,7 +217,7 @@ def olmoe_sets(num_steps: int) -> dict:
 
 def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
     print("\n3. calibration curve (ESFT intent, 4 folds over sequences, B=1)")
-    plan = solve(root, "intent-curve", [dirs["intent"][0]], "--concurrency", "1")
+    plan = solve(root, "intent-curve", [dirs["intent"][0]], batches=(1,))
     report = evaluate(plan, dirs["intent"][1], "--curve", "--concurrency", "1")
     for row in report["curve"]:
         share = "" if row["fraction"] is None else f"{row['fraction']:g} of the calibration"
