@@ -22,6 +22,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_emit.py": ["--quick"],
     "bench_gpu.py": [],
     "bench_cpu_experts.py": ["--quick"],
+    "bench_routing.py": ["--quick"],
 }
 
 
