@@ -114,8 +114,13 @@ def traffic_problem(plan: Plan, name: str, steps: TokenSteps, base_step_s: float
                                           base_step_s)], execution)
 
 
-def plan_placement(plan: Plan) -> Placement:
-    return Placement(plan.matrix("resident_pages"))
+def plan_placement(plan: Plan, execution: str | None = None) -> Placement:
+    """The plan's resident pages; under cpu execution (whole experts: plan_problem refuses a
+    partly resident one) 1 for a resident expert, 0 for a cold one."""
+    pages = plan.matrix("resident_pages")
+    if (execution or plan.execution) == "cpu":
+        pages = (pages > 0).astype(np.int64)
+    return Placement(pages)
 
 
 def check_traces(plan: Plan, trace_dir: Path) -> None:
@@ -185,7 +190,6 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     batches = opts.concurrency or tuple(plan.budget.get("concurrency") or (1,))
     seed = plan.solver.get("seed", 0) if opts.seed is None else opts.seed
     fallback = int(plan.solver.get("steps") or DEFAULT_SAMPLED_STEPS)
-    placement = plan_placement(plan)
     calib = calibration_counts(plan)
     results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:
@@ -202,7 +206,8 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                 notes += [note] if note else []
                 for mode in modes:
                     bar.show(f"{trace_dir.name} B={b} {mode}")
-                    row, staged = evaluate_row(plan, name, steps, placement, opts, seed, mode)
+                    row, staged = evaluate_row(plan, name, steps, plan_placement(plan, mode),
+                                               opts, seed, mode)
                     rows.append(row)
                     per_layer.append({"concurrency": b, "execution": mode,
                                       "staged_bytes_per_token": staged})

@@ -281,7 +281,6 @@ def solver_json(result: SolveResult, opts: SolveOptions) -> dict:
     return {"name": result.solver, "objective": result.objective, "bound": result.bound,
             "gap": result.gap, "seconds": result.seconds, "status": result.status,
             "seed": opts.seed, "time_limit": opts.time_limit, "steps": opts.num_steps,
-            "execution": opts.execution,
             "objective_unit": "mean over profiles and concurrencies of stall / that profile's "
                               "own best (greedy) stall, each no worse than layer offload"
             if opts.robust
