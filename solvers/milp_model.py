@@ -110,11 +110,6 @@ class MilpModel:
         return np.where(f == 1, self.num_pages, np.minimum(r, self.num_pages - 1))
 
 
-def build(problem: Problem, patterns: list[LayerPatterns]) -> MilpModel:
-    """The MILP of `problem` over the merged step patterns (see module docstring)."""
-    return model_of(milp_data(problem, patterns))
-
-
 def model_of(data: MilpData, integral: bool = True) -> MilpModel:
     """The model_builder MILP of `data` (its LP relaxation when not `integral`)."""
     model = mb.Model()
