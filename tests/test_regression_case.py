@@ -137,4 +137,11 @@ def test_curve_and_plot_come_out(setup, cli, tmp_path):
     assert lines == {"placement", "uniform", "oracle"}
     fractions = [r["fraction"] for r in report["curve"] if r["line"] == "placement"]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    widths = []
+    for row in report["curve"]:  # means over the 2 folds, each with its interval over folds
+        for key in ("hit_rate", "stall_ms_per_step"):
+            low, high = row[f"{key}_ci95"]
+            assert low <= row[key] <= high, (row["line"], key)
+            widths.append(high - low)
+    assert max(widths) > 0  # the folds differ somewhere: the intervals are not all points
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -128,14 +128,15 @@ def print_report(report: dict) -> None:
         console.print(f"drift {d['traces']}: Jensen-Shannon divergence from the calibration "
                       f"profile {d['js_mean_bits']:.4f} bits (mean over layers)")
     if "curve" in report:
-        curve = Table(title="held-out figures vs calibration traffic (k-fold over sequences)")
+        curve = Table(title="held-out figures vs calibration traffic (k-fold over sequences; "
+                            "± 95% interval over folds)")
         for col in ("line", "share of training sequences", "calibration tokens", "hit rate",
                     "stall ms/step"):
             curve.add_column(col, justify="right")
         for row in report["curve"]:
             curve.add_row(row["line"], "" if row["fraction"] is None else f"{row['fraction']:g}",
                           f"{row['tokens']:.0f}" if "tokens" in row else "",
-                          f"{row['hit_rate']:.3f}", f"{row['stall_ms_per_step']:.4f}")
+                          _pm(row, "hit_rate", "{:.3f}"), _pm(row, "stall_ms_per_step", "{:.4f}"))
         console.print(curve)
     for v in report["verdicts"]:
         console.print(v["message"], style={"worse": "bold red", "better": "green"}.get(
