@@ -11,7 +11,8 @@ tiny real model and the way out:
    prompts and uniform random token ids (calibration halves);
 2. placer solve --traces prose: the plan that fits prose best;
 3. placer solve --traces prose --traces chat --traces random --robust: the plan that
-   minimizes the worst ratio of stall to layer offload across the three;
+   minimizes the mean regret (stall over each traffic's own best) across the three, never
+   worse than layer offload on any;
 4. placer evaluate: both plans on held-out prose and on fresh random tokens, each beside layer
    offload and the oracle, with a WARNING wherever a plan is predicted worse than layer
    offload.

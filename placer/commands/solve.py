@@ -53,8 +53,9 @@ def register(app: typer.Typer) -> None:
             help="Cut experts into pages of this size (default: one page per expert).")
         ] = None,
         robust: Annotated[bool, typer.Option(
-            help="Minimize the worst stall ratio to layer offload across the --traces sets "
-                 "and --concurrency values.")
+            help="Hold up on traffic the plan was not solved on: minimize the mean regret "
+                 "(stall over that traffic's own best) across the --traces sets and "
+                 "--concurrency values, never worse than layer offload on any of them.")
         ] = False,
         time_limit: Annotated[float, typer.Option(help="ILP time limit in seconds.")] = 60.0,
         seed: Annotated[int, typer.Option(help="Seed for step sampling and solvers.")] = 0,
