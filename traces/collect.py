@@ -232,12 +232,10 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     return results
 
 
-def _run_id(out_dir: Path, identity: ModelIdentity, corpus: Corpus,
-            options: CollectOptions) -> int:
-    """A 31-bit id from the run's identity, bumped until unused in `out_dir`."""
-    ident = json.dumps({"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
-                        "tag": corpus.tag, **asdict(options), "tokenizer": str(options.tokenizer)},
-                       sort_keys=True, default=str)
+def run_id_of(out_dir: Path, run: dict) -> int:
+    """A 31-bit id from what identifies a run (`run`: model fingerprint, corpus, options, ...,
+    JSON-able), bumped until unused in `out_dir`."""
+    ident = json.dumps(run, sort_keys=True, default=str)
     run_id = int(hashlib.sha256(ident.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
     used = {m.get("run_id") for m in scan(out_dir).metas}
     while run_id in used:
@@ -248,7 +246,9 @@ def _run_id(out_dir: Path, identity: ModelIdentity, corpus: Corpus,
 def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: CollectOptions,
                     device: str) -> CollectResult:
-    run_id = _run_id(out_dir, identity, corpus, options)
+    run_id = run_id_of(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
+                                 "tag": corpus.tag, **asdict(options),
+                                 "tokenizer": str(options.tokenizer)})
     base = run_id << SEQ_ID_SHIFT
     meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
             "corpus_sha256": corpus.sha256, "mode": options.mode, "run_id": run_id,

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import http.client
 import io
 import json
@@ -81,9 +80,9 @@ from traces.collect import (
     check_out_dir,
     load_tokenizer,
     refuse_duplicate,
+    run_id_of,
 )
 from traces.corpora import Corpus
-from traces.dataset import scan
 from traces.errors import TraceError
 from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
@@ -286,23 +285,11 @@ def _post_json(url: str, body: dict, options: ServerOptions) -> object:
     raise TraceError(f"{url}: no answer after {options.retries + 1} tries ({last})")
 
 
-def _run_id(out_dir: Path, identity: ModelIdentity, corpus: Corpus, url: str,
-            options: ServerOptions) -> int:
-    """A 31-bit id from the run's identity, bumped until unused in `out_dir`."""
-    ident = json.dumps({"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
-                        "tag": corpus.tag, "server": url, **asdict(options)},
-                       sort_keys=True, default=str)
-    run_id = int(hashlib.sha256(ident.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
-    used = {m.get("run_id") for m in scan(out_dir).metas}
-    while run_id in used:
-        run_id = (run_id + 1) & 0x7FFFFFFF
-    return run_id
-
-
 def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: ServerOptions, engine: str,
                     estimated: bool) -> CollectResult:
-    run_id = _run_id(out_dir, identity, corpus, client.url, options)
+    run_id = run_id_of(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
+                                 "tag": corpus.tag, "server": client.url, **asdict(options)})
     base = run_id << SEQ_ID_SHIFT
     meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
             "corpus_sha256": corpus.sha256, "mode": f"server-{engine}", "run_id": run_id,
