@@ -177,20 +177,15 @@ def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[st
 
 def esft_sets(dirs: dict[str, tuple[Path, Path]], full: dict[str, Path]) -> dict:
     from placer.replay import make_steps
-    from traces.profile import every_token_steps
+    from traces.profile import every_token_steps, load_profile
 
     sets = {}
     for task, (calib, held) in dirs.items():
         for b in BATCHES:
             for kind, path in (("calib", calib), ("held", held), ("full", full[task])):
                 # A half with fewer sequences than B (summary: 13 in all) runs at its count.
-                batch = b
-                while True:
-                    try:
-                        steps = every_token_steps(path, batch, groupings=1, seed=0)
-                        break
-                    except Exception:
-                        batch -= 1
+                batch = min(b, load_profile(path).sequences)
+                steps = every_token_steps(path, batch, groupings=1, seed=0)
                 sets[(task, b, kind)] = make_steps(kind, steps, 64, 1.0, 0.0)
     return sets
 

@@ -31,7 +31,7 @@ from placer.intervals import REPLICATES, Units, attribute, ratio_estimate, token
 from placer.plan import Plan
 from placer.replay import make_steps, replay_with_intervals, share_weights
 from placer.solve import cards_of, execution_of, figures
-from placer.solve_options import EXECUTIONS
+from placer.solve_options import DEFAULT_STEPS, EXECUTIONS
 from solvers import baselines, greedy, ilp
 from solvers.problem import Placement, Problem, SolveResult, Steps
 from traces.dataset import check_compatible, check_shape
@@ -45,7 +45,6 @@ from traces.profile import (
     step_mask,
 )
 
-DEFAULT_SAMPLED_STEPS = 256  # steps sampled from imported counts when neither flag nor plan says
 LINES = ("placement", "layer", "uniform", "oracle")
 MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
 
@@ -164,7 +163,7 @@ def oracle(problem: Problem, time_limit: float, seed: int) -> SolveResult:
 
 
 def replay_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int | None,
-                 seed: int, *, groupings: int = 4, fallback_steps: int = DEFAULT_SAMPLED_STEPS,
+                 seed: int, *, groupings: int = 4, fallback_steps: int = DEFAULT_STEPS,
                  seq_ids: set[int] | None = None) -> tuple[TokenSteps, str | None]:
     """The steps to replay at concurrency `batch`, and a note when they had to be sampled:
     every token (per-token traces, `num_steps` None), else `num_steps` (or, for imported
@@ -189,7 +188,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
         raise PlacerError("give at least one --traces DIR to evaluate on")
     batches = opts.concurrency or tuple(plan.budget.get("concurrency") or (1,))
     seed = plan.solver.get("seed", 0) if opts.seed is None else opts.seed
-    fallback = int(plan.solver.get("steps") or DEFAULT_SAMPLED_STEPS)
+    fallback = int(plan.solver.get("steps") or DEFAULT_STEPS)
     calib = calibration_counts(plan)
     results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:

@@ -18,7 +18,7 @@ from placer.hardware import HardwareSpec
 from placer.inventory import Inventory
 from placer.plan import Plan, build_plan
 from placer.replay import make_steps, replay_with_intervals
-from placer.solve_options import DEFAULT_STEPS, EXECUTIONS, SOLVERS, SolveOptions
+from placer.solve_options import DEFAULT_STEPS, SOLVERS, SolveOptions, check_options
 from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
 from solvers.cost import replay
@@ -98,9 +98,8 @@ class Execution:
 
 def execution_of(mode: str, spec: HardwareSpec, hidden_size: int | None,
                  flops: np.ndarray) -> Execution:
-    """Check `mode` against the spec and model: cpu execution needs a [host] table."""
-    if mode not in EXECUTIONS:
-        raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)}, not {mode!r}")
+    """Check `mode` (stage or cpu, as check_options and the plan check ensure) against the spec
+    and model: cpu execution needs a [host] table."""
     if mode == "stage":
         return Execution(mode, None, None)
     if spec.host is None:
@@ -227,6 +226,7 @@ def figures(problem: Problem, placement: Placement, steps: Steps) -> dict[str, f
 def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts: SolveOptions
                ) -> Plan:
     """Solve a placement for `inv` on `spec` from the traces in `trace_dirs`."""
+    check_options(opts)
     if opts.solver in ("ilp", "greedy") and not trace_dirs:
         raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
                           f"(or use --solver layer / uniform)")

@@ -52,6 +52,3 @@ def check_options(opts: SolveOptions) -> None:
         if any(not math.isfinite(w) or w < 0 for w in opts.weights) or sum(opts.weights) <= 0:
             raise PlacerError(f"--weights must be finite, non-negative and not all 0, not "
                               f"{list(opts.weights)}")
-    if opts.offload is not None and not (math.isfinite(opts.offload)
-                                         and 0.0 < opts.offload < 1.0):
-        raise PlacerError(f"--offload must be a share in (0, 1), not {opts.offload}")

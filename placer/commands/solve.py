@@ -14,7 +14,7 @@ from placer.errors import PlacerError
 from placer.hardware import load_spec
 from placer.inventory import EXPERT_DTYPES, estimate_inventory, read_inventory
 from placer.plan import Plan, write_json_atomic
-from placer.solve_options import EXECUTIONS, SOLVERS, SolveOptions, check_options
+from placer.solve_options import EXECUTIONS, SOLVERS, SolveOptions
 from placer.units import format_bytes, parse_bytes
 
 
@@ -88,7 +88,6 @@ def register(app: typer.Typer) -> None:
             if page_size is not None else None,
             robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
             execution=execution)
-        check_options(opts)
         plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
         write_json_atomic(plan.to_json(), out)
         if json_out:
