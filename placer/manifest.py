@@ -129,7 +129,9 @@ def validate_manifest(manifest: dict) -> None:
 
 
 def read_manifest(path: Path) -> dict:
-    """Read and validate a manifest (`path` is the placed directory or the manifest)."""
+    """Read and validate a manifest (`path` is the placed directory or the manifest).
+    PlacerError in one line when it is missing, not a file, unreadable, not UTF-8 JSON
+    (RFC 8259; emit writes UTF-8) or not the schema."""
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
@@ -137,8 +139,10 @@ def read_manifest(path: Path) -> dict:
         raise PlacerError(f"no manifest at {path} (not a placed directory, or its emit did "
                           "not finish)")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:  # worded as the CLI words an OSError: "permission denied: PATH"
+        raise PlacerError(f"{(exc.strerror or type(exc).__name__).lower()}: {path}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise PlacerError(f"{path}: not valid UTF-8 JSON ({exc})") from None
     validate_manifest(manifest)
     return manifest

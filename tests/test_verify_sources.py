@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_errors import assert_one_line_error
 from placed_plans import mixed_plan
 
 from placer import digests
@@ -157,3 +158,13 @@ def test_placed_path_that_is_a_file(source: Path, tmp_path: Path, cli) -> None:
     assert result.exit_code == 1
     assert result.output.splitlines() == [f"error: {junk} is not a directory (give the "
                                           "directory placer emit wrote)"]
+
+
+def test_a_manifest_that_is_not_utf8_is_one_line(source: Path, tmp_path: Path, cli) -> None:
+    """manifest.json replaced by bytes that are not UTF-8 (a UTF-16 byte-order mark, then
+    half a character): one line naming it, no traceback."""
+    placed = emit(source, tmp_path, cli)
+    manifest = placed / "manifest.json"
+    manifest.write_bytes(b"\xff\xfe{")
+    assert_one_line_error(cli("verify", placed, "--model", source, ok=False), str(manifest),
+                          "not valid UTF-8 JSON")
