@@ -102,8 +102,9 @@ Respond = Callable[[dict], tuple[int, dict]]
 
 
 def sglang_generate(generator: Generator, *, extra_layers: int = 0, id_shift: int = 0,
-                    shared_columns: int = 0) -> Respond:
-    """SGLang's /generate reply; the keywords make it answer as another model would."""
+                    shared_columns: int = 0, extra_rows: int = 0) -> Respond:
+    """SGLang's /generate reply; the keywords make it answer as another model would (or, with
+    `extra_rows`, with rows for tokens that never ran)."""
 
     def respond(body: dict) -> tuple[int, dict]:
         assert body["return_routed_experts"] is True and body["stream"] is False
@@ -113,6 +114,8 @@ def sglang_generate(generator: Generator, *, extra_layers: int = 0, id_shift: in
         experts = experts + id_shift
         if extra_layers:
             experts = np.concatenate([experts, experts[:, :extra_layers]], axis=1)
+        if extra_rows:
+            experts = np.concatenate([experts, experts[-extra_rows:]], axis=0)
         if shared_columns:  # fused shared experts: ids after the routed ones (8, 9, ...)
             shared = 8 + np.arange(shared_columns, dtype=np.int32)
             experts = np.concatenate([experts, np.broadcast_to(
@@ -275,6 +278,20 @@ def test_a_server_running_another_model_is_refused(generator, collect_via, tmp_p
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and "another model" in result.output, result.output
     assert words in result.output
+    assert not list(out.rglob("*.parquet*"))
+
+
+def test_an_sglang_reply_with_a_row_for_the_last_token_is_refused(generator, collect_via,
+                                                                   tmp_path) -> None:
+    """SGLang returns exactly prompt + output - 1 rows (the last output token never ran:
+    traces.importers.sglang.decode_routed_experts); a reply with one more is not taken as
+    the routing of the tokens it reports."""
+    out = tmp_path / "srv"
+    with stub_server(sglang_generate(generator, extra_rows=1)) as (url, _):
+        result = collect_via(url, out, ok=False)
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: {url}/generate: meta_info.routed_experts holds ")
+    assert "tokens (prompt + completion - 1)" in result.output
     assert not list(out.rglob("*.parquet*"))
 
 

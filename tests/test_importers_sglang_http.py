@@ -10,6 +10,7 @@ import base64
 import json
 
 import numpy as np
+import pytest
 from cli_errors import assert_one_line_error
 from importer_files import (
     EXPERTS,
@@ -21,6 +22,10 @@ from importer_files import (
     trace_rows,
     write_config,
 )
+
+from traces.collect import ModelIdentity
+from traces.errors import TraceError
+from traces.importers.sglang import decode_routed_experts
 
 
 def response(rng: np.random.Generator, prompt: int, completion: int, width: int = TOP_K
@@ -78,3 +83,21 @@ def test_bad_sglang_http_files(tmp_path, cli):
                      "--config", config, ok=False)
         assert_one_line_error(result, needle)
         assert not any(tmp_path.glob("o/*.parquet*"))
+
+
+def test_decode_routed_experts_wants_exactly_the_rows_that_ran():
+    """prompt + completion - 1 rows, no more; top_k or top_k + shared columns when the shared
+    experts are known; the message names no place (each caller prefixes its own)."""
+    rng = np.random.default_rng(7)
+    identity = ModelIdentity("f", NUM_LAYERS, MOE_LAYERS, EXPERTS, TOP_K)
+    meta = response(rng, 3, 2, width=TOP_K + 1)[0]["meta_info"]
+    routed = base64.b64decode(meta["routed_experts"])
+    got = decode_routed_experts(meta["routed_experts"], 3, 2, identity, shared_experts=1)
+    assert got.shape == (4, len(MOE_LAYERS), TOP_K)
+    row = len(routed) // 4
+    cases = [(routed + routed[-row:], 1, "expected 4 tokens (prompt + completion - 1)"),
+             (routed, 2, "(or top-k + 2 columns with fused shared experts)")]
+    for raw, shared, words in cases:
+        with pytest.raises(TraceError, match="^meta_info.routed_experts holds ") as error:
+            decode_routed_experts(base64.b64encode(raw).decode(), 3, 2, identity, shared)
+        assert words in str(error.value)

@@ -31,7 +31,9 @@ d4d0fc58371761f9f0da007a4ef4f0ad2bd19658 has the same buffers):
   buffer's extra `num_fused_shared_experts` columns are cut in `_sync_fwd_experts_buffer_DtoH`;
   a reply with top_k + shared columns, should a version keep them, is accepted and cut to the
   first top_k, the routed ones). Layers without routed experts are never written (zeros)
-  and are dropped here: rows keep the model's MoE layers only.
+  and are dropped here: rows keep the model's MoE layers only. A reply with another number
+  of rows is refused; `traces.importers.sglang.decode_routed_experts` decodes it, as it does
+  the saved replies of `placer traces import --format sglang-http`.
 The ids are what the router selected (logical ids) when the server runs without expert
 parallel redundancy (`--ep-num-redundant-experts` 0).
 
@@ -84,6 +86,7 @@ from traces.collect import (
 )
 from traces.corpora import Corpus
 from traces.errors import TraceError
+from traces.importers.sglang import decode_routed_experts
 from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
 
@@ -164,7 +167,7 @@ class Client:
     def __init__(self, base_url: str, identity: ModelIdentity, options: ServerOptions,
                  shared_experts: int) -> None:
         self.url = f"{base_url}{self.route}"
-        self.identity, self.options = identity, options
+        self.identity, self.options, self.shared_experts = identity, options, shared_experts
         self.widths = {identity.top_k, identity.top_k + shared_experts}
 
     def generate(self, prompt: list[int]) -> Reply:
@@ -217,14 +220,11 @@ class SGLangClient(Client):
             raise TraceError(f"{self.url}: meta_info has no routed_experts; start the server "
                              "with --enable-return-routed-experts")
         try:
-            flat = np.frombuffer(base64.b64decode(encoded, validate=True), dtype="<i4")
-        except (binascii.Error, ValueError):
-            raise TraceError(f"{self.url}: meta_info.routed_experts is not base64 of int32 "
-                             "values") from None
-        per_token = self.identity.num_layers * (len(prompt) + len(output) - 1)
-        width = flat.size // per_token if per_token and flat.size % per_token == 0 else 0
-        shape = (-1, self.identity.num_layers, width) if width else (1, 1, flat.size)
-        return self.fit(flat.reshape(shape), prompt, output)
+            experts = decode_routed_experts(encoded, len(prompt), len(output), self.identity,
+                                            self.shared_experts)
+        except TraceError as exc:
+            raise TraceError(f"{self.url}: {exc}") from None
+        return Reply(prompt, output, experts.astype(np.int16))
 
 
 class VLLMClient(Client):

@@ -55,7 +55,9 @@ len(origin_input_ids) + len(output_ids)`), `managers/detokenizer_manager.py`
 `routed_experts`; the response has `output_ids`). So a response holds prompt_tokens +
 completion_tokens - 1 rows (the last generated token never ran), in position order; rows of a
 dense layer are 0 (never captured) and are skipped by the model's MoE layers; a wider array
-(fused shared experts) is cut to its first top-k columns, the routed ones.
+(fused shared experts) is cut to its first top-k columns, the routed ones. One decoder,
+`decode_routed_experts`, reads it for this importer and for `placer collect --server`
+(traces/server.py).
 
 The file is a JSONL of the responses as a client saved them (one object per line, or the
 list a batched request returns). One response is one sequence: positions are row indices,
@@ -81,7 +83,6 @@ from traces.importers.common import (
     ImportRequest,
     TokenRows,
     check_empty,
-    check_experts,
     need_identity,
     write_rows,
 )
@@ -331,32 +332,68 @@ def http_responses(path: Path) -> Iterator[tuple[str, dict]]:
                 yield where, response
 
 
+def decode_routed_experts(encoded: str, prompt_tokens: int, completion_tokens: int,
+                          identity: ModelIdentity, shared_experts: int | None = None
+                          ) -> np.ndarray:
+    """The routing of one /generate response: `meta_info.routed_experts` (`encoded`) as
+    [prompt_tokens + completion_tokens - 1, MoE layers, top_k] int32 ids of the model
+    `identity` describes. Raises TraceError with a message the caller prefixes with where
+    the response came from (a file's line, a server's URL).
+
+    Rows: exactly prompt + completion - 1, no tolerance. `get_routed_experts` (sgl-project/
+    sglang d4d0fc58371761f9f0da007a4ef4f0ad2bd19658, routed_experts_capturer.py) returns the
+    host cache at `req_to_token[req_pool_idx][:seqlen - 1]`, with `Req.seqlen =
+    len(origin_input_ids) + len(output_ids)` (kvcache-ai/sglang
+    04653fa88f5ce4ea83632c4ad436343db6bc8324, managers/schedule_batch.py): one row per token
+    that ran, the last generated one never did; a reply with any other count is not the
+    routing of the tokens it reports. Columns: top_k (the host cache keeps
+    `num_experts_per_tok`), or top_k + `shared_experts` (fused shared experts, should a
+    version keep them; None: not known, any width >= top_k), cut to the first top_k, the
+    routed ones. Rows of dense layers (never captured, zeros) are dropped."""
+    rows = _routed_rows(prompt_tokens, completion_tokens)
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise TraceError(f"meta_info.routed_experts is not base64 ({exc})") from None
+    layers, k = identity.num_layers, identity.top_k
+    width, rest = divmod(len(raw), 4 * rows * layers)
+    if rest or width < k or (shared_experts is not None and width not in (k, k + shared_experts)):
+        wide = "more" if shared_experts is None else f"top-k + {shared_experts}"
+        raise TraceError(f"meta_info.routed_experts holds {len(raw)} bytes; expected {rows} "
+                         f"tokens (prompt + completion - 1), each [{layers} layers, top-k {k}] "
+                         f"int32 (or {wide} columns with fused shared experts): is it another "
+                         "model's routing?")
+    routed = np.frombuffer(raw, dtype="<i4").reshape(rows, layers, width)
+    experts = routed[:, list(identity.moe_layers), :k]
+    if experts.size and (experts.min() < 0 or experts.max() >= identity.experts_per_layer):
+        raise TraceError(f"meta_info.routed_experts holds expert ids in [{experts.min()}, "
+                         f"{experts.max()}], the model has {identity.experts_per_layer} experts "
+                         "per layer: is it another model's routing?")
+    return experts
+
+
+def _routed_rows(prompt_tokens: int, completion_tokens: int) -> int:
+    """prompt + completion - 1, the tokens that ran; a TraceError for counts that are not
+    integers >= 0 with a sum of at least 2."""
+    counts = [prompt_tokens, completion_tokens]
+    if not all(isinstance(c, int) and c >= 0 for c in counts) or sum(counts) < 2:
+        raise TraceError("meta_info.prompt_tokens and completion_tokens must be integers with "
+                         f"a sum of at least 2, got {counts}")
+    return sum(counts) - 1
+
+
 def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity) -> TokenRows:
     """One response as the rows of its sequence (format: module docstring)."""
     meta = response.get("meta_info")
     if not isinstance(meta, dict) or not isinstance(meta.get("routed_experts"), str):
         raise TraceError(f"{where}: no meta_info.routed_experts (send \"return_routed_experts\""
                          ": true to a server started with --enable-return-routed-experts)")
-    counts = [meta.get(key) for key in ("prompt_tokens", "completion_tokens")]
-    if not all(isinstance(c, int) and c >= 0 for c in counts) or sum(counts) < 2:
-        raise TraceError(f"{where}: meta_info.prompt_tokens and completion_tokens must be "
-                         f"integers with a sum of at least 2, got {counts}")
-    prompt, completion = counts
-    n = prompt + completion - 1  # the last generated token never runs through the model
+    prompt, completion = meta.get("prompt_tokens"), meta.get("completion_tokens")
     try:
-        raw = base64.b64decode(meta["routed_experts"], validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise TraceError(f"{where}: meta_info.routed_experts is not base64 ({exc})") from None
-    values, odd = divmod(len(raw), 4)
-    width, rest = divmod(values, n * identity.num_layers)
-    if odd or rest or width < identity.top_k:
-        raise TraceError(f"{where}: meta_info.routed_experts holds {len(raw) // 4} int32, "
-                         f"expected {n} tokens (prompt + completion - 1) x "
-                         f"{identity.num_layers} layers x top-k {identity.top_k} (or more "
-                         "columns with fused shared experts)")
-    routed = np.frombuffer(raw, dtype="<i4").reshape(n, identity.num_layers, -1)
-    experts = routed[:, list(identity.moe_layers), :identity.top_k]
-    check_experts(Path(where), "meta_info.routed_experts", experts, identity)
+        experts = decode_routed_experts(meta["routed_experts"], prompt, completion, identity)
+    except TraceError as exc:
+        raise TraceError(f"{where}: {exc}") from None
+    n = len(experts)
     token = np.full(n, UNKNOWN_TOKEN, dtype=np.int32)
     output_ids = response.get("output_ids")
     if isinstance(output_ids, list) and len(output_ids) == completion:
