@@ -99,7 +99,7 @@ def local_search(state: PatternIndex, capacity: np.ndarray, rank: np.ndarray) ->
     the objective. Never exceeds any card's capacity."""
     num_experts = state.shape[1]
     # Per entry prices, kept current for the rows each move touches, and their per expert
-    # sums (StallState.per_expert, as layer_deltas sums them) for the layers those rows are in.
+    # sums (PatternIndex.per_expert over the layer's entries) for the layers those rows are in.
     every = np.arange(state.entry_row.size)
     entry_evict, entry_restore = state.evict_rise(every), state.restore_drop(every)
     evict = np.bincount(state.entry_expert, weights=entry_evict, minlength=state.pages.size)

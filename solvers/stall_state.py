@@ -235,13 +235,6 @@ class StallState(PatternIndex):
         out[hit] = (np.minimum(new, old) - old) * self.entry_weight[entries][hit]
         return out
 
-    def layer_deltas(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """([E] objective increase of evicting one more page, [E] objective change (<= 0) of
-        restoring one more page) of every expert of `layer`."""
-        span = self.entries_of_layer(layer)
-        return (self.per_expert(layer, self.evict_rise(span)),
-                self.per_expert(layer, self.restore_drop(span)))
-
     # --- moves -------------------------------------------------------------------------------
 
     def move(self, x: np.ndarray, step: int) -> np.ndarray:

@@ -347,12 +347,16 @@ def test_cost_objective_matches_naive_replay(page_bytes: int | None) -> None:
 
 @pytest.mark.parametrize("page_bytes", [None, 30])
 def test_stall_state_prices_match_moves(page_bytes: int | None) -> None:
+    """Each expert's price, its entries' evict_rise / restore_drop summed by per_expert as
+    local_search sums them, is the objective change of moving one page of it."""
     problem = two_link_problem(2, page_bytes)
     patterns = problem_patterns(problem)
     rng = np.random.default_rng(3)
     state = StallState(problem, patterns, rng.integers(0, problem.num_pages() + 1))
     for layer in range(problem.num_layers):
-        evict, restore = state.layer_deltas(layer)
+        span = state.entries_of_layer(layer)
+        evict = state.per_expert(layer, state.evict_rise(span))
+        restore = state.per_expert(layer, state.restore_drop(span))
         before = state.objective()
         for e in range(problem.num_experts):
             x = np.array([layer * problem.num_experts + e])
