@@ -14,7 +14,8 @@ interval of the stall ratio: better, worse or within noise.
 Memory: the replay walks the steps in chunks (placer.replay.CHUNK_CELLS mask cells); the
 oracle's problem and the `cache_slots` replay (an LRU walks the steps in order) hold the
 whole [S, L, E] mask. Drift is the Jensen-Shannon divergence between the plan's calibration
-profile and the traffic.
+profile and the traffic, with a 95% bootstrap interval over the traffic's sequences
+(`drift_of`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,18 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.expert_cache import expected_staging
-from placer.intervals import REPLICATES, Units, attribute, ratio_estimate, token_shares, verdict
+from placer.intervals import (
+    REPLICATES,
+    Estimate,
+    Units,
+    attribute,
+    ratio_estimate,
+    replicate_weights,
+    token_shares,
+    verdict,
+)
 from placer.plan import Plan
-from placer.replay import make_steps, replay_with_intervals, share_weights
+from placer.replay import CHUNK_CELLS, make_steps, replay_with_intervals, share_weights
 from placer.solve import cards_of, execution_of, figures
 from placer.solve_options import DEFAULT_STEPS, EXECUTIONS
 from solvers import baselines, greedy, ilp
@@ -41,6 +51,7 @@ from traces.profile import (
     every_token_steps,
     load_profile,
     sampled_token_steps,
+    sequence_counts,
     split_sequences,
     step_mask,
 )
@@ -150,6 +161,51 @@ def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return 0.5 * kl(p) + 0.5 * kl(q)
 
 
+def js_replicates(calib: np.ndarray, per_seq: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[R, L] Jensen-Shannon divergence in bits between `calib` [L, E] and each replicate's
+    held-out counts: the sum over sequences of per_seq [n, L, E] weighted by weights [R, n]
+    (a row of ones gives the held-out counts themselves). Replicates are taken in chunks of
+    at most CHUNK_CELLS [L, E] cells."""
+    count, num_layers, num_experts = per_seq.shape
+    flat = per_seq.reshape(count, -1).astype(np.float64)
+    chunk = max(1, CHUNK_CELLS // flat.shape[1])
+    out = []
+    for start in range(0, len(weights), chunk):
+        counts = (weights[start:start + chunk] @ flat).reshape(-1, num_experts)
+        js = js_divergence(np.tile(calib, (len(counts) // num_layers, 1)), counts)
+        out.append(js.reshape(-1, num_layers))
+    return np.concatenate(out)
+
+
+def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: int,
+             seed: int) -> tuple[dict, str | None]:
+    """How far one traffic set is from the plan's calibration counts `calib` [L, E]: the
+    Jensen-Shannon divergence per layer (`js_per_layer_bits`, [L]) and its mean over layers
+    (`js_mean_bits`), and a note when there is no interval.
+
+    The intervals (`<figure>_ci95`: [low, high], per layer [L, 2]) are percentile bootstrap
+    intervals over the traffic's sequences, as every other figure's (`placer.intervals`):
+    `replicates` resamples with replacement (seeded by `seed`), each recomputing the held-out
+    counts from the per-sequence counts against the fixed calibration counts. JS from a
+    finite sample is biased upward (two samples of the same traffic differ by sampling noise
+    alone) and a replicate is such a sample again: the plain percentile interval is what is
+    reported, not bias-corrected, and when the drift is small beside the noise it can lie
+    above the point estimate. Imported count matrices have no sequences: both intervals are
+    None, with a note."""
+    js = js_divergence(calib, profile.counts)
+    out = {"traces": str(trace_dir), "js_mean_bits": float(js.mean()),
+           "js_per_layer_bits": js.tolist()}
+    if not profile.per_token:
+        return ({**out, "js_mean_bits_ci95": None, "js_per_layer_bits_ci95": None},
+                f"{trace_dir}: imported counts have no sequences: drift has no interval "
+                f"(js_mean_bits_ci95 and js_per_layer_bits_ci95 are null)")
+    _, per_seq = sequence_counts(trace_dir)
+    reps = js_replicates(calib, per_seq, replicate_weights(len(per_seq), replicates, seed))
+    return {**out, "js_mean_bits_ci95": Estimate(float(js.mean()), reps.mean(axis=1)).ci95(),
+            "js_per_layer_bits_ci95": [Estimate(float(point), reps[:, layer]).ci95()
+                                       for layer, point in enumerate(js)]}, None
+
+
 def calibration_counts(plan: Plan) -> np.ndarray | None:
     """[L, E] selection counts the plan was solved on (all calibration profiles), or None."""
     if not plan.calibration:
@@ -182,7 +238,9 @@ def replay_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int |
 def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
              progress: bool = False) -> dict:
     """The evaluation report (the `--json` form): results, drift and verdicts; with
-    `progress`, a bar on stderr over the (traffic, concurrency) rows."""
+    `progress`, a bar on stderr over the (traffic, concurrency) rows. A row's `oracle_gap` is
+    the oracle ILP's relative MIP gap, (objective - bound) / objective (0 when proven optimal),
+    a solver figure and not a statistical estimate: it has no interval."""
     check_options(opts)
     if not trace_dirs:
         raise PlacerError("give at least one --traces DIR to evaluate on")
@@ -212,22 +270,17 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                                       "staged_bytes_per_token": staged})
                     bar.advance()
             results += rows
-            _add_drift_and_verdict(calib, profile, name, rows, drift, verdicts)
+            if calib is not None:
+                entry, note = drift_of(calib, trace_dir, profile, opts.replicates, seed)
+                drift.append(entry)
+                notes += [note] if note else []
+            verdicts.append(trace_verdict(name, rows))
     return {"plan_fingerprint": plan.model["fingerprint"],
             "replay": "every held-out token" if opts.num_steps is None
             else f"{opts.num_steps} sampled decode steps",
             "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,
             "replicates": opts.replicates, "notes": notes, "results": results, "drift": drift,
             "verdicts": verdicts, "per_layer": per_layer}
-
-
-def _add_drift_and_verdict(calib: np.ndarray | None, profile: Profile, name: str,
-                           rows: list[dict], drift: list[dict], verdicts: list[dict]) -> None:
-    if calib is not None:
-        js = js_divergence(calib, profile.counts)
-        drift.append({"traces": name, "js_mean_bits": float(js.mean()),
-                      "js_per_layer_bits": js.tolist()})
-    verdicts.append(trace_verdict(name, rows))
 
 
 class _Bar:

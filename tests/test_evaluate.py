@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 from real_routing import ESFT, ESFT_CONFIG, esft_trace
 
-from placer.evaluate import EvalOptions, evaluate, plan_placement, plan_problem, trace_verdict
+from placer.evaluate import (
+    EvalOptions,
+    calibration_counts,
+    evaluate,
+    js_divergence,
+    js_replicates,
+    plan_placement,
+    plan_problem,
+    trace_verdict,
+)
 from placer.intervals import (
     Estimate,
     attribute,
@@ -23,7 +32,13 @@ from placer.intervals import (
 from placer.plan import read_plan
 from solvers.cost import step_stats
 from traces.errors import TraceError
-from traces.profile import every_token_steps, sampled_token_steps, step_mask
+from traces.profile import (
+    every_token_steps,
+    load_profile,
+    sampled_token_steps,
+    sequence_counts,
+    step_mask,
+)
 from traces.schema import PHASES
 from traces.writer import TraceWriter
 
@@ -154,11 +169,17 @@ def test_count_only_traffic_cannot_be_replayed_token_by_token(tmp_path, cli, sma
         every_token_steps(tmp_path / "d", 1)
     sampled = sampled_token_steps(tmp_path / "d", 2, 20, seed=1)
     assert sampled.tokens.shape == (20, 2, len(LAYERS), TOP_K) and (sampled.seqs == -1).all()
+    with pytest.raises(TraceError, match="no sequences to count"):
+        sequence_counts(tmp_path / "d")
     report = json.loads(cli("evaluate", small["plan"], "--traces", tmp_path / "d",
-                            "--concurrency", "2", "--oracle-time-limit", "1", "--json").output)
+                            "--concurrency", "1,2", "--oracle-time-limit", "1", "--json").output)
     row = report["results"][0]
     assert row["interval_over"] == "sampled steps" and row["steps"] == row["interval_units"]
     assert "interval over sampled steps" in report["notes"][0]
+    (drift,) = report["drift"]
+    assert drift["js_mean_bits"] > 0
+    assert drift["js_mean_bits_ci95"] is None and drift["js_per_layer_bits_ci95"] is None
+    assert sum("drift has no interval" in note for note in report["notes"]) == 1
 
 
 def test_every_figure_has_an_interval_around_it(small, cli):
@@ -176,9 +197,44 @@ def test_every_figure_has_an_interval_around_it(small, cli):
         assert row["verdict"] == verdict(row["ratio_to_layer_ci95"])
         assert row["ratio_to_oracle"] >= 1 - 1e-9
     assert report["verdicts"][0]["ok"] == all(r["verdict"] != "worse" for r in report["results"])
+    (drift,) = report["drift"]  # held-out routing has its own popular experts: real drift
+    low, high = drift["js_mean_bits_ci95"]
+    assert low < drift["js_mean_bits"] < high
+    assert len(drift["js_per_layer_bits_ci95"]) == len(LAYERS)
+    for point, (low, high) in zip(drift["js_per_layer_bits"], drift["js_per_layer_bits_ci95"],
+                                  strict=True):
+        assert low < point < high
     text = cli("evaluate", small["plan"], "--traces", small["held"],
                "--oracle-time-limit", "1").output
     assert "±" in text and "every held-out token" in text
+    half = (drift["js_mean_bits_ci95"][1] - drift["js_mean_bits_ci95"][0]) / 2
+    assert f"profile {drift['js_mean_bits']:.4f} ± {half:.4f} bits" in text
+
+
+def test_drift_replicates_reweigh_per_sequence_counts_exactly(small, monkeypatch):
+    ids, per_seq = sequence_counts(small["held"])
+    np.testing.assert_array_equal(ids, (2 << 32) + np.arange(8))
+    for i, seq in enumerate(small["held_seqs"]):  # [n_i, L, k] -> [L, E] by hand
+        for layer in range(len(LAYERS)):
+            np.testing.assert_array_equal(
+                per_seq[i, layer], np.bincount(seq[:, layer].ravel(), minlength=EXPERTS))
+    profile = load_profile(small["held"])
+    np.testing.assert_array_equal(per_seq.sum(axis=0), profile.counts)
+    plan = read_plan(small["plan"])
+    calib = calibration_counts(plan)
+    weights = np.ones((3, 8))
+    weights[1] = 0.0
+    weights[1, 4] = 8.0  # every draw is sequence 4
+    monkeypatch.setattr("placer.evaluate.CHUNK_CELLS", 2 * len(LAYERS) * EXPERTS)
+    reps = js_replicates(calib, per_seq, weights)  # in two chunks, of 2 and 1 replicates
+    point = js_divergence(calib, profile.counts)
+    np.testing.assert_array_equal(reps[0], point)  # all weights 1: the held-out counts
+    np.testing.assert_array_equal(reps[2], point)
+    np.testing.assert_array_equal(reps[1], js_divergence(calib, per_seq[4]))
+    assert not np.allclose(reps[1], point)
+    report = evaluate(plan, [small["held"]], EvalOptions(concurrency=(1,), oracle_time_limit=1,
+                                                         replicates=50))
+    assert report["drift"][0]["js_mean_bits"] == reps[0].mean()
 
 
 def test_bootstrap_contains_the_estimate_and_shrinks_with_more_sequences():

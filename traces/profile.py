@@ -1,6 +1,7 @@
 """Profiles: what the solver consumes from a trace directory.
 
-`load_profile` aggregates per-(MoE layer, expert) selection counts. Decode steps of B
+`load_profile` aggregates per-(MoE layer, expert) selection counts, `sequence_counts`
+the same per sequence (what a bootstrap over sequences resamples). Decode steps of B
 concurrent tokens of distinct sequences come as the tokens in them (`TokenSteps`): every
 token of a trace (`every_token_steps`, what `placer evaluate` replays) or a sample
 (`sampled_token_steps`); `step_mask` turns them into the [S, L, E] selections the stage cost
@@ -95,6 +96,35 @@ def load_profile(trace_dir: Path, *, phase: str | None = "decode",
                    fingerprint=model["fingerprint"], counts=counts.reshape(len(layers), -1),
                    tokens=int(rows.max()), sequences=len(np.unique(np.concatenate(seen))),
                    per_token=True)
+
+
+def sequence_counts(trace_dir: Path, *, phase: str | None = "decode",
+                    tags: list[str] | None = None, seq_ids: set[int] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Selection counts of each sequence: (ids [n] sorted sequence ids, counts [n, L, E] int64
+    selections of sequence i per (MoE layer ordinal, expert)), of the rows `load_profile` (same
+    arguments) aggregates, so counts.sum(axis=0) is its `counts`. Streams; memory n*L*E int64
+    plus one batch. Imported counts have no sequences: a TraceError."""
+    td = open_traces(trace_dir)
+    if td.kind == KIND_COUNTS:
+        raise TraceError(f"{td.root} holds imported counts: no sequences to count")
+    model = td.model
+    layers, num_experts = tuple(model["moe_layers"]), model["experts_per_layer"]
+    lut = _layer_lut(layers)
+    cells = len(layers) * num_experts
+    per_seq: dict[int, np.ndarray] = {}
+    phase = _decode_or_all(td, phase, tags, seq_ids)
+    for b in stream_rows(td, ["seq_id", "layer", "experts"], phase, tags, seq_ids):
+        ids, inverse = np.unique(b["seq_id"], return_inverse=True)
+        cell = (inverse * len(layers) + lut[b["layer"]])[:, None] * num_experts + b["experts"]
+        block = np.bincount(cell.ravel(), minlength=len(ids) * cells).reshape(len(ids), cells)
+        for sid, row in zip(ids.tolist(), block, strict=True):
+            per_seq[sid] = per_seq[sid] + row if sid in per_seq else row.copy()
+    if not per_seq:
+        raise TraceError(f"no trace rows in {td.root} match tags={tags} and the given seq_ids")
+    ids = np.array(sorted(per_seq), dtype=np.int64)
+    counts = np.stack([per_seq[sid] for sid in ids.tolist()])
+    return ids, counts.reshape(len(ids), len(layers), num_experts)
 
 
 def _counts_profile(td: TraceDir, tags: list[str] | None, seq_ids: set[int] | None) -> Profile:

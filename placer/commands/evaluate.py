@@ -48,8 +48,10 @@ def register(app: typer.Typer) -> None:
             help="How a cold expert runs: stage (copied to its GPU: placer's runtime), cpu "
                  "(computed by the host CPU: llama.cpp -ot / --n-cpu-moe, KTransformers; needs "
                  "the spec's [host]) or both, side by side (default: the plan's).")] = None,
-        json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
-                            ] = False,
+        json_out: Annotated[bool, typer.Option("--json", help=(
+            "Print the report as JSON: every figure has its 95% bootstrap interval as "
+            "<figure>_ci95 (low, high), except oracle_gap, the oracle ILP's relative MIP gap "
+            "(a solver figure, not a statistical estimate)."))] = False,
     ) -> None:
         """Replay held-out traffic against a placement and the layer-offload, uniform and
         oracle baselines at the same budget; warn where the placement is predicted worse.
@@ -126,7 +128,7 @@ def print_report(report: dict) -> None:
         console.print(f"note: {note}")
     for d in report["drift"]:
         console.print(f"drift {d['traces']}: Jensen-Shannon divergence from the calibration "
-                      f"profile {d['js_mean_bits']:.4f} bits (mean over layers)")
+                      f"profile {_drift(d)}")
     if "curve" in report:
         curve = Table(title="held-out figures vs calibration traffic (k-fold over sequences; "
                             "± 95% interval over folds)")
@@ -149,6 +151,15 @@ def _pm(figures: dict, key: str, fmt: str, scale: float = 1.0) -> str:
     """"value ± half-width" of a figure and its `<key>_ci95`."""
     low, high = figures[f"{key}_ci95"]
     return f"{fmt.format(figures[key] * scale)} ± {fmt.format((high - low) / 2 * scale)}"
+
+
+def _drift(drift: dict) -> str:
+    """The mean JS divergence over layers in bits, "± half-width" of its 95% interval, or
+    without one where there is none (imported counts have no sequences)."""
+    if drift["js_mean_bits_ci95"] is None:
+        return (f"{drift['js_mean_bits']:.4f} bits (mean over layers; no interval: imported "
+                f"counts have no sequences)")
+    return f"{_pm(drift, 'js_mean_bits', '{:.4f}')} bits (mean over layers)"
 
 
 def _span(ci: list[float], fmt: str = "{:.3f}") -> str:
