@@ -35,15 +35,18 @@ class LayerPatterns:
     weight: np.ndarray
 
 
-def layer_patterns(steps: list[Steps], num_layers: int) -> list[LayerPatterns]:
-    """Merge the steps of every profile into distinct weighted patterns, one list entry per
-    layer (L entries)."""
-    num_experts = steps[0].selected.shape[2] if steps else 0
-    weights = np.concatenate(
+def step_weights(steps: list[Steps]) -> np.ndarray:
+    """[sum_k S_k] weight of each step of every profile: weight_k / S_k."""
+    return np.concatenate(
         [np.full(st.selected.shape[0], st.weight / st.selected.shape[0]) for st in steps])
-    return [merge(np.concatenate([np.packbits(st.selected[:, layer, :], axis=1)
-                                  for st in steps]), weights, num_experts)
-            for layer in range(num_layers)]
+
+
+def layer_patterns(steps: list[Steps], layer: int, weights: np.ndarray) -> LayerPatterns:
+    """The steps of every profile at `layer` merged into distinct weighted patterns
+    (`weights`: step_weights(steps))."""
+    num_experts = steps[0].selected.shape[2] if steps else 0
+    return merge(np.concatenate([np.packbits(st.selected[:, layer, :], axis=1)
+                                 for st in steps]), weights, num_experts)
 
 
 def merge(packed: np.ndarray, weights: np.ndarray, num_experts: int) -> LayerPatterns:
@@ -102,13 +105,40 @@ def fold_single_card(problem: Problem, layer: int, patterns: LayerPatterns) -> L
     return LayerPatterns(rows, np.concatenate([patterns.weight[~single], weight[ones]]))
 
 
+def single_card_layers(problem: Problem) -> np.ndarray:
+    """[L] bool: every expert of the layer is homed on one card whose host link never binds
+    alone, so every staging pattern of the layer is single-card (see fold_single_card)."""
+    home = np.asarray(problem.home)
+    cards = problem.cards
+    free = (np.asarray(cards.link_bandwidth)[np.asarray(cards.link_of)]
+            >= np.asarray(cards.bandwidth))
+    return (home.min(axis=1) == home.max(axis=1)) & free[home[:, 0]]
+
+
+def expert_patterns(frequency: np.ndarray) -> LayerPatterns:
+    """One one-expert pattern per expert of positive weighted frequency ([E] float)."""
+    ones = np.flatnonzero(frequency > 0)
+    return LayerPatterns(np.eye(frequency.size, dtype=bool)[ones], frequency[ones])
+
+
 def problem_patterns(problem: Problem) -> list[LayerPatterns]:
     """The patterns of the problem's own steps, for its execution model (staging: single-card
-    patterns folded, see fold_single_card)."""
+    patterns folded, see fold_single_card).
+
+    Staging cost: O(S L E) to read the steps; a layer that lives on one card (every layer of
+    a one-card box) is then its E weighted selection frequencies, with no merging; any other
+    layer merges its S rows (a lexsort, O(S log S) word comparisons) and keeps at most the
+    distinct patterns with more than one card, plus E one-expert patterns."""
     if problem.execution == "cpu":
         return cpu_patterns(problem, problem.steps)
-    return [fold_single_card(problem, layer, p)
-            for layer, p in enumerate(layer_patterns(problem.steps, problem.num_layers))]
+    steps = problem.steps
+    weights = step_weights(steps)
+    single = single_card_layers(problem)
+    frequency = sum((st.weight / st.selected.shape[0] * st.selected.sum(axis=0, dtype=np.int64)
+                     for st in steps), np.zeros(problem.expert_bytes.shape))  # [L, E]
+    return [expert_patterns(frequency[layer]) if single[layer]
+            else fold_single_card(problem, layer, layer_patterns(steps, layer, weights))
+            for layer in range(problem.num_layers)]
 
 
 def selection_counts(patterns: list[LayerPatterns]) -> np.ndarray:

@@ -421,3 +421,24 @@ def test_ilp_stopped_early_reports_a_bound_in_zero_to_objective() -> None:
     result = ilp.solve(problem, time_limit=0.05, seed=0)
     assert 0.0 <= result.bound <= result.objective
     assert 0.0 <= result.gap <= 1.0
+
+
+@pytest.mark.parametrize("page_bytes", [None, 30])
+def test_pattern_objective_equals_replay_on_every_kind_of_layer(page_bytes: int | None) -> None:
+    """problem_patterns reads a layer on one card whose link never binds as its experts'
+    selection frequencies and merges every other layer's steps: either way the patterns'
+    objective is the replayed one, for any placement."""
+    problem = two_link_problem(4, page_bytes)
+    # Layer 0 on card 0 (its link is faster: frequencies), layer 1 on card 2 (its link is
+    # slower: merged), layer 2 split over cards 0 and 1 (merged, then folded).
+    home = np.array([[0] * 6, [2] * 6, [0, 1] * 3])
+    problem = Problem(problem.expert_bytes, home, problem.capacity, problem.cards,
+                      problem.steps, page_bytes)
+    patterns = problem_patterns(problem)
+    assert patterns[0].selected.sum(axis=1).max() == 1
+    assert patterns[1].selected.sum(axis=1).max() > 1
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        pages = rng.integers(0, problem.num_pages() + 1)
+        assert greedy.new_state(problem, patterns, pages).objective() == pytest.approx(
+            cost.objective(problem, Placement(pages)), rel=1e-12)
