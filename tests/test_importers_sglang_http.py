@@ -74,7 +74,9 @@ def test_bad_sglang_http_files(tmp_path, cli):
     short = json.loads(json.dumps(good))
     short["meta_info"]["completion_tokens"] = 3
     missing = {"text": "", "meta_info": {"prompt_tokens": 3, "completion_tokens": 2}}
+    wide, _, _ = response(rng, 3, 2, width=TOP_K + 2)  # the config's model has 1 shared expert
     cases = {"short": (json.dumps(short), "expected 5 tokens (prompt + completion - 1)"),
+             "wide": (json.dumps(wide), "(or top-k + 1 columns with fused shared experts)"),
              "missing": (json.dumps(missing), "no meta_info.routed_experts"),
              "notjson": ("{oops", "not a JSON line")}
     for name, (line, needle) in cases.items():

@@ -122,7 +122,9 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                  else estimate_inventory(config) if config is not None else None)
     request = ImportRequest(identity=None if inventory is None else model_identity(inventory),
                             estimated=inventory is not None and inventory.estimated,
-                            top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens)
+                            top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
+                            shared_experts=None if inventory is None
+                            else inventory.shared_experts)
     return import_routing(sources, out, request, fmt)
 
 

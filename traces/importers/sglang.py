@@ -382,15 +382,18 @@ def _routed_rows(prompt_tokens: int, completion_tokens: int) -> int:
     return sum(counts) - 1
 
 
-def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity) -> TokenRows:
-    """One response as the rows of its sequence (format: module docstring)."""
+def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity,
+              shared_experts: int | None = None) -> TokenRows:
+    """One response as the rows of its sequence (format: module docstring); `shared_experts`
+    as decode_routed_experts takes it."""
     meta = response.get("meta_info")
     if not isinstance(meta, dict) or not isinstance(meta.get("routed_experts"), str):
         raise TraceError(f"{where}: no meta_info.routed_experts (send \"return_routed_experts\""
                          ": true to a server started with --enable-return-routed-experts)")
     prompt, completion = meta.get("prompt_tokens"), meta.get("completion_tokens")
     try:
-        experts = decode_routed_experts(meta["routed_experts"], prompt, completion, identity)
+        experts = decode_routed_experts(meta["routed_experts"], prompt, completion, identity,
+                                        shared_experts)
     except TraceError as exc:
         raise TraceError(f"{where}: {exc}") from None
     n = len(experts)
@@ -408,7 +411,7 @@ def import_http(paths: list[Path], out_dir: Path, request: ImportRequest) -> Pat
     """`placer traces import --format sglang-http`: saved /generate responses as trace rows,
     one sequence per response."""
     identity = need_identity(request, "the sglang-http format")
-    parts = (http_rows(path, where, response, identity)
+    parts = (http_rows(path, where, response, identity, request.shared_experts)
              for path in paths for where, response in http_responses(path))
     return write_rows(parts, out_dir, paths, request, mode=HTTP_FORMAT, default_tag=DEFAULT_TAG,
                       weights=False)
