@@ -13,13 +13,17 @@ Prints:
 1. in profile (ESFT): a plan solved (`placer solve`, every calibration token) on a seeded half
    of a task's sequences, replayed (`placer evaluate`, every token) on the other half:
    placement / oracle and placement / layer offload stall with their 95% intervals (paired
-   bootstrap over sequences). Target: placement / oracle within 3% at B = 1 and 8.
+   bootstrap over held-out sequences) for split 0, and placement / oracle over 5 seeded
+   splits (mean [min, max]: which sequences calibrate moves it more than the interval of one
+   split shows). Target: placement / oracle within 3% at B = 1 and 8.
 2. leave-one-domain-out (ESFT tasks; OLMoE domains, steps sampled from counts): plans solved
    on the other domains' calibration halves, replayed on the held-out domain (unseen) and on
    the known domains' held-out halves (in profile): placement / oracle, means over held-out
-   domains, for plain (mean stall over the known domains), worst (minimize the worst ratio to
-   layer offload: placer's former --robust) and robust (mean regret, never worse than layer
-   offload: placer's --robust). Target: robust below worst on unseen domains.
+   domains with 95% intervals (bootstrap over each held-out domain's sequences, or sampled
+   steps, every method weighed alike), for plain (mean stall over the known domains), worst
+   (minimize the worst ratio to layer offload: placer's former --robust) and robust (mean
+   regret, never worse than layer offload: placer's --robust). Target: robust better than
+   worst on unseen domains (the paired interval of robust / worst below 1).
 3. calibration curve (ESFT intent): calibration tokens against held-out hit rate and stall,
    beside uniform and the oracle (`placer evaluate --curve`).
 4. ILP seconds on the one-card ESFT problem from 256 sampled steps and from every one of the
@@ -34,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +51,7 @@ TASKS = ("intent", "law", "summary", "translation")
 DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
 BATCHES = (1, 8)
 OFFLOAD = 0.35
+SPLITS = 5
 
 
 def placer(*args: object) -> str:
@@ -59,15 +63,16 @@ def placer(*args: object) -> str:
     return done.stdout
 
 
-def write_half(task: str, half: int, out: Path) -> Path:
-    """A tokens file of a seeded half of `task`'s sequences (half 0 calibration, 1 held out)."""
+def write_half(task: str, half: int, out: Path, split: int = 0) -> Path:
+    """A tokens file of half `half` (0 calibration, 1 held out) of `task`'s sequences, split at
+    random by seed `split`."""
     data = np.load(ESFT / f"{task}.npz")
     lens = data["seq_lens"]
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    order = np.random.default_rng(0).permutation(lens.size)
+    order = np.random.default_rng(split).permutation(lens.size)
     mine = np.sort(order[half::2])
     rows = np.concatenate([np.arange(starts[s], starts[s] + lens[s]) for s in mine])
-    path = out / f"{task}-{half}.npz"
+    path = out / f"{task}-{split}-{half}.npz"
     np.savez(path, expert_ids=data["expert_ids"][rows], seq_lens=lens[mine])
     return path
 
@@ -98,48 +103,119 @@ def interval(row: dict, key: str) -> str:
 
 
 def in_profile(root: Path, tasks: tuple[str, ...]) -> dict[str, tuple[Path, Path]]:
-    """Section 1; returns task -> (calibration dir, held-out dir)."""
-    print("\n1. in profile (ESFT): plan on half a task's sequences, every token of the other "
-          "half replayed; stall ratios with 95% intervals (bootstrap over sequences)")
-    dirs = {}
+    """Section 1; returns task -> (calibration dir, held-out dir) of split 0."""
+    print(f"\n1. in profile (ESFT): plan on half a task's sequences, every token of the other "
+          f"half replayed; split 0 with 95% intervals (bootstrap over held-out sequences), then "
+          f"placement / oracle over {SPLITS} seeded splits (mean [min, max]): the interval "
+          f"covers which sequences were held out, the splits also which calibrated the plan")
+    dirs, over_splits = {}, {}
     for task in tasks:
-        calib, held = (import_tokens(write_half(task, h, root), root / f"{task}-{h}")
-                       for h in (0, 1))
-        dirs[task] = (calib, held)
-        sequences = min(len(np.load(root / f"{task}-{h}.npz")["seq_lens"]) for h in (0, 1))
-        batches = tuple(b for b in BATCHES if b <= sequences)
-        if batches != BATCHES:
-            print(f"  {task}: halves of {sequences} sequences make no step of "
-                  f"{max(BATCHES)} distinct sequences: B={','.join(map(str, batches))} only")
-        report = evaluate(solve(root, f"{task}-plain", [calib], batches=batches), held)
-        for row in report["results"]:
-            print(f"  {task:12s} B={row['concurrency']}: placement / oracle "
-                  f"{interval(row, 'ratio_to_oracle')}, placement / layer offload "
-                  f"{interval(row, 'ratio_to_layer')}  ({row['verdict']})")
+        for split in range(SPLITS):
+            calib, held = (import_tokens(write_half(task, h, root, split),
+                                         root / f"{task}-{split}-{h}") for h in (0, 1))
+            dirs.setdefault(task, (calib, held))
+            sequences = min(len(np.load(root / f"{task}-{split}-{h}.npz")["seq_lens"])
+                            for h in (0, 1))
+            batches = tuple(b for b in BATCHES if b <= sequences)
+            if split == 0 and batches != BATCHES:
+                print(f"  {task}: halves of {sequences} sequences make no step of "
+                      f"{max(BATCHES)} distinct sequences: B={','.join(map(str, batches))} only")
+            report = evaluate(solve(root, f"{task}-{split}-plain", [calib], batches=batches),
+                              held)
+            for row in report["results"]:
+                over_splits.setdefault((task, row["concurrency"]), []).append(
+                    row["ratio_to_oracle"])
+                if split == 0:
+                    print(f"  {task:12s} B={row['concurrency']}: placement / oracle "
+                          f"{interval(row, 'ratio_to_oracle')}, placement / layer offload "
+                          f"{interval(row, 'ratio_to_layer')}  ({row['verdict']})")
+    for (task, b), ratios in over_splits.items():
+        mean = float(np.mean(ratios))
+        print(f"  {task:12s} B={b}: placement / oracle over {len(ratios)} splits {mean:.3f} "
+              f"[{min(ratios):.3f}, {max(ratios):.3f}]  ({'PASS' if mean <= 1.03 else 'MISS'}, "
+              f"target <= 1.03)")
     return dirs
 
 
-def lodo_table(name: str, held_out: list[str], sets: dict, solve_on, replay) -> None:
-    """Section 2 for one data set. sets: (domain, B, "calib"|"held"|"full") -> Steps;
-    solve_on(method, known) -> Placement; replay(placement, steps) -> placement / oracle."""
-    print(f"\n2. leave-one-domain-out ({name}): placement / oracle stall, mean over held-out "
-          "domains")
-    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for unseen in held_out:
-        known = [d for d in held_out if d != unseen]
-        for method in ("plain", "worst", "robust"):
-            placement = solve_on(method, known, sets)
-            for b in BATCHES:
-                got = replay(placement, sets[(unseen, b, "full")])
-                inside = np.mean([replay(placement, sets[(d, b, "held")]) for d in known])
-                rows.setdefault((method, b), []).append((got, inside))
-    for (method, b), values in rows.items():
-        unseen, inside = np.mean(values, axis=0)
-        print(f"  {method:7s} B={b}: unseen {unseen:.3f}   in profile {inside:.3f}")
+METHODS = ("plain", "worst", "robust")
+
+
+def mean_estimate(estimates: list):
+    """The mean of independent figures (each its point and bootstrap replicates)."""
+    from placer.intervals import Estimate
+
+    return Estimate(float(np.mean([e.point for e in estimates])),
+                    np.mean([e.replicates for e in estimates], axis=0))
+
+
+def pm(row: dict, key: str) -> str:
+    """"value ± half-width" of a figure with its `<key>_ci95`."""
+    low, high = row[f"{key}_ci95"]
+    return f"{row[key]:.3f} ± {(high - low) / 2:.3f}"
+
+
+def span(est) -> str:
+    low, high = est.ci95()
+    return f"{est.point:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[str],
+         name: str) -> None:
+    """Section 2 for one data set. sets: (domain, B, "calib"|"held"|"full") -> TokenSteps.
+
+    Each held-out domain's figures come with a bootstrap over its sequences (its sampled
+    steps where it has none) in which every method and the oracle are weighed alike, so
+    robust / worst is a paired ratio; domains are resampled independently and averaged."""
+    from placer.intervals import REPLICATES, verdict
+    from placer.replay import make_steps, replay_with_intervals
+    from solvers import ilp, robust
+
+    def steps_of(d: str, b: int, kind: str, weight: float = 1.0):
+        return make_steps(f"{d}-{kind}", sets[(d, b, kind)], shape[1], weight, 0.0)
+
+    def solve_on(method: str, known: list[str]):
+        if method == "plain":
+            weight = 1.0 / (len(known) * len(BATCHES))
+            calib = [steps_of(d, b, "calib", weight) for d in known for b in BATCHES]
+            return ilp.solve(problem_of(shape, expert_bytes, calib), time_limit=30).placement
+        problems = [problem_of(shape, expert_bytes, [steps_of(d, b, "calib")])
+                    for d in known for b in BATCHES]
+        objective = "worst" if method == "worst" else "regret"
+        return robust.solve(problems, time_limit=30, objective=objective).result.placement
+
+    def ratios(placements: dict, d: str, b: int, kind: str, seed: int) -> dict:
+        """Each method's placement / oracle stall on (d, b, kind), with replicates."""
+        oracle = ilp.solve(problem_of(shape, expert_bytes, [steps_of(d, b, kind)]),
+                           time_limit=30).placement
+        lines = {**placements, "oracle": oracle}
+        got = replay_with_intervals(problem_of(shape, expert_bytes, []), lines,
+                                    sets[(d, b, kind)], 0.0, REPLICATES, seed)
+        return {m: got.stall[m].ratio_to(got.stall["oracle"]) for m in placements}
+
+    print(f"\n2. leave-one-domain-out ({name}): placement / oracle stall on the unseen domain "
+          "and on the known domains' held-out halves (in profile), means over the "
+          f"{len(domains)} folds with 95% intervals")
+    unseen: dict[tuple[str, int], list] = {}
+    inside: dict[tuple[str, int], list] = {}
+    for fold, held_out in enumerate(domains):
+        known = [d for d in domains if d != held_out]
+        placements = {m: solve_on(m, known) for m in METHODS}
+        for b in BATCHES:
+            seed = 100 * fold + b
+            for m, est in ratios(placements, held_out, b, "full", seed).items():
+                unseen.setdefault((m, b), []).append(est)
+            per_known = [ratios(placements, d, b, "held", seed + 10 * (i + 1))
+                         for i, d in enumerate(known)]
+            for m in METHODS:
+                inside.setdefault((m, b), []).append(mean_estimate([r[m] for r in per_known]))
+    for (m, b), ests in unseen.items():
+        print(f"  {m:7s} B={b}: unseen {span(mean_estimate(ests))}   "
+              f"in profile {span(mean_estimate(inside[(m, b)]))}")
     for b in BATCHES:
-        worst, robust = (np.mean([v[0] for v in rows[(m, b)]]) for m in ("worst", "robust"))
-        print(f"  robust / worst on unseen domains at B={b}: {robust / worst:.3f} "
-              f"({'PASS' if robust <= worst else 'MISS'}, target <= 1)")
+        ratio = mean_estimate(unseen[("robust", b)]).ratio_to(mean_estimate(unseen[("worst", b)]))
+        said = verdict(ratio.ci95())
+        print(f"  robust / worst on unseen domains at B={b}: {span(ratio)}  ({said}; "
+              f"{'PASS' if said == 'better' else 'MISS'}, target: better)")
 
 
 def problem_of(shape: tuple[int, int], expert_bytes: int, steps: list):
@@ -151,32 +227,7 @@ def problem_of(shape: tuple[int, int], expert_bytes: int, steps: list):
                    np.array([int((1 - OFFLOAD) * eb.sum())]), cards, steps)
 
 
-def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[str],
-         name: str) -> None:
-    from solvers import cost, ilp, robust
-
-    oracles: dict[int, float] = {}
-
-    def replay(placement, steps) -> float:
-        p = problem_of(shape, expert_bytes, [steps])
-        if id(steps) not in oracles:
-            oracles[id(steps)] = cost.objective(p, ilp.solve(p, time_limit=30).placement)
-        return cost.objective(p, placement) / oracles[id(steps)]
-
-    def solve_on(method: str, known: list[str], sets: dict):
-        calib = [sets[(d, b, "calib")] for d in known for b in BATCHES]
-        if method == "plain":
-            weighted = [replace(st, weight=1.0 / len(calib)) for st in calib]
-            return ilp.solve(problem_of(shape, expert_bytes, weighted), time_limit=30).placement
-        problems = [problem_of(shape, expert_bytes, [st]) for st in calib]
-        objective = "worst" if method == "worst" else "regret"
-        return robust.solve(problems, time_limit=30, objective=objective).result.placement
-
-    lodo_table(name, domains, sets, solve_on, replay)
-
-
 def esft_sets(dirs: dict[str, tuple[Path, Path]], full: dict[str, Path]) -> dict:
-    from placer.replay import make_steps
     from traces.profile import every_token_steps, load_profile
 
     sets = {}
@@ -185,15 +236,15 @@ def esft_sets(dirs: dict[str, tuple[Path, Path]], full: dict[str, Path]) -> dict
             for kind, path in (("calib", calib), ("held", held), ("full", full[task])):
                 # A half with fewer sequences than B (summary: 13 in all) runs at its count.
                 batch = min(b, load_profile(path).sequences)
-                steps = every_token_steps(path, batch, groupings=1, seed=0)
-                sets[(task, b, kind)] = make_steps(kind, steps, 64, 1.0, 0.0)
+                sets[(task, b, kind)] = every_token_steps(path, batch, groupings=1, seed=0)
     return sets
 
 
 def olmoe_sets(num_steps: int) -> dict:
-    from solvers.problem import Steps
+    """Steps sampled from each domain's counts: no sequences, so the held-out figures'
+    intervals are over sampled steps."""
     from solvers.steps import gumbel_top_k
-    from traces.profile import step_mask
+    from traces.profile import TokenSteps
 
     sets = {}
     for d in DOMAINS:
@@ -202,23 +253,24 @@ def olmoe_sets(num_steps: int) -> dict:
         for b in BATCHES:
             for kind, seed in (("calib", 1), ("held", 2), ("full", 2)):
                 rng = np.random.default_rng(seed)
-                tok = np.empty((num_steps, b, 3, 8), dtype=np.int64)
+                tok = np.empty((num_steps, b, 3, 8), dtype=np.int16)
                 for layer in range(3):
                     tiled = np.broadcast_to(logits[layer], (num_steps * b, 64))
                     tok[:, :, layer] = gumbel_top_k(tiled, 8, rng).reshape(num_steps, b, 8)
-                sets[(d, b, kind)] = Steps(kind, b, step_mask(tok, 64), 1.0, 0.0, tok)
+                sets[(d, b, kind)] = TokenSteps(tok, np.full((num_steps, b), -1, np.int64))
     return sets
 
 
 def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
-    print("\n3. calibration curve (ESFT intent, 4 folds over sequences, B=1)")
+    print("\n3. calibration curve (ESFT intent, 4 folds over sequences, B=1; means over folds "
+          "± the 95% interval over folds)")
     plan = solve(root, "intent-curve", [dirs["intent"][0]], batches=(1,))
     report = evaluate(plan, dirs["intent"][1], "--curve", "--concurrency", "1")
     for row in report["curve"]:
         share = "" if row["fraction"] is None else f"{row['fraction']:g} of the calibration"
         tokens = f", {row['tokens']:.0f} tokens" if "tokens" in row else ""
-        print(f"  {row['line']:9s} {share}{tokens}: held-out hit rate {row['hit_rate']:.3f}, "
-              f"stall {row['stall_ms_per_step']:.3f} ms/step")
+        print(f"  {row['line']:9s} {share}{tokens}: held-out hit rate "
+              f"{pm(row, 'hit_rate')}, stall {pm(row, 'stall_ms_per_step')} ms/step")
 
 
 def ilp_scaling(full: Path) -> None:
