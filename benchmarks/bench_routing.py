@@ -102,15 +102,16 @@ def interval(row: dict, key: str) -> str:
     return f"{row[key]:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def in_profile(root: Path, tasks: tuple[str, ...]) -> dict[str, tuple[Path, Path]]:
+def in_profile(root: Path, tasks: tuple[str, ...], splits: int = SPLITS
+               ) -> dict[str, tuple[Path, Path]]:
     """Section 1; returns task -> (calibration dir, held-out dir) of split 0."""
     print(f"\n1. in profile (ESFT): plan on half a task's sequences, every token of the other "
           f"half replayed; split 0 with 95% intervals (bootstrap over held-out sequences), then "
-          f"placement / oracle over {SPLITS} seeded splits (mean [min, max]): the interval "
+          f"placement / oracle over {splits} seeded splits (mean [min, max]): the interval "
           f"covers which sequences were held out, the splits also which calibrated the plan")
     dirs, over_splits = {}, {}
     for task in tasks:
-        for split in range(SPLITS):
+        for split in range(splits):
             calib, held = (import_tokens(write_half(task, h, root, split),
                                          root / f"{task}-{split}-{h}") for h in (0, 1))
             dirs.setdefault(task, (calib, held))
@@ -300,7 +301,8 @@ def ilp_scaling(full: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two tasks, no OLMoE: a smoke run")
+    parser.add_argument("--quick", action="store_true",
+                        help="two tasks, two splits, no OLMoE: a smoke run")
     args = parser.parse_args()
     if not ESFT.is_dir():
         print(f"skipped: no real routing at {ROUTING} (a clone without ../shared)")
@@ -308,7 +310,7 @@ def main() -> None:
     tasks = TASKS[:2] if args.quick else TASKS
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        dirs = in_profile(root, tasks)
+        dirs = in_profile(root, tasks, 2 if args.quick else SPLITS)
         full = {t: import_tokens(ESFT / f"{t}.npz", root / f"{t}-full") for t in tasks}
         lodo((26, 64), 3 * 2048 * 1408 * 2, esft_sets(dirs, full), list(tasks),
              "ESFT tasks, every token")
