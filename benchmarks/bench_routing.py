@@ -46,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 ROUTING = REPO.parent / "shared" / "data" / "routing"
 ESFT = ROUTING / "esft-deepseek-v2-lite"
 OLMOE = ROUTING / "olmoe-mixtral-domains" / "olmoe" / "expert_counts"
+MIXTRAL = ROUTING / "olmoe-mixtral-domains" / "mixtral" / "expert_counts"
+FIDDLER = ROUTING / "fiddler-mixtral-mmlu" / "original"
 BOX = REPO / "benchmarks" / "one-card.toml"
 TASKS = ("intent", "law", "summary", "translation")
 DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
@@ -241,25 +243,98 @@ def esft_sets(dirs: dict[str, tuple[Path, Path]], full: dict[str, Path]) -> dict
     return sets
 
 
-def olmoe_sets(num_steps: int) -> dict:
-    """Steps sampled from each domain's counts: no sequences, so the held-out figures'
-    intervals are over sampled steps."""
+def count_sets(counts: dict[str, np.ndarray], top_k: int, num_steps: int) -> dict:
+    """Steps sampled from each domain's [L, E] selection counts, (domain, B, kind) ->
+    TokenSteps: no sequences, so held-out intervals are over sampled steps. "held" and
+    "full" are the same sample (a count matrix has no halves)."""
     from solvers.steps import gumbel_top_k
     from traces.profile import TokenSteps
 
     sets = {}
-    for d in DOMAINS:
-        counts = np.load(OLMOE / f"{d}.npy").astype(np.float64)
-        logits = np.log(counts / counts.sum(axis=1, keepdims=True))
+    for d, matrix in counts.items():
+        matrix = matrix.astype(np.float64)
+        layers, experts = matrix.shape
+        with np.errstate(divide="ignore"):
+            logits = np.log(matrix / matrix.sum(axis=1, keepdims=True))
         for b in BATCHES:
             for kind, seed in (("calib", 1), ("held", 2), ("full", 2)):
                 rng = np.random.default_rng(seed)
-                tok = np.empty((num_steps, b, 3, 8), dtype=np.int16)
-                for layer in range(3):
-                    tiled = np.broadcast_to(logits[layer], (num_steps * b, 64))
-                    tok[:, :, layer] = gumbel_top_k(tiled, 8, rng).reshape(num_steps, b, 8)
+                tok = np.empty((num_steps, b, layers, top_k), dtype=np.int16)
+                for layer in range(layers):
+                    tiled = np.broadcast_to(logits[layer], (num_steps * b, experts))
+                    tok[:, :, layer] = gumbel_top_k(tiled, top_k, rng).reshape(num_steps, b,
+                                                                                top_k)
                 sets[(d, b, kind)] = TokenSteps(tok, np.full((num_steps, b), -1, np.int64))
     return sets
+
+
+def olmoe_counts() -> dict[str, np.ndarray]:
+    return {d: np.load(OLMOE / f"{d}.npy") for d in DOMAINS}
+
+
+def mixtral_counts() -> dict[str, np.ndarray]:
+    """Mixtral-8x7B's per-domain counts (layers 0, 7, 15) and, from fiddler, per-MMLU-subject
+    counts of all 32 layers (original model)."""
+    domains = {d: np.load(MIXTRAL / f"{d}.npy") for d in DOMAINS}
+    subjects = {p.stem: np.array(json.loads(p.read_text())["expert_popularity"])
+                for p in sorted(FIDDLER.glob("*.json"))}
+    return domains, subjects
+
+
+def skewed_and_flat() -> None:
+    """Section 5."""
+    print("\n5. what placement buys by how skewed routing is (2048 steps sampled from counts, "
+          "one card, 35% of expert bytes on the host): placement / layer offload stall, mean "
+          "over domains with its 95% interval")
+    skew("OLMoE-1B-7B, domains", olmoe_counts(), 8, 3 * 2048 * 1024 * 2)
+    domains, subjects = mixtral_counts()
+    mixtral_expert = 3 * 4096 * 14336 * 2
+    skew("Mixtral-8x7B, domains", domains, 2, mixtral_expert)
+    skew("Mixtral-8x7B, MMLU subjects (fiddler)", subjects, 2, mixtral_expert)
+
+
+def skew(name: str, counts: dict[str, np.ndarray], top_k: int, expert_bytes: int) -> None:
+    """Section 5 for one data set: in profile (plan on a domain's calibration sample, replayed
+    on a second sample) and unseen (robust plan over the other domains), placement / layer
+    offload with its 95% interval, means over the domains."""
+    from placer.intervals import REPLICATES, verdict
+    from placer.replay import make_steps, replay_with_intervals
+    from solvers import baselines, ilp, robust
+
+    sets = count_sets(counts, top_k, 2048)
+    shape = next(iter(counts.values())).shape
+    domains = list(counts)
+
+    def steps_of(d: str, b: int, kind: str, weight: float = 1.0):
+        return make_steps(f"{d}-{kind}", sets[(d, b, kind)], shape[1], weight, 0.0)
+
+    empty = problem_of(shape, expert_bytes, [])
+    layer = baselines.layer_offload(empty).placement
+    uniform = baselines.uniform(empty, top_k=top_k, seed=0).placement
+    cold = 1 - layer.resident_bytes(empty).sum() / empty.expert_bytes.sum()
+    rows: dict[tuple[str, int], list] = {}
+    for i, d in enumerate(domains):
+        own = [steps_of(d, b, "calib", 1.0 / len(BATCHES)) for b in BATCHES]
+        plans = {"in profile": ilp.solve(problem_of(shape, expert_bytes, own),
+                                         time_limit=30).placement,
+                 "unseen": robust.solve([problem_of(shape, expert_bytes, [steps_of(o, b, "calib")])
+                                         for o in domains if o != d for b in BATCHES],
+                                        time_limit=30).result.placement}
+        for b in BATCHES:
+            got = replay_with_intervals(problem_of(shape, expert_bytes, []),
+                                        {**plans, "layer": layer, "uniform": uniform},
+                                        sets[(d, b, "held")], 0.0, REPLICATES, 100 * i + b)
+            for line in plans:
+                rows.setdefault((line, b), []).append(
+                    [got.stall[line].ratio_to(got.stall[base]) for base in ("layer", "uniform")])
+    print(f"  {name} ({len(domains)} domains, {shape[0]} layers x {shape[1]} experts, "
+          f"top-{top_k}; layer offload puts {cold:.0%} of the bytes on the host, whole "
+          f"layers):")
+    for (line, b), ests in rows.items():
+        to_layer, to_uniform = (mean_estimate([e[i] for e in ests]) for i in (0, 1))
+        print(f"    {line:10s} B={b}: placement / layer offload {span(to_layer)} "
+              f"({verdict(to_layer.ci95())}), / uniform {span(to_uniform)} "
+              f"({verdict(to_uniform.ci95())})")
 
 
 def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
@@ -315,10 +390,12 @@ def main() -> None:
         lodo((26, 64), 3 * 2048 * 1408 * 2, esft_sets(dirs, full), list(tasks),
              "ESFT tasks, every token")
         if not args.quick:
-            lodo((3, 64), 3 * 2048 * 1024 * 2, olmoe_sets(2048), list(DOMAINS),
-                 "OLMoE domains, 2048 steps sampled from counts")
+            lodo((3, 64), 3 * 2048 * 1024 * 2, count_sets(olmoe_counts(), 8, 2048),
+                 list(DOMAINS), "OLMoE domains, 2048 steps sampled from counts")
         curve(root, dirs)
         ilp_scaling(full["intent"])
+        if not args.quick:
+            skewed_and_flat()
 
 
 if __name__ == "__main__":
