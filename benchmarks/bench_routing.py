@@ -4,7 +4,9 @@
 
 Data: ../shared/data/routing (its README names sources and licenses): per-token routing of
 four ESFT tasks on DeepSeek-V2-Lite (26 MoE layers x 64 experts, top-6) and per-domain
-selection counts of OLMoE-1B-7B (decoder layers 0, 7, 15 x 64 experts, top-8, five domains).
+selection counts of OLMoE-1B-7B (decoder layers 0, 7, 15 x 64 experts, top-8, five domains)
+and of Mixtral-8x7B (the same layers and domains, 8 experts, top-2; and all 32 layers on seven
+MMLU subjects, from fiddler).
 Skipped, with a line saying so, where ../shared is absent (a user's clone).
 Box: one card with PCIe 4.0 x16 (25 GB/s, 10 us per copy; benchmarks/one-card.toml), 35% of
 the expert bytes on the host, staging execution, B = 1 and 8.
@@ -28,6 +30,13 @@ Prints:
    beside uniform and the oracle (`placer evaluate --curve`).
 4. ILP seconds on the one-card ESFT problem from 256 sampled steps and from every one of the
    8,222 tokens of the task (32x): target at most 4x.
+5. what placement buys by how skewed the routing is (OLMoE against Mixtral's nearly flat
+   routing): per domain, a plan on a sample of its counts (in profile) and a robust plan over
+   the other domains (unseen), replayed on a second sample; placement / layer offload and
+   placement / uniform (the same bytes on the host, spread at random) with 95% intervals
+   over sampled steps, means over domains. On three-layer slices layer offload must put two
+   of the three layers on the host (67% of the bytes, not 35%): there / uniform is the fair
+   figure.
 """
 
 from __future__ import annotations
