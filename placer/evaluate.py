@@ -39,7 +39,7 @@ from placer.intervals import (
     verdict,
 )
 from placer.plan import Plan
-from placer.replay import CHUNK_CELLS, make_steps, replay_with_intervals, share_weights
+from placer.replay import make_steps, replay_with_intervals, share_weights
 from placer.solve import cards_of, execution_of, figures
 from placer.solve_options import DEFAULT_STEPS, EXECUTIONS
 from solvers import baselines, greedy, ilp
@@ -164,17 +164,13 @@ def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 def js_replicates(calib: np.ndarray, per_seq: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """[R, L] Jensen-Shannon divergence in bits between `calib` [L, E] and each replicate's
     held-out counts: the sum over sequences of per_seq [n, L, E] weighted by weights [R, n]
-    (a row of ones gives the held-out counts themselves). Replicates are taken in chunks of
-    at most CHUNK_CELLS [L, E] cells."""
-    count, num_layers, num_experts = per_seq.shape
-    flat = per_seq.reshape(count, -1).astype(np.float64)
-    chunk = max(1, CHUNK_CELLS // flat.shape[1])
-    out = []
-    for start in range(0, len(weights), chunk):
-        counts = (weights[start:start + chunk] @ flat).reshape(-1, num_experts)
-        js = js_divergence(np.tile(calib, (len(counts) // num_layers, 1)), counts)
-        out.append(js.reshape(-1, num_layers))
-    return np.concatenate(out)
+    (a row of ones gives the held-out counts themselves). One layer at a time: temporaries
+    n x E + R x E."""
+    out = np.empty((len(weights), calib.shape[0]))
+    for layer in range(calib.shape[0]):
+        counts = weights @ per_seq[:, layer].astype(np.float64)  # [R, E]
+        out[:, layer] = js_divergence(np.broadcast_to(calib[layer], counts.shape), counts)
+    return out
 
 
 def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: int,

@@ -211,7 +211,7 @@ def test_every_figure_has_an_interval_around_it(small, cli):
     assert f"profile {drift['js_mean_bits']:.4f} ± {half:.4f} bits" in text
 
 
-def test_drift_replicates_reweigh_per_sequence_counts_exactly(small, monkeypatch):
+def test_drift_replicates_reweigh_per_sequence_counts_exactly(small):
     ids, per_seq = sequence_counts(small["held"])
     np.testing.assert_array_equal(ids, (2 << 32) + np.arange(8))
     for i, seq in enumerate(small["held_seqs"]):  # [n_i, L, k] -> [L, E] by hand
@@ -225,8 +225,7 @@ def test_drift_replicates_reweigh_per_sequence_counts_exactly(small, monkeypatch
     weights = np.ones((3, 8))
     weights[1] = 0.0
     weights[1, 4] = 8.0  # every draw is sequence 4
-    monkeypatch.setattr("placer.evaluate.CHUNK_CELLS", 2 * len(LAYERS) * EXPERTS)
-    reps = js_replicates(calib, per_seq, weights)  # in two chunks, of 2 and 1 replicates
+    reps = js_replicates(calib, per_seq, weights)
     point = js_divergence(calib, profile.counts)
     np.testing.assert_array_equal(reps[0], point)  # all weights 1: the held-out counts
     np.testing.assert_array_equal(reps[2], point)
