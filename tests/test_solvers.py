@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -104,16 +105,51 @@ def test_robust_minimizes_the_mean_regret_never_worse_than_layer_offload() -> No
     assert max(outcome.ratios.values()) <= 1.0 + 1e-9
     assert outcome.result.objective == pytest.approx(
         np.mean(regrets(problems, outcome.result.placement)), rel=1e-9)
-    layer = baselines.layer_offload(skewed).placement
-    best = np.inf
-    for bits in itertools.product((0, 1), repeat=skewed.expert_bytes.size):
-        placement = Placement(np.array(bits).reshape(skewed.expert_bytes.shape))
-        guarded = all(cost.objective(p, placement) <= cost.objective(p, layer) * (1 + 1e-12)
-                      for p in problems)
-        if placement.fits(skewed) and guarded:
-            best = min(best, float(np.mean(regrets(problems, placement))))
-    assert outcome.result.objective == pytest.approx(best, rel=1e-9)
+    assert outcome.result.objective == pytest.approx(least_mean_regret(problems), rel=1e-9)
     assert outcome.result.bound <= outcome.result.objective + 1e-12
+
+
+def least_mean_regret(problems: list[Problem], guarded: bool = True) -> float:
+    """The least mean regret of a placement (never worse than layer offload where `guarded`),
+    by brute force."""
+    first = problems[0]
+    layer = baselines.layer_offload(first).placement
+    best = np.inf
+    for bits in itertools.product((0, 1), repeat=first.expert_bytes.size):
+        placement = Placement(np.array(bits).reshape(first.expert_bytes.shape))
+        safe = all(cost.objective(p, placement) <= cost.objective(p, layer) * (1 + 1e-12)
+                   for p in problems)
+        if placement.fits(first) and (safe or not guarded):
+            best = min(best, float(np.mean(regrets(problems, placement))))
+    return best
+
+
+def test_robust_pdlp_path_bounds_the_mean_regret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path of full-size problems: a bound from the guard-free LP, candidates rounded from
+    it; the placement stays guarded and the bound below the brute-force optimum."""
+    monkeypatch.setattr(robust, "SCIP_MAX_TIME_ROWS", 0)
+    problems = [small_problem(0, popularity=(0.8, 0.5, 0.2, 0.1), name="skewed"),
+                small_problem(0, popularity=(0.1, 0.2, 0.5, 0.8), name="reverse",
+                              traffic_seed=1)]
+    a, b = (robust.solve(problems, time_limit=10, seed=0) for _ in range(2))
+    assert np.array_equal(a.result.placement.resident_pages, b.result.placement.resident_pages)
+    assert max(a.ratios.values()) <= 1.0 + 1e-9
+    assert a.result.objective == pytest.approx(
+        np.mean(regrets(problems, a.result.placement)), rel=1e-9)
+    optimum, unguarded = least_mean_regret(problems), least_mean_regret(problems, False)
+    assert 0.5 * optimum <= a.result.bound <= unguarded + 1e-12  # the guard-free LP's bound
+    assert optimum <= a.result.objective + 1e-12
+    # The bound is the LP bound of the summed regrets (each profile's steps over its own
+    # greedy stall), as ilp's full-size path computes it, over the number of profiles.
+    monkeypatch.setattr(ilp, "SCIP_MAX_TIME_ROWS", 0)
+    units = [greedy.solve(p, seed=0).objective for p in problems]
+    summed = Problem(problems[0].expert_bytes, problems[0].home, problems[0].capacity,
+                     problems[0].cards, [replace(st, weight=st.weight / u)
+                                         for p, u in zip(problems, units, strict=True)
+                                         for st in p.steps])
+    assert a.result.bound == pytest.approx(ilp.solve(summed, time_limit=10).bound / 2, rel=1e-9)
+    assert a.result.gap > 0  # this LP relaxation is not tight: the bound was not clipped
+    assert 0.0 <= a.result.gap < 1.0
 
 
 def test_robust_worst_minimizes_the_worst_ratio_to_layer_offload() -> None:
