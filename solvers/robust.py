@@ -22,7 +22,7 @@ larger one gets the LP dual bound (PDLP) of the model without the guards, whose 
 is the summed regret, divided by K: dropping constraints only lowers the optimum, and the
 worst regret is at least the mean. Its rounded LP solutions are candidates beside the greedy
 and layer offload; the best guarded one is returned. On the DeepSeek-V3-shaped problem of
-benchmarks/bench_solvers.py (two traffic profiles x B = 1, 8) that is a 1.5% gap in 56 s,
+benchmarks/bench_solvers.py (two traffic profiles x B = 1, 8) that is a 1.5% gap in 50-56 s,
 where SCIP proved no bound within 60 s.
 """
 
