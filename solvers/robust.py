@@ -16,14 +16,16 @@ B = 1 / 8 where minimizing the worst ratio to layer offload (placer's former --r
 four tasks both are within 0.5% on the unseen task (2.28x / 1.77x) and the mean regret is
 better in profile (1.42x / 1.32x against 1.58x / 1.42x).
 
-Solved as ilp.py solves the plain model: SCIP from the better of the greedy (on the summed
-regrets) and layer offload where the model has at most SCIP_MAX_TIME_ROWS time rows. A
-larger one gets the LP dual bound (PDLP) of the model without the guards, whose objective
-is the summed regret, divided by K: dropping constraints only lowers the optimum, and the
-worst regret is at least the mean. Its rounded LP solutions are candidates beside the greedy
-and layer offload; the best guarded one is returned. On the DeepSeek-V3-shaped problem of
-benchmarks/bench_solvers.py (two traffic profiles x B = 1, 8) that is a 1.5% gap in 50-56 s,
-where SCIP proved no bound within 60 s.
+Solved in two steps. First the LP of the summed regrets without the guards (PDLP, as
+ilp.py's full-size path): its dual bound over K bounds the mean regret (dropping constraints
+only lowers the optimum, and the worst regret is at least the mean), and its rounded
+solutions are candidates beside the greedy (on the summed regrets) and layer offload. Then,
+where the guarded model has at most SCIP_MAX_TIME_ROWS time rows, SCIP gets it for the time
+left, from the best candidate; the bound is the better of the two. The best guarded
+candidate is returned. On the DeepSeek-V3-shaped problem of benchmarks/bench_solvers.py
+(two traffic profiles x B = 1, 8) that is a 1.5% gap in 50-56 s, where SCIP alone proved
+no bound within 60 s; on `make demo`'s robust plan (35,748 time rows, 20 s) 0.86% where
+SCIP alone, whose root LP did not finish, left a 100% gap.
 """
 
 from __future__ import annotations
@@ -169,27 +171,29 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
     data = milp_data(merged, patterns, block_group=profile_of)
     merged_patterns = problem_patterns(merged)
     candidates = [greedy.greedy_pages(merged, merged_patterns, seed), layer_pl.resident_pages]
+    # The LP of the summed regrets without the guards (PDLP, as ilp's full-size path): its
+    # dual bound over K bounds the mean regret (dropping constraints only lowers the optimum,
+    # and the worst regret is at least the mean), and its rounded solutions are candidates.
+    # SCIP then gets the guarded model, where it is small enough, for what time is left.
+    small = data.num_time_rows <= SCIP_MAX_TIME_ROWS
+    left = time_limit - (time.perf_counter() - start)
+    plain = milp_data(merged, merged_patterns)
+    values, duals, converged = pdlp_duals(plain, left / 2 if small else left - RESERVE_S,
+                                          PDLP_ITERATIONS)
+    bound = dual_bound(plain, duals) * plain.time_scale / len(problems)
+    if converged:
+        candidates += rounded_candidates(merged, merged_patterns, plain, values, seed)
     scores = [value(c) for c in candidates]
-    if data.num_time_rows <= SCIP_MAX_TIME_ROWS:
+    optimal = False
+    if small:
         milp = _regret_model(data, problems, layer, unit, objective)
         milp.hint(candidates[int(np.argmin(scores))])
         values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start),
                                            seed)
         if values is not None:
             candidates.append(milp.pages(values).reshape(first.expert_bytes.shape))
-        bound = bound_units * data.time_scale
-    else:
-        # Too large for SCIP's root LP (ilp.py): the bound is the LP dual bound of the model
-        # without the guards, whose objective is the sum of the regrets (dropping constraints
-        # only lowers the optimum, and the worst regret is at least their mean), and the LP
-        # solution rounded gives more candidates, as ilp.solve does.
-        plain = milp_data(merged, merged_patterns)
-        left = time_limit - (time.perf_counter() - start) - RESERVE_S
-        values, duals, converged = pdlp_duals(plain, left, PDLP_ITERATIONS)
-        bound = dual_bound(plain, duals) * plain.time_scale / len(problems)
-        optimal = False
-        if converged:
-            candidates += rounded_candidates(merged, merged_patterns, plain, values, seed)
+        if np.isfinite(bound_units):
+            bound = max(bound, bound_units * data.time_scale)
     scores += [value(c) for c in candidates[len(scores):]]
     # The last of the best: a solver's candidate over the hint it ties with.
     pick = len(scores) - 1 - int(np.argmin(scores[::-1]))
