@@ -85,6 +85,22 @@ def _check_same_layout(problems: list[Problem]) -> None:
                               "differ")
 
 
+def _grouped_data(merged: Problem, num_profiles: int) -> MilpData:
+    """The MILP data of `merged` (profile k's steps named "k") with each profile's patterns
+    kept as a separate block group, so each profile's stall is a linear expression."""
+    per_profile = [problem_patterns(replace(merged, steps=[st for st in merged.steps
+                                                           if st.name == str(k)]))
+                   for k in range(num_profiles)]
+    # One pattern list per layer (as milp_data expects), profiles kept as separate groups.
+    patterns = [LayerPatterns(np.concatenate([pats[lay].selected for pats in per_profile]),
+                              np.concatenate([pats[lay].weight for pats in per_profile]))
+                for lay in range(merged.num_layers)]
+    profile_of = np.concatenate([np.repeat(np.arange(num_profiles),
+                                           [pats[lay].weight.size for pats in per_profile])
+                                 for lay in range(merged.num_layers)])
+    return milp_data(merged, patterns, block_group=profile_of)
+
+
 def _regret_model(data: MilpData, problems: list[Problem], layer: list[float],
                   unit: list[float], objective: str) -> MilpModel:
     """The MILP over `data` (profiles as block groups) with each profile's regret
@@ -134,7 +150,6 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
     _check_same_layout(problems)
     start = time.perf_counter()
     first = problems[0]
-    num_layers = first.num_layers
     layer_pl = baselines.layer_offload(first).placement
     layer = [cost.objective(p, layer_pl) for p in problems]
     # Each profile's own best (greedy) stall: the unit its regret is counted in ("worst":
@@ -145,16 +160,6 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
     steps = [replace(st, name=f"{k}", weight=st.weight / unit[k])
              for k, p in enumerate(problems) for st in p.steps]
     merged = replace(first, steps=steps)
-    per_profile = [problem_patterns(replace(first, steps=[st for st in steps
-                                                          if st.name == str(k)]))
-                   for k in range(len(problems))]
-    # One pattern list per layer (as milp_data expects), profiles kept as separate groups.
-    patterns = [LayerPatterns(np.concatenate([pats[lay].selected for pats in per_profile]),
-                              np.concatenate([pats[lay].weight for pats in per_profile]))
-                for lay in range(num_layers)]
-    profile_of = np.concatenate([np.repeat(np.arange(len(problems)),
-                                           [pats[lay].weight.size for pats in per_profile])
-                                 for lay in range(num_layers)])
 
     def value(pages: np.ndarray) -> float:
         """Mean (worst) regret of a placement; inf where it does not fit or is worse than
@@ -168,16 +173,19 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
         regret = [v / u for v, u in zip(stall, unit, strict=True)]
         return float(np.mean(regret) if objective == "regret" else max(regret))
 
-    data = milp_data(merged, patterns, block_group=profile_of)
     merged_patterns = problem_patterns(merged)
     candidates = [greedy.greedy_pages(merged, merged_patterns, seed), layer_pl.resident_pages]
     # The LP of the summed regrets without the guards (PDLP, as ilp's full-size path): its
     # dual bound over K bounds the mean regret (dropping constraints only lowers the optimum,
     # and the worst regret is at least the mean), and its rounded solutions are candidates.
     # SCIP then gets the guarded model, where it is small enough, for what time is left.
-    small = data.num_time_rows <= SCIP_MAX_TIME_ROWS
-    left = time_limit - (time.perf_counter() - start)
     plain = milp_data(merged, merged_patterns)
+    # Keeping the profiles apart only adds time rows: a plain model too large for SCIP
+    # needs no guarded one built.
+    data = (_grouped_data(merged, len(problems))
+            if plain.num_time_rows <= SCIP_MAX_TIME_ROWS else None)
+    small = data is not None and data.num_time_rows <= SCIP_MAX_TIME_ROWS
+    left = time_limit - (time.perf_counter() - start)
     values, duals, converged = pdlp_duals(plain, left / 2 if small else left - RESERVE_S,
                                           PDLP_ITERATIONS)
     bound = dual_bound(plain, duals) * plain.time_scale / len(problems)
