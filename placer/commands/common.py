@@ -1,4 +1,5 @@
-"""What every command shares: the domain-error boundary and JSON printing."""
+"""What every command shares: the domain-error boundary, JSON printing and how a figure with
+its 95% interval is shown."""
 
 from __future__ import annotations
 
@@ -53,6 +54,18 @@ def print_json(obj: Any) -> None:
     """Print `obj` as indented strict JSON on stdout (the `--json` contract for scripts:
     NaN and inf print as null)."""
     typer.echo(dumps_json(obj, indent=2))
+
+
+def plus_minus(figures: dict, key: str, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
+    """"value ± half-width" of figure `key` and its 95% interval `<key>_ci95`, each times
+    `scale`, in `fmt`."""
+    low, high = figures[f"{key}_ci95"]
+    return f"{fmt.format(figures[key] * scale)} ± {fmt.format((high - low) / 2 * scale)}"
+
+
+def span(ci: list[float], fmt: str = "{:.3f}") -> str:
+    """An interval [low, high] as "[low, high]" in `fmt`."""
+    return f"[{fmt.format(ci[0])}, {fmt.format(ci[1])}]"
 
 
 def parse_list(text: str, kind: type, what: str) -> list:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, parse_list, print_json
+from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.plan import read_plan
@@ -102,27 +102,28 @@ def print_report(report: dict) -> None:
             table.add_row(r["traces"] if i == 0 else "", str(r["concurrency"]) if i == 0 else "",
                           r["execution"] if i == 0 else "",
                           "layer offload" if line == "layer" else line,
-                          _pm(f, "hit_rate", "{:.3f}"),
-                          _pm(f, "staged_bytes_per_token", "{:.1f}", 1 / 1024),
-                          _pm(f, "transfers_per_token", "{:.2f}"),
-                          _pm(f, "stall_ms_per_step", "{:.4f}"),
-                          _pm(f, "tokens_per_s", "{:.2f}"), end_section=i == 3)
+                          plus_minus(f, "hit_rate", "{:.3f}"),
+                          plus_minus(f, "staged_bytes_per_token", "{:.1f}", 1 / 1024),
+                          plus_minus(f, "transfers_per_token", "{:.2f}"),
+                          plus_minus(f, "stall_ms_per_step", "{:.4f}"),
+                          plus_minus(f, "tokens_per_s", "{:.2f}"), end_section=i == 3)
     console.print(table)
     for r in report["results"]:
         console.print(f"{r['traces']} B={r['concurrency']} {r['execution']}: {r['tokens']} "
                       f"tokens in "
                       f"{r['steps']} steps, interval over {r['interval_units']} "
                       f"{r['interval_over']}; stall / layer offload {r['ratio_to_layer']:.3f} "
-                      f"{_span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / oracle "
-                      f"{r['ratio_to_oracle']:.3f} {_span(r['ratio_to_oracle_ci95'])}")
+                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / oracle "
+                      f"{r['ratio_to_oracle']:.3f} {span(r['ratio_to_oracle_ci95'])}")
         if "placement+cache" in r:
             c = r["placement+cache"]
             console.print(f"{r['traces']} B={r['concurrency']}: placement + LRU of "
                           f"{c['cache_slots']} experts per card stages "
-                          f"{_pm(c, 'staged_bytes_per_token', '{:.1f}', 1 / 1024)} KiB/token "
-                          f"in {_pm(c, 'copies_per_token', '{:.2f}')} copies/token "
+                          f"{plus_minus(c, 'staged_bytes_per_token', '{:.1f}', 1 / 1024)} "
+                          f"KiB/token "
+                          f"in {plus_minus(c, 'copies_per_token', '{:.2f}')} copies/token "
                           f"({c['staged_bytes_saved']:.1%} "
-                          f"{_span(c['staged_bytes_saved_ci95'], '{:.1%}')} fewer bytes than "
+                          f"{span(c['staged_bytes_saved_ci95'], '{:.1%}')} fewer bytes than "
                           f"static alone)")
     for note in report["notes"]:
         console.print(f"note: {note}")
@@ -138,7 +139,8 @@ def print_report(report: dict) -> None:
         for row in report["curve"]:
             curve.add_row(row["line"], "" if row["fraction"] is None else f"{row['fraction']:g}",
                           f"{row['tokens']:.0f}" if "tokens" in row else "",
-                          _pm(row, "hit_rate", "{:.3f}"), _pm(row, "stall_ms_per_step", "{:.4f}"))
+                          plus_minus(row, "hit_rate", "{:.3f}"),
+                          plus_minus(row, "stall_ms_per_step", "{:.4f}"))
         console.print(curve)
     for v in report["verdicts"]:
         console.print(v["message"], style={"worse": "bold red", "better": "green"}.get(
@@ -147,20 +149,10 @@ def print_report(report: dict) -> None:
         console.print(f"plot written to {report['plot']}")
 
 
-def _pm(figures: dict, key: str, fmt: str, scale: float = 1.0) -> str:
-    """"value ± half-width" of a figure and its `<key>_ci95`."""
-    low, high = figures[f"{key}_ci95"]
-    return f"{fmt.format(figures[key] * scale)} ± {fmt.format((high - low) / 2 * scale)}"
-
-
 def _drift(drift: dict) -> str:
     """The mean JS divergence over layers in bits, "± half-width" of its 95% interval, or
     without one where there is none (imported counts have no sequences)."""
     if drift["js_mean_bits_ci95"] is None:
         return (f"{drift['js_mean_bits']:.4f} bits (mean over layers; no interval: imported "
                 f"counts have no sequences)")
-    return f"{_pm(drift, 'js_mean_bits', '{:.4f}')} bits (mean over layers)"
-
-
-def _span(ci: list[float], fmt: str = "{:.3f}") -> str:
-    return f"[{fmt.format(ci[0])}, {fmt.format(ci[1])}]"
+    return f"{plus_minus(drift, 'js_mean_bits', '{:.4f}')} bits (mean over layers)"

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, parse_list, print_json
+from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.hardware import load_spec
@@ -128,16 +128,10 @@ def prediction_table(rows: list[dict], title: str) -> Table:
         table.add_column(col, justify="right")
     for r in rows:
         p, lay, uni = r["placement"], r["layer"], r["uniform"]
-        low, high = r["ratio_to_layer_ci95"]
-        table.add_row(r["profile"], str(r["concurrency"]), _pm(p, "stall_ms_per_step"),
+        table.add_row(r["profile"], str(r["concurrency"]), plus_minus(p, "stall_ms_per_step"),
                       f"{p['tokens_per_s']:.2f}", f"{p['hit_rate']:.3f}",
-                      _pm(lay, "stall_ms_per_step"), f"{lay['tokens_per_s']:.2f}",
-                      _pm(uni, "stall_ms_per_step"),
-                      f"{r['ratio_to_layer']:.3f}x [{low:.3f}, {high:.3f}]")
+                      plus_minus(lay, "stall_ms_per_step"), f"{lay['tokens_per_s']:.2f}",
+                      plus_minus(uni, "stall_ms_per_step"),
+                      f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}")
     return table
 
-
-def _pm(figures: dict, key: str) -> str:
-    """"value ± half-width" of a figure and its 95% interval `<key>_ci95`."""
-    low, high = figures[f"{key}_ci95"]
-    return f"{figures[key]:.3f} ± {(high - low) / 2:.3f}"
