@@ -108,9 +108,9 @@ def evaluate(plan: Path, traces: Path, *extra: str) -> dict:
                              "--json", *extra))
 
 
-def interval(row: dict, key: str) -> str:
-    low, high = row[f"{key}_ci95"]
-    return f"{row[key]:.3f} [{low:.3f}, {high:.3f}]"
+def shown(point: float, ci95: list[float]) -> str:
+    """A figure and its 95% interval: "point [low, high]"."""
+    return f"{point:.3f} [{ci95[0]:.3f}, {ci95[1]:.3f}]"
 
 
 def in_profile(root: Path, tasks: tuple[str, ...], splits: int = SPLITS
@@ -139,8 +139,10 @@ def in_profile(root: Path, tasks: tuple[str, ...], splits: int = SPLITS
                     row["ratio_to_oracle"])
                 if split == 0:
                     print(f"  {task:12s} B={row['concurrency']}: placement / oracle "
-                          f"{interval(row, 'ratio_to_oracle')}, placement / layer offload "
-                          f"{interval(row, 'ratio_to_layer')}  ({row['verdict']})")
+                          f"{shown(row['ratio_to_oracle'], row['ratio_to_oracle_ci95'])}, "
+                          f"placement / layer offload "
+                          f"{shown(row['ratio_to_layer'], row['ratio_to_layer_ci95'])}  "
+                          f"({row['verdict']})")
     for (task, b), ratios in over_splits.items():
         mean = float(np.mean(ratios))
         print(f"  {task:12s} B={b}: placement / oracle over {len(ratios)} splits {mean:.3f} "
@@ -160,15 +162,37 @@ def mean_estimate(estimates: list):
                     np.mean([e.replicates for e in estimates], axis=0))
 
 
-def pm(row: dict, key: str) -> str:
-    """"value ± half-width" of a figure with its `<key>_ci95`."""
-    low, high = row[f"{key}_ci95"]
-    return f"{row[key]:.3f} ± {(high - low) / 2:.3f}"
-
-
 def span(est) -> str:
-    low, high = est.ci95()
-    return f"{est.point:.3f} [{low:.3f}, {high:.3f}]"
+    """An estimate (placer.intervals.Estimate) and its 95% interval: "point [low, high]"."""
+    return shown(est.point, est.ci95())
+
+
+def set_steps(sets: dict, num_experts: int, d: str, b: int, kind: str, weight: float = 1.0):
+    """Solver steps of sets[(d, b, kind)] (TokenSteps) with `weight`."""
+    from placer.replay import make_steps
+
+    return make_steps(f"{d}-{kind}", sets[(d, b, kind)], num_experts, weight, 0.0)
+
+
+def plain_over(sets: dict, shape: tuple[int, int], expert_bytes: int, known: list[str]):
+    """The ILP placement of the known domains' calibration steps at every B, weighed alike:
+    what `placer solve` does with several --traces."""
+    from solvers import ilp
+
+    weight = 1.0 / (len(known) * len(BATCHES))
+    calib = [set_steps(sets, shape[1], d, b, "calib", weight) for d in known for b in BATCHES]
+    return ilp.solve(problem_of(shape, expert_bytes, calib), time_limit=30).placement
+
+
+def robust_over(sets: dict, shape: tuple[int, int], expert_bytes: int, known: list[str],
+                objective: str = "regret"):
+    """The robust placement over the known domains' calibration steps, one profile per
+    (domain, B): placer's --robust ("regret") or its former one ("worst")."""
+    from solvers import robust
+
+    problems = [problem_of(shape, expert_bytes, [set_steps(sets, shape[1], d, b, "calib")])
+                for d in known for b in BATCHES]
+    return robust.solve(problems, time_limit=30, objective=objective).result.placement
 
 
 def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[str],
@@ -179,25 +203,18 @@ def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[st
     steps where it has none) in which every method and the oracle are weighed alike, so
     robust / worst is a paired ratio; domains are resampled independently and averaged."""
     from placer.intervals import REPLICATES, verdict
-    from placer.replay import make_steps, replay_with_intervals
-    from solvers import ilp, robust
-
-    def steps_of(d: str, b: int, kind: str, weight: float = 1.0):
-        return make_steps(f"{d}-{kind}", sets[(d, b, kind)], shape[1], weight, 0.0)
+    from placer.replay import replay_with_intervals
+    from solvers import ilp
 
     def solve_on(method: str, known: list[str]):
         if method == "plain":
-            weight = 1.0 / (len(known) * len(BATCHES))
-            calib = [steps_of(d, b, "calib", weight) for d in known for b in BATCHES]
-            return ilp.solve(problem_of(shape, expert_bytes, calib), time_limit=30).placement
-        problems = [problem_of(shape, expert_bytes, [steps_of(d, b, "calib")])
-                    for d in known for b in BATCHES]
-        objective = "worst" if method == "worst" else "regret"
-        return robust.solve(problems, time_limit=30, objective=objective).result.placement
+            return plain_over(sets, shape, expert_bytes, known)
+        return robust_over(sets, shape, expert_bytes, known,
+                           "worst" if method == "worst" else "regret")
 
     def ratios(placements: dict, d: str, b: int, kind: str, seed: int) -> dict:
         """Each method's placement / oracle stall on (d, b, kind), with replicates."""
-        oracle = ilp.solve(problem_of(shape, expert_bytes, [steps_of(d, b, kind)]),
+        oracle = ilp.solve(problem_of(shape, expert_bytes, [set_steps(sets, shape[1], d, b, kind)]),
                            time_limit=30).placement
         lines = {**placements, "oracle": oracle}
         got = replay_with_intervals(problem_of(shape, expert_bytes, []), lines,
@@ -281,7 +298,7 @@ def olmoe_counts() -> dict[str, np.ndarray]:
     return {d: np.load(OLMOE / f"{d}.npy") for d in DOMAINS}
 
 
-def mixtral_counts() -> dict[str, np.ndarray]:
+def mixtral_counts() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Mixtral-8x7B's per-domain counts (layers 0, 7, 15) and, from fiddler, per-MMLU-subject
     counts of all 32 layers (original model)."""
     domains = {d: np.load(MIXTRAL / f"{d}.npy") for d in DOMAINS}
@@ -293,8 +310,8 @@ def mixtral_counts() -> dict[str, np.ndarray]:
 def skewed_and_flat() -> None:
     """Section 5."""
     print("\n5. what placement buys by how skewed routing is (2048 steps sampled from counts, "
-          "one card, 35% of expert bytes on the host): placement / layer offload stall, mean "
-          "over domains with its 95% interval")
+          "one card, 35% of expert bytes on the host): placement / layer offload and "
+          "placement / uniform stall, means over domains with their 95% intervals")
     skew("OLMoE-1B-7B, domains", olmoe_counts(), 8, 3 * 2048 * 1024 * 2)
     domains, subjects = mixtral_counts()
     mixtral_expert = 3 * 4096 * 14336 * 2
@@ -307,28 +324,21 @@ def skew(name: str, counts: dict[str, np.ndarray], top_k: int, expert_bytes: int
     on a second sample) and unseen (robust plan over the other domains), placement / layer
     offload with its 95% interval, means over the domains."""
     from placer.intervals import REPLICATES, verdict
-    from placer.replay import make_steps, replay_with_intervals
-    from solvers import baselines, ilp, robust
+    from placer.replay import replay_with_intervals
+    from solvers import baselines
 
     sets = count_sets(counts, top_k, 2048)
     shape = next(iter(counts.values())).shape
     domains = list(counts)
-
-    def steps_of(d: str, b: int, kind: str, weight: float = 1.0):
-        return make_steps(f"{d}-{kind}", sets[(d, b, kind)], shape[1], weight, 0.0)
-
     empty = problem_of(shape, expert_bytes, [])
     layer = baselines.layer_offload(empty).placement
     uniform = baselines.uniform(empty, top_k=top_k, seed=0).placement
     cold = 1 - layer.resident_bytes(empty).sum() / empty.expert_bytes.sum()
     rows: dict[tuple[str, int], list] = {}
     for i, d in enumerate(domains):
-        own = [steps_of(d, b, "calib", 1.0 / len(BATCHES)) for b in BATCHES]
-        plans = {"in profile": ilp.solve(problem_of(shape, expert_bytes, own),
-                                         time_limit=30).placement,
-                 "unseen": robust.solve([problem_of(shape, expert_bytes, [steps_of(o, b, "calib")])
-                                         for o in domains if o != d for b in BATCHES],
-                                        time_limit=30).result.placement}
+        plans = {"in profile": plain_over(sets, shape, expert_bytes, [d]),
+                 "unseen": robust_over(sets, shape, expert_bytes,
+                                       [o for o in domains if o != d])}
         for b in BATCHES:
             got = replay_with_intervals(problem_of(shape, expert_bytes, []),
                                         {**plans, "layer": layer, "uniform": uniform},
@@ -347,6 +357,8 @@ def skew(name: str, counts: dict[str, np.ndarray], top_k: int, expert_bytes: int
 
 
 def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
+    from placer.commands.common import plus_minus
+
     print("\n3. calibration curve (ESFT intent, 4 folds over sequences, B=1; means over folds "
           "± the 95% interval over folds)")
     plan = solve(root, "intent-curve", [dirs["intent"][0]], batches=(1,))
@@ -355,7 +367,8 @@ def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
         share = "" if row["fraction"] is None else f"{row['fraction']:g} of the calibration"
         tokens = f", {row['tokens']:.0f} tokens" if "tokens" in row else ""
         print(f"  {row['line']:9s} {share}{tokens}: held-out hit rate "
-              f"{pm(row, 'hit_rate')}, stall {pm(row, 'stall_ms_per_step')} ms/step")
+              f"{plus_minus(row, 'hit_rate')}, stall {plus_minus(row, 'stall_ms_per_step')} "
+              f"ms/step")
 
 
 def ilp_scaling(full: Path) -> None:
