@@ -168,7 +168,6 @@ class Client:
                  shared_experts: int) -> None:
         self.url = f"{base_url}{self.route}"
         self.identity, self.options, self.shared_experts = identity, options, shared_experts
-        self.widths = {identity.top_k, identity.top_k + shared_experts}
 
     def generate(self, prompt: list[int]) -> Reply:
         return self.parse(prompt, _post_json(self.url, self.body(prompt), self.options))
@@ -178,25 +177,6 @@ class Client:
 
     def parse(self, prompt: list[int], response: object) -> Reply:
         raise NotImplementedError
-
-    def fit(self, routed: np.ndarray, prompt: list[int], output: list[int]) -> Reply:
-        """The reply from `routed` [tokens, num_hidden_layers, width]: the first P + O - 1
-        tokens, the model's MoE layers, the first top_k columns; a TraceError if the shape
-        or the ids do not fit the model."""
-        ident, tokens = self.identity, len(prompt) + len(output) - 1
-        if (routed.ndim != 3 or routed.shape[0] not in (tokens, tokens + 1)
-                or routed.shape[1] != ident.num_layers or routed.shape[2] not in self.widths):
-            raise TraceError(
-                f"{self.url}: routed experts of shape {list(routed.shape)} for {tokens} routed "
-                f"tokens; this model needs [{tokens}, {ident.num_layers} layers, top-k "
-                f"{ident.top_k}]: the server runs another model")
-        experts = routed[:tokens, list(ident.moe_layers), :ident.top_k]
-        if experts.size and (experts.min() < 0 or experts.max() >= ident.experts_per_layer):
-            raise TraceError(f"{self.url}: routed expert ids in [{experts.min()}, "
-                             f"{experts.max()}], this model has {ident.experts_per_layer} "
-                             "experts per layer: the server runs another model")
-        return Reply(prompt, output, experts.astype(np.int16))
-
 
 class SGLangClient(Client):
     """SGLang's `POST /generate` (module docstring)."""
@@ -257,6 +237,25 @@ class VLLMClient(Client):
             raise TraceError(f"{self.url}: routed experts of dtype {routed.dtype}, expected "
                              "integers")
         return self.fit(routed, prompt, output)
+
+    def fit(self, routed: np.ndarray, prompt: list[int], output: list[int]) -> Reply:
+        """The reply from `routed` [tokens, num_hidden_layers, width]: the first P + O - 1
+        tokens, the model's MoE layers, the first top_k columns; a TraceError if the shape
+        or the ids do not fit the model."""
+        ident, tokens = self.identity, len(prompt) + len(output) - 1
+        widths = (ident.top_k, ident.top_k + self.shared_experts)
+        if (routed.ndim != 3 or routed.shape[0] not in (tokens, tokens + 1)
+                or routed.shape[1] != ident.num_layers or routed.shape[2] not in widths):
+            raise TraceError(
+                f"{self.url}: routed experts of shape {list(routed.shape)} for {tokens} routed "
+                f"tokens; this model needs [{tokens}, {ident.num_layers} layers, top-k "
+                f"{ident.top_k}]: the server runs another model")
+        experts = routed[:tokens, list(ident.moe_layers), :ident.top_k]
+        if experts.size and (experts.min() < 0 or experts.max() >= ident.experts_per_layer):
+            raise TraceError(f"{self.url}: routed expert ids in [{experts.min()}, "
+                             f"{experts.max()}], this model has {ident.experts_per_layer} "
+                             "experts per layer: the server runs another model")
+        return Reply(prompt, output, experts.astype(np.int16))
 
 
 def _post_json(url: str, body: dict, options: ServerOptions) -> object:
