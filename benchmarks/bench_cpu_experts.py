@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from placer.probe import host_threads, last_level_cache_bytes, probe_host
+from placer.hardware.probe import host_threads, last_level_cache_bytes, probe_host
 from solvers.cpu import expert_seconds
 
 SHAPES = {  # name -> (hidden, inter)

@@ -9,7 +9,7 @@ temporary directory on the disk of the working directory, plans 30% of every car
 cold (mixed whole / paged / cold), then times, after one discarded warm-up pass of each:
 `cp -r` of the checkpoint, `cp -r` + `sync`, `placer emit` (read, write, fsync, sha256 of
 sources and outputs), the same emit again with the source's sha256 remembered from the first
-(placer/digests.py: re-emitting from an unchanged checkpoint hashes only the outputs), and
+(placer/placed/digests.py: re-emitting from an unchanged checkpoint hashes only the outputs), and
 `placer verify` (re-read and compare every byte, sha256 of outputs).
 
 Every timed step writes into a directory that does not exist, after the previous outputs
@@ -35,11 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from placer import digests
-from placer.emit import emit_placement
-from placer.inventory import read_inventory
-from placer.plan import build_plan, read_plan, write_json_atomic
-from placer.verify import verify_placed
+from placer.checkpoint.inventory import read_inventory
+from placer.files import write_json_atomic
+from placer.placed import digests
+from placer.placed.emit import emit_placement
+from placer.placed.verify import verify_placed
+from placer.plan.placement import build_plan, read_plan
 
 TEXTS = ["the quick brown fox jumps over the lazy dog"] * 50
 HIDDEN = {"qwen3_moe": 2048, "gpt_oss": 1024}  # model widths giving 3.4 and 3.3 GB
@@ -65,7 +66,7 @@ def make_plan(model: Path, root: Path) -> Path:
 
 
 def _spec():
-    from placer.hardware import parse_spec
+    from placer.hardware.spec import parse_spec
 
     return parse_spec({"name": "bench", "host_ram": "1TiB", "cards": 2,
                        "card": {"model": "x", "vram": "1TiB", "h2d_bandwidth": "50GB/s",
@@ -83,7 +84,7 @@ def timed(fn) -> float:
 
 def build_model(arch: str, hidden: int, root: Path) -> Path:
     """build_tiny_model in a child process; the checkpoint's directory."""
-    code = ("from pathlib import Path; from placer.tinymodel import build_tiny_model;"
+    code = ("from pathlib import Path; from placer.checkpoint.tiny import build_tiny_model;"
             f"build_tiny_model({arch!r}, Path({str(root / arch)!r}), texts={TEXTS!r},"
             f" layers=4, experts=32, top_k=4, hidden={hidden})")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -156,20 +156,20 @@ METHODS = ("plain", "worst", "robust")
 
 def mean_estimate(estimates: list):
     """The mean of independent figures (each its point and bootstrap replicates)."""
-    from placer.intervals import Estimate
+    from solvers.intervals import Estimate
 
     return Estimate(float(np.mean([e.point for e in estimates])),
                     np.mean([e.replicates for e in estimates], axis=0))
 
 
 def span(est) -> str:
-    """An estimate (placer.intervals.Estimate) and its 95% interval: "point [low, high]"."""
+    """An estimate (solvers.intervals.Estimate) and its 95% interval: "point [low, high]"."""
     return shown(est.point, est.ci95())
 
 
 def set_steps(sets: dict, num_experts: int, d: str, b: int, kind: str, weight: float = 1.0):
     """Solver steps of sets[(d, b, kind)] (TokenSteps) with `weight`."""
-    from placer.replay import make_steps
+    from solvers.replay import make_steps
 
     return make_steps(f"{d}-{kind}", sets[(d, b, kind)], num_experts, weight, 0.0)
 
@@ -202,9 +202,9 @@ def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[st
     Each held-out domain's figures come with a bootstrap over its sequences (its sampled
     steps where it has none) in which every method and the oracle are weighed alike, so
     robust / worst is a paired ratio; domains are resampled independently and averaged."""
-    from placer.intervals import REPLICATES, verdict
-    from placer.replay import replay_with_intervals
     from solvers import ilp
+    from solvers.intervals import REPLICATES, verdict
+    from solvers.replay import replay_with_intervals
 
     def solve_on(method: str, known: list[str]):
         if method == "plain":
@@ -323,9 +323,9 @@ def skew(name: str, counts: dict[str, np.ndarray], top_k: int, expert_bytes: int
     """Section 5 for one data set: in profile (plan on a domain's calibration sample, replayed
     on a second sample) and unseen (robust plan over the other domains), placement / layer
     offload with its 95% interval, means over the domains."""
-    from placer.intervals import REPLICATES, verdict
-    from placer.replay import replay_with_intervals
     from solvers import baselines
+    from solvers.intervals import REPLICATES, verdict
+    from solvers.replay import replay_with_intervals
 
     sets = count_sets(counts, top_k, 2048)
     shape = next(iter(counts.values())).shape
@@ -372,8 +372,8 @@ def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
 
 
 def ilp_scaling(full: Path) -> None:
-    from placer.replay import make_steps
     from solvers import ilp
+    from solvers.replay import make_steps
     from traces.profile import every_token_steps, sampled_token_steps
 
     print("\n4. ILP seconds against calibration size (ESFT intent, one card, B=1)")

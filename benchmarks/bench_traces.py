@@ -35,7 +35,7 @@ def bench_hooks(root: Path, repeats: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from placer.tinymodel import build_tiny_model
+    from placer.checkpoint.tiny import build_tiny_model
     from traces.capture import RouterCapture
 
     texts = [b for b in TEXT.read_text().split("\n\n") if b.strip()]

@@ -41,7 +41,7 @@ def fresh_dir(out: Path) -> Path:
 def tiny_model(out: Path) -> Path:
     """The walk-throughs' tiny qwen3_moe checkpoint (4 layers x 16 experts, top-2), built
     offline in `out` with a tokenizer trained on the bundled prose."""
-    from placer.tinymodel import build_tiny_model
+    from placer.checkpoint.tiny import build_tiny_model
 
     return build_tiny_model("qwen3_moe", out, texts=prose_blocks(), layers=4, experts=16,
                             top_k=2, hidden=64, router_scale=4.0)

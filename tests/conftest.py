@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from placer.tinymodel import ARCHITECTURES, build_tiny_model
+from placer.checkpoint.tiny import ARCHITECTURES, build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -21,9 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-import placer.emit
-from placer.plan import read_plan
-from placer.verify import verify_placed
+import placer.placed.emit
+import placer.placed.stream
+from placer.placed.verify import verify_placed
+from placer.plan.placement import read_plan
 
 MODES = ("fresh", "empty", "force")  # no --out yet; an empty one; a placement to replace
 OLD_ALIGN, NEW_ALIGN = 4096, 256
@@ -56,8 +57,8 @@ def check(out: Path, mode: str, completed: bool, model: Path) -> None:
 
 
 def slow_writes(announce: bool = False) -> None:
-    placer.emit.WRITE_BYTES = 8192
-    write, started = placer.emit._write_all, []
+    placer.placed.stream.WRITE_BYTES = 8192
+    write, started = placer.placed.stream._write_all, []
 
     def slow(fd: int, data, offset: int) -> None:
         if announce and not started:
@@ -66,14 +67,14 @@ def slow_writes(announce: bool = False) -> None:
         time.sleep(0.004)
         write(fd, data, offset)
 
-    placer.emit._write_all = slow
+    placer.placed.stream._write_all = slow
 
 
 def loop(model: Path, plan: Path, old: Path, root: Path, points: list) -> list[bool]:
     slow_writes()
     for signum in (signal.SIGINT, signal.SIGTERM):  # outside the emit's handlers: ignored
         signal.signal(signum, signal.SIG_IGN)
-    write, main_thread = placer.emit._write_all, threading.main_thread().ident
+    write, main_thread = placer.placed.stream._write_all, threading.main_thread().ident
     completed = []
     for i, (signum, nth, mode) in enumerate(points):
         out = root / str(i) / "placed"
@@ -87,18 +88,18 @@ def loop(model: Path, plan: Path, old: Path, root: Path, points: list) -> list[b
                 signal.pthread_kill(main_thread, signum)
             write(fd, data, offset)
 
-        placer.emit._write_all = signalling
+        placer.placed.stream._write_all = signalling
         done = False
         try:
             try:
-                placer.emit.emit_placement(read_plan(plan), model, out, align=NEW_ALIGN,
+                placer.placed.emit.emit_placement(read_plan(plan), model, out, align=NEW_ALIGN,
                                            force=mode == "force")
                 done = True
             finally:
                 time.sleep(0.01)  # a signal sent now is handled in here
         except KeyboardInterrupt:
             pass
-        placer.emit._write_all = write
+        placer.placed.stream._write_all = write
         completed.append(done)
     return completed
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from placer.tinymodel import ARCHITECTURES, build_tiny_model
+from placer.checkpoint.tiny import ARCHITECTURES, build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"

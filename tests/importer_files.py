@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 # A DeepSeek-V2-style model: 4 decoder layers, layer 0 dense, MoE layers 1..3 of 8 experts,
-# top-2. Only what placer.inventory.estimate_inventory reads.
+# top-2. Only what placer.checkpoint.inventory.estimate_inventory reads.
 NUM_LAYERS, MOE_LAYERS, EXPERTS, TOP_K = 4, (1, 2, 3), 8, 2
 CONFIG = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
           "num_hidden_layers": NUM_LAYERS, "first_k_dense_replace": 1, "moe_layer_freq": 1,

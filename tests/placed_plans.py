@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from placer.hardware import parse_spec
-from placer.inventory import read_inventory
-from placer.plan import build_plan, write_json_atomic
+from placer.checkpoint.inventory import read_inventory
+from placer.files import write_json_atomic
+from placer.hardware.spec import parse_spec
+from placer.plan.placement import build_plan
 
 # Two cards on two host links, so both host files are written.
 SPEC = parse_spec({"name": "two-links", "host_ram": "1GiB", "cards": 2,

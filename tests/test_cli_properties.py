@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from placer.tinymodel import build_tiny_model
+from placer.checkpoint.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 BOX = REPO / "examples" / "tiny-box.toml"

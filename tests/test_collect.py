@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from cli_errors import assert_one_line_error
 
-from placer.tinymodel import ARCHITECTURES
+from placer.checkpoint.tiny import ARCHITECTURES
 
 pytest_plugins = ["fixtures_models"]  # the trace_models and collected fixtures
 
@@ -229,7 +229,7 @@ def test_random_tokens_are_uniform_ids_tagged_random(collected):
 
 
 def test_schema_and_metadata(collected, trace_models, trace_data):
-    from placer.inventory import read_inventory
+    from placer.checkpoint.inventory import read_inventory
 
     files = sorted(collected[("olmoe", "generate")].glob("*"))
     assert [f.suffix for f in files] == [".parquet"], "one complete file, no .tmp left"
@@ -333,7 +333,7 @@ def test_refuses_trace_dir_of_another_model(tmp_path, trace_models, placer_run, 
 
 def test_interrupted_run_leaves_no_complete_file(tmp_path, trace_models, monkeypatch, trace_data):
     import traces.collect as tc
-    from placer.inventory import read_inventory
+    from placer.checkpoint.inventory import read_inventory
     from traces.corpora import open_corpus
 
     model = trace_models["qwen3_moe"]

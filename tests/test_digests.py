@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from placed_plans import mixed_plan
 
-import placer.emit
-from placer import digests
+import placer.placed.emit
+from placer.placed import digests
 
 HOUR = 3600 * 10**9
 
@@ -39,14 +39,14 @@ def age(model: Path) -> None:
 def source_hashes(monkeypatch) -> list[str]:
     """Names of the source files sha256_file is asked to hash from now on."""
     seen: list[str] = []
-    real = placer.emit.sha256_file
+    real = placer.placed.emit.sha256_file
 
     def counting(path, abort=None):
         if not path.name.startswith("."):  # outputs are hashed as written, not here
             seen.append(path.name)
         return real(path, abort)
 
-    monkeypatch.setattr(placer.emit, "sha256_file", counting)
+    monkeypatch.setattr(placer.placed.emit, "sha256_file", counting)
     return seen
 
 

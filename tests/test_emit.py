@@ -17,8 +17,8 @@ import pytest
 from placed_plans import mixed_plan
 from safetensors import safe_open
 
-from placer.inventory import read_inventory
-from placer.tinymodel import quantize_layout
+from placer.checkpoint.inventory import read_inventory
+from placer.checkpoint.tiny import quantize_layout
 
 
 def source_stream(model: Path, expert) -> bytes:
@@ -187,12 +187,14 @@ def test_emit_refuses_another_model_and_non_empty_out(tiny_models, tmp_path: Pat
 
 def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, monkeypatch
                                               ) -> None:
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
     def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(placer.emit, "_write_all", full)
+    monkeypatch.setattr(placer.placed.stream, "_write_all", full)
     out = tmp_path / "placed"
     result = cli("emit", "--plan", mixed_plan(tiny_models["qwen3_moe"], tmp_path), "--model",
                  tiny_models["qwen3_moe"], "--out", out, ok=False)
@@ -205,10 +207,12 @@ def test_a_write_failing_while_another_is_in_flight_leaves_nothing(tiny_models, 
     """8 KiB write buffers, so every output makes many writes, each on the io pool while the
     next buffer fills; the third fails: the emit stops, no fd is closed under a running write,
     nothing is left behind."""
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
-    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
-    write, calls = placer.emit._write_all, []
+    monkeypatch.setattr(placer.placed.stream, "WRITE_BYTES", 8192)
+    write, calls = placer.placed.stream._write_all, []
 
     def failing_third(fd, data, offset):
         calls.append(offset)
@@ -216,7 +220,7 @@ def test_a_write_failing_while_another_is_in_flight_leaves_nothing(tiny_models, 
             raise OSError(errno.ENOSPC, "No space left on device")
         write(fd, data, offset)
 
-    monkeypatch.setattr(placer.emit, "_write_all", failing_third)
+    monkeypatch.setattr(placer.placed.stream, "_write_all", failing_third)
     out = tmp_path / "placed"
     result = cli("emit", "--plan", mixed_plan(tiny_models["qwen3_moe"], tmp_path), "--model",
                  tiny_models["qwen3_moe"], "--out", out, ok=False)
@@ -229,7 +233,9 @@ def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path
     """Where the filesystem refuses O_DIRECT, outputs are fdatasynced every FLUSH_BYTES while
     written; an I/O error there (the disk refused the bytes) must fail the emit as the final
     fsync would, leaving nothing."""
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
     calls = []
 
@@ -237,8 +243,8 @@ def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path
         calls.append(fd)
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(placer.emit, "set_direct", lambda fd, on: False)
-    monkeypatch.setattr(placer.emit, "FLUSH_BYTES", 4096)
+    monkeypatch.setattr(placer.placed.stream, "set_direct", lambda fd, on: False)
+    monkeypatch.setattr(placer.placed.stream, "FLUSH_BYTES", 4096)
     monkeypatch.setattr(os, "fdatasync", failing)
     out = tmp_path / "placed"
     result = cli("emit", "--plan", mixed_plan(tiny_models["qwen3_moe"], tmp_path), "--model",
@@ -250,9 +256,11 @@ def test_a_failed_flush_while_writing_fails_the_emit(tiny_models, tmp_path: Path
 def _recording_writes(monkeypatch, refuse_direct: bool = False) -> list[bool]:
     """Patch emit's writes to record whether each went through O_DIRECT (and, with
     `refuse_direct`, to fail those with EINVAL as some filesystems do at the first write)."""
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
-    direct, write = [], placer.emit._write_all
+    direct, write = [], placer.placed.stream._write_all
 
     def recording(fd, data, offset):
         on = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
@@ -261,7 +269,7 @@ def _recording_writes(monkeypatch, refuse_direct: bool = False) -> list[bool]:
             raise OSError(errno.EINVAL, "Invalid argument")
         write(fd, data, offset)
 
-    monkeypatch.setattr(placer.emit, "_write_all", recording)
+    monkeypatch.setattr(placer.placed.stream, "_write_all", recording)
     return direct
 
 
@@ -271,14 +279,16 @@ def test_emit_through_small_buffers_is_exact(direct: bool, tiny_models, tmp_path
     """3 KiB reads into 8 KiB write buffers: the header, tensors and padding all cross read
     and buffer boundaries, both buffers are reused many times, and the last write is padded
     for O_DIRECT and cut back."""
-    import placer.emit
-    import placer.verify
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
+    import placer.placed.verify
 
-    monkeypatch.setattr(placer.emit, "READ_BYTES", 3072)
-    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
-    monkeypatch.setattr(placer.verify, "WRITE_BYTES", 4096)
+    monkeypatch.setattr(placer.placed.stream, "READ_BYTES", 3072)
+    monkeypatch.setattr(placer.placed.stream, "WRITE_BYTES", 8192)
+    monkeypatch.setattr(placer.placed.verify, "WRITE_BYTES", 4096)
     if not direct:
-        monkeypatch.setattr(placer.emit, "set_direct", lambda fd, on: False)
+        monkeypatch.setattr(placer.placed.stream, "set_direct", lambda fd, on: False)
     writes = _recording_writes(monkeypatch)
     model, out = tiny_models["qwen3_moe"], tmp_path / "placed"
     cli("emit", "--plan", mixed_plan(model, tmp_path), "--model", model, "--out", out,
@@ -306,9 +316,9 @@ def test_o_direct_refused_at_the_first_io_falls_back_to_buffered(tiny_models, tm
     if not any(writes):
         pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT at open already")
     assert not all(writes)  # each refused direct write was retried buffered
-    import placer.verify
+    import placer.placed.verify
 
-    read, reads = placer.verify.pread_into, []
+    read, reads = placer.placed.verify.pread_into, []
 
     def refusing(fd, buf, offset):
         on = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
@@ -317,7 +327,7 @@ def test_o_direct_refused_at_the_first_io_falls_back_to_buffered(tiny_models, tm
             raise OSError(errno.EINVAL, "Invalid argument")
         return read(fd, buf, offset)
 
-    monkeypatch.setattr(placer.verify, "pread_into", refusing)
+    monkeypatch.setattr(placer.placed.verify, "pread_into", refusing)
     assert "ok:" in cli("verify", out, "--model", model).output
     assert any(reads) and not all(reads)  # verify's direct reads, refused, were retried
 
@@ -326,12 +336,14 @@ def test_a_source_truncated_during_emit_is_an_error(tiny_models, tmp_path: Path,
                                                     monkeypatch) -> None:
     """The checkpoint passed the header checks, then shrank before its bytes were copied:
     a clear error, nothing left behind."""
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
     model = tmp_path / "model"
     shutil.copytree(tiny_models["qwen3_moe"], model)
     plan = mixed_plan(model, tmp_path)
-    read = placer.emit.read_inventory
+    read = placer.placed.emit.read_inventory
 
     def read_then_truncate(path):
         inv = read(path)
@@ -339,7 +351,7 @@ def test_a_source_truncated_during_emit_is_an_error(tiny_models, tmp_path: Path,
             os.truncate(f, f.stat().st_size // 2)
         return inv
 
-    monkeypatch.setattr(placer.emit, "read_inventory", read_then_truncate)
+    monkeypatch.setattr(placer.placed.emit, "read_inventory", read_then_truncate)
     out = tmp_path / "placed"
     result = cli("emit", "--plan", plan, "--model", model, "--out", out, ok=False)
     assert result.exit_code == 1 and "ended early (was it truncated?)" in result.output
@@ -384,7 +396,7 @@ def test_the_compiled_schema_check_agrees_with_jsonschema(placed) -> None:
     on the manifest, and on it with scalars replaced by other JSON types or keys dropped."""
     import jsonschema
 
-    from placer.manifest import _fast_check, manifest_schema
+    from placer.placed.manifest import _fast_check, manifest_schema
 
     fast = _fast_check()
     assert fast is not None, "the manifest schema uses a keyword compile_schema lacks"
@@ -417,10 +429,12 @@ def _signal_at_write(monkeypatch, signum: int, at: int = 3) -> list[int]:
     would), then goes on writing."""
     import threading
 
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
-    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
-    write, calls = placer.emit._write_all, []
+    monkeypatch.setattr(placer.placed.stream, "WRITE_BYTES", 8192)
+    write, calls = placer.placed.stream._write_all, []
 
     def signalling(fd, data, offset):
         calls.append(offset)
@@ -428,7 +442,7 @@ def _signal_at_write(monkeypatch, signum: int, at: int = 3) -> list[int]:
             signal.pthread_kill(threading.main_thread().ident, signum)
         write(fd, data, offset)
 
-    monkeypatch.setattr(placer.emit, "_write_all", signalling)
+    monkeypatch.setattr(placer.placed.stream, "_write_all", signalling)
     return calls
 
 
@@ -517,12 +531,14 @@ def test_emit_refuses_an_out_inside_equal_to_or_holding_the_model(tiny_models, t
 
 def test_a_full_disk_during_force_keeps_the_old_placement(placed, tmp_path: Path, cli,
                                                           monkeypatch) -> None:
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
     out, model = placed
     before = (out / "manifest.json").read_text()
-    monkeypatch.setattr(placer.emit, "WRITE_BYTES", 8192)
-    write, calls = placer.emit._write_all, []
+    monkeypatch.setattr(placer.placed.stream, "WRITE_BYTES", 8192)
+    write, calls = placer.placed.stream._write_all, []
 
     def full_at_fifth(fd, data, offset):
         calls.append(offset)
@@ -530,7 +546,7 @@ def test_a_full_disk_during_force_keeps_the_old_placement(placed, tmp_path: Path
             raise OSError(errno.ENOSPC, "No space left on device")
         write(fd, data, offset)
 
-    monkeypatch.setattr(placer.emit, "_write_all", full_at_fifth)
+    monkeypatch.setattr(placer.placed.stream, "_write_all", full_at_fifth)
     result = cli("emit", "--plan", tmp_path / "plan.json", "--model", model, "--out", out,
                  "--force", "--align", "256", ok=False)
     assert result.output.strip() == (f"error: writing {out} failed: No space left on device "
@@ -544,7 +560,9 @@ def test_the_space_check_counts_the_new_placement_beside_the_old(placed, tmp_pat
                                                                  monkeypatch) -> None:
     """--force writes the new placement beside the old, which stays until the swap: what is
     needed is every new output's bytes (each may pass its end by one O_DIRECT block)."""
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
     from placer.units import format_bytes
 
     out, model = placed
@@ -552,7 +570,7 @@ def test_the_space_check_counts_the_new_placement_beside_the_old(placed, tmp_pat
     need = sum(f["size"] + 4096 for f in manifest["files"])  # the same plan and align again
     free = [need - 1]
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(placer.emit.shutil, "disk_usage",
+    monkeypatch.setattr(placer.placed.commit.shutil, "disk_usage",
                         lambda path: usage._replace(free=free[0]))
     args = ["emit", "--plan", tmp_path / "plan.json", "--model", model, "--out", out, "--force"]
     result = cli(*args, ok=False)
@@ -571,20 +589,22 @@ def test_a_second_emit_into_the_same_out_is_refused(placed, tmp_path: Path, cli,
     the first completes, and the lock file goes with it."""
     import threading
 
-    import placer.emit
-    from placer.plan import read_plan
-    from placer.verify import verify_placed
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
+    from placer.placed.verify import verify_placed
+    from placer.plan.placement import read_plan
 
     out, model = placed
-    write, started, release = placer.emit._write_all, threading.Event(), threading.Event()
+    write, started, release = placer.placed.stream._write_all, threading.Event(), threading.Event()
 
     def waiting(fd, data, offset):
         started.set()
         release.wait(10)
         write(fd, data, offset)
 
-    monkeypatch.setattr(placer.emit, "_write_all", waiting)
-    first = threading.Thread(target=placer.emit.emit_placement,
+    monkeypatch.setattr(placer.placed.stream, "_write_all", waiting)
+    first = threading.Thread(target=placer.placed.emit.emit_placement,
                              args=(read_plan(tmp_path / "plan.json"), model, out),
                              kwargs={"align": 256, "force": True})
     first.start()
@@ -607,7 +627,9 @@ def test_what_a_killed_swap_left_is_recovered(placed, tmp_path: Path, cli, monke
     """Killed between moving the old placement aside and moving the new one in (where the
     filesystem cannot exchange two directories): the next emit moves the old one back and
     removes the staged one; the swap by two renames then works."""
-    import placer.emit
+    import placer.placed.commit
+    import placer.placed.emit
+    import placer.placed.stream
 
     out, model = placed
     before = (out / "manifest.json").read_text()
@@ -618,7 +640,7 @@ def test_what_a_killed_swap_left_is_recovered(placed, tmp_path: Path, cli, monke
     assert "pass --force" in cli(*args, ok=False).output
     assert (out / "manifest.json").read_text() == before
     assert hidden_leftovers(out) == []
-    monkeypatch.setattr(placer.emit, "exchange", lambda a, b: False)
+    monkeypatch.setattr(placer.placed.commit, "exchange", lambda a, b: False)
     cli(*args, "--force", "--align", "256")
     assert "ok:" in cli("verify", out, "--model", model).output
     assert json.loads((out / "manifest.json").read_text())["align"] == 256

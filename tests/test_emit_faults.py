@@ -30,8 +30,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from placed_plans import mixed_plan
 
-import placer.emit
-from placer.plan import read_plan
+import placer.placed.commit
+import placer.placed.emit
+import placer.placed.stream
+from placer.plan.placement import read_plan
 
 DRIVER = Path(__file__).resolve().parent / "emit_fault_driver.py"
 FAULTS = {"ENOSPC": lambda: OSError(errno.ENOSPC, "No space left on device"),
@@ -45,7 +47,7 @@ def setup(tiny_models, tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("faults")
     model = tiny_models["qwen3_moe"]
     plan = mixed_plan(model, root)
-    placer.emit.emit_placement(read_plan(plan), model, root / "old", align=OLD_ALIGN)
+    placer.placed.emit.emit_placement(read_plan(plan), model, root / "old", align=OLD_ALIGN)
     return model, plan, root / "old"
 
 
@@ -72,17 +74,18 @@ def test_a_fault_at_any_step(setup, tmp_path: Path, cli, mode: str, fault: str, 
             return real(*args, **kwargs)
         return run
 
-    exchange = placer.emit.exchange if can_exchange else (lambda a, b: False)
+    exchange = placer.placed.commit.exchange if can_exchange else (lambda a, b: False)
     with contextlib.ExitStack() as stack:
-        for name, target, real in [("write", placer.emit, placer.emit._write_all),
-                                   ("fsync", placer.emit, placer.emit.fsync_path),
-                                   ("manifest", placer.emit, placer.emit.write_manifest),
-                                   ("exchange", placer.emit, exchange),
+        emit, stream, commit = placer.placed.emit, placer.placed.stream, placer.placed.commit
+        for name, target, real in [("write", stream, stream._write_all),
+                                   ("fsync", emit, emit.fsync_path),
+                                   ("manifest", emit, emit.write_manifest),
+                                   ("exchange", commit, exchange),
                                    ("rename", os, os.rename)]:
             attr = {"write": "_write_all", "fsync": "fsync_path", "manifest": "write_manifest",
                     "exchange": "exchange", "rename": "rename"}[name]
             stack.enter_context(mock.patch.object(target, attr, step(name, real)))
-        stack.enter_context(mock.patch.object(placer.emit, "WRITE_BYTES", 8192))
+        stack.enter_context(mock.patch.object(placer.placed.stream, "WRITE_BYTES", 8192))
         result = cli("emit", "--plan", plan, "--model", model, "--out", out, "--align",
                      NEW_ALIGN, *(["--force"] if mode == "force" else []), ok=False)
     completed = len(steps) < at

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 from real_routing import ESFT, ESFT_CONFIG, esft_trace
 
-from placer.evaluate import (
+from placer.plan.placement import read_plan
+from placer.predict.drift import calibration_counts, js_divergence, js_replicates
+from placer.predict.evaluate import (
     EvalOptions,
-    calibration_counts,
     evaluate,
-    js_divergence,
-    js_replicates,
     plan_placement,
     plan_problem,
     trace_verdict,
 )
-from placer.intervals import (
+from solvers.cost import step_stats
+from solvers.intervals import (
     Estimate,
     attribute,
     ratio_estimate,
@@ -29,8 +29,6 @@ from placer.intervals import (
     units_of,
     verdict,
 )
-from placer.plan import read_plan
-from solvers.cost import step_stats
 from traces.errors import TraceError
 from traces.profile import (
     every_token_steps,

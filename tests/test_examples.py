@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from placer.plan import read_plan
-from placer.verify import verify_placed
+from placer.placed.verify import verify_placed
+from placer.plan.placement import read_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

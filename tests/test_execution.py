@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from placer.evaluate import plan_problem
-from placer.plan import read_plan
-from placer.replay import make_steps
+from placer.plan.placement import read_plan
+from placer.predict.evaluate import plan_problem
 from solvers import baselines, cost
+from solvers.replay import make_steps
 from traces.profile import every_token_steps, step_mask
 
 pytest_plugins = ["fixtures_models"]

@@ -11,9 +11,9 @@ import pytest
 from test_export_ktransformers import write_plan
 from test_regression_case import setup  # noqa: F401  (module fixture: a solved tiny plan)
 
-from placer.evaluate import plan_problem
 from placer.exporters.sglang import read_sglang_location
-from placer.plan import read_plan
+from placer.plan.placement import read_plan
+from placer.predict.evaluate import plan_problem
 from solvers import baselines
 from solvers.problem import Steps
 

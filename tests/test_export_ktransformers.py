@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from placer.exporters.ktransformers import gpu_experts_ratio
-from placer.hardware import parse_spec
-from placer.plan import CardPlan, ExpertPlacement, Page, Plan, write_json_atomic
+from placer.files import write_json_atomic
+from placer.hardware.spec import parse_spec
+from placer.plan.placement import CardPlan, ExpertPlacement, Page, Plan
 
 
 def _spec(cards: int):

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from placer.inventory import estimate_inventory
+from placer.checkpoint.estimate import estimate_inventory
 from traces.profile import load_profile
 from traces.schema import KIND_TOKENS, PHASES, SEQ_ID_SHIFT
 from traces.writer import TraceWriter

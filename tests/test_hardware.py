@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from placer.errors import PlacerError
-from placer.hardware import Host, load_spec, parse_spec, preset_names, spec_from_json
+from placer.hardware.spec import Host, load_spec, parse_spec, preset_names, spec_from_json
 
 GOOD = {
     "name": "box", "cards": 2,

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placer.inventory import CONFIG_INTS
-from placer.safetensors_header import DTYPE_BITS
+from placer.checkpoint.config import CONFIG_INTS
+from placer.checkpoint.header import DTYPE_BITS
 from traces.writer import TraceWriter
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, database=None,

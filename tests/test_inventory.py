@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from placer.inventory import estimate_inventory, read_inventory
-from placer.sparse_checkpoint import write_sparse_checkpoint
-from placer.tinymodel import ARCHITECTURES, quantize_layout
+from placer.checkpoint.estimate import estimate_inventory
+from placer.checkpoint.inventory import read_inventory
+from placer.checkpoint.sparse import write_sparse_checkpoint
+from placer.checkpoint.tiny import ARCHITECTURES, quantize_layout
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -104,7 +104,7 @@ def test_second_copy_of_a_shard_is_refused(cli, tiny_models, tmp_path: Path) -> 
 
 def test_index_names_the_copy_to_read(cli, tiny_models, tmp_path: Path) -> None:
     """With an index, a tensor held by two files is read from the file the index names."""
-    from placer.inventory import read_inventory
+    from placer.checkpoint.inventory import read_inventory
 
     ckpt = copy(tiny_models["mixtral"], tmp_path / "c")
     index = ckpt / "model.safetensors.index.json"

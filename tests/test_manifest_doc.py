@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jsonschema
 
-from placer.manifest import manifest_schema
+from placer.placed.manifest import manifest_schema
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "manifest.md"
 

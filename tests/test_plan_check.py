@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from placer.errors import PlacerError
-from placer.hardware import parse_spec
-from placer.plan import CardPlan, ExpertPlacement, Page, Plan, page_spans, plan_from_json
+from placer.hardware.spec import parse_spec
+from placer.plan.format import page_spans
+from placer.plan.placement import CardPlan, ExpertPlacement, Page, Plan, plan_from_json
 
 SPEC = parse_spec({"name": "two", "host_ram": "1GiB", "cards": 2,
                    "card": {"model": "toy", "vram": "1MiB", "h2d_bandwidth": "1GB/s",

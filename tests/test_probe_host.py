@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from placer.hardware import parse_spec
-from placer.probe import HostProbe, format_flops, host_fragment, last_level_cache_bytes
+from placer.hardware.probe import HostProbe, format_flops, host_fragment, last_level_cache_bytes
+from placer.hardware.spec import parse_spec
 from solvers.cpu import expert_seconds
 
 REPO = Path(__file__).resolve().parent.parent

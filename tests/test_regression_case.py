@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from placer.tinymodel import build_tiny_model
+from placer.checkpoint.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "examples" / "data"
@@ -107,8 +107,8 @@ def test_solver_objective_equals_the_evaluators_figure_on_its_own_traffic(setup,
 
 
 def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
-    from placer.expert_cache import expected_staging
-    from placer.plan import read_plan
+    from placer.plan.placement import read_plan
+    from placer.predict.staging import expected_staging
     from traces.profile import every_token_steps, step_mask
 
     report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["held"],

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from placer.inventory import FUSED, PER_EXPERT
+from placer.checkpoint.inventory import FUSED, PER_EXPERT
 from placer.runtime.experts import StagedExperts
 from placer.runtime.patch import SelectionRecorder, experts_modules, load_staged_model
 

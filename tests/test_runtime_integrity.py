@@ -12,7 +12,7 @@ from cli_errors import assert_one_line_error
 from placed_plans import mixed_plan
 from safetensors.torch import load_file, save_file
 
-from placer.inventory import read_inventory
+from placer.checkpoint.inventory import read_inventory
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from placer.expert_cache import ExpertLRU, Lookup, simulate_lru
+from solvers.cache import ExpertLRU, Lookup, simulate_lru
 
 
 def test_lru_hits_misses_and_eviction_order():

@@ -13,9 +13,9 @@ import torch
 from placed_plans import mixed_plan
 from test_runtime import PROMPTS, original_model, padded_batch
 
-from placer.expert_cache import expected_staging
-from placer.inventory import read_inventory
-from placer.plan import read_plan
+from placer.checkpoint.inventory import read_inventory
+from placer.plan.placement import read_plan
+from placer.predict.staging import expected_staging
 from placer.runtime.loader import load_placed
 from placer.runtime.patch import SelectionRecorder, load_staged_model
 

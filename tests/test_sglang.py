@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import model_identity
-from placer.inventory import read_inventory
 from traces.profile import load_profile
 
 pytest_plugins = ["fixtures_models"]  # trace_models, collected, placer_run

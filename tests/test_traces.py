@@ -229,7 +229,7 @@ def test_import_bad_matrices(tmp_path, placer_run):
 
 
 def test_fingerprint_check(collected, trace_models):
-    from placer.inventory import read_inventory
+    from placer.checkpoint.inventory import read_inventory
 
     trace = collected[("qwen3_moe", "score")]
     own = read_inventory(trace_models["qwen3_moe"])

@@ -12,8 +12,8 @@ import pytest
 from cli_errors import assert_one_line_error
 from placed_plans import mixed_plan
 
-from placer import digests
-from placer.verify import SOURCE_DIFFERS
+from placer.placed import digests
+from placer.placed.verify import SOURCE_DIFFERS
 
 
 @pytest.fixture

@@ -9,10 +9,11 @@ from typing import Annotated
 
 import typer
 
+from placer.checkpoint.estimate import estimate_inventory
+from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.commands.common import command, model_identity, print_json
-from placer.devices import check_device
 from placer.errors import PlacerError
-from placer.inventory import Inventory, estimate_inventory, read_inventory
+from placer.hardware.devices import check_device
 from traces.collect import DTYPES, MODES, CollectOptions, CollectResult, check_options, collect
 from traces.corpora import open_corpus
 from traces.server import ENGINES, ServerOptions, collect_from_server

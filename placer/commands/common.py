@@ -11,9 +11,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.files import dumps_json
-from placer.inventory import Inventory
 from solvers.errors import SolverError
 from traces.collect import ModelIdentity
 from traces.errors import TraceError

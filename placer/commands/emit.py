@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
         aligned range per expert) and manifest.json (last) for PLAN, streaming bytes from
         MODEL. Nothing is left behind on failure, SIGINT or SIGTERM; a second emit into the
         same --out while one runs is refused."""
-        from placer.emit import emit_placement
-        from placer.plan import read_plan
+        from placer.placed.emit import emit_placement
+        from placer.plan.placement import read_plan
 
         manifest = emit_placement(read_plan(plan), model, out, align=align, force=force,
                                   progress=not json_out and sys.stderr.isatty())

@@ -12,7 +12,7 @@ from rich.table import Table
 from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.plan import read_plan
+from placer.plan.placement import read_plan
 
 
 def register(app: typer.Typer) -> None:
@@ -60,8 +60,9 @@ def register(app: typer.Typer) -> None:
         continuous batching over 4 seeded orders); each figure has a 95% bootstrap interval
         over sequences, and the verdict against layer offload (better, worse or within
         noise) reads the interval of the stall ratio."""
-        from placer.evaluate import EvalOptions, calibration_curve, evaluate
-        from placer.plots import plot_evaluation
+        from placer.predict.curve import calibration_curve
+        from placer.predict.evaluate import EvalOptions, evaluate
+        from placer.predict.plots import plot_evaluation
 
         if folds < 2:
             raise PlacerError(f"--folds must be >= 2, got {folds}")

@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
+from placer.checkpoint.config import read_config
 from placer.commands.common import command, print_json
 from placer.exporters.ktransformers import write_kt_export
 from placer.exporters.llamacpp import LlamaCppOffload, llamacpp_offload
 from placer.exporters.output import check_out
 from placer.exporters.sglang import write_sglang_location
-from placer.inventory import read_config
-from placer.plan import read_plan
+from placer.plan.placement import read_plan
 
 PlanArg = Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from placer.commands.common import command, print_json
 from placer.commands.common import console as rich_console
-from placer.hardware import HardwareSpec, load_spec, preset_names
-from placer.probe import host_fragment, probe_host, spec_fragment
-from placer.probe import probe as run_probe
+from placer.hardware.probe import host_fragment, probe_host, spec_fragment
+from placer.hardware.probe import probe as run_probe
+from placer.hardware.spec import HardwareSpec, load_spec, preset_names
 from placer.units import format_bytes
 
 

@@ -8,10 +8,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from placer.checkpoint.estimate import EXPERT_DTYPES, estimate_inventory
+from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.commands.common import command, print_json
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.inventory import EXPERT_DTYPES, Inventory, estimate_inventory, read_inventory
 from placer.units import format_bytes
 
 

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from placer.commands.common import command, print_json
 from placer.commands.common import console as rich_console
-from placer.devices import check_device
 from placer.errors import PlacerError
+from placer.hardware.devices import check_device
 from placer.units import format_bytes
 
 MAX_CACHE_SLOTS = 1 << 16

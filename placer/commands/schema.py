@@ -12,6 +12,6 @@ def register(app: typer.Typer) -> None:
     def schema() -> None:
         """Print the JSON Schema every manifest.json is validated against (see
         docs/manifest.md)."""
-        from placer.manifest import manifest_schema
+        from placer.placed.manifest import manifest_schema
 
         print_json(manifest_schema())

@@ -8,13 +8,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from placer.checkpoint.estimate import EXPERT_DTYPES, estimate_inventory
+from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.hardware import load_spec
-from placer.inventory import EXPERT_DTYPES, estimate_inventory, read_inventory
-from placer.plan import Plan, write_json_atomic
-from placer.solve_options import EXECUTIONS, SOLVERS, SolveOptions
+from placer.files import write_json_atomic
+from placer.hardware.spec import load_spec
+from placer.plan.options import EXECUTIONS, SOLVERS, SolveOptions
+from placer.plan.placement import Plan
 from placer.units import format_bytes, parse_bytes
 
 
@@ -73,7 +75,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Solve which expert pages stay resident on each GPU, within a VRAM budget, from
         routing traces; the rest stay in pinned host memory and are staged when selected."""
-        from placer.solve import solve_plan
+        from placer.plan.solve import solve_plan
 
         if (model is None) == (config is None):
             raise PlacerError("give --model CHECKPOINT_DIR or --config config.json (not both)")

@@ -8,10 +8,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from placer.checkpoint.estimate import estimate_inventory
+from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, model_identity, print_json
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.inventory import estimate_inventory, read_inventory
 from traces.importers import FORMATS, import_routing
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile

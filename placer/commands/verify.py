@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         """Re-read every source and output range and compare them, check sha256s, that every
         routed expert is placed exactly once, that no card exceeds its budget, and that the
         manifest validates. Exit 1 on any difference, naming the tensor, expert and file."""
-        from placer.verify import verify_placed
+        from placer.placed.verify import verify_placed
 
         report = verify_placed(placed, model)
         if json_out:

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.plan import Plan
+from placer.plan.placement import Plan
 
 
 @dataclass(frozen=True)

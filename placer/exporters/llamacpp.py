@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placer.plan import Plan
+from placer.plan.placement import Plan
 
 LLAMACPP_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 

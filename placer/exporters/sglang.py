@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.plan import Plan, write_json_atomic
+from placer.files import write_json_atomic
+from placer.plan.placement import Plan
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
+from placer.checkpoint.inventory import read_inventory
 from placer.errors import PlacerError
-from placer.inventory import read_inventory
-from placer.manifest import read_manifest
+from placer.placed.manifest import read_manifest
 from placer.runtime.integrity import check_integrity
 from placer.runtime.loader import load_placed
 from placer.runtime.patch import load_staged_model

@@ -17,9 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from placer import digests
-from placer.emit import sha256_file
 from placer.errors import PlacerError
+from placer.placed import digests
+from placer.placed.stream import sha256_file
 
 
 def check_integrity(placed: Path, checkpoint: Path, manifest: dict) -> None:

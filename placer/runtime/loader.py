@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from placer.manifest import read_manifest
-from placer.plan import Plan, plan_from_json
+from placer.placed.manifest import read_manifest
+from placer.plan.placement import Plan, plan_from_json
 from placer.runtime.counters import StagingCounters
 from placer.runtime.staging import CardStager
 

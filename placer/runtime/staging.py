@@ -16,8 +16,8 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from placer.expert_cache import ExpertLRU
 from placer.runtime.counters import StagingCounters
+from solvers.cache import ExpertLRU
 
 ALIGN = 256  # bytes; every staged part starts at a multiple (any dtype's view is aligned)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from placer.evaluate import calibration_counts
-from placer.plan import Plan
+from placer.plan.placement import Plan
+from placer.predict.drift import calibration_counts
 from traces.profile import load_profile
 
 LINES = ("placement", "layer", "uniform", "oracle")

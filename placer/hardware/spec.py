@@ -62,6 +62,7 @@ MAX_MS = 1e6               # a decode step, latency or sync longer than this is 
 MAX_SOCKETS = 64
 _FLOPS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([KMGTP]?)FLOP(?:S|/s)\s*$",
                     re.IGNORECASE)
+PRESETS = resources.files("placer.hardware.presets")
 _FLOPS_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
@@ -164,7 +165,7 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
 def preset_names() -> list[str]:
     """Names of the specs that ship with placer."""
     return sorted(p.name.removesuffix(".toml")
-                  for p in resources.files("placer.presets").iterdir()
+                  for p in PRESETS.iterdir()
                   if p.name.endswith(".toml"))
 
 
@@ -182,7 +183,7 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
         if str(name_or_path) not in preset_names():
             raise PlacerError(f"unknown hardware preset {str(name_or_path)!r}; presets: "
                               f"{', '.join(preset_names())} (or give a .toml path)")
-        raw = resources.files("placer.presets").joinpath(f"{name_or_path}.toml").read_bytes()
+        raw = PRESETS.joinpath(f"{name_or_path}.toml").read_bytes()
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -26,11 +26,12 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from placer import digests
-from placer.emit import WRITE_BYTES, direct_io, pread_into, set_direct, sha256_file, stream_segments
+from placer.checkpoint.inventory import read_inventory
 from placer.errors import PlacerError
-from placer.inventory import read_inventory
-from placer.manifest import read_manifest
+from placer.placed import digests
+from placer.placed.layout import stream_segments
+from placer.placed.manifest import read_manifest
+from placer.placed.stream import WRITE_BYTES, direct_io, pread_into, set_direct, sha256_file
 
 
 @dataclass

@@ -19,23 +19,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from placer.checkpoint.config import config_moe_layers, moe_shape, read_config
+from placer.checkpoint.header import FileHeader, TensorHeader, read_header
 from placer.errors import PlacerError
-from placer.safetensors_header import FileHeader, TensorHeader, read_header, tensor_bytes
 
 INDEX_FILE = "model.safetensors.index.json"
 _LAYER = r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\."
 PER_EXPERT = re.compile(_LAYER + r"(?P<expert>\d+)\.(?P<rest>.+)$")
 FUSED = re.compile(_LAYER + r"(?P<rest>[A-Za-z_][\w.]*)$")
 EXPERT_PREFIX = re.compile(r"^.*\.experts\.(?:\d+\.)?")  # what differs between experts' names
-EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
-TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 # Config keys that say nothing about the model itself (written by whichever tool saved it).
 VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
 
@@ -172,94 +170,6 @@ class Inventory:
         return d
 
 
-def read_config(path: Path) -> dict:
-    """Read a config.json; for a multimodal wrapper, the text model's config. Every key the
-    inventory reads is checked for its type here (CONFIG_INTS, CONFIG_INT_LISTS)."""
-    path = Path(path)
-    if not path.is_file():
-        raise PlacerError(f"no config.json at {path}")
-    try:
-        config = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise PlacerError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise PlacerError(f"{path}: expected a JSON object, found {type(config).__name__}")
-    if isinstance(config.get("text_config"), dict):
-        config = {**config["text_config"], "architectures": config.get("architectures")}
-    check_config(config, path)
-    return config
-
-
-# Integer keys the inventory reads, each >= 0 when present (null means absent). Layer and expert
-# counts are bounded by the trace schema's int16 `layer` and `experts` columns.
-CONFIG_INTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
-               "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-               *EXPERT_COUNT_KEYS, *TOP_K_KEYS, "n_shared_experts", "first_k_dense_replace",
-               "moe_layer_freq", "decoder_sparse_step", "kv_lora_rank", "q_lora_rank",
-               "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-               "shared_expert_intermediate_size")
-CONFIG_INT_LISTS = ("mlp_only_layers",)
-CONFIG_STRINGS = ("model_type", "torch_dtype", "dtype")
-MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/schema.py
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_config(config: dict, path: Path) -> None:
-    """PlacerError naming the first key of `config` (read from `path`) of the wrong type."""
-    for key in CONFIG_INTS:
-        value = config.get(key)
-        if value is not None and not (_is_int(value) and value >= 0):
-            raise PlacerError(f"{path}: {key} must be a non-negative integer, got {value!r}")
-    for key in CONFIG_INT_LISTS:
-        value = config.get(key)
-        if value is not None and not (isinstance(value, list) and all(map(_is_int, value))):
-            raise PlacerError(f"{path}: {key} must be a list of integers, got {value!r}")
-    for key in CONFIG_STRINGS:
-        value = config.get(key)
-        if value is not None and not isinstance(value, str):
-            raise PlacerError(f"{path}: {key} must be a string, got {value!r}")
-    archs = config.get("architectures")
-    if archs is not None and not (isinstance(archs, list)
-                                  and all(isinstance(a, str) for a in archs)):
-        raise PlacerError(f"{path}: architectures must be a list of strings, got {archs!r}")
-
-
-def moe_shape(config: dict) -> tuple[int, int, int, int]:
-    """(num_layers, experts per layer, top_k, shared experts) from a config checked by
-    `check_config`, or a PlacerError."""
-    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
-    top_k = next((config[k] for k in TOP_K_KEYS if config.get(k)), None)
-    if not experts or not top_k:
-        kind = config.get("model_type", "unknown")
-        raise PlacerError(f"not an MoE model: config of model_type {kind!r} names no routed "
-                          f"experts ({'/'.join(EXPERT_COUNT_KEYS)}) and top-k")
-    layers = config.get("num_hidden_layers")
-    if not layers:
-        raise PlacerError("config.json has no num_hidden_layers")
-    if layers > MAX_COUNT or experts > MAX_COUNT:
-        raise PlacerError(f"config.json: {layers} layers x {experts} experts per layer; at most "
-                          f"{MAX_COUNT} of each")
-    if top_k > experts:
-        raise PlacerError(f"config.json: each token selects {top_k} experts "
-                          f"(num_experts_per_tok) but a layer has only {experts}")
-    shared = config.get("n_shared_experts") or 0
-    if not shared and config.get("shared_expert_intermediate_size"):
-        shared = 1
-    return int(layers), int(experts), int(top_k), int(shared)
-
-
-def config_moe_layers(config: dict) -> tuple[int, ...]:
-    """Decoder layers with routed experts, as the config describes them."""
-    layers = int(config["num_hidden_layers"])
-    first_dense = int(config.get("first_k_dense_replace") or 0)
-    freq = int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or 1)
-    dense_only = set(config.get("mlp_only_layers") or [])
-    return tuple(i for i in range(layers)
-                 if i >= first_dense and i % freq == 0 and i not in dense_only)
-
 
 def read_inventory(checkpoint: Path) -> Inventory:
     """The inventory of the checkpoint directory `checkpoint` (headers only)."""
@@ -290,7 +200,7 @@ def read_inventory(checkpoint: Path) -> Inventory:
     if moe_layers != expected:
         raise PlacerError(f"config.json says MoE layers {list(expected)} but the checkpoint has "
                           f"routed experts in layers {list(moe_layers)}")
-    return _assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
+    return assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
                      tuple(SourceFile(h.path.name, h.size) for h in headers), estimated=False)
 
 
@@ -373,7 +283,7 @@ def _expert_ranges(header: FileHeader, t: TensorHeader, num_experts: int
             for e in range(num_experts)]
 
 
-def _assemble(config: dict, num_layers: int, num_experts: int, top_k: int, shared: int,
+def assemble(config: dict, num_layers: int, num_experts: int, top_k: int, shared: int,
               moe_layers: tuple[int, ...], experts: dict[tuple[int, int], list[TensorRange]],
               dense: list[DenseTensor], files: tuple[SourceFile, ...], *, estimated: bool
               ) -> Inventory:
@@ -434,157 +344,3 @@ def fingerprint(config: dict, experts: list[Expert], dense: list[DenseTensor]) -
     for d in dense:
         h.update(f"{d.name}/{d.dtype}/{d.shape}\n".encode())
     return h.hexdigest()[:16]
-
-
-# --- planning before download: an inventory estimated from a config alone ------------------
-
-EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")
-FLOAT_DTYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}  # unquantized: one tensor each
-TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4"}  # quantization_config.quant_method
-MAX_ESTIMATED_EXPERTS = 1 << 20  # DeepSeek-V3 has 14,848; Kimi K2 23,040
-
-
-def _need(config: dict, key: str) -> int:
-    """A positive integer the estimate needs (types were checked by `read_config`)."""
-    value = config.get(key)
-    if not value:
-        raise PlacerError(f"config.json: {key} is missing or 0 (needed to estimate sizes)")
-    return value
-
-
-def _matrix(name: str, rows: int, cols: int, dtype: str) -> list[tuple[str, str, tuple]]:
-    """The tensors one weight matrix is stored as in `dtype` (with its quantization scales)."""
-    if dtype in FLOAT_DTYPES:
-        return [(f"{name}.weight", FLOAT_DTYPES[dtype], (rows, cols))]
-    if dtype == "fp8":  # DeepSeek-V3 style: 128 x 128 block scales in fp32
-        return [(f"{name}.weight", "F8_E4M3", (rows, cols)),
-                (f"{name}.weight_scale_inv", "F32",
-                 (math.ceil(rows / 128), math.ceil(cols / 128)))]
-    if dtype == "mxfp4":  # OCP MX: 32-element blocks of fp4 (16 bytes) + one E8M0 scale
-        blocks = math.ceil(cols / 32)
-        return [(f"{name}_blocks", "U8", (rows, blocks, 16)), (f"{name}_scales", "U8",
-                                                               (rows, blocks))]
-    raise PlacerError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPERT_DTYPES)}")
-
-
-def config_dtype(config: dict, *, quantized: bool) -> str | None:
-    """The weight dtype a config declares: its quantization method (fp8, mxfp4) when
-    `quantized`, else its torch_dtype / dtype (bf16, fp16, fp32); bf16 when it names none,
-    None when it names another."""
-    quant = config.get("quantization_config")
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
-    if quantized and method in QUANT_METHODS:
-        return QUANT_METHODS[method]
-    return TORCH_DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-
-
-def _declared(config: dict, path: Path, option: str, *, quantized: bool) -> str:
-    dtype = config_dtype(config, quantized=quantized)
-    if dtype is None:
-        name = config.get("torch_dtype") or config.get("dtype")
-        raise PlacerError(f"{path}: torch_dtype {name!r} is not one of "
-                          f"{', '.join(TORCH_DTYPE_NAMES)}; give {option}")
-    return dtype
-
-
-def estimate_inventory(config_path: Path, expert_dtype: str | None = None,
-                       dense_dtype: str | None = None) -> Inventory:
-    """An inventory estimated from `config.json` alone, to size a box before downloading.
-
-    Experts are gate/up/down projections of hidden x moe_intermediate stored in
-    `expert_dtype` (fp8 with 128x128 block scales, mxfp4 with 32-element block scales;
-    None: what the config declares, see `config_dtype`); dense bytes count embeddings,
-    lm_head, attention (MLA or GQA), norms, routers, dense MLP layers and shared experts,
-    matrices in `dense_dtype` (None: the config's torch_dtype), vectors and embeddings in the
-    config's torch_dtype.
-    """
-    config = read_config(Path(config_path))
-    num_layers, num_experts, top_k, shared = moe_shape(config)
-    if expert_dtype is None:
-        expert_dtype = _declared(config, config_path, "--expert-dtype", quantized=True)
-    if dense_dtype is None:
-        dense_dtype = _declared(config, config_path, "--dense-dtype", quantized=False)
-    hidden = _need(config, "hidden_size")
-    inter = config.get("moe_intermediate_size") or _need(config, "intermediate_size")
-    for dtype in (expert_dtype, dense_dtype):
-        if dtype not in EXPERT_DTYPES:
-            raise PlacerError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPERT_DTYPES)}")
-    moe_layers = config_moe_layers(config)
-    if not moe_layers:
-        raise PlacerError(f"{config_path}: no decoder layer has routed experts "
-                          "(first_k_dense_replace, moe_layer_freq, mlp_only_layers)")
-    if len(moe_layers) * num_experts > MAX_ESTIMATED_EXPERTS:
-        raise PlacerError(f"{config_path}: {len(moe_layers)} MoE layers x {num_experts} experts "
-                          f"is more than the {MAX_ESTIMATED_EXPERTS} routed experts estimated")
-    experts: dict[tuple[int, int], list[TensorRange]] = {}
-    for layer in moe_layers:
-        for e in range(num_experts):
-            prefix = f"model.layers.{layer}.mlp.experts.{e}"
-            tensors = (_matrix(f"{prefix}.gate_proj", inter, hidden, expert_dtype)
-                       + _matrix(f"{prefix}.up_proj", inter, hidden, expert_dtype)
-                       + _matrix(f"{prefix}.down_proj", hidden, inter, expert_dtype))
-            experts[(layer, e)] = [TensorRange(n, None, None, tensor_bytes(dt, s), dt, s)
-                                   for n, dt, s in tensors]
-    vector = FLOAT_DTYPES.get(config_dtype(config, quantized=False) or dense_dtype, "BF16")
-    dense = [DenseTensor(n, None, None, tensor_bytes(dt, s), dt, s)
-             for n, dt, s in _dense_tensors(config, moe_layers, shared, dense_dtype, vector)]
-    return _assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
-                     (), estimated=True)
-
-
-def _dense_tensors(config: dict, moe_layers: tuple[int, ...], shared: int, dtype: str,
-                   vector: str) -> list[tuple[str, str, tuple]]:
-    """Every dense tensor's (name, dtype, shape): matrices in `dtype`, vectors, embeddings and
-    routers in the safetensors dtype `vector`."""
-    hidden = _need(config, "hidden_size")
-    vocab = _need(config, "vocab_size")
-    heads = _need(config, "num_attention_heads")
-    out = [("model.embed_tokens.weight", vector, (vocab, hidden)),
-           ("model.norm.weight", vector, (hidden,))]
-    if not config.get("tie_word_embeddings"):
-        out.append(("lm_head.weight", vector, (vocab, hidden)))
-    moe_inter = config.get("moe_intermediate_size") or _need(config, "intermediate_size")
-    for layer in range(_need(config, "num_hidden_layers")):
-        p = f"model.layers.{layer}"
-        out += [(f"{p}.input_layernorm.weight", vector, (hidden,)),
-                (f"{p}.post_attention_layernorm.weight", vector, (hidden,))]
-        out += _attention(config, p, hidden, heads, dtype, vector)
-        if layer in moe_layers:
-            out.append((f"{p}.mlp.gate.weight", vector,
-                        (int(next(config[k] for k in EXPERT_COUNT_KEYS if config.get(k))),
-                         hidden)))
-            for name in ("gate_proj", "up_proj"):
-                out += _matrix(f"{p}.mlp.shared_experts.{name}", shared * moe_inter, hidden,
-                               dtype) if shared else []
-            out += _matrix(f"{p}.mlp.shared_experts.down_proj", hidden, shared * moe_inter,
-                           dtype) if shared else []
-        else:
-            inter = _need(config, "intermediate_size")
-            out += (_matrix(f"{p}.mlp.gate_proj", inter, hidden, dtype)
-                    + _matrix(f"{p}.mlp.up_proj", inter, hidden, dtype)
-                    + _matrix(f"{p}.mlp.down_proj", hidden, inter, dtype))
-    return out
-
-
-def _attention(config: dict, p: str, hidden: int, heads: int, dtype: str, vector: str
-               ) -> list[tuple[str, str, tuple]]:
-    a = f"{p}.self_attn"
-    if config.get("kv_lora_rank"):  # multi-head latent attention (DeepSeek-V2/V3)
-        kv_rank, rope = _need(config, "kv_lora_rank"), _need(config, "qk_rope_head_dim")
-        nope, v = _need(config, "qk_nope_head_dim"), _need(config, "v_head_dim")
-        q_rank = config.get("q_lora_rank")
-        q = (_matrix(f"{a}.q_a_proj", int(q_rank), hidden, dtype)
-             + [(f"{a}.q_a_layernorm.weight", vector, (int(q_rank),))]
-             + _matrix(f"{a}.q_b_proj", heads * (nope + rope), int(q_rank), dtype)
-             if q_rank else _matrix(f"{a}.q_proj", heads * (nope + rope), hidden, dtype))
-        return q + (_matrix(f"{a}.kv_a_proj_with_mqa", kv_rank + rope, hidden, dtype)
-                    + [(f"{a}.kv_a_layernorm.weight", vector, (kv_rank,))]
-                    + _matrix(f"{a}.kv_b_proj", heads * (nope + v), kv_rank, dtype)
-                    + _matrix(f"{a}.o_proj", hidden, heads * v, dtype))
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    kv = int(config.get("num_key_value_heads") or heads)
-    return (_matrix(f"{a}.q_proj", heads * head_dim, hidden, dtype)
-            + _matrix(f"{a}.k_proj", kv * head_dim, hidden, dtype)
-            + _matrix(f"{a}.v_proj", kv * head_dim, hidden, dtype)
-            + _matrix(f"{a}.o_proj", hidden, heads * head_dim, dtype))

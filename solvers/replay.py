@@ -4,7 +4,7 @@
 calibration traffic) both replay the same steps against a placement and its baselines with
 the cost model the solver optimizes (`solvers.cost.replay`, either execution model), a chunk
 of steps at a time, attribute each step's cost to its tokens' sequences and bootstrap over
-sequences (`placer.intervals`).
+sequences (`solvers.intervals`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placer.intervals import (
+from solvers.cost import replay
+from solvers.cpu import expert_seconds
+from solvers.intervals import (
     FIELDS,
     REPLICATES,
     Estimate,
@@ -24,8 +26,6 @@ from placer.intervals import (
     token_shares,
     units_of,
 )
-from solvers.cost import replay
-from solvers.cpu import expert_seconds
 from solvers.problem import Placement, Problem, Steps
 from traces.profile import TokenSteps, step_mask
 
@@ -41,7 +41,7 @@ def make_steps(name: str, steps: TokenSteps, num_experts: int, weight: float,
 
 @dataclass(frozen=True)
 class Replayed:
-    """Each line's figures with their intervals (`figures[line]`, placer.intervals
+    """Each line's figures with their intervals (`figures[line]`, solvers.intervals
     line_figures), its stall estimate (for paired ratios), the resampling units and replicate
     weights, and each line's [L] staged bytes summed over the steps."""
 
@@ -99,7 +99,7 @@ def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenStep
 
 def share_weights(problem: Problem, placement: Placement) -> np.ndarray:
     """[4, L, E] what each selected expert adds to a step's FIELDS under `placement`, to split
-    a step among its tokens (placer.intervals.token_shares): its staging time (latency plus
+    a step among its tokens (solvers.intervals.token_shares): its staging time (latency plus
     cold bytes over its home card's bandwidth; cpu execution: its CPU time for one token),
     cold bytes, one transfer (cpu: one expert computed) if cold, its bytes."""
     cold = placement.cold_bytes(problem).astype(np.float64)

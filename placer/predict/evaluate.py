@@ -8,10 +8,10 @@ all of it: the limit). By default every held-out token is replayed
 batching of B distinct sequences over `groupings` seeded orders); `num_steps` samples that
 many steps instead, and imported count matrices, which have no tokens, are always sampled
 (with a note). Every figure carries a 95% bootstrap interval over sequences, paired across
-the lines of a row (`placer.intervals`); the verdict against layer offload is read from the
+the lines of a row (`solvers.intervals`); the verdict against layer offload is read from the
 interval of the stall ratio: better, worse or within noise.
 
-Memory: the replay walks the steps in chunks (placer.replay.CHUNK_CELLS mask cells); the
+Memory: the replay walks the steps in chunks (solvers.replay.CHUNK_CELLS mask cells); the
 oracle's problem and the `cache_slots` replay (an LRU walks the steps in order) hold the
 whole [S, L, E] mask. Drift is the Jensen-Shannon divergence between the plan's calibration
 profile and the traffic, with a 95% bootstrap interval over the traffic's sequences
@@ -27,23 +27,22 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.expert_cache import expected_staging
-from placer.intervals import (
+from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
+from placer.plan.placement import Plan
+from placer.plan.solve import cards_of, execution_of
+from placer.predict.drift import calibration_counts, drift_of
+from placer.predict.staging import expected_staging
+from solvers import baselines, ilp
+from solvers.intervals import (
     REPLICATES,
-    Estimate,
     Units,
     attribute,
     ratio_estimate,
-    replicate_weights,
     token_shares,
     verdict,
 )
-from placer.plan import Plan
-from placer.replay import make_steps, replay_with_intervals, share_weights
-from placer.solve import cards_of, execution_of, figures
-from placer.solve_options import DEFAULT_STEPS, EXECUTIONS
-from solvers import baselines, greedy, ilp
 from solvers.problem import Placement, Problem, SolveResult, Steps
+from solvers.replay import make_steps, replay_with_intervals, share_weights
 from traces.dataset import check_compatible, check_shape
 from traces.profile import (
     Profile,
@@ -51,8 +50,6 @@ from traces.profile import (
     every_token_steps,
     load_profile,
     sampled_token_steps,
-    sequence_counts,
-    split_sequences,
     step_mask,
 )
 
@@ -140,73 +137,6 @@ def check_traces(plan: Plan, trace_dir: Path) -> None:
     else:
         check_compatible(trace_dir, plan.model["fingerprint"], plan.moe_layers,
                          plan.experts_per_layer)
-
-
-def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Jensen-Shannon divergence in bits between rows of p and q ([L, E] -> [L]).
-
-    Rows are normalised to distributions first; an all-zero row counts as uniform."""
-    def norm(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
-        s = x.sum(axis=1, keepdims=True)
-        return np.where(s > 0, x / np.where(s > 0, s, 1), 1.0 / x.shape[1])
-
-    p, q = norm(p), norm(q)
-    m = 0.5 * (p + q)
-
-    def kl(a: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(a > 0, a * np.log2(a / m), 0.0).sum(axis=1)
-
-    return 0.5 * kl(p) + 0.5 * kl(q)
-
-
-def js_replicates(calib: np.ndarray, per_seq: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """[R, L] Jensen-Shannon divergence in bits between `calib` [L, E] and each replicate's
-    held-out counts: the sum over sequences of per_seq [n, L, E] weighted by weights [R, n]
-    (a row of ones gives the held-out counts themselves). One layer at a time: temporaries
-    n x E + R x E."""
-    out = np.empty((len(weights), calib.shape[0]))
-    for layer in range(calib.shape[0]):
-        counts = weights @ per_seq[:, layer].astype(np.float64)  # [R, E]
-        out[:, layer] = js_divergence(np.broadcast_to(calib[layer], counts.shape), counts)
-    return out
-
-
-def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: int,
-             seed: int) -> tuple[dict, str | None]:
-    """How far one traffic set is from the plan's calibration counts `calib` [L, E]: the
-    Jensen-Shannon divergence per layer (`js_per_layer_bits`, [L]) and its mean over layers
-    (`js_mean_bits`), and a note when there is no interval.
-
-    The intervals (`<figure>_ci95`: [low, high], per layer [L, 2]) are percentile bootstrap
-    intervals over the traffic's sequences, as every other figure's (`placer.intervals`):
-    `replicates` resamples with replacement (seeded by `seed`), each recomputing the held-out
-    counts from the per-sequence counts against the fixed calibration counts. JS from a
-    finite sample is biased upward (two samples of the same traffic differ by sampling noise
-    alone) and a replicate is such a sample again: the plain percentile interval is what is
-    reported, not bias-corrected, and when the drift is small beside the noise it can lie
-    above the point estimate. Imported count matrices have no sequences: both intervals are
-    None, with a note."""
-    js = js_divergence(calib, profile.counts)
-    out = {"traces": str(trace_dir), "js_mean_bits": float(js.mean()),
-           "js_per_layer_bits": js.tolist()}
-    if not profile.per_token:
-        return ({**out, "js_mean_bits_ci95": None, "js_per_layer_bits_ci95": None},
-                f"{trace_dir}: imported counts have no sequences: drift has no interval "
-                f"(js_mean_bits_ci95 and js_per_layer_bits_ci95 are null)")
-    _, per_seq = sequence_counts(trace_dir)
-    reps = js_replicates(calib, per_seq, replicate_weights(len(per_seq), replicates, seed))
-    return {**out, "js_mean_bits_ci95": Estimate(float(js.mean()), reps.mean(axis=1)).ci95(),
-            "js_per_layer_bits_ci95": [Estimate(float(point), reps[:, layer]).ci95()
-                                       for layer, point in enumerate(js)]}, None
-
-
-def calibration_counts(plan: Plan) -> np.ndarray | None:
-    """[L, E] selection counts the plan was solved on (all calibration profiles), or None."""
-    if not plan.calibration:
-        return None
-    return sum(np.array(c["counts"], dtype=np.float64) for c in plan.calibration)
 
 
 def oracle(problem: Problem, time_limit: float, seed: int) -> SolveResult:
@@ -403,72 +333,3 @@ def trace_verdict(name: str, rows: list[dict]) -> dict:
 
 def _span(ci: list[float]) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
-
-
-def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] = (
-        0.125, 0.25, 0.5, 1.0), batch: int | None = None, seed: int | None = None,
-        num_steps: int | None = None) -> list[dict]:
-    """Held-out hit rate and stall against how much calibration traffic a plan sees.
-
-    k-fold over the sequences of the plan's first calibration trace set: for each fold, a
-    greedy plan (same homes and budgets as `plan`) is solved on `fraction` of the other
-    folds' sequences and replayed on the held-out fold, beside the uniform baseline and the
-    oracle (greedy solved on the held-out fold itself). Every token of a fold is replayed
-    (and trained on) unless `num_steps` asks for that many sampled steps. Figures are means
-    over folds, with 95% intervals over folds.
-    """
-    if folds < 2:
-        raise PlacerError(f"--folds must be >= 2, got {folds}")
-    if not plan.calibration or not plan.calibration[0].get("per_token"):
-        raise PlacerError("--curve needs a plan solved on per-token traces (placer collect)")
-    trace_dir = Path(plan.calibration[0]["traces"])
-    b = batch or int((plan.budget.get("concurrency") or [1])[0])
-    seed = plan.solver.get("seed", 0) if seed is None else seed
-    base = plan.hardware.base_step_s(b)
-    top_k = int(plan.model["top_k"])
-    profile = load_profile(trace_dir)
-    splits = split_sequences(trace_dir, folds, seed)
-    rng = np.random.default_rng(seed)
-    rows: dict[float, list[dict]] = {f: [] for f in fractions}
-    lines: dict[str, list[dict]] = {"uniform": [], "oracle": []}
-
-    def steps_of(name: str, seq_ids: set[int]) -> Steps:
-        steps, _ = replay_steps(trace_dir, profile, b, num_steps, seed, seq_ids=seq_ids)
-        return make_steps(name, steps, plan.experts_per_layer, 1.0, base)
-
-    for i, held_out in enumerate(splits):
-        problem = plan_problem(plan, [steps_of("held-out", held_out)])
-        lines["uniform"].append(figures(problem, baselines.uniform(
-            problem, top_k=top_k, seed=seed).placement, problem.steps[0]))
-        lines["oracle"].append(figures(problem, greedy.solve(problem, seed=seed).placement,
-                                       problem.steps[0]))
-        train_pool = sorted(set().union(*(s for j, s in enumerate(splits) if j != i)))
-        for f in fractions:
-            take = max(b, int(round(f * len(train_pool))))
-            chosen = set(rng.choice(train_pool, size=min(take, len(train_pool)),
-                                    replace=False).tolist())
-            solved = greedy.solve(plan_problem(plan, [steps_of("train", chosen)]), seed=seed)
-            row = figures(problem, solved.placement, problem.steps[0])
-            row["tokens"] = load_profile(trace_dir, seq_ids=chosen).tokens
-            rows[f].append(row)
-    out = []
-    for f in fractions:
-        out.append({"line": "placement", "fraction": f, **_mean(rows[f])})
-    for name, values in lines.items():
-        out.append({"line": name, "fraction": None, **_mean(values)})
-    return out
-
-
-def _mean(rows: list[dict]) -> dict:
-    """Each figure's mean over folds with its 95% interval over folds (Student's t: the folds
-    are the independent held-out samples; `<figure>_ci95`)."""
-    from scipy.stats import t as student
-
-    out = {}
-    for key in rows[0]:
-        values = np.array([r[key] for r in rows], dtype=np.float64)
-        mean = float(values.mean())
-        half = (float(student.ppf(0.975, values.size - 1) * values.std(ddof=1)
-                      / np.sqrt(values.size)) if values.size > 1 else float("nan"))
-        out[key], out[f"{key}_ci95"] = mean, [mean - half, mean + half]
-    return out

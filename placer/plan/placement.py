@@ -15,14 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from placer.checkpoint.flops import expert_flops
+from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
-from placer.flops import expert_flops
-from placer.hardware import HardwareSpec, spec_from_json
-from placer.inventory import Inventory
-
-PLAN_FORMAT = "placer-plan"
-PLAN_VERSION = 1
-PLACER_VERSION = "0.1.0"
+from placer.hardware.spec import HardwareSpec, spec_from_json
+from placer.plan.check import check_plan
+from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
 
 
 @dataclass(frozen=True)
@@ -117,8 +115,7 @@ class Plan:
 
 def plan_from_json(d: dict, source: str = "plan") -> Plan:
     """Read a plan (or the plan part of a manifest) from its JSON form, checked first
-    (`placer.plan_check`: errors name `source` and the field)."""
-    from placer.plan_check import check_plan
+    (`placer.plan.check`: errors name `source` and the field)."""
 
     check_plan(d, source)
     try:
@@ -151,28 +148,6 @@ def read_plan(path: Path) -> Plan:
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise PlacerError(f"{path}: not valid JSON ({exc})") from None
     return plan_from_json(d, str(path))
-
-
-def write_json_atomic(obj: dict, path: Path) -> None:
-    """Write `obj` as strict JSON to `path` atomically (placer.files.write_json_atomic; kept
-    here for the modules that import it from plan)."""
-    from placer.files import write_json_atomic as write
-
-    write(obj, path)
-
-
-def page_spans(nbytes: int, page_size: int | None) -> list[tuple[int, int]]:
-    """(offset, length) of each page of an expert of `nbytes` bytes."""
-    if page_size is None or page_size >= nbytes:
-        return [(0, nbytes)]
-    return [(o, min(page_size, nbytes - o)) for o in range(0, nbytes, page_size)]
-
-
-def num_pages(expert_bytes: np.ndarray, page_size: int | None) -> np.ndarray:
-    """[L, E] number of pages of each expert."""
-    if page_size is None:
-        return np.ones_like(expert_bytes)
-    return np.maximum(1, -(-expert_bytes // page_size))
 
 
 def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,

@@ -1,8 +1,9 @@
 """The LRU of staged experts, and what staging a sequence of forwards costs with it.
 
-`ExpertLRU` is the one cache policy: the runtime keeps one per card (its slots in spare VRAM
-hold recently staged cold experts) and `simulate_lru` replays recorded or sampled selections
-through the same class, so a prediction and the runtime's counters agree by construction.
+`ExpertLRU` is the one cache policy: the runtime (`placer.runtime.staging`) keeps one per card
+(its slots in spare VRAM hold recently staged cold experts) and `simulate_lru` replays recorded
+or sampled selections through the same class, so a prediction and the runtime's counters agree
+by construction.
 
 Order matters for an LRU, so both walk the traffic the same way: forward by forward (a decode
 step), MoE layer by layer, and within one layer's fetch on one card the selected cold experts
@@ -18,8 +19,6 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from placer.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -120,14 +119,3 @@ def simulate_lru(selected: np.ndarray, cold_bytes: np.ndarray, home: np.ndarray,
                         staged[s, layer, card] += cold_bytes[layer, e]
                         copies[s, layer, card] += 1
     return StagingCounts(staged, copies, hits)
-
-
-def plan_cold_bytes(plan: Plan) -> np.ndarray:
-    """[L, E] bytes of each expert a plan leaves cold (its non-resident suffix of pages)."""
-    return plan.matrix("bytes") - plan.matrix("resident_bytes")
-
-
-def expected_staging(plan: Plan, selected: np.ndarray, cache_slots: int = 0) -> StagingCounts:
-    """What the runtime loaded from `plan` stages for `selected` ([S, L, E] bool)."""
-    return simulate_lru(selected, plan_cold_bytes(plan), plan.matrix("card"), len(plan.cards),
-                        cache_slots)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from placer.inventory import Inventory
+from placer.checkpoint.inventory import Inventory
 
 
 def weight_elements(name: str, shape: tuple[int, ...]) -> int:

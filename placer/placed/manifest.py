@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 import re
 from collections.abc import Callable
 from functools import cache
@@ -19,15 +20,18 @@ from pathlib import Path
 
 import jsonschema
 
+from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
-
-MANIFEST_FORMAT = "placer-manifest"
+from placer.files import dumps_json
+from placer.placed.layout import Entry, expert_starts
+from placer.plan.format import MANIFEST_FORMAT
+from placer.plan.placement import Plan
 
 
 @cache
 def manifest_schema() -> dict:
     """The manifest's JSON Schema (draft 2020-12)."""
-    text = resources.files("placer").joinpath("schema/manifest.schema.json").read_text()
+    text = resources.files("placer.placed").joinpath("schema/manifest.schema.json").read_text()
     return json.loads(text)
 
 
@@ -146,3 +150,76 @@ def read_manifest(path: Path) -> dict:
         raise PlacerError(f"{path}: not valid UTF-8 JSON ({exc})") from None
     validate_manifest(manifest)
     return manifest
+
+
+def write_manifest(manifest: dict, path: Path) -> None:
+    """Write the manifest (strict JSON) into the staging directory and fsync it: no temporary
+    name is needed there, nothing reads the directory before it is put in place."""
+    with open(path, "w") as f:
+        f.write(dumps_json(manifest) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+
+def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outputs: list,
+                   align: int, source_sha: dict[str, str]) -> dict:
+    """The plan plus where every byte landed (see docs/manifest.md); `source_sha` is the
+    sha256 of every source file and config.json, by name."""
+    pieces: dict[tuple[int, int], list[dict]] = {}
+    for f, _, entries in laid:
+        for e in entries:
+            if e.owner is not None:
+                pieces.setdefault(e.owner, []).extend(entry_pieces(f.name, e))
+    d = plan.to_json()
+    d["format"] = MANIFEST_FORMAT
+    d["source"] = {"dir": str(model_dir.resolve()),
+                   "files": [{"name": s.name, "size": s.size, "sha256": source_sha[s.name]}
+                             for s in inv.files]
+                   + [{"name": "config.json", "size": (model_dir / "config.json").stat().st_size,
+                       "sha256": source_sha["config.json"]}]}
+    d["align"] = align
+    d["files"] = outputs
+    d["dense"] = [{"name": t.name, "file": t.file, "offset": t.offset, "length": t.length,
+                   "dtype": t.dtype, "shape": list(t.shape),
+                   "cards": [c.index for c in plan.cards]} for t in inv.dense_tensors]
+    for ed, ep in zip(d["experts"], plan.experts, strict=True):
+        ex = inv.expert(ep.layer, ep.expert)
+        ed["tensors"] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
+                          "stream_offset": pos, "length": t.length, "source_file": t.file,
+                          "source_offset": t.offset,
+                          "fused_shape": list(t.fused_shape) if t.fused_shape else None,
+                          "tensor_offset": t.tensor_offset}
+                         for t, pos in zip(ex.tensors, expert_starts(ex), strict=True)]
+        mine = sorted(pieces.get((ep.layer, ep.expert), []), key=lambda p: p["stream"])
+        cold = [p for p in mine if p["stream"] >= ep.resident_bytes]
+        ed["cold"] = None if not cold else {
+            "file": cold[0]["file"], "tensor": cold[0]["tensor"], "offset": cold[0]["offset"],
+            "length": ep.bytes - ep.resident_bytes}
+        for pd in ed["pages"]:
+            lo, hi = pd["offset"], pd["offset"] + pd["length"]
+            pd["pieces"] = [_clip(p, lo, hi) for p in mine
+                            if p["stream"] < hi and p["stream"] + p["length"] > lo]
+    return d
+
+
+def entry_pieces(file: str, e: Entry) -> list[dict]:
+    """One piece per source segment of an output tensor, with its expert-stream offset."""
+    out, start = [], 0
+    for s in e.segments:
+        out.append({"file": file, "tensor": e.name, "start": start, "offset": e.offset + start,
+                    "length": s.length, "stream": e.stream + start,
+                    "origin": {"tensor": s.tensor, "source_file": s.file, "dtype": s.dtype,
+                               "shape": list(s.shape), "start": s.start}})
+        start += s.length
+    return out
+
+
+def _clip(p: dict, lo: int, hi: int) -> dict:
+    """Piece `p` cut to stream range [lo, hi) (pages never straddle an output tensor, but a
+    whole tensor may hold several pages of a fully resident expert)."""
+    a, b = max(lo, p["stream"]), min(hi, p["stream"] + p["length"])
+    cut = a - p["stream"]
+    return {"file": p["file"], "tensor": p["tensor"], "start": p["start"] + cut,
+            "offset": p["offset"] + cut, "length": b - a,
+            "origin": {**p["origin"], "start": p["origin"]["start"] + cut}}

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import numpy as np
 
+from placer.checkpoint.flops import expert_flops
+from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
-from placer.flops import expert_flops
-from placer.hardware import HardwareSpec
-from placer.inventory import Inventory
-from placer.plan import Plan, build_plan
-from placer.replay import make_steps, replay_with_intervals
-from placer.solve_options import DEFAULT_STEPS, SOLVERS, SolveOptions, check_options
+from placer.hardware.spec import HardwareSpec
+from placer.plan.options import DEFAULT_STEPS, SOLVERS, SolveOptions, check_options
+from placer.plan.placement import Plan, build_plan
 from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
 from solvers.cost import replay
 from solvers.cpu import Host
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
+from solvers.replay import make_steps, replay_with_intervals
 from solvers.staging import staging_bytes
 from traces.dataset import check_compatible, check_shape
 from traces.profile import (
@@ -84,7 +84,7 @@ def host_of(spec: HardwareSpec, hidden_size: int) -> Host | None:
 
 @dataclass(frozen=True)
 class Execution:
-    """How cold experts run, with what the cpu model needs (placer.plan records it)."""
+    """How cold experts run, with what the cpu model needs (placer.plan.placement records it)."""
 
     mode: str
     host: Host | None

@@ -118,7 +118,7 @@ def quantize_layout(src: Path, dst: Path, kind: str) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from placer.inventory import FUSED, PER_EXPERT
+    from placer.checkpoint.inventory import FUSED, PER_EXPERT
 
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import json
 import struct
 from pathlib import Path
 
-from placer.inventory import Inventory
+from placer.checkpoint.inventory import Inventory
 
 HEADER_ALIGN = 8
 

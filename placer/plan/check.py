@@ -1,6 +1,6 @@
 """Validate a plan (or the plan part of a manifest) as read from JSON, before anything uses it.
 
-`placer.plan.plan_from_json` calls `check_plan` on every plan it reads, so emit, evaluate,
+`placer.plan.placement.plan_from_json` calls `check_plan` on every plan it reads, so emit, evaluate,
 export and run all refuse the same bad plans with the same one line: the first problem,
 naming the file and the field ("plan.json: experts[12].pages[1].length: ..."). What is
 checked: the types of every field a command reads, that every (layer, expert) is listed once
@@ -16,9 +16,8 @@ import math
 from typing import Any
 
 from placer.errors import PlacerError
-from placer.hardware import MAX_BYTES, HardwareSpec, spec_from_json
-from placer.manifest import MANIFEST_FORMAT
-from placer.plan import PLAN_FORMAT, PLAN_VERSION, page_spans
+from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
+from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, PLAN_VERSION, page_spans
 
 REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
 CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")

@@ -1,0 +1,101 @@
+"""A model's config.json as placer reads it: the keys it needs, checked for type, and the MoE
+shape they describe (layers, routed experts, top-k, shared experts, which layers are MoE)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from placer.errors import PlacerError
+
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
+
+
+def read_config(path: Path) -> dict:
+    """Read a config.json; for a multimodal wrapper, the text model's config. Every key the
+    inventory reads is checked for its type here (CONFIG_INTS, CONFIG_INT_LISTS)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PlacerError(f"no config.json at {path}")
+    try:
+        config = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise PlacerError(f"{path}: expected a JSON object, found {type(config).__name__}")
+    if isinstance(config.get("text_config"), dict):
+        config = {**config["text_config"], "architectures": config.get("architectures")}
+    check_config(config, path)
+    return config
+
+
+# Integer keys the inventory reads, each >= 0 when present (null means absent). Layer and expert
+# counts are bounded by the trace schema's int16 `layer` and `experts` columns.
+CONFIG_INTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
+               "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               *EXPERT_COUNT_KEYS, *TOP_K_KEYS, "n_shared_experts", "first_k_dense_replace",
+               "moe_layer_freq", "decoder_sparse_step", "kv_lora_rank", "q_lora_rank",
+               "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+               "shared_expert_intermediate_size")
+CONFIG_INT_LISTS = ("mlp_only_layers",)
+CONFIG_STRINGS = ("model_type", "torch_dtype", "dtype")
+MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/schema.py
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config(config: dict, path: Path) -> None:
+    """PlacerError naming the first key of `config` (read from `path`) of the wrong type."""
+    for key in CONFIG_INTS:
+        value = config.get(key)
+        if value is not None and not (_is_int(value) and value >= 0):
+            raise PlacerError(f"{path}: {key} must be a non-negative integer, got {value!r}")
+    for key in CONFIG_INT_LISTS:
+        value = config.get(key)
+        if value is not None and not (isinstance(value, list) and all(map(_is_int, value))):
+            raise PlacerError(f"{path}: {key} must be a list of integers, got {value!r}")
+    for key in CONFIG_STRINGS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise PlacerError(f"{path}: {key} must be a string, got {value!r}")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list)
+                                  and all(isinstance(a, str) for a in archs)):
+        raise PlacerError(f"{path}: architectures must be a list of strings, got {archs!r}")
+
+
+def moe_shape(config: dict) -> tuple[int, int, int, int]:
+    """(num_layers, experts per layer, top_k, shared experts) from a config checked by
+    `check_config`, or a PlacerError."""
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
+    top_k = next((config[k] for k in TOP_K_KEYS if config.get(k)), None)
+    if not experts or not top_k:
+        kind = config.get("model_type", "unknown")
+        raise PlacerError(f"not an MoE model: config of model_type {kind!r} names no routed "
+                          f"experts ({'/'.join(EXPERT_COUNT_KEYS)}) and top-k")
+    layers = config.get("num_hidden_layers")
+    if not layers:
+        raise PlacerError("config.json has no num_hidden_layers")
+    if layers > MAX_COUNT or experts > MAX_COUNT:
+        raise PlacerError(f"config.json: {layers} layers x {experts} experts per layer; at most "
+                          f"{MAX_COUNT} of each")
+    if top_k > experts:
+        raise PlacerError(f"config.json: each token selects {top_k} experts "
+                          f"(num_experts_per_tok) but a layer has only {experts}")
+    shared = config.get("n_shared_experts") or 0
+    if not shared and config.get("shared_expert_intermediate_size"):
+        shared = 1
+    return int(layers), int(experts), int(top_k), int(shared)
+
+
+def config_moe_layers(config: dict) -> tuple[int, ...]:
+    """Decoder layers with routed experts, as the config describes them."""
+    layers = int(config["num_hidden_layers"])
+    first_dense = int(config.get("first_k_dense_replace") or 0)
+    freq = int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or 1)
+    dense_only = set(config.get("mlp_only_layers") or [])
+    return tuple(i for i in range(layers)
+                 if i >= first_dense and i % freq == 0 and i not in dense_only)

@@ -1,0 +1,2 @@
+"""The box: hardware specs (cards, links, host), presets, probing a real box, torch devices.
+"""

@@ -1,0 +1,3 @@
+"""The prediction: replaying held-out traffic against a plan (evaluate), drift, the calibration
+curve, expected staging, plots.
+"""
