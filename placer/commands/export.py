@@ -13,6 +13,7 @@ from placer.exporters.ktransformers import write_kt_export
 from placer.exporters.llamacpp import LlamaCppOffload, llamacpp_offload
 from placer.exporters.output import check_out
 from placer.exporters.sglang import write_sglang_location
+from placer.files import write_text_atomic
 from placer.plan.placement import read_plan
 
 PlanArg = Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")]
@@ -32,8 +33,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The plan's expert-parallel homes as SGLang's --init-expert-location file (card c =
         EP rank c); prints the server flags it needs."""
-        check_out(plan, out)
-        location = write_sglang_location(read_plan(plan), out)
+        inputs = check_out(plan, out)
+        location = write_sglang_location(read_plan(plan), out, inputs)
         flags = [f"--init-expert-location {out}", f"--ep-size {location.ep_size}"]
         if location.redundant:
             flags.append(f"--ep-num-redundant-experts {location.redundant}")
@@ -61,9 +62,10 @@ def register(app: typer.Typer) -> None:
         """The plan's resident experts as sglang-kt's GPU expert set: a logical_count file for
         --kt-expert-placement-strategy frequency, and the --kt-gpu-experts-ratio that makes the
         engine keep exactly those experts on the GPU."""
-        check_out(plan, out)
+        inputs = check_out(plan, out, config)
         export = write_kt_export(read_plan(plan), out,
-                                 None if config is None else read_config(config), union=union)
+                                 None if config is None else read_config(config), inputs,
+                                 union=union)
         flags = export.flags(out)
         if json_out:
             print_json({"file": str(out), "gpu_experts": export.gpu_experts, "flags": flags})
@@ -81,12 +83,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """llama.cpp arguments for the layer-offload baseline at the plan's budget: the
         expert tensors of the first MoE layers to CPU (-ot), and the equivalent --n-cpu-moe."""
-        if out is not None:
-            check_out(plan, out)
+        inputs = check_out(plan, out) if out is not None else ()
         p = read_plan(plan)
         offload = llamacpp_offload(p)
         if out is not None:
-            out.write_text(offload.args() + "\n")
+            write_text_atomic(offload.args() + "\n", out, inputs)
         if json_out:
             print_json({"cold_layers": offload.cold_layers, "override_tensor": offload.override,
                         "n_cpu_moe": offload.n_cpu_moe, "args": offload.args(),

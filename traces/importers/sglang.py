@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,14 +81,18 @@ from traces.importers.common import (
     UNKNOWN_TOKEN,
     ImportRequest,
     TokenRows,
+    check_distinct,
     check_empty,
     need_identity,
+    token_ids,
     write_rows,
 )
-from traces.importers.counts import resolve_top_k, write_counts
+from traces.importers.counts import check_counts, resolve_top_k, write_counts
+from traces.jsontext import loads_json
 from traces.schema import PHASES
 
 STAT, PER_PASS, PER_TOKEN = "stat", "per_pass", "per_token"
+MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/schema.py
 DECODE_MODE, MIXED_MODE = 2, 3  # sglang ForwardMode.DECODE / .MIXED (IntEnum, auto() from 1)
 DEFAULT_TAG = "sglang"
 
@@ -140,10 +143,11 @@ def read_sglang_dump(path: Path) -> SGLangDump:
         raise TraceError(f"{path}: expected a dict, got {type(data).__name__}")
     if "logical_count" in data:
         counts = _int_array(data["logical_count"], path, "logical_count")
-        if counts.ndim == 3:
-            counts = counts.sum(axis=0)
-        if counts.ndim != 2:
+        if counts.ndim not in (2, 3):
             raise TraceError(f"{path}: logical_count must be [passes, layers, experts]")
+        passes = counts.reshape(-1, *counts.shape[-2:])
+        check_counts(passes.astype(np.float64).sum(axis=0), f"{path}: logical_count")
+        counts = passes.sum(axis=0)
         return SGLangDump(path, STAT, counts, None)
     if "records" in data and "last_physical_to_logical_map" in data:
         return _read_records(path, data["records"],
@@ -162,11 +166,16 @@ def _int_array(value: object, path: Path, key: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
+def _read_records(path: Path, records: object, p2l: np.ndarray) -> SGLangDump:
     if p2l.ndim != 2 or p2l.size == 0 or p2l.min() < 0:
         raise TraceError(f"{path}: last_physical_to_logical_map must be [layers, physical]")
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise TraceError(f"{path}: records must be a list of dicts, one per forward pass")
     num_layers, num_physical = p2l.shape
     num_experts = int(p2l.max()) + 1
+    if num_layers > MAX_COUNT or num_experts > MAX_COUNT:
+        raise TraceError(f"{path}: last_physical_to_logical_map names {num_layers} layers and "
+                         f"expert ids up to {num_experts - 1}; at most {MAX_COUNT} of each")
     rows = np.arange(num_layers)[:, None]
     counts = np.zeros((num_layers, num_experts), dtype=np.int64)
     detail = bool(records) and all("topk_ids_of_layer" in r for r in records)
@@ -181,9 +190,16 @@ def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
                                  f"{physical.shape}, the map {p2l.shape}")
             np.add.at(counts, (np.broadcast_to(rows, p2l.shape), p2l), physical)
             continue
+        where = f"{path}: records[{number}]"
+        missing = sorted({"input_ids", "positions", "forward_mode"} - record.keys())
+        if missing:
+            raise TraceError(f"{where} has no {', '.join(missing)} (a per_token record has "
+                             "input_ids, positions, forward_mode and topk_ids_of_layer)")
         ids = _int_array(record["topk_ids_of_layer"], path, f"records[{number}].topk_ids")
-        n = len(record["input_ids"])
-        if ids.ndim != 3 or ids.shape[:2] != (num_layers, n) or len(record["positions"]) != n:
+        input_ids = token_ids(record["input_ids"], f"{where}.input_ids")
+        positions = token_ids(record["positions"], f"{where}.positions")
+        n = len(input_ids)
+        if ids.ndim != 3 or ids.shape[:2] != (num_layers, n) or len(positions) != n:
             raise TraceError(f"{path}: records[{number}] has topk ids {ids.shape} for {n} "
                              f"tokens of {num_layers} layers")
         if ids.max(initial=-1) >= num_physical:
@@ -192,8 +208,8 @@ def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
                              "record with --disable-shared-experts-fusion)")
         logical = np.where(ids >= 0, p2l[rows[:, :, None], np.maximum(ids, 0)], -1)
         seq, phase = _segments(record, n, path, number)
-        parts.append((seq + next_seq, np.asarray(record["positions"], np.int32),
-                      np.asarray(record["input_ids"], np.int32), phase,
+        parts.append((seq + next_seq, np.asarray(positions, np.int32),
+                      np.asarray(input_ids, np.int32), phase,
                       logical.transpose(1, 0, 2).astype(np.int16)))
         next_seq += int(seq.max(initial=-1)) + 1
         valid = logical >= 0
@@ -208,11 +224,15 @@ def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
 
 def _segments(record: dict, n: int, path: Path, number: int) -> tuple[np.ndarray, np.ndarray]:
     """([n] sequence number within the pass, [n] phase index) of one per-token record."""
-    mode = int(record["forward_mode"])
+    mode = record["forward_mode"]
+    if not isinstance(mode, int) or isinstance(mode, bool):
+        raise TraceError(f"{path}: records[{number}].forward_mode is {mode!r}, expected "
+                         "SGLang's ForwardMode number")
     lens = record.get("extend_seq_lens")
     if mode == DECODE_MODE or lens is None:
         lens = [1] * n
-    lens = np.asarray(lens, dtype=np.int64)
+    lens = np.asarray(token_ids(lens, f"{path}: records[{number}].extend_seq_lens"),
+                      dtype=np.int64)
     if lens.sum() != n or (lens < 0).any():
         raise TraceError(f"{path}: records[{number}] extend_seq_lens sum to {lens.sum()}, "
                          f"not its {n} tokens")
@@ -320,10 +340,7 @@ def http_responses(path: Path) -> Iterator[tuple[str, dict]]:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{path}:{number}: not a JSON line ({exc})") from None
+            item = loads_json(line, f"{path}:{number}")
             batch = item if isinstance(item, list) else [item]
             for index, response in enumerate(batch):
                 where = f"{path}:{number}" + (f"[{index}]" if isinstance(item, list) else "")
@@ -369,6 +386,7 @@ def decode_routed_experts(encoded: str, prompt_tokens: int, completion_tokens: i
         raise TraceError(f"meta_info.routed_experts holds expert ids in [{experts.min()}, "
                          f"{experts.max()}], the model has {identity.experts_per_layer} experts "
                          "per layer: is it another model's routing?")
+    check_distinct("meta_info.routed_experts", experts)
     return experts
 
 
@@ -376,7 +394,8 @@ def _routed_rows(prompt_tokens: int, completion_tokens: int) -> int:
     """prompt + completion - 1, the tokens that ran; a TraceError for counts that are not
     integers >= 0 with a sum of at least 2."""
     counts = [prompt_tokens, completion_tokens]
-    if not all(isinstance(c, int) and c >= 0 for c in counts) or sum(counts) < 2:
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) \
+            or sum(counts) < 2:
         raise TraceError("meta_info.prompt_tokens and completion_tokens must be integers with "
                          f"a sum of at least 2, got {counts}")
     return sum(counts) - 1
@@ -398,8 +417,10 @@ def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity,
         raise TraceError(f"{where}: {exc}") from None
     n = len(experts)
     token = np.full(n, UNKNOWN_TOKEN, dtype=np.int32)
-    output_ids = response.get("output_ids")
-    if isinstance(output_ids, list) and len(output_ids) == completion:
+    output_ids = None  # optional: a client may have saved meta_info alone
+    if "output_ids" in response:
+        output_ids = token_ids(response["output_ids"], f"{where}: output_ids")
+    if output_ids is not None and len(output_ids) == completion:
         token[prompt:] = output_ids[:completion - 1]
     phase = np.where(np.arange(n) < prompt, PHASES.index("prefill"), PHASES.index("decode"))
     return TokenRows(source=Path(path), seq=np.zeros(n, dtype=np.int64),

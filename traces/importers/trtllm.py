@@ -20,7 +20,6 @@ same tokens (the sum over ranks scales every count alike, which frequencies do n
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -28,22 +27,21 @@ import numpy as np
 
 from traces.errors import TraceError
 from traces.importers.common import ImportRequest
-from traces.importers.counts import resolve_top_k, write_counts
+from traces.importers.counts import check_counts, resolve_top_k, write_counts
+from traces.jsontext import loads_json
 
 FORMAT = "trtllm"
 META = "meta_info.json"
-_KEY = re.compile(r"^(\d+)_(\d+)$")
+_KEY = re.compile(r"^(\d{1,12})_(\d{1,5})$")  # iteration, decoder layer
 
 
 def read_meta(directory: Path) -> tuple[int, int]:
     """(num_experts, num_experts_per_token) from `meta_info.json`."""
     path = directory / META
     try:
-        meta = json.loads(path.read_text())
+        meta = loads_json(path.read_bytes(), str(path))
     except FileNotFoundError:
         raise TraceError(f"{directory}: no {META} (rank 0 writes it)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc})") from None
     values = [meta.get(k) if isinstance(meta, dict) else None
               for k in ("num_experts", "num_experts_per_token")]
     if not all(isinstance(v, int) and v >= 1 for v in values):
@@ -63,18 +61,28 @@ def read_statistics(directory: Path) -> tuple[dict[int, np.ndarray], int, int, i
     if not ranks:
         raise TraceError(f"{directory}: no rank*.safetensors files")
     layers: dict[int, np.ndarray] = {}
+    covered: list[tuple[Path, list[int]]] = []
     for path in ranks:
         try:
             records = load_file(path)
         except (SafetensorError, OSError, ValueError) as exc:
             raise TraceError(f"{path}: not a readable safetensors file ({exc})") from None
+        mine: set[int] = set()
         for key, counts in records.items():
             match = _KEY.match(key)
             if not match or counts.dtype != np.int64 or counts.shape != (num_experts,):
                 raise TraceError(f"{path}: tensor {key!r} ({counts.dtype}, {counts.shape}), "
                                  f"expected keys '{{iter}}_{{layer}}' of int64 [{num_experts}]")
             layer = int(match[2])
+            check_counts(counts[None], f"{path}: tensor {key!r}")
             layers[layer] = layers.get(layer, 0) + counts
+            mine.add(layer)
+        covered.append((path, sorted(mine)))
+    for path, mine in covered[1:]:
+        if mine != covered[0][1]:
+            raise TraceError(f"{path} counts layers {mine}, {covered[0][0]} layers "
+                             f"{covered[0][1]}: rank files of one run cover the same layers "
+                             "(are they from different runs?)")
     if not layers:
         raise TraceError(f"{directory}: the rank files hold no statistics (was "
                          "EXPERT_STATISTIC_ITER_RANGE reached?)")

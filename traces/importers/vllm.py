@@ -22,7 +22,6 @@ the rest `decode`; without it every row is `decode`. Token ids are not in the ar
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,7 +37,8 @@ from traces.importers.common import (
     need_identity,
     write_rows,
 )
-from traces.importers.tokens import load_arrays
+from traces.importers.npfiles import load_arrays
+from traces.jsontext import loads_json
 from traces.schema import PHASES
 
 FORMAT = "vllm"
@@ -48,11 +48,9 @@ PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
 def read_prompt_lens(path: Path) -> dict[str, int]:
     """`{request name: prompt token count}` from a JSON file."""
     try:
-        lens = json.loads(Path(path).read_text())
+        lens = loads_json(Path(path).read_bytes(), str(path))
     except FileNotFoundError:
         raise TraceError(f"--prompt-lens file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(lens, dict) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in lens.values()):
         raise TraceError(f"{path}: expected an object {{request name: prompt tokens >= 1}}")
@@ -68,21 +66,35 @@ def requests(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     yield from arrays.items()
 
 
-def request_rows(path: Path, name: str, routed: np.ndarray, identity: ModelIdentity,
-                 prompt_len: int | None) -> TokenRows:
-    """One request's array [tokens, num_hidden_layers, k] as rows of its MoE layers."""
-    where = f"{path}[{name}]" if Path(path).suffix.lower() == ".npz" else str(path)
+def moe_routing(routed: np.ndarray, identity: ModelIdentity, where: str,
+                widths: tuple[int, ...] | None = None) -> np.ndarray:
+    """[tokens, MoE layers, top_k] of a vLLM routed-experts array [tokens, num_hidden_layers,
+    width] (width in `widths`, default top_k; the first top_k columns are the routed ones).
+    A TraceError, prefixed `where`, for another shape, a dense layer holding a routed expert
+    (vLLM never writes one: its rows stay 0) or ids check_experts refuses. One check for a
+    file (request_rows) and for a server's reply (traces.server.VLLMClient)."""
     want = (identity.num_layers, identity.top_k)
-    if routed.ndim != 3 or routed.shape[1:] != want:
-        raise TraceError(f"{where}: routed experts of shape {routed.shape}, expected [tokens, "
-                         f"{want[0]} decoder layers, top-k {want[1]}]")
+    if routed.ndim != 3 or routed.shape[1] != want[0] or routed.shape[2] not in (
+            widths or (want[1],)):
+        raise TraceError(f"{where}: routed experts of shape {list(routed.shape)}, expected "
+                         f"[tokens, {want[0]} decoder layers, top-k {want[1]}]")
+    if not np.issubdtype(routed.dtype, np.integer):
+        raise TraceError(f"{where}: routed experts of dtype {routed.dtype}, expected integers")
     dense = [layer for layer in range(identity.num_layers) if layer not in identity.moe_layers]
     if routed[:, dense].any():
         stray = [layer for layer in dense if routed[:, layer].any()]
         raise TraceError(f"{where}: decoder layers {stray} hold routed experts, expected "
                          f"none there (the model's MoE layers are {list(identity.moe_layers)})")
-    experts = routed[:, list(identity.moe_layers)]
-    check_experts(Path(where), "routed experts", experts, identity)
+    experts = routed[:, list(identity.moe_layers), :want[1]]
+    check_experts(where, "routed experts", experts, identity)
+    return experts
+
+
+def request_rows(path: Path, name: str, routed: np.ndarray, identity: ModelIdentity,
+                 prompt_len: int | None) -> TokenRows:
+    """One request's array [tokens, num_hidden_layers, k] as rows of its MoE layers."""
+    where = f"{path}[{name}]" if Path(path).suffix.lower() == ".npz" else str(path)
+    experts = moe_routing(routed, identity, where)
     n = len(routed)
     if prompt_len is not None and prompt_len > n:
         raise TraceError(f"{where}: prompt of {prompt_len} tokens but only {n} routed rows "
