@@ -41,14 +41,14 @@ class Connections:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: set[http.client.HTTPConnection] = set()
+        self._open: set[socket.socket] = set()
         self.closed = threading.Event()
 
     def close_all(self) -> None:
         self.closed.set()
         with self._lock:
-            for conn in self._open:
-                _shut(conn)
+            for sock in self._open:
+                _shut(sock)
 
     def post_json(self, url: str, body: dict, timeout_s: float, max_bytes: int) -> object:
         """POST `body` as JSON to `url`; the JSON reply. Expired when the whole exchange
@@ -58,20 +58,20 @@ class Connections:
         parts = urllib.parse.urlsplit(url)
         kind = http.client.HTTPSConnection if parts.scheme == "https" else \
             http.client.HTTPConnection
+        if self.closed.is_set():
+            raise TraceError(f"{url}: stopped")
         conn = kind(parts.hostname, parts.port, timeout=timeout_s)
-        expired = threading.Event()
-        timer = threading.Timer(timeout_s, lambda: (expired.set(), _shut(conn)))
+        conn.connect()  # bounded by timeout_s; its socket outlives conn.sock (see _exchange)
+        sock, expired = conn.sock, threading.Event()
+        timer = threading.Timer(timeout_s, lambda: (expired.set(), _shut(sock)))
         timer.daemon = True
         with self._lock:
-            if self.closed.is_set():
-                raise TraceError(f"{url}: stopped")
-            self._open.add(conn)
+            self._open.add(sock)
+        if self.closed.is_set():  # close_all ran between the check above and now
+            _shut(sock)
         timer.start()
         try:
-            conn.request("POST", parts.path or "/", body=json.dumps(body).encode(),
-                         headers={"Content-Type": "application/json"})
-            reply = conn.getresponse()
-            data = _read(reply, url, max_bytes)
+            reply, data = _exchange(conn, parts.path or "/", body, url, max_bytes)
         except (OSError, http.client.HTTPException):
             if expired.is_set():
                 raise Expired(f"no complete reply within {timeout_s:g} s") from None
@@ -79,15 +79,30 @@ class Connections:
         finally:
             timer.cancel()
             with self._lock:
-                self._open.discard(conn)
+                self._open.discard(sock)
             conn.close()
+            sock.close()
         if not 200 <= reply.status < 300:
             raise HTTPStatus(reply.status, data[:200].decode(errors="replace").strip())
         return loads_json(data, f"{url}: the reply")
 
 
+def _exchange(conn: http.client.HTTPConnection, path: str, body: dict, url: str,
+              max_bytes: int) -> tuple[http.client.HTTPResponse, bytes]:
+    """Send the request on `conn` and read the whole reply. (A reply that closes the
+    connection takes its socket over: conn.sock is None by then, hence the socket kept.)"""
+    conn.request("POST", path, body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    try:
+        return reply, _read(reply, url, max_bytes)
+    finally:
+        reply.close()
+
+
 def _read(reply: http.client.HTTPResponse, url: str, max_bytes: int) -> bytes:
-    """The body of `reply`, a TraceError as soon as it passes `max_bytes`."""
+    """The body of `reply`, a TraceError as soon as it passes `max_bytes`; IncompleteRead
+    when it ends short of its Content-Length."""
     length = reply.getheader("Content-Length")
     if length is not None and length.strip().isdigit() and int(length) > max_bytes:
         raise TraceError(f"{url}: a reply of {int(length)} bytes; the routing of this "
@@ -99,14 +114,14 @@ def _read(reply: http.client.HTTPResponse, url: str, max_bytes: int) -> bytes:
             raise TraceError(f"{url}: a reply of more than {max_bytes} bytes; the routing of "
                              "this request needs fewer")
         chunks.append(chunk)
+    if reply.length:  # the connection ended before the Content-Length it announced
+        raise http.client.IncompleteRead(b"".join(chunks), reply.length)
     return b"".join(chunks)
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
-    """End every read and write on `conn`'s socket (from another thread), if it has one."""
-    sock = conn.sock
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+def _shut(sock: socket.socket) -> None:
+    """End every read and write on `sock` (from another thread: a blocked read returns)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

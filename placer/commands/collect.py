@@ -67,8 +67,9 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[int, typer.Option(
             help="With --server: requests in flight at once.")] = 4,
         request_timeout: Annotated[float, typer.Option(
-            help="With --server: seconds to wait for one reply (then retried, 3 times at "
-                 "most, as after a connection error or a 5xx).")] = 600.0,
+            help="With --server: seconds for the whole of one reply, however slowly it comes "
+                 "(then retried, 3 times at most, as after a connection error or a 5xx).")
+        ] = 600.0,
         progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
