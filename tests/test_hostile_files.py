@@ -115,7 +115,8 @@ def test_hostile_json_is_one_line(cli, config: Path, tmp_path: Path) -> None:
               "lens.json: nested deeper than 64 levels"),
              (tmp_path / "deep.jsonl", [], "deep.jsonl:1: nested deeper than 64 levels"),
              (tmp_path / "digits.jsonl", [], "digits.jsonl:1: an integer of 5000 digits"),
-             (tmp_path / "nan.jsonl", [], "nan.jsonl:1: NaN is not a JSON number"),
+             (tmp_path / "nan.jsonl", [], "nan.jsonl:1: meta_info.prompt_tokens and "
+                                          "completion_tokens must be integers"),
              (stats, [], "meta_info.json: nested deeper than 64 levels")]
     for source, extra, needle in cases:
         assert_one_line_error(imported(cli, source, tmp_path / "o", "--config", config, *extra),

@@ -135,6 +135,21 @@ def test_output_ids_that_are_not_token_ids_are_refused(cli, model: Path, corpus:
     assert not (tmp_path / "o").exists()
 
 
+def test_a_vllm_npy_claiming_terabytes_is_refused(cli, model: Path, corpus: Path,
+                                                  tmp_path: Path) -> None:
+    """The .npy inside a vLLM reply says its own shape: np.load of a buffer allocates what
+    the header claims before reading (here 10**12 rows), so the header is checked first."""
+    from test_hostile_files import npy_claiming
+
+    raw = npy_claiming(tmp_path / "r.npy", (10**12, 2, 2), "<i4").read_bytes()
+    reply = {"choices": [{"index": 0, "text": "", "token_ids": [5, 6],
+                          "routed_experts": base64.b64encode(raw).decode()}]}
+    with raw_server(replying(lambda body: reply)) as (url, _):
+        result = collect(cli, url, model, corpus, tmp_path / "o", engine="vllm")
+    assert_one_line_error(result, "choices[0].routed_experts: its header claims",
+                          "the file holds 64")
+
+
 def test_vllm_routing_in_a_dense_layer_is_refused_by_the_server_client_and_the_importer(
         cli, model: Path, corpus: Path, tmp_path: Path) -> None:
     """One check for both (traces.importers.vllm.moe_routing): decoder layer 0 of the

@@ -1,18 +1,17 @@
 """Reading JSON that anyone may have written (configs, headers, manifests, replies, dumps).
 
-`json.loads` turns three kinds of hostile text into errors that are not JSONDecodeError, or
+`json.loads` turns two kinds of hostile text into errors that are not JSONDecodeError, or
 into values nothing downstream expects: nesting a few thousand levels deep (RecursionError,
-or a structure later code recurses into), integers of thousands of digits (ValueError past
-4300 digits; below that, numbers no array or file offset can hold) and `NaN` / `Infinity` /
-`1e400` (floats that are not numbers). `loads_json` refuses all of them, and bad UTF-8, with
-one error naming where the text came from; every JSON reader of traces/ and placer/ goes
-through it.
+or a structure later code recurses into) and integers of thousands of digits (ValueError past
+4300 digits; below that, numbers no array or file offset can hold). `loads_json` refuses
+both, and bad UTF-8, with one error naming where the text came from; every JSON reader of
+traces/ and placer/ goes through it. (`NaN` and `Infinity` are read as Python reads them:
+every reader checks its numbers' types and ranges and names the field that holds one.)
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 
 from traces.errors import TraceError
@@ -32,26 +31,14 @@ def _int(text: str) -> int:
     return int(text)
 
 
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Refused(f"the number {text[:30]} is out of range")
-    return value
-
-
-def _constant(name: str) -> float:
-    raise _Refused(f"{name} is not a JSON number")
-
-
 def loads_json(data: str | bytes, where: str, error: type[ValueError] = TraceError,
                object_pairs_hook: Callable | None = None) -> object:
     """The JSON value in `data` (UTF-8 when bytes); `error(f"{where}: ...")` when it is not
     JSON, not UTF-8, nested deeper than MAX_DEPTH, or holds an integer of more than
-    MAX_INT_DIGITS digits or a number that is not finite. Exceptions of
-    `object_pairs_hook` other than ValueError pass through."""
+    MAX_INT_DIGITS digits. Exceptions of `object_pairs_hook` other than ValueError pass
+    through."""
     try:
-        value = json.loads(data, parse_int=_int, parse_float=_float, parse_constant=_constant,
-                           object_pairs_hook=object_pairs_hook)
+        value = json.loads(data, parse_int=_int, object_pairs_hook=object_pairs_hook)
     except _Refused as exc:
         raise error(f"{where}: {exc}") from None
     except RecursionError:

@@ -58,7 +58,6 @@ from __future__ import annotations
 import base64
 import binascii
 import http.client
-import io
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +84,7 @@ from traces.corpora import Corpus
 from traces.errors import TraceError
 from traces.http import Connections, HTTPStatus
 from traces.importers.common import token_ids
+from traces.importers.npfiles import npy_from_bytes
 from traces.importers.sglang import decode_routed_experts
 from traces.importers.vllm import moe_routing
 from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
@@ -283,11 +283,11 @@ class VLLMClient(Client):
             raise TraceError(f"{self.url}: choices[0] has no routed_experts; start the server "
                              "with --enable-return-routed-experts")
         try:
-            routed = np.load(io.BytesIO(base64.b64decode(encoded, validate=True)),
-                             allow_pickle=False)
-        except (binascii.Error, ValueError, OSError, EOFError):
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
             raise TraceError(f"{self.url}: choices[0].routed_experts is not base64 of a .npy "
                              "array") from None
+        routed = npy_from_bytes(raw, f"{self.url}: choices[0].routed_experts")
         if not np.issubdtype(routed.dtype, np.integer):
             raise TraceError(f"{self.url}: routed experts of dtype {routed.dtype}, expected "
                              "integers")

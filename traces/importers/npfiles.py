@@ -11,6 +11,7 @@ Pickled (object) arrays are never loaded.
 
 from __future__ import annotations
 
+import io
 import math
 import zipfile
 import zlib
@@ -61,6 +62,17 @@ def load_npy(path: Path) -> np.ndarray:
         raise
     except READ_ERRORS as exc:
         raise TraceError(f"{path}: not a readable .npy file ({exc})") from None
+
+
+def npy_from_bytes(raw: bytes, where: str) -> np.ndarray:
+    """The array of the `.npy` bytes `raw` (a server's reply), its header checked first."""
+    stream = io.BytesIO(raw)
+    npy_header(stream, len(raw), where)
+    stream.seek(0)
+    try:
+        return np.load(stream, allow_pickle=False)
+    except READ_ERRORS as exc:
+        raise TraceError(f"{where}: not a readable .npy array ({exc})") from None
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:
