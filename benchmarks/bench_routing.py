@@ -37,6 +37,8 @@ Prints:
    over sampled steps, means over domains. On three-layer slices layer offload must put two
    of the three layers on the host (67% of the bytes, not 35%): there / uniform is the fair
    figure.
+6. pinned experts plus a cache (gpt-oss-20b decode routing and ESFT): static against a
+   plain cache, placer's split and Belady's bound (benchmarks/routing_cache.py says how).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from routing_cache import cache_section
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTING = REPO.parent / "shared" / "data" / "routing"
@@ -418,6 +421,7 @@ def main() -> None:
         ilp_scaling(full["intent"])
         if not args.quick:
             skewed_and_flat()
+        cache_section(root, args.quick)
 
 
 if __name__ == "__main__":

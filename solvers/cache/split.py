@@ -71,6 +71,8 @@ class SplitProblem:
     fetch_limit: np.ndarray
     policy: str
     pin_share: float = 0.25
+    pin_rule: str = "misses"  # or "frequency": rank pins by selections (the static way)
+    search_rounds: int = 0    # rounds of the local search over pin swaps (_search)
 
     @property
     def num_cards(self) -> int:
@@ -108,7 +110,11 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario],
                                           if p <= problem.pin_share * (p + q)])
     else:
         plan = _fixed(problem, table, fixed, cells)
-    split = _final(problem, scenarios, plan)
+    chosen = first(plan.p, width)
+    if problem.search_rounds:
+        chosen, stall = _search(problem, scenarios, plan)
+        plan = _Plan(plan.p, plan.q, plan.staging, stall)
+    split = _final(problem, scenarios, plan, chosen)
     split.curve = _curve(problem, table, grid)
     return split
 
@@ -153,8 +159,8 @@ class CostTable:
 
     def rank(self, steps: Requests, q: int) -> np.ndarray:
         """[L, E] order of each layer's experts as pins under q slots: most misses first."""
-        misses = self.misses_per_expert(steps, np.zeros(self.problem.home.shape, bool), q)
-        return pin_order(misses, selections(steps))
+        quotas = np.full((self.problem.num_cards, steps.shape[1]), q)
+        return rank_pins(self.problem, steps, quotas)
 
     def misses_per_expert(self, steps: Requests, pinned: np.ndarray, q: int) -> np.ndarray:
         """[L, E] misses of each expert over `steps` with `pinned` and q slots per layer."""
@@ -165,7 +171,8 @@ class CostTable:
         """[C, L] misses over `steps` with the top-p of `rank` pinned in each (card, layer),
         q slots."""
         home = self.problem.home
-        pinned = pins_of(rank, np.full((self.problem.num_cards, home.shape[0]), p), home)
+        pinned = pins_of(rank, first(np.full((self.problem.num_cards, home.shape[0]), p),
+                                     home.shape[1]), home)
         per_expert = self.misses_per_expert(steps, pinned, q)
         return per_card(per_expert, home, self.problem.num_cards)
 
@@ -186,6 +193,17 @@ def expert_misses(problem: SplitProblem, steps: Requests, pinned: np.ndarray,
     return steps.misses(cache, cold, problem.home)
 
 
+def rank_pins(problem: SplitProblem, steps: Requests, quotas: np.ndarray) -> np.ndarray:
+    """[L, E] each layer's experts in the order they are worth pinning beside `quotas` slots:
+    by the misses the cache would have on them with nothing pinned (`pin_rule` "misses"), or
+    by selections ("frequency")."""
+    chosen = selections(steps)
+    if problem.pin_rule == "frequency":
+        return pin_order(chosen, chosen)
+    nothing = np.zeros(problem.home.shape, dtype=bool)
+    return pin_order(expert_misses(problem, steps, nothing, quotas), chosen)
+
+
 def selections(steps: Requests) -> np.ndarray:
     """[L, E] how often each expert was selected."""
     _, layers, experts = steps.shape
@@ -197,17 +215,21 @@ def pin_order(misses: np.ndarray, selections: np.ndarray) -> np.ndarray:
     return np.lexsort((-selections, -misses), axis=-1)
 
 
-def pins_of(rank: np.ndarray, counts: np.ndarray, home: np.ndarray) -> np.ndarray:
-    """[L, E] bool: in each (card, layer), the first counts[c, l] of the layer's `rank`
-    among the experts card c homes."""
+def first(counts: np.ndarray, width: int) -> np.ndarray:
+    """[C, L, E] bool: the first counts[c, l] rank positions of each (card, layer)."""
+    return np.arange(width)[None, None, :] < counts[:, :, None]
+
+
+def pins_of(rank: np.ndarray, chosen: np.ndarray, home: np.ndarray) -> np.ndarray:
+    """[L, E] bool: in each (card, layer), the experts at the rank positions chosen[c, l]
+    (positions counted among the experts of the layer's `rank` that card c homes)."""
     out = np.zeros(rank.shape, dtype=bool)
     for layer, order in enumerate(rank):
-        taken = np.zeros(len(counts), dtype=np.int64)
+        seen = np.zeros(len(chosen), dtype=np.int64)
         for e in order:
             c = home[layer, e]
-            if taken[c] < counts[c, layer]:
-                out[layer, e] = True
-                taken[c] += 1
+            out[layer, e] = chosen[c, layer, seen[c]]
+            seen[c] += 1
     return out
 
 
@@ -310,14 +332,57 @@ def _fixed(problem: SplitProblem, table: CostTable, quotas: np.ndarray,
     return _Plan(p, quotas.copy(), staging, total)
 
 
-def _final(problem: SplitProblem, scenarios: list[Scenario], plan: _Plan) -> Split:
-    """The plan's pins chosen on all of the calibration traffic, under its quotas."""
-    nothing = np.zeros(problem.home.shape, dtype=bool)
-    misses = sum(sc.weight * expert_misses(problem, sc.whole, nothing, plan.q)
-                 for sc in scenarios)
-    chosen = sum(sc.weight * selections(sc.whole) for sc in scenarios)
-    pinned = pins_of(pin_order(misses, chosen), plan.p, problem.home)
-    return Split(pinned, plan.q, plan.staging, plan.stall_s)
+def _final(problem: SplitProblem, scenarios: list[Scenario], plan: _Plan,
+           chosen: np.ndarray) -> Split:
+    """The plan's pins (rank positions `chosen`) ranked on all of the calibration traffic,
+    under its quotas."""
+    layers, width = problem.home.shape
+    misses, picks = np.zeros((layers, width)), np.zeros((layers, width))
+    nothing = np.zeros((layers, width), dtype=bool)
+    for sc in scenarios:
+        picks += sc.weight * selections(sc.whole)
+        if problem.pin_rule != "frequency":
+            misses += sc.weight * expert_misses(problem, sc.whole, nothing, plan.q)
+    rank = pin_order(picks if problem.pin_rule == "frequency" else misses, picks)
+    return Split(pins_of(rank, chosen, problem.home), plan.q, plan.staging, plan.stall_s)
+
+
+def _search(problem: SplitProblem, scenarios: list[Scenario], plan: _Plan
+            ) -> tuple[np.ndarray, float]:
+    """Local search over the pins: in round j every (card, layer) with pins tries its
+    lowest-ranked pin swapped for rank position p + j - 1 (each fold's rank from its own
+    training folds), keeping the swap where the held-out cost falls; all layers are tried in
+    the same replay, since they do not interact. (chosen positions [C, L, E], cost)."""
+    width = problem.home.shape[1]
+    chosen = first(plan.p, width)
+    cost = _positions_cost(problem, scenarios, plan.q, chosen)
+    for j in range(1, problem.search_rounds + 1):
+        trial = chosen.copy()
+        for c, layer in zip(*np.nonzero(plan.p), strict=True):
+            picked = np.flatnonzero(chosen[c, layer])
+            spare = [i for i in range(plan.p[c, layer] + j - 1, width)
+                     if not chosen[c, layer, i]]
+            if spare:
+                trial[c, layer, picked[-1]] = False
+                trial[c, layer, spare[0]] = True
+        got = _positions_cost(problem, scenarios, plan.q, trial)
+        better = got < cost
+        chosen[better], cost[better] = trial[better], got[better]
+    return chosen, float(cost.sum())
+
+
+def _positions_cost(problem: SplitProblem, scenarios: list[Scenario], quotas: np.ndarray,
+                    chosen: np.ndarray) -> np.ndarray:
+    """[C, L] cross-validated cost of pinning rank positions `chosen` beside `quotas`."""
+    cost = np.zeros(quotas.shape)
+    for sc in scenarios:
+        for train, held in sc.folds:
+            pinned = pins_of(rank_pins(problem, train, quotas), chosen, problem.home)
+            misses = per_card(expert_misses(problem, held, pinned, quotas), problem.home,
+                              problem.num_cards)
+            cost += misses * problem.miss_s[:, None] * sc.weight / (held.shape[0]
+                                                                    * len(sc.folds))
+    return cost
 
 
 def _curve(problem: SplitProblem, table: CostTable, grid: list[int]) -> list[dict]:
