@@ -45,14 +45,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from routing_cache import cache_section
+from routing_cache import cache_section, placer
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTING = REPO.parent / "shared" / "data" / "routing"
@@ -66,15 +64,6 @@ DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
 BATCHES = (1, 8)
 OFFLOAD = 0.35
 SPLITS = 5
-
-
-def placer(*args: object) -> str:
-    """Run the placer CLI; its stdout."""
-    cmd = [sys.executable, "-m", "placer", *map(str, args)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(cmd[2:])} failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 def write_half(task: str, half: int, out: Path, split: int = 0) -> Path:

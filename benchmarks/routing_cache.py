@@ -42,6 +42,7 @@ TASKS = ("intent", "law", "summary", "translation")
 
 
 def placer(*args: object) -> str:
+    """Run the placer CLI; its stdout."""
     cmd = [sys.executable, "-m", "placer", *map(str, args)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -155,9 +156,14 @@ def esft_lotos(root: Path, batches: tuple[int, ...], tasks: tuple[str, ...]) -> 
     print("\n6c. ESFT leave one task out: plans on the other tasks' calibration halves, "
           "replayed on the whole unseen task; tok/s [95% interval]")
     worst, unseen = [], []
+    sequences = {t: len(np.load(root / f"{t}-0.npz")["seq_lens"]) for t in tasks}
     for b in batches:
+        short = [t for t in tasks if sequences[t] < b]
+        if short:
+            print(f"  B={b}: {', '.join(short)} calibration halves hold fewer than {b} "
+                  f"sequences (no step of {b}): left out of the known tasks")
         for task in tasks:
-            known = [calib[t] for t in tasks if t != task]
+            known = [calib[t] for t in tasks if t != task and t not in short]
             static = solve(root, f"lodo-static-{task}-{b}", config, known, b, "--offload",
                            ESFT_OFFLOAD, "--cache", 0)
             split = solve(root, f"lodo-split-{task}-{b}", config, known, b, "--offload",
