@@ -37,19 +37,20 @@ Prints:
    over sampled steps, means over domains. On three-layer slices layer offload must put two
    of the three layers on the host (67% of the bytes, not 35%): there / uniform is the fair
    figure.
+6. pinned experts plus a cache (gpt-oss-20b decode routing and ESFT): static against a
+   plain cache, placer's split and Belady's bound (benchmarks/routing_cache.py says how).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from routing_cache import cache_section, placer
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTING = REPO.parent / "shared" / "data" / "routing"
@@ -63,15 +64,6 @@ DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
 BATCHES = (1, 8)
 OFFLOAD = 0.35
 SPLITS = 5
-
-
-def placer(*args: object) -> str:
-    """Run the placer CLI; its stdout."""
-    cmd = [sys.executable, "-m", "placer", *map(str, args)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(cmd[2:])} failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 def write_half(task: str, half: int, out: Path, split: int = 0) -> Path:
@@ -418,6 +410,7 @@ def main() -> None:
         ilp_scaling(full["intent"])
         if not args.quick:
             skewed_and_flat()
+        cache_section(root, args.quick)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_gpu.py": [],
     "bench_cpu_experts.py": ["--quick"],
     "bench_routing.py": ["--quick"],
+    "bench_cache.py": ["--quick"],
 }
 
 

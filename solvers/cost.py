@@ -125,9 +125,12 @@ class StepStats:
         }
 
 
-def step_stats(problem: Problem, placement: Placement, selected: np.ndarray) -> StepStats:
-    """selected: [S, L, E] bool -> StepStats of the replay (stage execution)."""
-    cold_bytes, transfers = card_loads(problem, placement, selected)
+def step_stats(problem: Problem, placement: Placement, selected: np.ndarray,
+               hits: np.ndarray | None = None) -> StepStats:
+    """selected: [S, L, E] bool -> StepStats of the replay (stage execution). hits: [S, L, E]
+    bool, the selected experts a cache holds when their step comes (they cost nothing)."""
+    charged = selected if hits is None else np.asarray(selected) & ~hits
+    cold_bytes, transfers = card_loads(problem, placement, charged)
     sel = np.asarray(selected, dtype=np.float64)
     return StepStats(
         layer_stall=stall_from_loads(problem, cold_bytes, transfers),
@@ -137,12 +140,16 @@ def step_stats(problem: Problem, placement: Placement, selected: np.ndarray) -> 
     )
 
 
-def replay(problem: Problem, placement: Placement, steps: Steps) -> StepStats:
-    """StepStats of `steps` under the problem's execution model, in chunks of steps.
+def replay(problem: Problem, placement: Placement, steps: Steps,
+           hits: np.ndarray | None = None) -> StepStats:
+    """StepStats of `steps` under the problem's execution model, in chunks of steps; `hits`
+    ([S, L, E] bool, stage execution only) the selected experts a cache holds.
 
     Under cpu execution `staged_bytes` are the cold bytes the host CPU reads and `transfers`
     the cold experts it computes."""
     selected = np.asarray(steps.selected)
+    if hits is not None and problem.execution == "cpu":
+        raise ValueError("a cache of staged experts needs stage execution")
     num_steps, num_layers, num_experts = selected.shape
     chunk = max(1, CHUNK_CELLS // (num_layers * num_experts))
     parts = []
@@ -158,9 +165,10 @@ def replay(problem: Problem, placement: Placement, steps: Steps) -> StepStats:
             parts.append(StepStats(loads.layer_stall, loads.cold_bytes, loads.cold_experts,
                                    np.einsum("sle,le->sl", sel, eb)))
     else:
-        parts = [step_stats(problem, placement, selected[start:start + chunk])
+        parts = [step_stats(problem, placement, selected[start:start + chunk],
+                            None if hits is None else hits[start:start + chunk])
                  for start in range(0, num_steps, chunk)]
     if not parts:
-        return step_stats(problem, placement, selected)
+        return step_stats(problem, placement, selected, hits)
     return StepStats(*(np.concatenate([getattr(p, f) for p in parts])
                        for f in ("layer_stall", "staged_bytes", "transfers", "selected_bytes")))

@@ -86,11 +86,14 @@ def replicate_weights(count: int, replicates: int = REPLICATES, seed: int = 0) -
         np.float64)
 
 
-def token_shares(tokens: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def token_shares(tokens: np.ndarray, weights: np.ndarray, charged: np.ndarray | None = None
+                 ) -> np.ndarray:
     """Each token's share of a step's additive costs sum_{(l, e) selected} weights[f, l, e]:
     the weight of each selected expert split equally among the step's tokens that selected it
     (the Shapley value of that cost). tokens: [c, B, L, k] expert ids (-1: none);
-    weights: [F, L, E] -> [c, B, F] float."""
+    weights: [F, L, E] -> [c, B, F] float. charged: [c, L, E] bool, the experts whose staging
+    each step pays (a cache holds the others): every field but the last (the selected bytes)
+    counts only those."""
     chunk, batch, num_layers, _ = tokens.shape
     num_experts = weights.shape[2]
     valid = tokens >= 0
@@ -99,8 +102,11 @@ def token_shares(tokens: np.ndarray, weights: np.ndarray) -> np.ndarray:
     key = (step * num_layers + layer) * num_experts + expert
     takers = np.bincount(key, minlength=chunk * num_layers * num_experts)[key]
     token = step * batch + slot
-    return np.stack([np.bincount(token, weights=w[layer, expert] / takers,
-                                 minlength=chunk * batch) for w in weights],
+    paid = np.ones(len(key)) if charged is None else charged.reshape(-1)[key].astype(np.float64)
+    scale = [paid] * (len(weights) - 1) + [1.0]
+    return np.stack([np.bincount(token, weights=w[layer, expert] * f / takers,
+                                 minlength=chunk * batch) for w, f in zip(weights, scale,
+                                                                          strict=True)],
                     axis=1).reshape(chunk, batch, len(weights))
 
 

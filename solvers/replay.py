@@ -5,14 +5,23 @@ calibration traffic) both replay the same steps against a placement and its base
 the cost model the solver optimizes (`solvers.cost.replay`, either execution model), a chunk
 of steps at a time, attribute each step's cost to its tokens' sequences and bootstrap over
 sequences (`solvers.intervals`).
+
+A line may cache staged experts (`Line.cache`): its steps then go through its caches in
+order, the state carried from chunk to chunk (Belady's MIN reads all of them first), and a
+step pays only for the selected cold experts its caches miss. The bootstrap keeps each
+sequence's attributed cost fixed, as if the cache's state did not depend on which sequences
+were drawn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from solvers.cache import cache_hits, make_policy
+from solvers.cache.belady import BeladyReplay
 from solvers.cost import replay
 from solvers.cpu import expert_seconds
 from solvers.intervals import (
@@ -32,6 +41,47 @@ from solvers.problem import Placement, Problem, Steps
 from traces.profile import TokenSteps, step_mask
 
 CHUNK_CELLS = 1 << 22  # [steps, L, E] mask cells replayed at a time
+
+
+BELADY = "belady"
+
+
+@dataclass(frozen=True)
+class Line:
+    """How a line serves the traffic: its pinned pages and cache slots per card and layer
+    (`quotas` [C, L]) under `cache` (a policy of solvers.cache, or BELADY: MIN over each
+    card's slots, the offline limit; None: no cache)."""
+
+    placement: Placement
+    cache: str | None = None
+    quotas: np.ndarray | None = None
+
+    @property
+    def slots(self) -> list[int]:
+        """Cache slots of each card."""
+        return [] if self.quotas is None else [int(n) for n in self.quotas.sum(axis=1)]
+
+
+def as_line(line: Line | Placement) -> Line:
+    return line if isinstance(line, Line) else Line(line)
+
+
+def hits_of(problem: Problem, line: Line, steps: TokenSteps, chunk: int
+            ) -> Callable[[int, np.ndarray], np.ndarray]:
+    """hits(start, selected): the hits of a cached line's steps start .. start + len(selected)
+    - 1, asked chunk by chunk in order."""
+    cold, home = line.placement.cold_bytes(problem), np.asarray(problem.home)
+    if line.cache == BELADY:
+        belady = BeladyReplay(_masks(steps, problem.num_experts, chunk), cold, home,
+                              np.asarray(line.slots))
+        return lambda start, selected: belady.hits(start, start + len(selected))
+    policy = make_policy(line.cache, line.quotas, problem.num_layers * problem.num_experts)
+    return lambda start, selected: cache_hits(policy, selected, cold, home)
+
+
+def _masks(steps: TokenSteps, num_experts: int, chunk: int) -> Iterator[np.ndarray]:
+    for start in range(0, len(steps), chunk):
+        yield step_mask(steps.tokens[start:start + chunk], num_experts)
 
 
 def make_steps(name: str, steps: TokenSteps, num_experts: int, weight: float,
@@ -60,7 +110,8 @@ class Replayed:
         return {key: ratio.point, f"{key}_ci95": ratio.ci95() if estimable(self.units) else None}
 
 
-def replay_with_intervals(problem: Problem, lines: dict[str, Placement], steps: TokenSteps,
+def replay_with_intervals(problem: Problem, lines: dict[str, Line | Placement],
+                          steps: TokenSteps,
                           base_step_s: float, replicates: int = REPLICATES, seed: int = 0
                           ) -> Replayed:
     """Replay `steps` against every line (a "placement" line among them) with intervals."""
@@ -77,26 +128,31 @@ def replay_with_intervals(problem: Problem, lines: dict[str, Placement], steps: 
     return Replayed(figures, stall, units, weights, staged)
 
 
-def replay_lines(problem: Problem, lines: dict[str, Placement], steps: TokenSteps,
+def replay_lines(problem: Problem, lines: dict[str, Line | Placement], steps: TokenSteps,
                  units: Units) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Replay `steps` against each line's placement, a chunk of steps at a time.
+    """Replay `steps` against each line, a chunk of steps at a time, in order.
 
     Returns per line the [n, 4] sums of FIELDS attributed to the n units, and the [L] staged
     bytes of each layer summed over all steps."""
     num_layers, num_experts = problem.num_layers, problem.num_experts
     chunk = max(1, CHUNK_CELLS // (num_layers * num_experts))
+    lines = {name: as_line(line) for name, line in lines.items()}
+    cached = {name: hits_of(problem, line, steps, chunk) for name, line in lines.items()
+              if line.cache is not None}
     sums = {k: np.zeros((units.count, len(FIELDS))) for k in lines}
     staged = {k: np.zeros(num_layers) for k in lines}
     for start in range(0, len(steps), chunk):
         stop = min(start + chunk, len(steps))
         part = TokenSteps(steps.tokens[start:stop], steps.seqs[start:stop])
         chunk_steps = make_steps("replay", part, num_experts, 1.0, 0.0)
-        for name, placement in lines.items():
-            stats = replay(problem, placement, chunk_steps)
+        for name, line in lines.items():
+            hits = cached[name](start, chunk_steps.selected) if name in cached else None
+            stats = replay(problem, line.placement, chunk_steps, hits)
             per_step = np.stack([stats.step_stall, stats.staged_bytes.sum(axis=1),
                                  stats.transfers.sum(axis=1), stats.selected_bytes.sum(axis=1)],
                                 axis=1)
-            shares = token_shares(part.tokens, share_weights(problem, placement))
+            charged = None if hits is None else chunk_steps.selected & ~hits
+            shares = token_shares(part.tokens, share_weights(problem, line.placement), charged)
             sums[name] += attribute(units.unit_of[start:stop], per_step, units.count, shares)
             staged[name] += stats.staged_bytes.sum(axis=0)
     return sums, staged

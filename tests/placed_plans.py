@@ -39,3 +39,25 @@ def mixed_plan(model: Path, out: Path, staging_bytes: int = 0) -> Path:
     path = out / "plan.json"
     write_json_atomic(plan.to_json(), path)
     return path
+
+
+def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int) -> Path:
+    """out/plan.json: every third expert pinned, the rest cold, and 1-3 cache slots per
+    MoE layer on each card under `policy` (whole experts: what a cache split plans)."""
+    inv = read_inventory(model)
+    sizes = inv.expert_bytes()
+    layers, experts = sizes.shape
+    pinned = (np.arange(layers)[:, None] + np.arange(experts)[None, :]) % 3 == 0
+    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
+    quotas = np.array([[1 + (c + layer) % 3 for layer in range(layers)] for c in range(2)])
+    staging = np.full(2, staging_bytes)
+    slots = quotas.sum(axis=1) * int(sizes.max())
+    plan = build_plan(inv, SPEC, home=home, resident_pages=pinned.astype(np.int64),
+                      page_size=None, budget_bytes=staging + slots + (1 << 26),
+                      staging_bytes=staging,
+                      budget={"mode": "budget", "value": None, "concurrency": [1]},
+                      ep="contiguous", solver={"name": "test"}, quotas=quotas,
+                      cache_policy=policy)
+    path = out / "plan.json"
+    write_json_atomic(plan.to_json(), path)
+    return path

@@ -86,7 +86,8 @@ def small(tmp_path_factory: pytest.TempPathFactory, cli) -> dict:
     held = write_trace(root / "held", held_seqs, run_id=2, pos_step=2)
     plan = root / "plan.json"
     cli("solve", "--config", root / "config.json", "--hardware", BOX, "--traces", calib,
-        "--offload", "0.5", "--concurrency", "1,3", "--solver", "greedy", "--out", plan)
+        "--offload", "0.5", "--concurrency", "1,3", "--solver", "greedy", "--cache", "0",
+        "--out", plan)
     return {"root": root, "calib": calib, "held": held, "held_seqs": held_seqs, "plan": plan}
 
 
@@ -330,7 +331,7 @@ def test_trace_verdict_over_concurrencies():
     (["--seed", str(2**31)], "--seed must be in 0..2**31-1"),
     (["--oracle-time-limit", "-1"], "--oracle-time-limit must be a positive"),
     (["--oracle-time-limit", "nan"], "--oracle-time-limit: expected a finite number"),
-    (["--cache-slots", "-1"], "--cache-slots must be >= 0"),
+    (["--cache-slots", "-1"], "--cache-slots must be in 0.."),
     (["--folds", "1"], "--folds must be >= 2"),
     (["--plot", "out.jpg"], "--plot writes a PNG"),
     (["--concurrency", "0"], "--concurrency: every value must be >= 1"),

@@ -45,6 +45,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory, cli) -> dict[str, Path]:
     out["robust"] = root / "robust.json"
     cli("solve", *common, "--traces", out["calib"], "--traces", out["random"], "--robust",
         "--out", out["robust"])
+    out["cached"] = root / "cached.json"  # every calibration token, in order: a cache split
+    cli("solve", *common[:-2], "--traces", out["calib"], "--out", out["cached"])
     return out
 
 
@@ -107,25 +109,33 @@ def test_solver_objective_equals_the_evaluators_figure_on_its_own_traffic(setup,
 
 
 def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
+    """The placement line stages what the runtime's own cache class stages for the same
+    steps in order: a cached plan with its own slots, a static one given 4 per card, and
+    with none (then the cost model's figure exactly)."""
     from placer.plan.placement import read_plan
     from placer.predict.staging import expected_staging
     from traces.profile import every_token_steps, step_mask
 
-    report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["held"],
-                            "--cache-slots", "4", "--oracle-time-limit", "1", "--json").output)
-    plan = read_plan(setup["plan"])
-    for row in rows(report, setup["held"]):
-        cached, b = row["placement+cache"], row["concurrency"]
-        selected = step_mask(every_token_steps(setup["held"], b, seed=report["seed"],
-                                               groupings=report["groupings"]).tokens,
-                             plan.experts_per_layer)
-        want = expected_staging(plan, selected, 4)
-        assert cached["staged_bytes_per_token"] == pytest.approx(
-            want.bytes.sum() / selected.shape[0] / b, rel=1e-12)
-        assert cached["staged_bytes_per_token"] <= row["placement"]["staged_bytes_per_token"]
-        static = expected_staging(plan, selected, 0)  # the cost model's figure, exactly
-        assert static.bytes.sum() / selected.shape[0] / b == pytest.approx(
-            row["placement"]["staged_bytes_per_token"], rel=1e-12)
+    figures = {}
+    for name, slots in (("plan", 4), ("plan", 0), ("cached", None)):
+        plan = read_plan(setup[name])
+        override = [] if slots is None else ["--cache-slots", slots]
+        report = json.loads(cli("evaluate", setup[name], "--traces", setup["held"],
+                                *override, "--oracle-time-limit", "1", "--json").output)
+        for row in rows(report, setup["held"]):
+            b = row["concurrency"]
+            selected = step_mask(every_token_steps(setup["held"], b, seed=report["seed"],
+                                                   groupings=report["groupings"]).tokens,
+                                 plan.experts_per_layer)
+            want = expected_staging(plan, selected, slots)
+            got = row["placement"]["staged_bytes_per_token"]
+            assert got == pytest.approx(want.bytes.sum() / selected.shape[0] / b, rel=1e-12)
+            placed = row["cache"].get("placement", {"slots": [0, 0]})["slots"]
+            assert placed == ([slots] * 2 if slots is not None
+                              else [c.cache_slots for c in plan.cards])
+            figures[name, slots, b] = got
+    assert all(figures["plan", 4, b] < figures["plan", 0, b] for b in (1, 8))
+    assert read_plan(setup["cached"]).cards[0].cache_slots > 0
 
 
 def test_curve_and_plot_come_out(setup, cli, tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 import torch
-from placed_plans import mixed_plan
+from placed_plans import cached_plan, mixed_plan
 from test_runtime import PROMPTS, original_model, padded_batch
 
 from placer.checkpoint.inventory import read_inventory
@@ -52,6 +52,38 @@ def test_logits_and_staging_match(arch, cache_slots, trace_models, tmp_path, cli
     assert runtime.counters.copies.tolist() == predicted.copies.sum(axis=0).tolist()
     assert runtime.counters.hits.tolist() == predicted.hits.sum(axis=0).tolist()
     assert predicted.bytes.sum() > 0  # the batch really staged something
+
+
+@pytest.mark.parametrize(("arch", "policy"), [("qwen3_moe", "lfru"), ("gpt_oss", "lru")])
+def test_a_cached_plan_stages_what_its_replay_predicts(arch, policy, trace_models, tmp_path,
+                                                       cli):
+    """The runtime takes each card's slots per layer and policy from the manifest; over a
+    batch and then three greedy decode steps its counters equal the replay of the same
+    selections through the same cache class, and its logits the original model's."""
+    checkpoint = trace_models[arch]
+    largest_layer = int(read_inventory(checkpoint).expert_bytes().sum(axis=1).max())
+    plan_path = cached_plan(checkpoint, tmp_path, policy, largest_layer)
+    cli("emit", "--plan", plan_path, "--model", checkpoint, "--out", tmp_path / "placed")
+    runtime = load_placed(tmp_path / "placed", device="cpu")
+    plan = read_plan(tmp_path / "placed")
+    assert runtime.cache.name == policy
+    assert runtime.cache.quotas.tolist() == [list(c.layer_slots) for c in plan.cards]
+    staged = load_staged_model(checkpoint, runtime)
+    batch = padded_batch(checkpoint)
+    with torch.no_grad(), SelectionRecorder(staged) as recorder:
+        got = staged(**batch).logits
+        ids = batch["input_ids"][:1]
+        for _ in range(3):
+            nxt = staged(input_ids=ids).logits[:, -1:].argmax(-1)
+            ids = torch.cat([ids, nxt], dim=1)
+    with torch.no_grad():
+        assert torch.equal(got, original_model(checkpoint)(**batch).logits)
+    selected = recorder.selected(plan.moe_layers, plan.experts_per_layer)
+    predicted = expected_staging(plan, selected)
+    assert runtime.counters.bytes.tolist() == predicted.bytes.sum(axis=0).tolist()
+    assert runtime.counters.copies.tolist() == predicted.copies.sum(axis=0).tolist()
+    assert runtime.counters.hits.tolist() == predicted.hits.sum(axis=0).tolist()
+    assert predicted.hits.sum() > 0 and predicted.copies.sum() > 0
 
 
 def test_collect_records_the_selections_the_runtime_staged(trace_models, tmp_path, cli):

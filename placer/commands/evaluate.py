@@ -11,7 +11,6 @@ from rich.table import Table
 
 from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
-from placer.commands.run import MAX_CACHE_SLOTS
 from placer.errors import PlacerError
 from placer.files import check_apart
 from placer.plan.placement import read_plan
@@ -43,9 +42,9 @@ def register(app: typer.Typer) -> None:
         plot: Annotated[Path | None, typer.Option(help="Write a PNG of per-layer staging "
                                                        "and drift heatmaps (a .png path).")
                         ] = None,
-        cache_slots: Annotated[int, typer.Option(
-            help="Also replay static placement + an LRU of N staged experts per card "
-                 "(what `placer run --cache-slots N` stages).")] = 0,
+        cache_slots: Annotated[int | None, typer.Option(
+            help="Replay the placement with N cache slots per card instead of the plan's "
+                 "own (what `placer run --cache-slots N` runs).")] = None,
         execution: Annotated[str | None, typer.Option(
             help="How a cold expert runs: stage (copied to its GPU: placer's runtime), cpu "
                  "(computed by the host CPU: llama.cpp -ot / --n-cpu-moe, KTransformers; needs "
@@ -56,23 +55,24 @@ def register(app: typer.Typer) -> None:
             "oracle_gap, the oracle ILP's relative MIP gap (a solver figure, not a statistical "
             "estimate)."))] = False,
     ) -> None:
-        """Replay held-out traffic against a placement and the layer-offload, uniform and
-        oracle baselines at the same budget; warn where the placement is predicted worse.
+        """Replay held-out traffic against a placement as deployed (pinned pages and its cache
+        of staged experts) and, at the same VRAM budget, layer offload, uniform, the static
+        oracle (the best pinned set for this very traffic, no cache), lru (the whole budget
+        as an LRU cache, nothing pinned) and belady (the plan's pinned set and slots under
+        Belady's offline-optimal replacement: the limit of any cache policy for that split);
+        warn where the placement is predicted worse than layer offload.
 
-        Every held-out token is replayed (at B > 1 in steps of B distinct sequences,
-        continuous batching over 4 seeded orders); each figure has a 95% bootstrap interval
-        over sequences, and the verdict against layer offload (better, worse or within
-        noise) reads the interval of the stall ratio; fewer than 5 held-out sequences give
-        no interval and the verdict too little traffic."""
+        Every held-out token is replayed in order (at B > 1 in steps of B distinct
+        sequences, continuous batching over 4 seeded orders); each figure has a 95%
+        bootstrap interval over sequences, and the verdict against layer offload (better,
+        worse or within noise) reads the interval of the stall ratio; fewer than 5 held-out
+        sequences give no interval and the verdict too little traffic."""
         from placer.predict.curve import calibration_curve
         from placer.predict.evaluate import EvalOptions, evaluate
         from placer.predict.plots import plot_evaluation
 
         if folds < 2:
             raise PlacerError(f"--folds must be >= 2, got {folds}")
-        if cache_slots > MAX_CACHE_SLOTS:  # as `placer run --cache-slots` (negatives: below)
-            raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, "
-                              f"got {cache_slots}")
         if plot is not None and plot.suffix.lower() != ".png":
             raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
         if plot is not None:
@@ -107,34 +107,27 @@ def print_report(report: dict) -> None:
                 "cold experts/token", "stall ms/step", "tok/s"):
         table.add_column(col, justify="right")
     for r in report["results"]:
-        for i, line in enumerate(("placement", "layer", "uniform", "oracle")):
+        lines = [line for line in LINE_NAMES if line in r]
+        for i, line in enumerate(lines):
             f = r[line]
             table.add_row(r["traces"] if i == 0 else "", str(r["concurrency"]) if i == 0 else "",
-                          r["execution"] if i == 0 else "",
-                          "layer offload" if line == "layer" else line,
+                          r["execution"] if i == 0 else "", line_name(r, line),
                           plus_minus(f, "hit_rate", "{:.3f}"),
                           plus_minus(f, "staged_bytes_per_token", "{:.1f}", 1 / 1024),
                           plus_minus(f, "transfers_per_token", "{:.2f}"),
                           plus_minus(f, "stall_ms_per_step", "{:.4f}"),
-                          plus_minus(f, "tokens_per_s", "{:.2f}"), end_section=i == 3)
+                          plus_minus(f, "tokens_per_s", "{:.2f}"), end_section=i == len(lines) - 1)
     console.print(table)
     for r in report["results"]:
+        others = "".join(f", / {LINE_NAMES[k]} {r[f'ratio_to_{k}']:.3f} "
+                         f"{span(r[f'ratio_to_{k}_ci95'])}" for k in ("lru", "belady")
+                         if f"ratio_to_{k}" in r)
         console.print(f"{r['traces']} B={r['concurrency']} {r['execution']}: {r['tokens']} "
                       f"tokens in "
                       f"{r['steps']} steps, interval over {r['interval_units']} "
                       f"{r['interval_over']}; stall / layer offload {r['ratio_to_layer']:.3f} "
-                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / oracle "
-                      f"{r['ratio_to_oracle']:.3f} {span(r['ratio_to_oracle_ci95'])}")
-        if "placement+cache" in r:
-            c = r["placement+cache"]
-            console.print(f"{r['traces']} B={r['concurrency']}: placement + LRU of "
-                          f"{c['cache_slots']} experts per card stages "
-                          f"{plus_minus(c, 'staged_bytes_per_token', '{:.1f}', 1 / 1024)} "
-                          f"KiB/token "
-                          f"in {plus_minus(c, 'copies_per_token', '{:.2f}')} copies/token "
-                          f"({c['staged_bytes_saved']:.1%} "
-                          f"{span(c['staged_bytes_saved_ci95'], '{:.1%}')} fewer bytes than "
-                          f"static alone)")
+                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / static oracle "
+                      f"{r['ratio_to_oracle']:.3f} {span(r['ratio_to_oracle_ci95'])}{others}")
     for note in report["notes"]:
         console.print(f"note: {note}")
     for d in report["drift"]:
@@ -157,6 +150,21 @@ def print_report(report: dict) -> None:
             v["verdict"], "yellow"))
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
+
+
+LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",
+              "oracle": "static oracle", "lru": "lru", "belady": "belady"}
+
+
+def line_name(row: dict, line: str) -> str:
+    """A line's name in the table, with its cache where it has one."""
+    cache = row.get("cache", {}).get(line)
+    if cache is None:
+        return LINE_NAMES[line]
+    slots = sorted(set(cache["slots"]))
+    each = f"{slots[0]}" if len(slots) == 1 else "/".join(map(str, cache["slots"]))
+    policy = "" if cache["policy"] == line else f"{cache['policy']}, "
+    return f"{LINE_NAMES[line]} ({policy}{each} slots)"
 
 
 def _drift(drift: dict) -> str:

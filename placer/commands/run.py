@@ -26,9 +26,10 @@ def register(app: typer.Typer) -> None:
             help="The checkpoint directory it was placed from (dense weights, tokenizer).")],
         prompt: Annotated[str, typer.Option(help="Text to continue.")],
         max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate (greedy).")] = 32,
-        cache_slots: Annotated[int, typer.Option(
-            help="LRU slots per card for recently staged experts (0: static placement only).")
-        ] = 0,
+        cache_slots: Annotated[int | None, typer.Option(
+            help="Cache slots per card for staged experts, instead of the manifest's "
+                 "(0: pinned pages only). Default: each card's slots and policy as placed.")
+        ] = None,
         device: Annotated[str, typer.Option(
             help="torch device for the model and every card: auto, cpu, cuda, cuda:N.")
         ] = "auto",
@@ -49,13 +50,13 @@ def register(app: typer.Typer) -> None:
             print_result(result)
 
 
-def check_run_options(placed: Path, prompt: str, cache_slots: int, device: str) -> None:
+def check_run_options(placed: Path, prompt: str, cache_slots: int | None, device: str) -> None:
     """One line for a value `placer run` cannot use, before the model is loaded."""
     if not placed.is_dir():
         raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
     if not prompt.strip():
         raise PlacerError("--prompt: expected some text to continue, got an empty prompt")
-    if not 0 <= cache_slots <= MAX_CACHE_SLOTS:
+    if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
         raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, got "
                           f"{cache_slots}")
     check_device(device)
@@ -66,7 +67,7 @@ def print_result(result: dict) -> None:
     console = rich_console()
     console.print(f"[bold]{result['prompt']}[/bold]{result['text']}", highlight=False)
     table = Table(title=f"staging over {result['new_tokens']} new tokens on {result['device']}"
-                  f" (cache slots: {result['cache_slots']})")
+                  f" (cache slots per card: {result['cache_slots']})")
     for col in ("card", "staged", "copies", "cache hits", "seconds"):
         table.add_column(col, justify="right")
     staging = result["staging"]

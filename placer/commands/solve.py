@@ -16,7 +16,7 @@ from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, write_json_atomic
 from placer.hardware.spec import load_spec
-from placer.plan.options import EXECUTIONS, SOLVERS, SolveOptions
+from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
 from placer.plan.placement import Plan
 from placer.units import format_bytes, parse_bytes
 
@@ -66,6 +66,16 @@ def register(app: typer.Typer) -> None:
             help="Sample this many decode steps per profile and concurrency instead of "
                  "using every calibration token (imported counts are always sampled: 256 "
                  "by default).")] = None,
+        cache: Annotated[str, typer.Option(
+            help="Cache slots per card for staged experts, beside the pinned ones: auto "
+                 "(split each card's budget between pins and per-layer slots, judged on "
+                 "held-out folds of the calibration sequences), N (N slots per card, the "
+                 "rest pinned) or 0 (a static placement by --solver).")] = "auto",
+        cache_policy: Annotated[str, typer.Option(
+            help=f"Which staged expert a full layer's slots evict: {' | '.join(CACHE_POLICIES)}"
+                 ". lfru: fewest hits since admission over accesses since the last one "
+                 "(vLLM PR #37190); lru: least recently used (llama.cpp PR #27861).")
+        ] = "lfru",
         execution: Annotated[str, typer.Option(
             help=f"How a cold expert runs: {' | '.join(EXECUTIONS)}. stage: its cold bytes "
                  "are copied to its GPU, which computes it (placer's runtime); cpu: the host "
@@ -74,8 +84,9 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
     ) -> None:
-        """Solve which expert pages stay resident on each GPU, within a VRAM budget, from
-        routing traces; the rest stay in pinned host memory and are staged when selected."""
+        """Solve which experts stay pinned on each GPU and how many cache slots each layer
+        keeps for staged ones, within a VRAM budget, from routing traces; the rest stay in
+        pinned host memory and are staged when selected."""
         from placer.plan.solve import solve_plan
 
         if (model is None) == (config is None):
@@ -93,7 +104,7 @@ def register(app: typer.Typer) -> None:
             ep=ep, page_size=parse_bytes(page_size, "--page-size")
             if page_size is not None else None,
             robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
-            execution=execution)
+            execution=execution, cache=parse_cache(cache), cache_policy=cache_policy)
         plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
         write_json_atomic(plan.to_json(), out, inputs)
         if json_out:
@@ -102,27 +113,67 @@ def register(app: typer.Typer) -> None:
             print_plan(plan, out)
 
 
+def parse_cache(value: str) -> int | None:
+    """--cache: auto (None) or a slot count."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise PlacerError(f"--cache: expected auto or a number of slots per card, not "
+                          f"{value!r}") from None
+
+
 def print_plan(plan: Plan, out: Path) -> None:
-    """The human summary of a plan: solver quality, cards, predicted figures."""
+    """The human summary of a plan: solver quality, cards, the cache split, predictions."""
     console = rich_console()
     s = plan.solver
+    bound = ("no bound" if s["bound"] is None else
+             f"bound {s['bound']:.6g}, gap {100 * s['gap']:.2f}%")
     console.print(f"solver {s['name']}: objective {s['objective']:.6g} ({s['objective_unit']}), "
-                  f"bound {s['bound']:.6g}, gap {100 * s['gap']:.2f}%, {s['seconds']:.2f} s, "
-                  f"{s['status']}")
+                  f"{bound}, {s['seconds']:.2f} s, {s['status']}")
     cards = Table(title="cards")
-    for col in ("card", "budget", "staging", "resident", "homed experts", "cold"):
+    for col in ("card", "budget", "staging", "pinned", "cache slots", "homed experts",
+                "cold"):
         cards.add_column(col, justify="right")
     for c in plan.cards:
+        slots = (f"{c.cache_slots} x {format_bytes(c.slot_bytes)} ({c.cache_policy})"
+                 if c.cache_slots else "0")
         cards.add_row(str(c.index), format_bytes(c.budget_bytes), format_bytes(c.staging_bytes),
-                      format_bytes(c.resident_bytes), format_bytes(c.homed_bytes),
+                      format_bytes(c.resident_bytes), slots, format_bytes(c.homed_bytes),
                       format_bytes(c.homed_bytes - c.resident_bytes))
     console.print(cards)
+    print_cache(plan.cache or {})
     console.print(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
                                                    "bootstrap interval over sequences)"))
     if plan.robust:
         ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
         console.print(f"robust: stall / layer-offload stall per profile and concurrency: {ratios}")
     console.print(f"plan written to {out}")
+
+
+def print_cache(cache: dict) -> None:
+    """How the split between pins and slots was chosen, and the held-out curve over it."""
+    console = rich_console()
+    if cache.get("mode") == "off":
+        console.print(f"cache: none ({cache['reason']})")
+        return
+    if not cache:
+        return
+    judged = (f"on held-out folds ({cache['folds']} over the calibration sequences)"
+              if cache["folds"] else "in sample (too few sequences for folds)")
+    console.print(f"cache: {cache['policy']} per layer, {cache['mode']} split judged {judged}: "
+                  f"held-out stall {cache['held_out_stall_ms_per_step']:.4f} ms/step")
+    curve = Table(title="held-out stall over the split (equal slots per layer, the rest "
+                        "pinned)")
+    for col in ("slots share", "slots per layer", "stall ms/step"):
+        curve.add_column(col, justify="right")
+    for point in cache["curve"]:
+        curve.add_row(f"{point['slots_share']:.2f}", str(point["slots_per_layer"]),
+                      f"{point['held_out_stall_ms_per_step']:.4f}")
+    console.print(curve)
+    for note in cache.get("notes", []):
+        console.print(f"note: {note}")
 
 
 def prediction_table(rows: list[dict], title: str) -> Table:

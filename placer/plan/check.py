@@ -1,12 +1,13 @@
 """Validate a plan (or the plan part of a manifest) as read from JSON, before anything uses it.
 
-`placer.plan.placement.plan_from_json` calls `check_plan` on every plan it reads, so emit, evaluate,
-export and run all refuse the same bad plans with the same one line: the first problem,
-naming the file and the field ("plan.json: experts[12].pages[1].length: ..."). What is
-checked: the types of every field a command reads, that every (layer, expert) is listed once
-and in order, that indices are in range, that each expert's pages tile its bytes with a
+`placer.plan.placement.plan_from_json` calls `check_plan` on every plan it reads, so emit,
+evaluate, export and run all refuse the same bad plans with the same one line: the first
+problem, naming the file and the field ("plan.json: experts[12].pages[1].length: ..."). What
+is checked: the types of every field a command reads, that every (layer, expert) is listed
+once and in order, that indices are in range, that each expert's pages tile its bytes with a
 resident prefix, that the recorded resident and homed bytes agree with the pages, that each
-card's resident pages and staging buffer fit its budget and its card in the plan's hardware
+card's resident pages, cache slots (each large enough for any expert the card homes, under a
+known policy) and staging buffer fit its budget and its card in the plan's hardware
 (validated as a hardware spec), and that calibration counts are [L, E] of finite counts.
 """
 
@@ -18,9 +19,11 @@ from typing import Any
 from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
 from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, PLAN_VERSION, page_spans
+from solvers.cache import POLICIES
 
 REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
 CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")
+MAX_SLOTS = 1 << 31  # cache slots per card
 
 
 class _Where:
@@ -67,10 +70,13 @@ def check_plan(d: Any, source: str) -> None:
                     for row in flops)):
         w.fail("model.expert_flops", f"expected [{len(layers)}][{experts_per_layer}] "
                "finite non-negative numbers")
-    cards = _check_cards(w, d["cards"], spec)
+    cards = _check_cards(w, d["cards"], spec, len(layers))
     sums = _check_experts(w, d["experts"], layers, experts_per_layer, len(cards), page_size)
     for c, card in enumerate(cards):
-        resident, homed = sums[c]
+        resident, homed, largest = sums[c]
+        if card.get("cache_slots", 0) and card.get("slot_bytes", 0) < largest:
+            w.fail(f"cards[{c}].slot_bytes", f"{card['slot_bytes']}, but card {c} homes an "
+                   f"expert of {largest} bytes: a cache slot must hold any of them")
         if card["resident_bytes"] != resident:
             w.fail(f"cards[{c}].resident_bytes", f"{card['resident_bytes']} but the resident "
                    f"pages of the experts homed on card {c} hold {resident}")
@@ -80,8 +86,9 @@ def check_plan(d: Any, source: str) -> None:
     _check_calibration(w, d.get("calibration", []), len(layers), experts_per_layer)
     if not isinstance(d.get("predicted", []), list):
         w.fail("predicted", f"expected a list, got {_kind(d['predicted'])}")
-    if d.get("robust") is not None and not isinstance(d["robust"], dict):
-        w.fail("robust", f"expected null or an object, got {_kind(d['robust'])}")
+    for key in ("robust", "cache"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            w.fail(key, f"expected null or an object, got {_kind(d[key])}")
 
 
 def _check_model(w: _Where, model: Any) -> tuple[list[int], int]:
@@ -137,7 +144,7 @@ def _check_solver(w: _Where, solver: Any) -> None:
             w.fail(f"solver.{key}", f"expected null or an integer >= {lo}, got {value!r}")
 
 
-def _check_cards(w: _Where, cards: Any, spec: HardwareSpec) -> list[dict]:
+def _check_cards(w: _Where, cards: Any, spec: HardwareSpec, layers: int) -> list[dict]:
     """The card objects, after checking each fits its budget and its card in `spec`."""
     if not isinstance(cards, list):
         w.fail("cards", f"expected a list, got {_kind(cards)}")
@@ -155,30 +162,58 @@ def _check_cards(w: _Where, cards: Any, spec: HardwareSpec) -> list[dict]:
             if not _int_in(card[key], 0, MAX_BYTES):
                 w.fail(f"{at}.{key}", f"expected a byte count >= 0, got {card[key]!r}")
         budget, staging, resident = (card[k] for k in CARD_BYTES[:3])
-        if "capacity_bytes" in card and card["capacity_bytes"] != budget - staging:
+        cached = _check_cache(w, at, card, layers)
+        if "capacity_bytes" in card and card["capacity_bytes"] != budget - staging - cached:
             w.fail(f"{at}.capacity_bytes", f"{card['capacity_bytes']!r}, but budget_bytes - "
-                   f"staging_bytes is {budget - staging}")
-        if resident + staging > budget:
-            w.fail(f"{at}.resident_bytes", f"card {c} is over its budget: {resident} resident + "
-                   f"{staging} staging bytes > budget_bytes {budget}")
+                   f"staging_bytes - cache_slots x slot_bytes is {budget - staging - cached}")
+        used = (f"{resident} resident + {staging} staging"
+                + (f" + {cached} cache" if cached else "") + " bytes")
+        if resident + staging + cached > budget:
+            w.fail(f"{at}.resident_bytes", f"card {c} is over its budget: {used} > budget_bytes "
+                   f"{budget}")
         free = spec.cards[c].free_bytes
-        if resident + staging > free:
+        if resident + staging + cached > free:
             w.fail(f"{at}.resident_bytes", f"card {c} is over its VRAM in the plan's hardware: "
-                   f"{resident} resident + {staging} staging bytes > {free} free "
-                   f"(vram minus reserved)")
+                   f"{used} > {free} free (vram minus reserved)")
     return cards
+
+
+def _check_cache(w: _Where, at: str, card: dict, layers: int) -> int:
+    """The bytes of a card's cache slots, after checking cache_slots, layer_slots,
+    slot_bytes and cache_policy (all optional: a plan without them has no cache)."""
+    slots, unit = card.get("cache_slots", 0), card.get("slot_bytes", 0)
+    policy, per_layer = card.get("cache_policy"), card.get("layer_slots", [])
+    if not _int_in(slots, 0, MAX_SLOTS):
+        w.fail(f"{at}.cache_slots", f"expected a slot count in 0..{MAX_SLOTS}, got {slots!r}")
+    if not (isinstance(per_layer, list) and all(_int_in(n, 0, MAX_SLOTS) for n in per_layer)
+            and len(per_layer) in ((layers,) if slots else (0, layers))):
+        w.fail(f"{at}.layer_slots", f"expected {layers} slot counts (one per MoE layer)"
+               f"{'' if slots else ' or none'}, got {per_layer!r}")
+    if sum(per_layer) != slots:
+        w.fail(f"{at}.layer_slots", f"they sum to {sum(per_layer)}, but cache_slots is {slots}")
+    if not _int_in(unit, 0, MAX_BYTES):
+        w.fail(f"{at}.slot_bytes", f"expected a byte count >= 0, got {unit!r}")
+    if slots and policy not in POLICIES:
+        w.fail(f"{at}.cache_policy", f"expected one of {', '.join(POLICIES)} for "
+               f"{slots} cache slots, got {policy!r}")
+    if not slots and policy is not None:
+        w.fail(f"{at}.cache_policy", f"expected null without cache slots, got {policy!r}")
+    if slots * unit > MAX_BYTES:
+        w.fail(f"{at}.cache_slots", f"{slots} slots of {unit} bytes is beyond any card")
+    return slots * unit
 
 
 def _check_experts(w: _Where, experts: Any, layers: list[int], per_layer: int, num_cards: int,
                    page_size: int | None) -> list[tuple[int, int]]:
-    """[(resident bytes, homed bytes)] per card, after checking every expert and its pages."""
+    """[(resident bytes, homed bytes, largest expert)] per card, after checking every expert
+    and its pages."""
     if not isinstance(experts, list):
         w.fail("experts", f"expected a list, got {_kind(experts)}")
     if not experts:
         w.fail("experts", "the plan lists no experts")
     position = {layer: i for i, layer in enumerate(layers)}
     seen: dict[tuple[int, int], int] = {}
-    sums = [[0, 0] for _ in range(num_cards)]
+    sums = [[0, 0, 0] for _ in range(num_cards)]
     for i, e in enumerate(experts):
         at = f"experts[{i}]"
         if not isinstance(e, dict):
@@ -203,6 +238,7 @@ def _check_experts(w: _Where, experts: Any, layers: list[int], per_layer: int, n
         resident = _check_pages(w, at, e, page_size)
         sums[e["card"]][0] += resident
         sums[e["card"]][1] += e["bytes"]
+        sums[e["card"]][2] = max(sums[e["card"]][2], e["bytes"])
     for layer in layers:
         for expert in range(per_layer):
             if (layer, expert) not in seen:
@@ -213,7 +249,7 @@ def _check_experts(w: _Where, experts: Any, layers: list[int], per_layer: int, n
             w.fail(f"experts[{i}]", f"expected layer {want[0]} expert {want[1]} here (experts "
                    f"sorted by layer, then expert), got layer {e['layer']} expert "
                    f"{e['expert']}")
-    return [(r, h) for r, h in sums]
+    return [(r, h, m) for r, h, m in sums]
 
 
 def _check_pages(w: _Where, at: str, e: dict, page_size: int | None) -> int:

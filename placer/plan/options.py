@@ -11,6 +11,8 @@ SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
 MAX_BYTES = 2**60    # a budget or page past this is a typo, not a card (as hardware specs)
+CACHE_POLICIES = ("lfru", "lru")  # solvers.cache.POLICIES, named here without importing numba
+MAX_CACHE_SLOTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class SolveOptions:
     seed: int = 0
     num_steps: int | None = None   # None: every calibration token (counts: DEFAULT_STEPS)
     execution: str = "stage"       # how a cold expert runs: staged to its card, or on the CPU
+    cache: int | None = None       # cache slots per card; None: the best split (auto)
+    cache_policy: str = "lfru"     # a policy of solvers.cache
+    pin_share: float = 0.25        # auto: pins at most this share of a layer's units
+    folds: int = 4                 # auto: folds over calibration sequences
 
 
 def check_options(opts: SolveOptions) -> None:
@@ -50,6 +56,15 @@ def check_options(opts: SolveOptions) -> None:
     if opts.num_steps is not None and opts.num_steps < 1:
         raise PlacerError(f"--steps must be >= 1 (or left out: every calibration token), not "
                           f"{opts.num_steps}")
+    if opts.cache is not None and not 0 <= opts.cache <= MAX_CACHE_SLOTS:
+        raise PlacerError(f"--cache must be auto or a slot count in 0..{MAX_CACHE_SLOTS}, not "
+                          f"{opts.cache}")
+    if opts.cache_policy not in CACHE_POLICIES:
+        raise PlacerError(f"--cache-policy must be one of {', '.join(CACHE_POLICIES)}, not "
+                          f"{opts.cache_policy!r}")
+    if not 0.0 <= opts.pin_share <= 1.0 or opts.folds < 2:
+        raise PlacerError(f"pin share must be in [0, 1] and folds >= 2, not {opts.pin_share} "
+                          f"and {opts.folds}")
     if any(b < 1 for b in opts.concurrency):
         raise PlacerError(f"--concurrency values must be >= 1, not {list(opts.concurrency)}")
     if opts.weights is not None:

@@ -20,6 +20,7 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
 from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
+from solvers.cache import DEFAULT_POLICY, CachePolicy, even_quotas, make_policy
 from traces.jsontext import loads_json
 
 
@@ -50,15 +51,24 @@ class ExpertPlacement:
 
 @dataclass(frozen=True)
 class CardPlan:
+    """One card's budget, split (solvers/staging.py): pinned (resident) expert pages, cache
+    slots of `slot_bytes` each under `cache_policy`, and the staging buffer for what a fetch
+    needs beyond the slots."""
+
     index: int
-    budget_bytes: int     # VRAM for expert pages and the staging buffer
-    staging_bytes: int    # the staging buffer for the chosen concurrency
-    resident_bytes: int   # resident expert pages (<= budget_bytes - staging_bytes)
+    budget_bytes: int     # VRAM for expert pages, cache slots and the staging buffer
+    staging_bytes: int    # the staging buffer for the chosen concurrency and slots
+    resident_bytes: int   # pinned expert pages (<= capacity_bytes)
     homed_bytes: int      # all experts homed on this card
+    cache_slots: int = 0  # staged experts kept for reuse, each in a slot of slot_bytes
+    slot_bytes: int = 0   # the largest expert homed here (0 without slots)
+    cache_policy: str | None = None  # a name in solvers.cache.POLICIES (None without slots)
+    layer_slots: tuple[int, ...] = ()  # the slots of each MoE layer (sum: cache_slots)
 
     @property
     def capacity_bytes(self) -> int:
-        return self.budget_bytes - self.staging_bytes
+        """Bytes left for pinned pages."""
+        return self.budget_bytes - self.staging_bytes - self.cache_slots * self.slot_bytes
 
 
 @dataclass
@@ -77,6 +87,7 @@ class Plan:
     predicted: list[dict] = field(default_factory=list)    # per profile and concurrency
     robust: dict | None = None
     execution: str = "stage"    # how cold experts run: staged to their card, or on the CPU
+    cache: dict | None = None   # how the cache split was chosen (placer.plan.cache)
 
     @property
     def moe_layers(self) -> list[int]:
@@ -101,7 +112,9 @@ class Plan:
             "page_size": self.page_size, "ep": self.ep, "solver": self.solver,
             "cards": [{"index": c.index, "budget_bytes": c.budget_bytes,
                        "capacity_bytes": c.capacity_bytes, "resident_bytes": c.resident_bytes,
-                       "staging_bytes": c.staging_bytes, "homed_bytes": c.homed_bytes}
+                       "staging_bytes": c.staging_bytes, "homed_bytes": c.homed_bytes,
+                       "cache_slots": c.cache_slots, "slot_bytes": c.slot_bytes,
+                       "cache_policy": c.cache_policy, "layer_slots": list(c.layer_slots)}
                       for c in self.cards],
             "experts": [{"layer": e.layer, "expert": e.expert, "card": e.card, "bytes": e.bytes,
                          "resident_bytes": e.resident_bytes,
@@ -109,8 +122,26 @@ class Plan:
                                     "resident": p.resident} for p in e.pages]}
                         for e in self.experts],
             "calibration": self.calibration, "predicted": self.predicted, "robust": self.robust,
-            "execution": self.execution,
+            "execution": self.execution, "cache": self.cache,
         }
+
+
+def plan_quotas(plan: Plan, cache_slots: int | None = None) -> np.ndarray:
+    """[C, L] cache slots per card and MoE layer: the plan's, or `cache_slots` on every card,
+    split evenly over the layers, when given."""
+    layers = len(plan.moe_layers)
+    if cache_slots is not None:
+        return even_quotas([cache_slots] * len(plan.cards), layers)
+    return np.array([c.layer_slots or (0,) * layers for c in plan.cards], dtype=np.int64)
+
+
+def plan_caches(plan: Plan, cache_slots: int | None = None) -> CachePolicy:
+    """Fresh caches as the plan's cards run them: each card's slots per layer under the
+    plan's policy, or `cache_slots` slots on every card instead (under the plan's policy,
+    else the default) when given."""
+    policy = next((c.cache_policy for c in plan.cards if c.cache_policy), DEFAULT_POLICY)
+    return make_policy(policy, plan_quotas(plan, cache_slots),
+                       len(plan.moe_layers) * plan.experts_per_layer)
 
 
 def plan_from_json(d: dict, source: str = "plan") -> Plan:
@@ -123,13 +154,16 @@ def plan_from_json(d: dict, source: str = "plan") -> Plan:
             model=d["model"], hardware=spec_from_json(d["hardware"]), budget=d["budget"],
             page_size=d["page_size"], ep=d["ep"], solver=d["solver"],
             cards=[CardPlan(c["index"], c["budget_bytes"], c["staging_bytes"],
-                            c["resident_bytes"], c["homed_bytes"]) for c in d["cards"]],
+                            c["resident_bytes"], c["homed_bytes"], c.get("cache_slots", 0),
+                            c.get("slot_bytes", 0), c.get("cache_policy"),
+                            tuple(c.get("layer_slots", ()))) for c in d["cards"]],
             experts=[ExpertPlacement(e["layer"], e["expert"], e["card"], e["bytes"],
                                      tuple(Page(p["index"], p["offset"], p["length"],
                                                 p["resident"]) for p in e["pages"]))
                      for e in d["experts"]],
             calibration=d.get("calibration", []), predicted=d.get("predicted", []),
-            robust=d.get("robust"), execution=d.get("execution", "stage"))
+            robust=d.get("robust"), execution=d.get("execution", "stage"),
+            cache=d.get("cache"))
     except (KeyError, TypeError) as exc:
         raise PlacerError(f"malformed plan: missing or bad field {exc}") from None
 
@@ -152,11 +186,13 @@ def read_plan(path: Path) -> Plan:
 def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
                resident_pages: np.ndarray, page_size: int | None, budget_bytes: np.ndarray,
                staging_bytes: np.ndarray, budget: dict, ep: str, solver: dict,
-               execution: str = "stage") -> Plan:
+               execution: str = "stage", quotas: np.ndarray | None = None,
+               cache_policy: str | None = None) -> Plan:
     """Assemble a plan from a solved placement.
 
     home, resident_pages: [L, E] int (card of each expert, leading pages resident);
-    budget_bytes, staging_bytes: [C] int.
+    budget_bytes, staging_bytes: [C] int; quotas: [C, L] cache slots per card and layer
+    (None: no cache).
     """
     experts = []
     for i, ex in enumerate(inv.experts):
@@ -169,8 +205,12 @@ def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
     cards = []
     for c in range(len(spec.cards)):
         mine = [x for x in experts if x.card == c]
+        layer_slots = () if quotas is None or not quotas[c].any() else tuple(map(int, quotas[c]))
+        unit = max((x.bytes for x in mine), default=0) if layer_slots else 0
         cards.append(CardPlan(c, int(budget_bytes[c]), int(staging_bytes[c]),
-                              sum(x.resident_bytes for x in mine), sum(x.bytes for x in mine)))
+                              sum(x.resident_bytes for x in mine), sum(x.bytes for x in mine),
+                              sum(layer_slots), unit, cache_policy if layer_slots else None,
+                              layer_slots))
     model = {"fingerprint": inv.fingerprint, "architecture": inv.architecture,
              "model_type": inv.model_type, "num_layers": inv.num_layers,
              "moe_layers": list(inv.moe_layers), "experts_per_layer": inv.experts_per_layer,

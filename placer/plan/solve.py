@@ -7,7 +7,7 @@ and the baselines at the same budget, and writes the predictions into the plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,59 +16,17 @@ from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
-from placer.plan.options import DEFAULT_STEPS, SOLVERS, SolveOptions, check_options
+from placer.plan.cache import check_cache_options, no_cache_reason, solve_cache
+from placer.plan.options import SOLVERS, SolveOptions, check_options
 from placer.plan.placement import Plan, build_plan
+from placer.plan.traffic import Traffic, load_traffic
 from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
 from solvers.cost import replay
 from solvers.cpu import Host
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
-from solvers.replay import make_steps, replay_with_intervals
-from solvers.staging import staging_bytes
-from traces.dataset import check_compatible, check_shape
-from traces.profile import (
-    Profile,
-    TokenSteps,
-    every_token_steps,
-    load_profile,
-    sampled_token_steps,
-)
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """One calibration or evaluation traffic set: its profile and sampled steps per batch."""
-
-    name: str
-    path: Path | None
-    profile: Profile | None
-    steps: dict[int, TokenSteps] = field(default_factory=dict)  # B -> decode steps
-
-
-def traffic_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int | None,
-                  seed: int, seq_ids: set[int] | None = None) -> TokenSteps:
-    """The decode steps of a trace set at `batch`: every token (B = 1: each once; B > 1: one
-    continuous-batching schedule that uses every token) when `num_steps` is None and the
-    traces are per token; else `num_steps` sampled steps (DEFAULT_STEPS for counts)."""
-    if num_steps is None and profile.per_token:
-        return every_token_steps(trace_dir, batch, groupings=1, seed=seed, seq_ids=seq_ids)
-    source = trace_dir if profile.per_token else profile
-    return sampled_token_steps(source, batch, num_steps or DEFAULT_STEPS, seed,
-                               seq_ids=seq_ids)
-
-
-def load_traffic(trace_dir: Path, inv: Inventory, batches: tuple[int, ...],
-                 num_steps: int | None, seed: int, seq_ids: set[int] | None = None) -> Traffic:
-    """Check `trace_dir` against the model and take its decode steps at every batch."""
-    trace_dir = Path(trace_dir)
-    if inv.estimated:  # a config-only inventory has no real fingerprint: check shapes only
-        check_shape(trace_dir, len(inv.moe_layers), inv.experts_per_layer)
-    else:
-        check_compatible(trace_dir, inv.fingerprint, inv.moe_layers, inv.experts_per_layer)
-    profile = load_profile(trace_dir, seq_ids=seq_ids)
-    steps = {b: traffic_steps(trace_dir, profile, b, num_steps, seed, seq_ids)
-             for b in batches}
-    return Traffic(profile.name or trace_dir.name, trace_dir, profile, steps)
+from solvers.replay import Line, make_steps, replay_with_intervals
+from solvers.staging import slot_unit, staging_bytes
 
 
 def host_of(spec: HardwareSpec, hidden_size: int) -> Host | None:
@@ -225,7 +183,9 @@ def figures(problem: Problem, placement: Placement, steps: Steps) -> dict[str, f
 
 def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts: SolveOptions
                ) -> Plan:
-    """Solve a placement for `inv` on `spec` from the traces in `trace_dirs`."""
+    """Solve a placement for `inv` on `spec` from the traces in `trace_dirs`: pinned experts
+    and per-layer cache slots together (`opts.cache`: None picks the split, N slots per card,
+    0 none), or with no cache, the static placement of `opts.solver`."""
     check_options(opts)
     if opts.solver in ("ilp", "greedy") and not trace_dirs:
         raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
@@ -242,40 +202,79 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                for d in trace_dirs]
     home = choose_homes(inv, spec, opts.ep, traffic)
     budget, staging = card_budgets(inv, spec, home, opts, execution.mode)
-    capacity = budget - staging
-    problem = make_problem(inv, spec, home, capacity, traffic, opts, execution)
+    reason = no_cache_reason(inv, opts, home, traffic)
+    check_cache_options(opts, reason)
+    problem = make_problem(inv, spec, home, budget - staging, traffic, opts, execution)
+    if reason is None and opts.cache != 0:
+        plan, lines = _cached_plan(inv, spec, home, budget, traffic, opts)
+    else:
+        plan, lines = _static_plan(inv, spec, home, budget, staging, traffic, opts, problem,
+                                   execution)
+        plan.cache = {"mode": "off", "reason": reason if opts.cache != 0 else "--cache 0"}
+    plan.calibration = [calibration_json(t) for t in traffic]
+    baselines_at = {name: run_solver(name, problem, opts, inv.top_k).placement
+                    for name in ("layer", "uniform")}
+    plan.predicted = []
+    for t in traffic:
+        for b in opts.concurrency:
+            replayed = replay_with_intervals(problem, {**lines, **baselines_at}, t.steps[b],
+                                             spec.base_step_s(b), seed=opts.seed)
+            plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
+                                   **replayed.ratio("ratio_to_layer", "layer")})
+    if opts.robust and plan.robust is None:  # a cached split: its ratios as predicted
+        ratios = {f"{r['profile']} B={r['concurrency']}": r["ratio_to_layer"]
+                  for r in plan.predicted}
+        plan.robust = {"ratios": ratios, "worst_ratio": max(ratios.values())}
+    return plan
+
+
+def _budget_json(opts: SolveOptions) -> dict:
+    return {"mode": "offload" if opts.offload is not None else
+            "budget" if opts.budget is not None else "free_vram",
+            "value": opts.offload if opts.offload is not None else opts.budget,
+            "concurrency": list(opts.concurrency),
+            "weights": list(opts.weights) if opts.weights else None}
+
+
+def _static_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np.ndarray,
+                 staging: np.ndarray, traffic: list[Traffic], opts: SolveOptions,
+                 problem: Problem, execution: Execution) -> tuple[Plan, dict[str, Line]]:
+    """The static placement of `opts.solver` (or `--robust`), with no cache."""
     robust_info = None
     if opts.robust:
-        outcome = robust.solve(robust_scenarios(inv, spec, home, capacity, traffic, opts,
-                                                execution),
+        outcome = robust.solve(robust_scenarios(inv, spec, home, budget - staging, traffic,
+                                                opts, execution),
                                time_limit=opts.time_limit, seed=opts.seed)
         result, robust_info = outcome.result, {"ratios": dict(outcome.ratios),
                                                "worst_ratio": max(outcome.ratios.values())}
     else:
         result = run_solver(opts.solver, problem, opts, inv.top_k)
-    baseline_results = {name: run_solver(name, problem, opts, inv.top_k)
-                        for name in ("layer", "uniform")}
-    plan = build_plan(
-        inv, spec, home=home, resident_pages=result.placement.resident_pages,
-        page_size=opts.page_size, budget_bytes=budget, staging_bytes=staging,
-        budget={"mode": "offload" if opts.offload is not None else
-                "budget" if opts.budget is not None else "free_vram",
-                "value": opts.offload if opts.offload is not None else opts.budget,
-                "concurrency": list(opts.concurrency),
-                "weights": list(opts.weights) if opts.weights else None},
-        ep=opts.ep, solver=solver_json(result, opts), execution=execution.mode)
+    plan = build_plan(inv, spec, home=home, resident_pages=result.placement.resident_pages,
+                      page_size=opts.page_size, budget_bytes=budget, staging_bytes=staging,
+                      budget=_budget_json(opts), ep=opts.ep, solver=solver_json(result, opts),
+                      execution=execution.mode)
     plan.robust = robust_info
-    plan.calibration = [calibration_json(t) for t in traffic]
-    lines = {"placement": result.placement,
-             **{name: r.placement for name, r in baseline_results.items()}}
-    plan.predicted = []
-    for t in traffic:
-        for b in opts.concurrency:
-            replayed = replay_with_intervals(problem, lines, t.steps[b], spec.base_step_s(b),
-                                             seed=opts.seed)
-            plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
-                                   **replayed.ratio("ratio_to_layer", "layer")})
-    return plan
+    return plan, {"placement": Line(result.placement)}
+
+
+def _cached_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np.ndarray,
+                 traffic: list[Traffic], opts: SolveOptions) -> tuple[Plan, dict[str, Line]]:
+    """Pinned experts and per-layer cache slots, split by `placer.plan.cache`."""
+    split, info = solve_cache(inv, spec, home, budget, traffic, opts)
+    unit = slot_unit(inv.expert_bytes(), home, len(spec.cards))
+    pins = split.pinned.astype(np.int64)
+    solver = {"name": "split", "objective": split.stall_s, "bound": None, "gap": None,
+              "seconds": info["seconds"], "status": "cross-validated" if info["folds"]
+              else "in sample", "seed": opts.seed, "time_limit": None, "steps": None,
+              "objective_unit": "seconds of stall per decode step on held-out folds of the "
+                                "calibration sequences (weighted over profiles and "
+                                "concurrency)"}
+    plan = build_plan(inv, spec, home=home, resident_pages=pins, page_size=None,
+                      budget_bytes=budget, staging_bytes=split.staging * unit,
+                      budget=_budget_json(opts), ep=opts.ep, solver=solver, execution="stage",
+                      quotas=split.quotas, cache_policy=opts.cache_policy)
+    plan.cache = info
+    return plan, {"placement": Line(Placement(pins), opts.cache_policy, split.quotas)}
 
 
 def solver_json(result: SolveResult, opts: SolveOptions) -> dict:

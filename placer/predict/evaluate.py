@@ -28,26 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.plan.check import MAX_SLOTS
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
-from placer.plan.placement import Plan
+from placer.plan.placement import Plan, plan_caches
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
-from placer.predict.staging import expected_staging
 from solvers import baselines, ilp
-from solvers.intervals import (
-    MIN_UNITS,
-    REPLICATES,
-    TOO_LITTLE,
-    Units,
-    attribute,
-    estimable,
-    ratio_estimate,
-    token_shares,
-    verdict,
-    without_intervals,
-)
+from solvers.cache import even_quotas
+from solvers.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
 from solvers.problem import Placement, Problem, SolveResult, Steps
-from solvers.replay import make_steps, replay_with_intervals, share_weights
+from solvers.replay import BELADY, Line, make_steps, replay_with_intervals
+from solvers.staging import cache_only_slots, fetch_limit, slot_unit, staging_bytes
 from traces.dataset import check_compatible, check_shape
 from traces.profile import (
     Profile,
@@ -55,10 +46,9 @@ from traces.profile import (
     every_token_steps,
     load_profile,
     sampled_token_steps,
-    step_mask,
 )
 
-LINES = ("placement", "layer", "uniform", "oracle")
+CACHED_LINES = ("lru", "belady")  # stage execution only
 MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
 
 
@@ -68,7 +58,7 @@ class EvalOptions:
     num_steps: int | None = None                # None: replay every held-out token
     seed: int | None = None                     # default: the plan's
     oracle_time_limit: float = 10.0
-    cache_slots: int = 0                        # LRU slots per card, as `placer run` has
+    cache_slots: int | None = None              # slots per card instead of the plan's
     groupings: int = 4                          # continuous-batching orders at B > 1
     replicates: int = REPLICATES                # bootstrap replicates of every interval
     execution: str | None = None                # stage, cpu or both; default: the plan's
@@ -88,8 +78,8 @@ def check_options(opts: EvalOptions) -> None:
     if not math.isfinite(opts.oracle_time_limit) or opts.oracle_time_limit <= 0:
         raise PlacerError(f"--oracle-time-limit must be a positive number of seconds, got "
                           f"{opts.oracle_time_limit}")
-    if opts.cache_slots < 0:
-        raise PlacerError(f"--cache-slots must be >= 0, got {opts.cache_slots}")
+    if opts.cache_slots is not None and not 0 <= opts.cache_slots <= MAX_SLOTS:
+        raise PlacerError(f"--cache-slots must be in 0..{MAX_SLOTS}, got {opts.cache_slots}")
     if opts.execution is not None and opts.execution not in (*EXECUTIONS, "both"):
         raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)} or both, got "
                           f"{opts.execution!r}")
@@ -114,9 +104,20 @@ def plan_problem(plan: Plan, steps: list[Steps], execution: str | None = None) -
             0 < e.resident_pages < len(e.pages) for e in plan.experts):
         raise PlacerError("this plan keeps some experts partly resident: cpu execution "
                           "computes whole experts (solve it with --execution cpu)")
-    return Problem(plan.matrix("bytes"), plan.matrix("card"),
-                   np.array([c.capacity_bytes for c in plan.cards], dtype=np.int64),
+    return Problem(plan.matrix("bytes"), plan.matrix("card"), static_capacity(plan, mode),
                    cards_of(plan.hardware), steps, page_size, **run.fields)
+
+
+def static_capacity(plan: Plan, execution: str) -> np.ndarray:
+    """[C] bytes a static placement may pin at the plan's budget: the budget less the staging
+    buffer of a card without cache slots (the plan's own pinned pages, beside its slots, take
+    at most this). cpu execution stages nothing."""
+    budget = np.array([c.budget_bytes for c in plan.cards], dtype=np.int64)
+    if execution == "cpu":
+        return budget
+    return budget - staging_bytes(plan.matrix("bytes"), plan.matrix("card"), len(plan.cards),
+                                  max(plan.budget.get("concurrency") or [1]),
+                                  int(plan.model["top_k"]))
 
 
 def traffic_problem(plan: Plan, name: str, steps: TokenSteps, base_step_s: float,
@@ -264,49 +265,50 @@ def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
     best = oracle(traffic_problem(plan, name, steps, base, execution), opts.oracle_time_limit,
                   seed)
     problem = plan_problem(plan, [], execution)
-    lines = {"placement": placement, "layer": baselines.layer_offload(problem).placement,
-             "uniform": baselines.uniform(problem, top_k=int(plan.model["top_k"]),
-                                          seed=seed).placement,
-             "oracle": best.placement}
+    lines: dict[str, Line] = {
+        "placement": Line(placement),
+        "layer": Line(baselines.layer_offload(problem).placement),
+        "uniform": Line(baselines.uniform(problem, top_k=int(plan.model["top_k"]),
+                                          seed=seed).placement),
+        "oracle": Line(best.placement)}
+    if execution == "stage":
+        lines.update(cache_lines(plan, problem, placement, opts.cache_slots))
     replayed = replay_with_intervals(problem, lines, steps, base, opts.replicates, seed)
     units = replayed.units
     row: dict = {"traces": name, "concurrency": batch, "execution": execution,
                  "steps": len(steps), "tokens": int(units.tokens().sum()),
                  "interval_units": units.count, "interval_over": units.over,
+                 "cache": {k: {"policy": v.cache, "slots": v.slots}
+                           for k, v in lines.items() if v.cache is not None},
                  **replayed.figures, "oracle_gap": best.gap,
                  **replayed.ratio("ratio_to_layer", "layer"),
                  **replayed.ratio("ratio_to_oracle", "oracle")}
+    for other in CACHED_LINES:
+        if other in lines:
+            row.update(replayed.ratio(f"ratio_to_{other}", other))
     row["verdict"] = verdict(row["ratio_to_layer_ci95"])
-    if opts.cache_slots:
-        cache = cache_figures(plan, steps, units, replayed.weights, opts.cache_slots)
-        row["placement+cache"] = cache if estimable(units) else without_intervals(cache)
     scale = 1.0 / (len(steps) * batch)
-    return row, {line: (replayed.staged[line] * scale).tolist() for line in LINES}
+    return row, {line: (replayed.staged[line] * scale).tolist() for line in lines}
 
 
-def cache_figures(plan: Plan, steps: TokenSteps, units: Units, weights: np.ndarray,
-                  slots: int) -> dict:
-    """Static placement plus an LRU of `slots` staged experts per card, replayed over the
-    steps in order: what the runtime with `--cache-slots` stages (same counts), with
-    intervals (the same replicate weights as the row's)."""
-    mask = step_mask(steps.tokens, plan.experts_per_layer)
-    static, cached = (expected_staging(plan, mask, n) for n in (0, slots))
-    per_step = np.stack([cached.bytes.sum(axis=(1, 2)), cached.copies.sum(axis=(1, 2)),
-                         cached.hits.sum(axis=(1, 2)), static.bytes.sum(axis=(1, 2))], axis=1)
-    weights_of = share_weights(plan_problem(plan, []), plan_placement(plan))  # split as static
-    shares = token_shares(steps.tokens, weights_of[[1, 2, 2, 1]])
-    sums = attribute(units.unit_of, per_step, units.count, shares)
-    tokens = units.tokens()
-    out: dict = {"cache_slots": slots}
-    for i, key in enumerate(("staged_bytes_per_token", "copies_per_token",
-                             "cache_hits_per_token")):
-        est = ratio_estimate(sums[:, i], tokens, weights)
-        out[key], out[f"{key}_ci95"] = est.point, est.ci95()
-    kept = ratio_estimate(sums[:, 0], sums[:, 3], weights)
-    low, high = kept.ci95()
-    out["staged_bytes_saved"] = 1.0 - kept.point if sums[:, 3].sum() > 0 else 0.0
-    out["staged_bytes_saved_ci95"] = [1.0 - high, 1.0 - low] if sums[:, 3].sum() > 0 \
-        else [0.0, 0.0]
+def cache_lines(plan: Plan, problem: Problem, placement: Placement, cache_slots: int | None
+                ) -> dict[str, Line]:
+    """The plan as deployed (its pinned pages and cache slots per layer, or `cache_slots` on
+    every card), the whole budget as per-layer LRU caches with nothing pinned (what an
+    engine's expert cache does with the same VRAM: llama.cpp PR #27861, vLLM PR #37190), and
+    Belady's MIN with the plan's slots and pinned set (the limit of any policy for that
+    split, solvers/cache/belady.py)."""
+    caches = plan_caches(plan, cache_slots)
+    budget = np.array([c.budget_bytes for c in plan.cards], dtype=np.int64)
+    unit = slot_unit(problem.expert_bytes, problem.home, problem.num_cards)
+    limit = fetch_limit(problem.home, problem.num_cards,
+                        max(plan.budget.get("concurrency") or [1]), int(plan.model["top_k"]))
+    whole = cache_only_slots(budget // np.maximum(unit, 1), limit, problem.num_layers)
+    out = {"lru": Line(Placement(np.zeros_like(placement.resident_pages)), "lru",
+                       even_quotas(whole, problem.num_layers)),
+           "belady": Line(placement, BELADY, caches.quotas)}
+    if caches.slots.any():
+        out["placement"] = Line(placement, caches.name, caches.quotas)
     return out
 
 

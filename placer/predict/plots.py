@@ -12,13 +12,11 @@ from placer.plan.placement import Plan
 from placer.predict.drift import calibration_counts
 from traces.profile import load_profile
 
-LINES = ("placement", "layer", "uniform", "oracle")
-
 
 def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path) -> Path:
-    """For each trace set: per-layer staged bytes per token (placement vs layer offload,
-    uniform, oracle) at the first concurrency, and traffic minus calibration frequency; a
-    PNG written to `out` by the atomic writer."""
+    """For each trace set: per-layer staged bytes per token of every line (placement vs
+    layer offload, uniform, oracle, and the cache lines) at the first concurrency, and
+    traffic minus calibration frequency; a PNG written to `out` by the atomic writer."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,9 +30,8 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
     per_layer = [p for p in report["per_layer"] if p["concurrency"] == first_b]
     for row, (trace_dir, staged) in enumerate(zip(trace_dirs, per_layer, strict=True)):
         ax = axes[row][0]
-        for line in LINES:
-            ax.plot(plan.moe_layers, np.array(staged["staged_bytes_per_token"][line]) / 2**20,
-                    marker="o", label=line)
+        for line, values in staged["staged_bytes_per_token"].items():
+            ax.plot(plan.moe_layers, np.array(values) / 2**20, marker="o", label=line)
         ax.set_title(f"{trace_dir}: staged MiB per token by layer (B={first_b})")
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("MiB / token")

@@ -28,7 +28,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def run_prompt(placed: Path, checkpoint: Path, prompt: str, *, max_new_tokens: int = 32,
-               cache_slots: int = 0, device: str = "auto") -> dict:
+               cache_slots: int | None = None, device: str = "auto") -> dict:
     """Generate greedily from `prompt` with the model of `checkpoint` whose routed experts
     come from the placed directory `placed`; the text and what the runtime staged."""
     from transformers import AutoTokenizer
@@ -56,5 +56,6 @@ def run_prompt(placed: Path, checkpoint: Path, prompt: str, *, max_new_tokens: i
     new = out[0, inputs["input_ids"].shape[1]:]
     return {"prompt": prompt, "text": tokenizer.decode(new, skip_special_tokens=True),
             "new_tokens": int(new.numel()), "device": str(torch_device),
-            "cache_slots": cache_slots, "cards": runtime.cards_json(),
+            "cache_slots": [int(n) for n in runtime.cache.slots],
+            "cache_policy": runtime.cache.name, "cards": runtime.cards_json(),
             "staging": runtime.counters.to_json()}

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 
 from placer.placed.manifest import read_manifest
-from placer.plan.placement import Plan, plan_from_json
+from placer.plan.placement import Plan, plan_caches, plan_from_json
 from placer.runtime.counters import StagingCounters
 from placer.runtime.staging import CardStager
 
@@ -62,7 +62,8 @@ def typed(u8: torch.Tensor, dtype: str, shape: Sequence[int]) -> torch.Tensor:
 class PlacedRuntime:
     """A placed directory loaded for every card on one device (see module docstring)."""
 
-    def __init__(self, placed: Path, device: torch.device, cache_slots: int = 0) -> None:
+    def __init__(self, placed: Path, device: torch.device, cache_slots: int | None = None
+                 ) -> None:
         self.manifest = read_manifest(placed)
         self.plan: Plan = plan_from_json(self.manifest)
         self.device = device
@@ -105,10 +106,10 @@ class PlacedRuntime:
         cold_max = [max((e.cold.numel() for e in self.experts.values()
                          if e.card == c.index and e.cold is not None), default=0)
                     for c in self.plan.cards]
+        self.cache = plan_caches(self.plan, cache_slots)
         self.stagers = [CardStager(c.index, device, staging_bytes=c.staging_bytes,
-                                   slot_bytes=cold_max[c.index], cache_slots=cache_slots,
+                                   slot_bytes=cold_max[c.index], cache=self.cache,
                                    counters=self.counters) for c in self.plan.cards]
-        self.cache_slots = cache_slots
 
     def tensor_names(self, layer: int) -> tuple[str, ...]:
         first = self.experts[(layer, 0)]
@@ -123,9 +124,10 @@ class PlacedRuntime:
             eb = self.experts[(layer, e)]
             if eb.cold is not None:
                 by_card.setdefault(eb.card, []).append(e)
+        width = self.plan.experts_per_layer
         for card, ids in by_card.items():
             views = self.stagers[card].stage(
-                self.row[layer], [(layer, e) for e in ids],
+                self.row[layer], [self.row[layer] * width + e for e in ids],
                 [self.experts[(layer, e)].cold for e in ids])
             staged.update(zip(ids, views, strict=True))
         return [self._tensors(self.experts[(layer, e)], staged.get(e)) for e in experts]
@@ -145,11 +147,12 @@ class PlacedRuntime:
 
     def cards_json(self) -> list[dict]:
         return [{"card": c.index, "resident_bytes": c.resident_bytes,
-                 "staging_bytes": c.staging_bytes, "cache_slots": self.cache_slots}
-                for c in self.plan.cards]
+                 "staging_bytes": c.staging_bytes, "cache_slots": int(self.cache.slots[c.index]),
+                 "cache_policy": self.cache.name} for c in self.plan.cards]
 
 
-def load_placed(placed: Path, *, device: torch.device | str = "cpu", cache_slots: int = 0
-                ) -> PlacedRuntime:
-    """Load the placed directory `placed` for every card onto `device`."""
+def load_placed(placed: Path, *, device: torch.device | str = "cpu",
+                cache_slots: int | None = None) -> PlacedRuntime:
+    """Load the placed directory `placed` for every card onto `device`, with the cache slots
+    its manifest gives (`cache_slots`: that many on every card instead)."""
     return PlacedRuntime(Path(placed), torch.device(device), cache_slots)

@@ -1,10 +1,11 @@
 """One card's staging: copies selected cold experts from host memory into device memory.
 
 Each card has one staging buffer, preallocated at the size the plan gives it, and optionally
-`cache_slots` LRU slots (each as large as the card's largest cold part). A fetch stages
-exactly the cold bytes of the selected experts that are not cached: one copy per expert
-(its cold part is one contiguous host range), into a cache slot when the LRU admits it, else
-into the staging buffer at a `ALIGN`-aligned offset. On CUDA the copies run on a side stream
+cache slots (each as large as the card's largest cold part) under the plan's cache policy,
+the very class the replay predicts with (`solvers.cache`). A fetch stages exactly the cold
+bytes of the selected experts that are not cached: one copy per expert (its cold part is one
+contiguous host range), into a cache slot when the policy admits it, else into the staging
+buffer at a `ALIGN`-aligned offset. On CUDA the copies run on a side stream
 from pinned memory; the compute stream waits on an event, and the side stream first waits
 for the compute stream, so a buffer is never overwritten while earlier compute still reads it.
 """
@@ -12,12 +13,12 @@ for the compute stream, so a buffer is never overwritten while earlier compute s
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from placer.runtime.counters import StagingCounters
-from solvers.cache import ExpertLRU
+from solvers.cache import CachePolicy
 
 ALIGN = 256  # bytes; every staged part starts at a multiple (any dtype's view is aligned)
 
@@ -30,25 +31,26 @@ class CardStager:
     """Staging for card `card` on `device` (see module docstring)."""
 
     def __init__(self, card: int, device: torch.device, *, staging_bytes: int,
-                 slot_bytes: int, cache_slots: int, counters: StagingCounters) -> None:
+                 slot_bytes: int, cache: CachePolicy, counters: StagingCounters) -> None:
         self.card = card
         self.device = device
         self.counters = counters
         self.buffer = torch.empty(staging_bytes, dtype=torch.uint8, device=device)
-        self.slots = torch.empty((cache_slots, align_up(slot_bytes)), dtype=torch.uint8,
-                                 device=device)
-        self.lru = ExpertLRU(cache_slots)
+        self.slots = torch.empty((int(cache.slots[card]), align_up(slot_bytes)),
+                                 dtype=torch.uint8, device=device)
+        self.cache = cache
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.grown = 0  # fetches whose staged bytes exceeded the buffer, which then grew
 
-    def stage(self, row: int, keys: Sequence[Hashable], cold: Sequence[torch.Tensor]
+    def stage(self, row: int, keys: Sequence[int], cold: Sequence[torch.Tensor]
               ) -> list[torch.Tensor]:
-        """Device bytes of each selected cold part: `cold[i]` (host uint8) is key `keys[i]`'s.
+        """Device bytes of each selected cold part: `cold[i]` (host uint8) is that of expert
+        key `keys[i]` (row * experts per layer + expert, as the cache numbers them).
 
         Misses are staged (counted at MoE layer row `row`), hits come from their cache slot.
         The views stay valid until this card's next fetch.
         """
-        lookups = self.lru.lookup(keys)
+        lookups = self.cache.lookup(self.card, keys)
         need = sum(align_up(src.numel()) for src, f in zip(cold, lookups, strict=True)
                    if f.slot is None)
         if need > self.buffer.numel():

@@ -1,0 +1,54 @@
+"""Calibration traffic as a solve reads it: a trace set checked against the model, its
+profile and its decode steps at each concurrency."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from placer.checkpoint.inventory import Inventory
+from placer.plan.options import DEFAULT_STEPS
+from traces.dataset import check_compatible, check_shape
+from traces.profile import (
+    Profile,
+    TokenSteps,
+    every_token_steps,
+    load_profile,
+    sampled_token_steps,
+)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One calibration or evaluation traffic set: its profile and sampled steps per batch."""
+
+    name: str
+    path: Path | None
+    profile: Profile | None
+    steps: dict[int, TokenSteps] = field(default_factory=dict)  # B -> decode steps
+
+
+def traffic_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int | None,
+                  seed: int, seq_ids: set[int] | None = None) -> TokenSteps:
+    """The decode steps of a trace set at `batch`: every token (B = 1: each once; B > 1: one
+    continuous-batching schedule that uses every token) when `num_steps` is None and the
+    traces are per token; else `num_steps` sampled steps (DEFAULT_STEPS for counts)."""
+    if num_steps is None and profile.per_token:
+        return every_token_steps(trace_dir, batch, groupings=1, seed=seed, seq_ids=seq_ids)
+    source = trace_dir if profile.per_token else profile
+    return sampled_token_steps(source, batch, num_steps or DEFAULT_STEPS, seed,
+                               seq_ids=seq_ids)
+
+
+def load_traffic(trace_dir: Path, inv: Inventory, batches: tuple[int, ...],
+                 num_steps: int | None, seed: int, seq_ids: set[int] | None = None) -> Traffic:
+    """Check `trace_dir` against the model and take its decode steps at every batch."""
+    trace_dir = Path(trace_dir)
+    if inv.estimated:  # a config-only inventory has no real fingerprint: check shapes only
+        check_shape(trace_dir, len(inv.moe_layers), inv.experts_per_layer)
+    else:
+        check_compatible(trace_dir, inv.fingerprint, inv.moe_layers, inv.experts_per_layer)
+    profile = load_profile(trace_dir, seq_ids=seq_ids)
+    steps = {b: traffic_steps(trace_dir, profile, b, num_steps, seed, seq_ids)
+             for b in batches}
+    return Traffic(profile.name or trace_dir.name, trace_dir, profile, steps)

@@ -1,0 +1,92 @@
+"""What every cache policy is: per-card state held in numpy arrays, run by one compiled
+`partition_fetch` (solvers/cache/kernels.py) under the policy's victim rule.
+
+A card's cache holds cold experts staged earlier, each in one device slot, `quotas[c, l]`
+slots for MoE layer l (a layer's fetch uses only its own: solvers/cache/partition.py says
+why). Experts are keys `layer_row * E + expert` (layer_row: the MoE layer's ordinal). The
+runtime asks a card's cache about one layer's fetch at a time (`CachePolicy.lookup`), and the
+replay (`solvers.cache.replay`) walks recorded steps through the very same compiled fetch, so
+a prediction and the runtime's counters agree by construction.
+
+A fetch is the set of distinct cold experts one layer of one step needs on one card. Their
+weights are used together, so no expert of a fetch is evicted by that fetch. Each key, in
+ascending order: a hit stays; a miss takes a free slot of its layer, else the slot of the
+victim the policy's score picks among those that hold no expert of this fetch, else none
+(every slot holds an expert this fetch needs, or there are no slots): it is staged into the
+staging buffer and not cached. Either way a miss costs one copy of its cold bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from solvers.cache.kernels import partition_fetch
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Where one selected cold expert's weights come from in a fetch: a hit in `slot`
+    (nothing staged), or a miss staged into `slot` (which now caches it) or, when `slot` is
+    None, into the staging buffer."""
+
+    hit: bool
+    slot: int | None
+
+
+class CachePolicy:
+    """One cache per card, `quotas[c, l]` slots for MoE layer l on card c, over the keys
+    0 .. num_keys - 1 (num_keys = L x experts per layer)."""
+
+    name: ClassVar[str]
+    score: ClassVar[int]  # which victim rule partition_fetch applies (solvers/cache/kernels.py)
+
+    def __init__(self, quotas: np.ndarray, num_keys: int) -> None:
+        self.quotas = np.array(quotas, dtype=np.int64, ndmin=2)
+        if self.quotas.ndim != 2 or (self.quotas < 0).any():
+            raise ValueError(f"cache slots must be [cards, layers] counts >= 0, got {quotas!r}")
+        if num_keys % self.quotas.shape[1]:
+            raise ValueError(f"{num_keys} keys do not split into {self.quotas.shape[1]} layers")
+        self.num_keys = int(num_keys)
+        self.state = self.new_state(self.quotas, self.num_keys)
+
+    @property
+    def slots(self) -> np.ndarray:
+        """[C] slots of each card."""
+        return self.quotas.sum(axis=1)
+
+    @staticmethod
+    def new_state(quotas: np.ndarray, num_keys: int) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Empty every card's cache."""
+        self.state = self.new_state(self.quotas, self.num_keys)
+
+    def lookup(self, card: int, keys: Sequence[int]) -> list[Lookup]:
+        """Look up one fetch's distinct keys on `card` (any order); admit the misses. The
+        answer is in the order of `keys`."""
+        order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
+        ordered = np.asarray(keys, dtype=np.int64)[order]
+        if (np.diff(ordered) == 0).any():
+            raise ValueError("keys of one fetch must be distinct")
+        if len(ordered) and not (0 <= ordered[0] and ordered[-1] < self.num_keys):
+            raise ValueError(f"keys must lie in [0, {self.num_keys})")
+        width = self.num_keys // self.quotas.shape[1]
+        if len(ordered) and ordered[0] // width != ordered[-1] // width:
+            raise ValueError("keys of one fetch must belong to one layer")
+        hit = np.zeros(len(ordered), dtype=np.bool_)
+        slot = np.full(len(ordered), -1, dtype=np.int64)
+        if len(ordered):
+            partition_fetch(self.state, card, ordered, len(ordered), hit, slot, self.score)
+        out: list[Lookup | None] = [None] * len(ordered)
+        for i, j in enumerate(order):
+            out[j] = Lookup(bool(hit[i]), int(slot[i]) if slot[i] >= 0 else None)
+        return out  # type: ignore[return-value]
+
+    def cached(self, card: int) -> set[int]:
+        """The keys `card`'s cache holds now."""
+        raise NotImplementedError

@@ -1,0 +1,103 @@
+"""Replaying decode steps through a card's cache, as the runtime would serve them.
+
+Order matters for a cache, so the replay walks the traffic the way the runtime does: step by
+step (a forward), MoE layer by layer, and per layer one fetch per card of the selected cold
+experts it homes, in ascending expert id, each through the policy's compiled `fetch`. The
+whole walk runs compiled (numba): 200k decode tokens x 24 layers of gpt-oss-20b's routing in
+about a second (`benchmarks/bench_cache.py`).
+
+Cold experts are those with cold bytes (not fully resident: pinned experts never reach the
+cache). A hit costs nothing; a miss stages the expert's cold bytes, one copy, as
+`solvers.cost` counts it, so the cost of cached traffic is the cost model's on the missed
+experts: `missed = selected & cold & ~hits`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.cache.kernels import replay_requests
+from solvers.cache.policy import CachePolicy
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Selections as the caches see them: keys [N] (layer * E + expert) of the experts each
+    step selected at each MoE layer, grouped by (step, layer) in the order served, ascending
+    within a group, group g = step * L + layer spanning offsets[g] .. offsets[g + 1] - 1.
+    As long as selections are sparse (top-k of E), walking them beats scanning [S, L, E]."""
+
+    keys: np.ndarray
+    offsets: np.ndarray
+    shape: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, selected: np.ndarray) -> Requests:
+        """The requests of [S, L, E] bool selections."""
+        steps, layers, experts = selected.shape
+        group, expert = np.nonzero(selected.reshape(steps * layers, experts))
+        keys = (group % layers) * experts + expert
+        offsets = np.zeros(steps * layers + 1, dtype=np.int64)
+        np.cumsum(np.bincount(group, minlength=steps * layers), out=offsets[1:])
+        return cls(keys.astype(np.int64), offsets, (steps, layers, experts))
+
+    def hits(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray) -> np.ndarray:
+        """[N] bool: which requests `policy`'s caches hold when they come (state carries)."""
+        out = np.zeros(len(self.keys), dtype=np.bool_)
+        if len(self.keys) and policy.slots.any():
+            replay_requests(policy.state, policy.score, self.keys, self.offsets,
+                            np.ascontiguousarray(cacheable, dtype=np.bool_).ravel(),
+                            np.ascontiguousarray(home, dtype=np.int64).ravel(),
+                            len(policy.slots), self.shape[2], out)
+        return out
+
+    def misses(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray
+               ) -> np.ndarray:
+        """[L, E] misses of each cacheable expert under `policy`."""
+        _, layers, experts = self.shape
+        missed = np.asarray(cacheable).ravel()[self.keys] & ~self.hits(policy, cacheable, home)
+        return np.bincount(self.keys[missed], minlength=layers * experts).reshape(layers,
+                                                                                    experts)
+
+
+def cache_hits(policy: CachePolicy, selected: np.ndarray, cold_bytes: np.ndarray,
+               home: np.ndarray) -> np.ndarray:
+    """[S, L, E] bool: which selected cold experts the caches hold when their fetch comes.
+
+    selected: [S, L, E] bool, the experts each step's tokens selected (union over its tokens)
+    at each MoE layer, in the order served; cold_bytes: [L, E] bytes of each expert that are
+    not resident (0: fully resident, never cached); home: [L, E] card of each expert. The
+    policy's state carries over from call to call, so long traffic can go in chunks."""
+    selected = np.asarray(selected, dtype=np.bool_)
+    requests = Requests.of(selected)
+    out = np.zeros(selected.shape, dtype=np.bool_)
+    hit = requests.hits(policy, np.asarray(cold_bytes) > 0, home)
+    flat = out.reshape(-1)
+    steps_layers = np.repeat(np.arange(len(requests.offsets) - 1),
+                             np.diff(requests.offsets))
+    flat[steps_layers // selected.shape[1] * selected[0].size
+         + requests.keys] = hit
+    return out
+
+
+@dataclass(frozen=True)
+class StagingCounts:
+    """Per step s, MoE layer l (ordinal) and card c: bytes staged, copies, cache hits."""
+
+    bytes: np.ndarray   # [S, L, C] int64
+    copies: np.ndarray  # [S, L, C] int64
+    hits: np.ndarray    # [S, L, C] int64
+
+
+def staging_counts(selected: np.ndarray, hits: np.ndarray, cold_bytes: np.ndarray,
+                   home: np.ndarray, num_cards: int) -> StagingCounts:
+    """What the runtime stages for `selected` given which of them hit (see cache_hits)."""
+    cold_bytes = np.asarray(cold_bytes, dtype=np.int64)
+    onehot = np.eye(num_cards, dtype=np.int64)[np.asarray(home)]  # [L, E, C]
+    cold = np.asarray(selected, dtype=bool) & (cold_bytes > 0)
+    missed = (cold & ~hits).astype(np.int64)
+    return StagingCounts(np.einsum("sle,le,lec->slc", missed, cold_bytes, onehot),
+                         np.einsum("sle,lec->slc", missed, onehot),
+                         np.einsum("sle,lec->slc", (cold & hits).astype(np.int64), onehot))
