@@ -17,7 +17,6 @@ EP rank c; dense layers get SGLang's trivial row (p % num_logical).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 from placer.errors import PlacerError
 from placer.files import Inputs, write_json_atomic
 from placer.plan.placement import Plan
+from traces.jsontext import loads_json
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def write_sglang_location(plan: Plan, out: Path, inputs: Inputs = ()) -> SGLangL
 def read_sglang_location(path: Path) -> np.ndarray:
     """The [num_layers, num_physical] map of an `--init-expert-location` JSON file."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = loads_json(Path(path).read_bytes(), str(path), PlacerError)
         p2l = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PlacerError(f"{path}: not an SGLang expert location file ({exc})") from None
