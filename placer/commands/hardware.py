@@ -99,4 +99,4 @@ def print_spec(spec: HardwareSpec) -> None:
                       f"{h.flops / 1e12:.2f} TFLOP/s, {h.sync_s * 1e6:.1f} us sync per layer, "
                       f"{h.sockets} socket{'s' if h.sockets > 1 else ''}")
     else:
-        console.print("host CPU: not given (add a [host] table to predict CPU execution)")
+        console.print("host CPU: not given (add a \\[host] table to predict CPU execution)")
