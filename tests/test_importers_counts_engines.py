@@ -6,6 +6,7 @@ import to the exact counts; auto-detection; count matrices without selections ar
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,6 +17,7 @@ from importer_files import (
     EXPERTS,
     MOE_LAYERS,
     TOP_K,
+    random_routing,
     write_config,
 )
 from safetensors.torch import save_file
@@ -23,43 +25,71 @@ from safetensors.torch import save_file
 from traces.profile import load_profile
 from traces.schema import METADATA_KEY
 
+CHUNKS, CHUNK_SIZE = 3, 512
 
-def write_imatrix(path, counts: dict[int, np.ndarray], tensor: str = "ffn_gate_exps") -> None:
-    """An imatrix GGUF as llama-imatrix writes it: general.type, imatrix.* keys, and per
-    expert weight `.in_sum2` (ne [cols, n_expert]), `.counts` (ne [1, n_expert]), `.in_sum`."""
+
+def imatrix_counts(rng: np.random.Generator, tokens: int = CHUNKS * CHUNK_SIZE,
+                   layers=MOE_LAYERS) -> dict[int, np.ndarray]:
+    """Per MoE block, counts of `tokens` tokens each picking TOP_K distinct experts."""
+    out = {}
+    for layer in layers:
+        picks = np.argsort(rng.random((tokens, EXPERTS)), axis=1)[:, :TOP_K]
+        out[layer] = np.bincount(picks.ravel(), minlength=EXPERTS)
+    return out
+
+
+def write_imatrix(path, counts: dict[int, np.ndarray], tensor: str = "ffn_gate_exps",
+                  chunks: int = CHUNKS) -> None:
+    """An imatrix GGUF as llama-imatrix writes it (llama.cpp 0c1e5709, tools/imatrix/
+    imatrix.cpp save_imatrix): general.type, imatrix.* keys, and per weight `.in_sum2` (ggml
+    ne [n_embd, n_mat]) and `.counts` (ne [1, n_mat]), F32; a dense tensor's counts are
+    its tokens."""
     writer = GGUFWriter(path, arch="llama")
     del writer.kv_data[0]["general.architecture"]  # imatrix.cpp writes no architecture
     writer.add_string("general.type", "imatrix")
     writer.add_array("imatrix.datasets", ["chat.txt"])
-    writer.add_uint32("imatrix.chunk_count", 3)
-    writer.add_uint32("imatrix.chunk_size", 512)
+    writer.add_uint32("imatrix.chunk_count", chunks)
+    writer.add_uint32("imatrix.chunk_size", CHUNK_SIZE)
+    writer.add_tensor("blk.0.ffn_up.weight.counts",
+                      np.array([[chunks * CHUNK_SIZE]], np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight.in_sum2", np.ones((1, 16), np.float32))
     for layer, selected in sorted(counts.items()):
         for name in (tensor, "ffn_down_exps"):
             base = f"blk.{layer}.{name}.weight"
             writer.add_tensor(f"{base}.in_sum2", np.ones((len(selected), 16), np.float32))
             writer.add_tensor(f"{base}.counts", selected.astype(np.float32).reshape(-1, 1))
-            writer.add_tensor(f"{base}.in_sum", np.ones((len(selected), 16), np.float32))
-    writer.add_tensor("blk.0.ffn_up.weight.counts", np.array([[1536.0]], np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
 
+def write_legacy_imatrix(path) -> None:
+    """`--output-format dat` (save_imatrix_legacy): int32 entries; per entry int32 name length,
+    name, int32 ncall, int32 nval, float32[nval]; int32 chunks; int32 length + dataset."""
+    name = b"blk.1.ffn_gate_exps.weight"
+    values = np.ones(EXPERTS * 16, np.float32).tobytes()
+    path.write_bytes(struct.pack("<ii", 1, len(name)) + name
+                     + struct.pack("<ii", 3, EXPERTS * 16) + values
+                     + struct.pack("<ii", CHUNKS, 8) + b"chat.txt")
+
+
 def test_imatrix_counts(tmp_path, cli):
     rng = np.random.default_rng(7)
     config = write_config(tmp_path / "model")
-    counts = {layer: rng.integers(1, 500, EXPERTS) for layer in MOE_LAYERS}
+    counts = imatrix_counts(rng)
     write_imatrix(tmp_path / "imatrix.gguf", counts, tensor="ffn_gate_up_exps")
     result = cli("traces", "import", tmp_path / "imatrix.gguf", "--out", tmp_path / "a",
                  "--config", config)
     assert "note: llama-imatrix counts come from prompt processing only" in result.stdout
+    assert "prefill only" in result.stdout
     profile = load_profile(tmp_path / "a")
     np.testing.assert_array_equal(profile.counts, np.stack(list(counts.values())))
     assert profile.top_k == TOP_K and not profile.per_token
+    assert profile.moe_layers == MOE_LAYERS and profile.tokens == CHUNKS * CHUNK_SIZE
     meta = json.loads(pq.read_schema(tmp_path / "a" / "counts.parquet").metadata[METADATA_KEY])
     assert meta["phases"] == "prefill" and "prompt processing only" in meta["note"]
-    assert meta["decoder_layers"] == list(MOE_LAYERS) and meta["chunk_size"] == 512
+    assert meta["decoder_layers"] == list(MOE_LAYERS) and meta["chunk_size"] == CHUNK_SIZE
     # Without a model, --top-k gives k; a model with other MoE layers is refused.
     cli("traces", "import", tmp_path / "imatrix.gguf", "--out", tmp_path / "b", "--top-k", 2)
     np.testing.assert_array_equal(load_profile(tmp_path / "b").counts, profile.counts)
@@ -69,7 +99,9 @@ def test_imatrix_counts(tmp_path, cli):
                           "expected the model's MoE layers [1, 2, 3]")
     bad = {"model.gguf": ("llama", "blk.1.ffn_gate_exps.weight", (8, 4), "expected 'imatrix'"),
            "flipped.gguf": ("imatrix", "blk.1.ffn_gate_exps.weight.counts", (1, 8),
-                            "expected [1, n_expert]")}
+                            "expected [1, n_expert]"),
+           "converted.gguf": ("imatrix", "blk.1.ffn_gate_exps.weight.counts", (1, 1),
+                              "a single count comes from a legacy .dat")}
     for name, (kind, tensor, shape, needle) in bad.items():
         writer = GGUFWriter(tmp_path / name, arch="llama")
         writer.add_string("general.type", kind)
@@ -80,6 +112,58 @@ def test_imatrix_counts(tmp_path, cli):
         writer.close()
         assert_one_line_error(cli("traces", "import", tmp_path / name, "--out", tmp_path / "d",
                                   "--top-k", 2, ok=False), needle)
+
+
+def test_imatrix_is_told_by_its_magic_not_its_name(tmp_path, cli):
+    """`llama-imatrix -o x.dat` writes GGUF; `--save-frequency 2` writes `x.gguf.at_2`; both
+    import (detected), and the legacy `--output-format dat` is refused in one line."""
+    counts = imatrix_counts(np.random.default_rng(3))
+    write_imatrix(tmp_path / "x.dat", counts)
+    cli("traces", "import", tmp_path / "x.dat", "--out", tmp_path / "a", "--top-k", TOP_K)
+    np.testing.assert_array_equal(load_profile(tmp_path / "a").counts,
+                                  np.stack(list(counts.values())))
+    assert load_profile(tmp_path / "a").name == "x"
+    write_imatrix(tmp_path / "x.gguf.at_2", counts, chunks=CHUNKS)
+    cli("traces", "import", tmp_path / "x.gguf.at_2", "--out", tmp_path / "b", "--top-k", TOP_K)
+    assert load_profile(tmp_path / "b").name == "x"
+    write_legacy_imatrix(tmp_path / "old.dat")
+    for source in (tmp_path / "old.dat", tmp_path / "legacy"):
+        if source.suffix != ".dat":
+            source.mkdir()
+            (tmp_path / "old.dat").rename(source / "old.dat")
+        assert_one_line_error(cli("traces", "import", source, "--out", tmp_path / "c",
+                                  "--format", "imatrix", "--top-k", TOP_K, ok=False),
+                              "legacy llama-imatrix .dat", "no per-expert counts",
+                              "--output-format gguf")
+    (tmp_path / "junk.dat").write_bytes(b"\xff" * 64)
+    assert_one_line_error(cli("traces", "import", tmp_path / "junk.dat", "--out", tmp_path / "d",
+                              "--top-k", TOP_K, ok=False), "no GGUF magic")
+
+
+def test_imatrix_totals_are_checked_against_the_chunks(tmp_path, cli):
+    """Every MoE block counts chunk_count x chunk_size x k selections; a snapshot written
+    mid-chunk counts fewer (noted); unequal blocks, totals off k, or more tokens than the
+    chunks hold are refused."""
+    rng = np.random.default_rng(5)
+    lagging = imatrix_counts(rng, tokens=CHUNKS * CHUNK_SIZE - 100)
+    write_imatrix(tmp_path / "x.gguf.at_3", lagging)
+    result = cli("traces", "import", tmp_path / "x.gguf.at_3", "--out", tmp_path / "a",
+                 "--top-k", TOP_K)
+    assert "counts cover 1436 tokens" in result.stdout and "a snapshot" in result.stdout
+    assert load_profile(tmp_path / "a").tokens == CHUNKS * CHUNK_SIZE - 100
+    cases = {
+        "unequal": ({**imatrix_counts(rng), 2: imatrix_counts(rng, 100, (2,))[2]},
+                    "counted different totals"),
+        "odd": ({layer: c + (np.arange(EXPERTS) == 0) for layer, c in
+                 imatrix_counts(rng).items()}, "not a multiple of top-k 2"),
+        "merged": (imatrix_counts(rng, tokens=(CHUNKS + 2) * CHUNK_SIZE),
+                   "counts of 2560 tokens (top-k 2) but imatrix.chunk_count 3"),
+    }
+    for name, (counts, needle) in cases.items():
+        write_imatrix(tmp_path / f"{name}.gguf", counts)
+        assert_one_line_error(cli("traces", "import", tmp_path / f"{name}.gguf", "--out",
+                                  tmp_path / name, "--top-k", TOP_K, ok=False), needle)
+        assert not (tmp_path / name).exists()
 
 
 def write_statistics(directory, counts: dict[tuple[int, int, int], np.ndarray]) -> None:
@@ -128,3 +212,28 @@ def test_count_matrices_without_selections_are_refused(tmp_path, cli):
         assert not any(tmp_path.glob("o/*.parquet*"))
     assert_one_line_error(cli("traces", "import", tmp_path, "--out", tmp_path / "o", ok=False),
                           "cannot tell the format of this directory")
+
+
+def test_stats_name_decoder_layers_alike(tmp_path, cli):
+    """A model whose decoder layer 0 is dense: `traces stats` of an imatrix import and of
+    per-token rows of the same routing name layers [1, 2, 3] alike, say the imatrix's phase,
+    and give the same per-expert counts (--json)."""
+    config = write_config(tmp_path / "model")
+    routing = random_routing(np.random.default_rng(9), CHUNKS * CHUNK_SIZE)
+    np.savez(tmp_path / "rows.npz", expert_ids=routing)
+    counts = {layer: np.bincount(routing[:, i].ravel(), minlength=EXPERTS)
+              for i, layer in enumerate(MOE_LAYERS)}
+    write_imatrix(tmp_path / "imatrix.gguf", counts)
+    cli("traces", "import", tmp_path / "rows.npz", "--out", tmp_path / "rows", "--config", config)
+    cli("traces", "import", tmp_path / "imatrix.gguf", "--out", tmp_path / "imat", "--top-k",
+        TOP_K)
+    rows, imat = (json.loads(cli("traces", "stats", tmp_path / d, "--json").stdout)
+                  for d in ("rows", "imat"))
+    assert rows["moe_layers"] == imat["moe_layers"] == list(MOE_LAYERS)
+    assert [e["layer"] for e in rows["layers"]] == [e["layer"] for e in imat["layers"]]
+    assert [e["counts"] for e in rows["layers"]] == [e["counts"] for e in imat["layers"]] \
+        == [c.tolist() for c in counts.values()]
+    assert imat["phases"] == {"prefill": CHUNKS * CHUNK_SIZE, "decode": 0}
+    assert rows["phases"] == {"prefill": 0, "decode": CHUNKS * CHUNK_SIZE}
+    text = cli("traces", "stats", tmp_path / "imat").stdout
+    assert "prefill 1536, decode 0" in text

@@ -16,7 +16,7 @@ from placer.errors import PlacerError
 from traces.importers import FORMATS, import_routing
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile
-from traces.schema import read_meta
+from traces.schema import PHASES, read_meta
 from traces.stats import check_plot_path, plot_heatmap, trace_stats
 
 
@@ -28,8 +28,9 @@ def register(app: typer.Typer) -> None:
     @command(traces_app, "stats")
     def stats(
         trace_dir: Annotated[Path, typer.Argument(help="Trace directory.")],
-        json_out: Annotated[bool, typer.Option("--json", help="Print the stats as JSON.")
-                            ] = False,
+        json_out: Annotated[bool, typer.Option(
+            "--json", help="Print the stats as JSON, with each MoE layer's per-expert "
+                           "selection counts.")] = False,
         plot: Annotated[Path | None, typer.Option(
             help="Write a layers x experts heatmap to this path (a *.png name).")] = None,
         phase: Annotated[str | None, typer.Option(
@@ -40,8 +41,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Summarize a trace directory: tokens, sequences, tags, per-layer skew.
 
-        Per MoE layer: the entropy of expert use (bits) and the share of selections taken by
-        the hottest 10% / 25% / 50% of experts; --plot writes a layers x experts heatmap."""
+        Per MoE layer (its decoder layer index, for collected traces and imports alike): the
+        entropy of expert use (bits) and the share of selections taken by the hottest 10% /
+        25% / 50% of experts; --plot writes a layers x experts heatmap."""
         if plot is not None:
             check_plot_path(plot)
         result = trace_stats(trace_dir, phase=phase, tags=tag)
@@ -61,9 +63,10 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option(help="New trace directory to store it in.")],
         fmt: Annotated[str | None, typer.Option(
             "--format", help=f"One of {', '.join(FORMATS)}; detected where the file is "
-                             "unambiguous (.gguf imatrix, .pt sglang, .jsonl sglang-http, .npz "
-                             "with expert_ids tokens, 2-D .npy/.csv counts, a directory with "
-                             "meta_info.json + rank*.safetensors trtllm).")] = None,
+                             "unambiguous (a GGUF file, whatever its name, or a .dat imatrix; "
+                             ".pt sglang, .jsonl sglang-http, .npz with expert_ids tokens, 2-D "
+                             ".npy/.csv counts, a directory with meta_info.json + "
+                             "rank*.safetensors trtllm).")] = None,
         model: Annotated[Path | None, typer.Option(
             help="Checkpoint the routing came from: its layers, experts and top-k are checked "
                  "against the file; per-token sources become trace rows with its "
@@ -95,18 +98,20 @@ def register(app: typer.Typer) -> None:
         path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
                                  top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens)
         profile = load_profile(out, phase=None)
-        note = read_meta(path).get("note")
+        meta = read_meta(path)
+        note = meta.get("note")
         if json_out:
             print_json({"path": str(path), "name": profile.name, "per_token": profile.per_token,
                         "moe_layers": list(profile.moe_layers),
                         "num_experts": profile.num_experts, "top_k": profile.top_k,
                         "tokens": profile.tokens, "sequences": profile.sequences,
-                        "note": note})
+                        "phases": meta.get("phases"), "note": note})
             return
+        phase = meta.get("phases") if meta.get("phases") in PHASES else None
         typer.echo(f"{profile.name}: {len(profile.moe_layers)} MoE layers x "
                    f"{profile.num_experts} experts, {profile.tokens} tokens"
                    f"{f', {profile.sequences} sequences, per token' if profile.per_token else ''}"
-                   f" -> {path}")
+                   f"{f', {phase} only' if phase else ''} -> {path}")
         if note:
             typer.echo(f"note: {note}")
 

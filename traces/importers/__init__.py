@@ -7,12 +7,15 @@
 | `sglang-http` | sglang    | SGLang /generate responses with routed experts | per-token rows     |
 | `vllm`        | vllm      | vLLM `CompletionOutput.routed_experts` arrays  | per-token rows     |
 | `imatrix`     | llamacpp  | llama.cpp `llama-imatrix` GGUF output          | counts             |
-| `trtllm`      | trtllm    | TensorRT-LLM expert statistics directory       | counts             |
+| `trtllm`      | trtllm    | TensorRT-LLM expert statistics directory       | rows or counts     |
 | `tokens`      | tokens    | the plain form: expert_ids [tokens, layers, k] | per-token rows     |
 
 Per-token sources keep their sequences, positions and phases and carry the model's identity
 (so they need `--model` or `--config`); count sources keep only counts (`counts.parquet`).
-`import_routing` dispatches; `detect_format` picks the format of unambiguous sources.
+`import_routing` dispatches; `detect_format` picks the format of unambiguous sources: a
+file that starts with the GGUF magic is an imatrix whatever its name (`llama-imatrix -o x.dat`
+writes GGUF, `--save-frequency` writes `x.gguf.at_N`), and a `.dat` is taken for a legacy
+imatrix, which its importer refuses saying how to re-run llama-imatrix.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ FORMATS: dict[str, Importer] = {
 
 # The files a directory source stands for, per format (trtllm reads the directory itself).
 _DIR_GLOBS = {"sglang": ("*.pt",), "sglang-http": ("*.jsonl",), "vllm": ("*.npy", "*.npz"),
-              "tokens": ("*.npz",), "imatrix": ("*.gguf",), "counts": ("*.npy", "*.csv")}
+              "tokens": ("*.npz",), "imatrix": ("*.gguf", "*.dat", "*.at_*"),
+              "counts": ("*.npy", "*.csv")}
 
 
 def detect_format(source: Path) -> str:
@@ -56,7 +60,11 @@ def detect_format(source: Path) -> str:
         raise TraceError(f"{source}: cannot tell the format of this directory (it is not a "
                          "TensorRT-LLM statistics directory, meta_info.json + "
                          "rank*.safetensors, nor holds SGLang .pt dumps); give --format")
+    if llamacpp.is_gguf(source):
+        return "imatrix"
     suffix = source.suffix.lower()
+    if suffix == ".dat" or (suffix.startswith(".at_") and ".dat" in source.suffixes):
+        return "imatrix"
     by_suffix = {".gguf": "imatrix", ".pt": "sglang", ".jsonl": "sglang-http", ".csv": "counts"}
     if suffix in by_suffix:
         return by_suffix[suffix]

@@ -292,7 +292,8 @@ def import_sglang(paths: Sequence[Path], out_dir: Path, *, identity: ModelIdenti
     tokens = (sum(int((d.tokens.experts[:, layers] >= 0).any(axis=(1, 2)).sum()) for d in dumps)
               if first.mode == PER_TOKEN else None)
     return write_counts(total.counts[layers], out_dir, top_k=top_k, tag=tag or DEFAULT_TAG,
-                        tokens=tokens, sources=list(paths), extra={"format": "sglang"})
+                        tokens=tokens, sources=list(paths), decoder_layers=layers,
+                        extra={"format": "sglang"})
 
 
 def _token_rows(dump: SGLangDump, identity: ModelIdentity) -> TokenRows:
