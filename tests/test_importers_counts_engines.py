@@ -18,6 +18,8 @@ from importer_files import (
     MOE_LAYERS,
     TOP_K,
     random_routing,
+    sequences,
+    trace_rows,
     write_config,
 )
 from safetensors.torch import save_file
@@ -237,3 +239,113 @@ def test_stats_name_decoder_layers_alike(tmp_path, cli):
     assert rows["phases"] == {"prefill": 0, "decode": CHUNKS * CHUNK_SIZE}
     text = cli("traces", "stats", tmp_path / "imat").stdout
     assert "prefill 1536, decode 0" in text
+
+
+def write_raw_statistics(directory, raw: dict[tuple[int, int, int], list[np.ndarray]],
+                         num_ids: int = EXPERTS) -> None:
+    """EXPERT_STATISTIC_PATH as TensorRT-LLM 7ce477f3 writes it from the MoE calls `raw`
+    {(rank, iter, layer): [int32 [tokens, k] ids of each call]}: the counts sum every call
+    (int64 [num_ids] under "{iter}_{layer}" in rank{r}.safetensors), the raw file keeps the
+    last call's ids (int32 [tokens, k] in rank{r}_raw.safetensors)."""
+    directory.mkdir()
+    (directory / "meta_info.json").write_text(
+        json.dumps({"num_experts": num_ids, "num_experts_per_token": TOP_K}))
+    for rank in sorted({r for r, _, _ in raw}):
+        mine = {(it, layer): calls for (r, it, layer), calls in raw.items() if r == rank}
+        save_file({f"{it}_{layer}": torch.from_numpy(np.bincount(
+            np.concatenate(calls).ravel(), minlength=num_ids).astype(np.int64))
+            for (it, layer), calls in mine.items()}, directory / f"rank{rank}.safetensors")
+        save_file({f"{it}_{layer}": torch.from_numpy(calls[-1].astype(np.int32))
+                   for (it, layer), calls in mine.items()},
+                  directory / f"rank{rank}_raw.safetensors")
+
+
+def raw_calls(rng: np.random.Generator, layers=(*MOE_LAYERS, 4), chunked: int = 10
+              ) -> dict[tuple[int, int, int], list[np.ndarray]]:
+    """Two ranks x two iterations; iteration `chunked` runs its MoE twice (chunking), layer 4
+    is the MTP layer (decoder layer num_hidden_layers)."""
+    out = {}
+    for rank in range(2):
+        for it, tokens in ((10, 6), (11, 3)):
+            calls = 2 if it == chunked else 1
+            routing = [random_routing(rng, tokens, len(layers)) for _ in range(calls)]
+            for i, layer in enumerate(layers):
+                out[rank, it, layer] = [r[:, i] for r in routing]
+    return out
+
+
+def test_trtllm_raw_rows(tmp_path, cli):
+    """rank<r>_raw.safetensors (never read as counts) become one sequence per (iteration,
+    rank), the last MoE call's rows; the import says how much of the counts they cover; the
+    MTP layer is dropped; without a model the counts are stored."""
+    rng = np.random.default_rng(11)
+    config = write_config(tmp_path / "model")
+    calls = raw_calls(rng)
+    write_raw_statistics(tmp_path / "stats", calls)
+    result = cli("traces", "import", tmp_path / "stats", "--out", tmp_path / "a", "--config",
+                 config)
+    assert "per-token rows of 4 (iteration, rank) batches cover 36 of the 60 selections" \
+        in result.stdout
+    assert "layers [4] (>= num_hidden_layers 4: MTP) dropped" in result.stdout
+    assert "these ids are its slots" in result.stdout  # as many ids as experts: say so
+    rows = trace_rows(tmp_path / "a")
+    assert set(rows["phase"]) == {"decode"} and set(rows["token"]) == {-1}
+    seq = sequences(rows)
+    for number, (it, rank) in enumerate([(10, 0), (10, 1), (11, 0), (11, 1)]):
+        for layer in MOE_LAYERS:
+            mine = (seq == number) & (rows["layer"] == layer)
+            np.testing.assert_array_equal(rows["experts"][mine], calls[rank, it, layer][-1])
+            np.testing.assert_array_equal(rows["pos"][mine], np.arange(mine.sum()))
+    counted = cli("traces", "import", tmp_path / "stats", "--out", tmp_path / "b")
+    assert "give --model or --config to import them as rows" in counted.stdout
+    profile = load_profile(tmp_path / "b")
+    assert profile.moe_layers == (*MOE_LAYERS, 4) and not profile.per_token
+    np.testing.assert_array_equal(profile.counts[0], sum(
+        np.bincount(np.concatenate(c).ravel(), minlength=EXPERTS)
+        for (_, _, layer), c in calls.items() if layer == 1))
+
+
+def test_trtllm_slots(tmp_path, cli):
+    """With the load balancer on the ids are slots: more slots than experts are refused
+    unless --load-balancer maps them (counts and rows); a balancer that moves experts, or
+    misses one, is refused."""
+    rng = np.random.default_rng(12)
+    config = write_config(tmp_path / "model")
+    slots = EXPERTS + 4
+    calls = {key: [np.argsort(rng.random((len(c[0]), slots)), axis=1)[:, :TOP_K]
+                   .astype(np.int32)] for key, c in raw_calls(rng, MOE_LAYERS, 0).items()}
+    write_raw_statistics(tmp_path / "stats", calls, num_ids=slots)
+    assert_one_line_error(cli("traces", "import", tmp_path / "stats", "--out", tmp_path / "a",
+                              "--config", config, ok=False),
+                          "num_experts 12, the model has 8 experts", "--load-balancer")
+    assignment = {layer: [(s * 3 + layer) % EXPERTS for s in range(slots)]
+                  for layer in MOE_LAYERS}
+    yaml_lines = [f"num_slots: {slots}", "layer_updates_per_iter: 0",
+                  "initial_global_assignments:"]
+    yaml_lines += [f"  {layer}: {experts}" for layer, experts in assignment.items()]
+    (tmp_path / "eplb.yaml").write_text("\n".join(yaml_lines) + "\n")
+    cli("traces", "import", tmp_path / "stats", "--out", tmp_path / "a", "--config", config,
+        "--load-balancer", tmp_path / "eplb.yaml")
+    rows = trace_rows(tmp_path / "a")
+    for layer in MOE_LAYERS:
+        raw = np.concatenate([calls[r, it, layer][0] for it in (10, 11) for r in range(2)])
+        np.testing.assert_array_equal(rows["experts"][rows["layer"] == layer],
+                                      np.asarray(assignment[layer])[raw])
+    cli("traces", "import", tmp_path / "stats", "--out", tmp_path / "b", "--load-balancer",
+        tmp_path / "eplb.yaml")
+    mapped = np.stack([np.bincount(np.asarray(assignment[layer])[np.concatenate(
+        [calls[r, it, layer][0] for it in (10, 11) for r in range(2)]).ravel()],
+        minlength=EXPERTS) for layer in MOE_LAYERS])
+    np.testing.assert_array_equal(load_profile(tmp_path / "b").counts, mapped)
+    bad = {"online.yaml": ("layer_updates_per_iter: 2", "only a static one"),
+           "missing.yaml": (f"  1: {[0] * slots}", "does not hold each of the 8 experts")}
+    for name, (line, needle) in bad.items():
+        text = "\n".join(yaml_lines).replace("layer_updates_per_iter: 0", line) \
+            if "layer_updates" in line else "\n".join([*yaml_lines[:3], line, *yaml_lines[4:]])
+        (tmp_path / name).write_text(text + "\n")
+        assert_one_line_error(cli("traces", "import", tmp_path / "stats", "--out",
+                                  tmp_path / "c", "--config", config, "--load-balancer",
+                                  tmp_path / name, ok=False), needle)
+    assert_one_line_error(cli("traces", "import", tmp_path / "rows.npz", "--out", tmp_path / "d",
+                              "--format", "tokens", "--load-balancer", tmp_path / "eplb.yaml",
+                              ok=False), "--load-balancer is for the trtllm format")

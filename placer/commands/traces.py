@@ -85,18 +85,23 @@ def register(app: typer.Typer) -> None:
         prompt_lens: Annotated[Path | None, typer.Option(
             help="vllm: JSON {request name: prompt tokens}; those rows are prefill, the rest "
                  "decode (without it every row is decode).")] = None,
+        load_balancer: Annotated[Path | None, typer.Option(
+            help="trtllm: the static moe_config.load_balancer YAML the engine ran with; maps "
+                 "the recorded slot ids to experts.")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
     ) -> None:
         """Import another engine's routing: per-token rows where it records tokens, counts
         where it only counts (docs/ecosystem.md shows how each engine writes its file).
 
-        Per-token formats (tokens, vllm, sglang-http, SGLang per_token dumps) need --model or
-        --config and keep sequences, positions and phases, so the solver samples real
-        co-selection. Count formats (counts, imatrix, trtllm, SGLang stat/per_pass dumps) are
-        stored as DIR/counts.parquet (frequencies only), guarded by shape when used."""
+        Per-token formats (tokens, vllm, sglang-http, SGLang per_token dumps, TensorRT-LLM
+        rank<r>_raw files) need --model or --config and keep sequences, positions and phases,
+        so the solver samples real co-selection. Count formats (counts, imatrix, trtllm, SGLang
+        stat/per_pass dumps) are stored as DIR/counts.parquet (frequencies only), guarded by
+        shape when used."""
         path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
-                                 top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens)
+                                 top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
+                                 load_balancer=load_balancer)
         profile = load_profile(out, phase=None)
         meta = read_meta(path)
         note = meta.get("note")
@@ -119,7 +124,8 @@ def register(app: typer.Typer) -> None:
 def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                       model: Path | None = None, config: Path | None = None,
                       top_k: int | None = None, tag: str | None = None,
-                      tokens: int | None = None, prompt_lens: Path | None = None) -> Path:
+                      tokens: int | None = None, prompt_lens: Path | None = None,
+                      load_balancer: Path | None = None) -> Path:
     """`placer traces import`: the model's identity (if given) and the files, to the importer
     of their format."""
     if model is not None and config is not None:
@@ -129,7 +135,7 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
     request = ImportRequest(identity=None if inventory is None else model_identity(inventory),
                             estimated=inventory is not None and inventory.estimated,
                             top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
-                            shared_experts=None if inventory is None
+                            load_balancer=load_balancer, shared_experts=None if inventory is None
                             else inventory.shared_experts)
     return import_routing(sources, out, request, fmt)
 

@@ -133,4 +133,6 @@ def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
     if request.prompt_lens is not None and fmt != "vllm":
         raise TraceError(f"--prompt-lens is for the vllm format, not {fmt} (which records "
                          "its own phases)")
+    if request.load_balancer is not None and fmt != "trtllm":
+        raise TraceError(f"--load-balancer is for the trtllm format, not {fmt}")
     return FORMATS[fmt](expand(sources, fmt), Path(out_dir), request)

@@ -35,6 +35,7 @@ class ImportRequest:
     tag: str | None = None
     tokens: int | None = None  # --tokens, for count matrices
     prompt_lens: Path | None = None  # --prompt-lens, for vLLM routed experts
+    load_balancer: Path | None = None  # --load-balancer, TensorRT-LLM's static slot map
     shared_experts: int | None = None  # the model's shared experts (None: no model given)
 
 
