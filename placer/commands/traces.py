@@ -83,8 +83,14 @@ def register(app: typer.Typer) -> None:
             help="Tokens counted in a count matrix (default: largest row sum / top-k).")
                           ] = None,
         prompt_lens: Annotated[Path | None, typer.Option(
-            help="vllm: JSON {request name: prompt tokens}; those rows are prefill, the rest "
+            help="vllm: JSON {request name: prompt tokens, or {\"prompt\": P, "
+                 "\"completion\": C, \"start\": S}}; prompt rows are prefill, the rest "
                  "decode (without it every row is decode).")] = None,
+        prompt_start: Annotated[int | None, typer.Option(
+            min=0, help="vllm, sglang-http: the requests skipped this many prompt tokens "
+                        "(routed_experts_prompt_start / routed_experts_start_len): rows start "
+                        "at that position (default: derived from prompt + completion - 1 - "
+                        "rows where both are known, else 0).")] = None,
         load_balancer: Annotated[Path | None, typer.Option(
             help="trtllm: the static moe_config.load_balancer YAML the engine ran with; maps "
                  "the recorded slot ids to experts.")] = None,
@@ -101,7 +107,7 @@ def register(app: typer.Typer) -> None:
         shape when used."""
         path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
                                  top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
-                                 load_balancer=load_balancer)
+                                 prompt_start=prompt_start, load_balancer=load_balancer)
         profile = load_profile(out, phase=None)
         meta = read_meta(path)
         note = meta.get("note")
@@ -125,7 +131,8 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                       model: Path | None = None, config: Path | None = None,
                       top_k: int | None = None, tag: str | None = None,
                       tokens: int | None = None, prompt_lens: Path | None = None,
-                      load_balancer: Path | None = None) -> Path:
+                      prompt_start: int | None = None, load_balancer: Path | None = None
+                      ) -> Path:
     """`placer traces import`: the model's identity (if given) and the files, to the importer
     of their format."""
     if model is not None and config is not None:
@@ -135,7 +142,8 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
     request = ImportRequest(identity=None if inventory is None else model_identity(inventory),
                             estimated=inventory is not None and inventory.estimated,
                             top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
-                            load_balancer=load_balancer, shared_experts=None if inventory is None
+                            prompt_start=prompt_start, load_balancer=load_balancer,
+                            shared_experts=None if inventory is None
                             else inventory.shared_experts)
     return import_routing(sources, out, request, fmt)
 

@@ -1,14 +1,14 @@
 """Routing from other engines: one module per format, the registry and auto-detection.
 
-| format        | module    | what it reads                                  | stored as          |
-|---------------|-----------|------------------------------------------------|--------------------|
-| `counts`      | counts    | a MoE layers x experts matrix (.npy, .csv)     | counts             |
-| `sglang`      | sglang    | SGLang expert-distribution recorder dumps (.pt) | rows or counts    |
-| `sglang-http` | sglang    | SGLang /generate responses with routed experts | per-token rows     |
-| `vllm`        | vllm      | vLLM `CompletionOutput.routed_experts` arrays  | per-token rows     |
-| `imatrix`     | llamacpp  | llama.cpp `llama-imatrix` GGUF output          | counts             |
-| `trtllm`      | trtllm    | TensorRT-LLM expert statistics directory       | rows or counts     |
-| `tokens`      | tokens    | the plain form: expert_ids [tokens, layers, k] | per-token rows     |
+| format        | module      | what it reads                                   | stored as       |
+|---------------|-------------|-------------------------------------------------|-----------------|
+| `counts`      | counts      | a MoE layers x experts matrix (.npy, .csv)      | counts          |
+| `sglang`      | sglang      | SGLang expert-distribution recorder dumps (.pt) | rows or counts  |
+| `sglang-http` | sglang_http | SGLang /generate responses with routed experts  | per-token rows  |
+| `vllm`        | vllm        | vLLM `CompletionOutput.routed_experts` arrays   | per-token rows  |
+| `imatrix`     | llamacpp    | llama.cpp `llama-imatrix` GGUF output           | counts          |
+| `trtllm`      | trtllm      | TensorRT-LLM expert statistics directory        | rows or counts  |
+| `tokens`      | tokens      | the plain form: expert_ids [tokens, layers, k]  | per-token rows  |
 
 Per-token sources keep their sequences, positions and phases and carry the model's identity
 (so they need `--model` or `--config`); count sources keep only counts (`counts.parquet`).
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from traces.errors import TraceError
-from traces.importers import counts, llamacpp, sglang, tokens, trtllm, vllm
+from traces.importers import counts, llamacpp, sglang, sglang_http, tokens, trtllm, vllm
 from traces.importers.common import ImportRequest
 
 Importer = Callable[[list[Path], Path, ImportRequest], Path]
@@ -34,7 +34,7 @@ Importer = Callable[[list[Path], Path, ImportRequest], Path]
 FORMATS: dict[str, Importer] = {
     "counts": counts.import_matrix,
     "sglang": sglang.import_dumps,
-    "sglang-http": sglang.import_http,
+    "sglang-http": sglang_http.import_http,
     "vllm": vllm.import_vllm,
     "imatrix": llamacpp.import_imatrix,
     "trtllm": trtllm.import_trtllm,
@@ -133,6 +133,8 @@ def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
     if request.prompt_lens is not None and fmt != "vllm":
         raise TraceError(f"--prompt-lens is for the vllm format, not {fmt} (which records "
                          "its own phases)")
+    if request.prompt_start is not None and fmt not in ("vllm", "sglang-http"):
+        raise TraceError(f"--prompt-start is for the vllm and sglang-http formats, not {fmt}")
     if request.load_balancer is not None and fmt != "trtllm":
         raise TraceError(f"--load-balancer is for the trtllm format, not {fmt}")
     return FORMATS[fmt](expand(sources, fmt), Path(out_dir), request)
