@@ -8,10 +8,12 @@ Each timed call runs the next expert of a pool that holds more than 4 x the last
 cache, so its weights come from RAM, not cache (cold, as a cold expert's are). The token
 counts are timed in rounds, one call of each count per round, so that a neighbour's burst
 on a shared host falls on every count alike instead of bending the curve at one; the time at
-n is the median over the rounds, and the points are then made non-falling by pooling
-adjacent violators (the least-squares non-decreasing fit: a point below an earlier one is
-noise). `benchmarks/bench_cpu_experts.py` times experts the same way, on another pool, and
-compares the recorded curve's prediction with what it measures.
+n is the mean over the rounds (the model prices the expected stall; on a loaded host a call
+either runs or waits out a neighbour's time slice, and a median jumps between the two where
+a mean moves with their mix), and the points are then made non-falling by pooling adjacent
+violators (the least-squares non-decreasing fit: a point below an earlier one is noise).
+`benchmarks/bench_cpu_experts.py` times experts the same way, on another pool, and compares
+the recorded curve's prediction with what it measures.
 """
 
 from __future__ import annotations
@@ -110,5 +112,5 @@ def probe_expert(hidden: int, inter: int, dtype: str, cache_bytes: int, threads:
         times = time_rounds(pool, inputs, MAX_ROUNDS, MIN_PROBE_S, PROBE_BUDGET_S)
     finally:
         torch.set_num_threads(before)
-    medians = non_decreasing([statistics.median(t) for t in times])
-    return ExpertTiming(hidden, inter, dtype, tuple(tokens), tuple(medians))
+    means = non_decreasing([statistics.fmean(t) for t in times])
+    return ExpertTiming(hidden, inter, dtype, tuple(tokens), tuple(means))

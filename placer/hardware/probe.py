@@ -285,7 +285,7 @@ def host_fragment(result: HostProbe) -> str:
              f"[{tokens} x {hidden}] @ [{hidden} x {inter}], {result.threads} threads, "
              f"best of {result.matmuls}",
              sync]
-    tables = [timing_fragment(t, f"measured: median wall time, cold from RAM, "
+    tables = [timing_fragment(t, f"measured: mean wall time, cold from RAM, "
                                  f"{result.threads} threads") for t in result.experts]
     return "\n".join(lines) + "\n" + "".join("\n" + t for t in tables)
 

@@ -6,7 +6,7 @@ writes, read back for the `cpu` execution model.
     inter = 768
     dtype = "bfloat16"     # the weights' and activations' dtype it ran in
     tokens = [1, 2, 4, 8, 16, 32, 64]
-    ms = [8.9, 10.1, 13.0, 24.0, 40.2, 71.5, 136.0]   # median wall time at each token count
+    ms = [8.9, 10.1, 13.0, 24.0, 40.2, 71.5, 136.0]   # mean wall time at each token count
 
 Tokens ascend from 1 or more; times are positive and never fall (the probe makes them so: a
 later point below an earlier one is measurement noise). The model reads the points as a
