@@ -77,7 +77,7 @@ def test_where_no_cache_is_predicted_auto_says_why_and_n_is_refused(solved, plac
         result = placer_run("solve", *solved["common"], *extra, "--cache", "2", "--out",
                             solved["root"] / "refused.json", ok=False)
         assert result.exit_code == 1, result.output
-        assert result.output.startswith(f"error: --cache 2: ") and said in result.output
+        assert result.output.startswith("error: --cache 2: ") and said in result.output
         assert len(result.output.strip().splitlines()) == 1
     assert not (solved["root"] / "refused.json").exists()
 
