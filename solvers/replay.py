@@ -23,7 +23,6 @@ import numpy as np
 from solvers.cache import cache_hits, make_policy
 from solvers.cache.belady import BeladyReplay
 from solvers.cost import replay
-from solvers.cpu import expert_seconds
 from solvers.intervals import (
     FIELDS,
     REPLICATES,
@@ -167,7 +166,7 @@ def share_weights(problem: Problem, placement: Placement) -> np.ndarray:
     is_cold = cold > 0
     if problem.execution == "cpu":
         host = problem.host
-        time = expert_seconds(cold, problem.expert_flops, 1, host.memory_bandwidth, host.flops)
+        time = host.expert_seconds(cold, problem.expert_flops, 1)
     else:
         home = np.asarray(problem.home)
         latency = np.asarray(problem.cards.latency)[home]

@@ -17,7 +17,10 @@ vLLM: `POST /v1/completions` with `prompt` (token ids), `max_tokens`, `temperatu
 002032ee2b18e1f7bd924ec47b62504ba3866063); reply `choices[0].token_ids` and
 `choices[0].routed_experts` = base64 of a .npy of the routed experts
 (`completion/serving.py` at 030ea52effcb05071543c8c42b8f0145e94cee43, `numpy2base64`; shape
-(num_tokens - 1, layers, k), uint8 where ids fit, as vllm-project/router PR #184 describes it).
+(num_tokens - 1, layers, k), uint8 where ids fit, as vllm-project/router PR #184 describes it);
+with `--endpoint chat`, `POST /v1/chat/completions` (vLLM 0.33.0 chat_completion/protocol.py:
+`messages`, `truncate_prompt_tokens`, reply `prompt_token_ids` and the same per-choice
+`routed_experts`).
 Greedy decoding runs through RouterCapture; the routing placer writes must equal
 `placer collect --mode generate` on the same model and prompts, token by token.
 """
@@ -148,6 +151,31 @@ def vllm_completions(generator: Generator) -> Respond:
     return respond
 
 
+def vllm_chat(generator: Generator, tokenizer) -> Respond:
+    """vLLM 0.33.0's /v1/chat/completions reply: the server templates the messages
+    (add_generation_prompt, truncate_prompt_tokens from the right) and returns
+    prompt_token_ids, choices[0].token_ids and choices[0].routed_experts (base64 .npy)."""
+
+    def respond(body: dict) -> tuple[int, dict]:
+        assert body["return_token_ids"] is True and body["temperature"] == 0
+        assert body["routed_experts_prompt_start"] == 0 and body["truncation_side"] == "right"
+        text = tokenizer.apply_chat_template(body["messages"], tokenize=False,
+                                             add_generation_prompt=True)
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt = prompt[:body["truncate_prompt_tokens"]]
+        output, experts = generator(prompt, body["max_tokens"])
+        buffer = io.BytesIO()
+        np.save(buffer, experts.astype(np.uint8))
+        choice = {"index": 0, "message": {"role": "assistant", "content": ""},
+                  "finish_reason": "length", "token_ids": output,
+                  "routed_experts": base64.b64encode(buffer.getvalue()).decode()}
+        return 200, {"id": "chatcmpl-stub", "object": "chat.completion", "model": "stub",
+                     "choices": [choice], "prompt_token_ids": prompt,
+                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output)}}
+
+    return respond
+
+
 class QuietServer(ThreadingHTTPServer):
     """A loopback server that says nothing when a client hangs up on a reply (collect closes
     the requests still in flight once it stops): its traceback would land in the output the
@@ -258,6 +286,19 @@ def test_vllm_server_routing_equals_local_collect(generator, local, collect_via,
     assert _rows(tmp_path / "srv") == _rows(local)
 
 
+def test_vllm_chat_endpoint_equals_local_collect(generator, local, model, collect_via,
+                                                tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    with stub_server(vllm_chat(generator, tokenizer), "/v1/chat/completions") as (url, got):
+        collect_via(url, tmp_path / "srv", "--endpoint", "chat", engine="vllm")
+    assert len(got) == 5 and all(isinstance(b["messages"], list) for b in got)
+    assert _rows(tmp_path / "srv") == _rows(local)
+    wrong = collect_via(url, tmp_path / "x", "--endpoint", "chat", ok=False)
+    assert wrong.exit_code == 1 and "--endpoint chat is for --engine vllm" in wrong.output
+
+
 def test_collecting_the_same_corpus_twice_into_one_dir_is_refused(generator, collect_via,
                                                                   tmp_path) -> None:
     with stub_server(sglang_generate(generator)) as (url, _):
@@ -290,18 +331,14 @@ def test_a_server_running_another_model_is_refused(generator, collect_via, tmp_p
     assert not list(out.rglob("*.parquet*"))
 
 
-def test_an_sglang_reply_with_a_row_for_the_last_token_is_refused(generator, collect_via,
-                                                                   tmp_path) -> None:
-    """SGLang returns exactly prompt + output - 1 rows (the last output token never ran:
-    traces.importers.sglang.decode_routed_experts); a reply with one more is not taken as
-    the routing of the tokens it reports."""
-    out = tmp_path / "srv"
-    with stub_server(sglang_generate(generator, extra_rows=1)) as (url, _):
-        result = collect_via(url, out, ok=False)
-    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
-    assert result.output.startswith(f"error: {url}/generate: meta_info.routed_experts holds ")
-    assert "tokens (prompt + completion - 1)" in result.output
-    assert not list(out.rglob("*.parquet*"))
+def test_an_sglang_reply_with_rows_past_the_stop_keeps_the_returned_tokens(
+        generator, local, collect_via, tmp_path) -> None:
+    """sglang-kt 0.7.2 (schedule_batch.py: Req.seqlen = prompt + len(output_ids)) returns rows
+    for tokens its speculative decoding accepted past the stop; the reply's own tokens'
+    rows (traces.importers.sglang_http.decode_routed_experts) are exactly the local ones."""
+    with stub_server(sglang_generate(generator, extra_rows=2)) as (url, _):
+        collect_via(url, tmp_path / "srv")
+    assert _rows(tmp_path / "srv") == _rows(local)
 
 
 def test_a_failing_server_is_retried_then_refused_in_one_line(collect_via, tmp_path,

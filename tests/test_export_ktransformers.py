@@ -161,7 +161,7 @@ def test_ratio_truncates_to_each_count(total: int) -> None:
         assert int(total * float(gpu_experts_ratio(count, total))) == count, count
 
 
-@pytest.mark.parametrize("engine", ["sglang", "ktransformers", "llamacpp"])
+@pytest.mark.parametrize("engine", ["sglang", "trtllm", "ktransformers", "llamacpp"])
 def test_out_equal_to_the_plan_is_refused(cli, tmp_path: Path, engine: str) -> None:
     plan = write_plan(tmp_path / "plan.json", np.ones((1, 4), dtype=int), num_layers=1,
                       moe_layers=[0])

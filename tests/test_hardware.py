@@ -183,7 +183,8 @@ def test_host_table(cli, tmp_path: Path) -> None:
     assert "host CPU: 80.0 GB/s from RAM, 1.50 TFLOP/s, 30.0 us sync per layer, 2 sockets" \
         in shown
     assert json.loads(cli("hardware", "show", path, "--json").stdout)["host"] == {
-        "memory_bandwidth": 80e9, "flops": 1.5e12, "sync_s": spec.host.sync_s, "sockets": 2}
+        "memory_bandwidth": 80e9, "flops": 1.5e12, "sync_s": spec.host.sync_s, "sockets": 2,
+        "offload_min_batch": 32, "expert": []}
     path.write_text(BOX.split("[host]")[0])
     assert load_spec(path).host is None
     assert "host CPU: not given" in cli("hardware", "show", path).stdout

@@ -267,3 +267,24 @@ def test_ktransformers_config_the_engine_would_fail_on(cli, tmp_path: Path, chan
                  tmp_path / "config.json", ok=False)
     assert_one_line_error(result, needle)
     assert not (tmp_path / "kt.pt").exists()
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("num_slots: " + "[" * 3000 + "]" * 3000, "nested deeper than 64 levels"),
+    ("num_slots: " + "[" * 100 + "]" * 100, "nested deeper than 64 levels"),
+    ("num_slots: " + DIGITS, "not valid YAML"),
+    ("num_slots: 8\nlayer_updates_per_iter: 0\ninitial_global_assignments:\n  " + DIGITS[:30]
+     + ": [0, 1, 2, 3, 4, 5, 6, 7]\n", "initial_global_assignments[77777"),
+    ("num_slots: 8\nlayer_updates_per_iter: 0\ninitial_global_assignments:\n  1: [0, 1, 2, 3, "
+     "4, 5, 6, " + DIGITS[:25] + "]\n", "must list the expert id of each of the 8 slots")])
+def test_a_hostile_load_balancer_yaml_is_one_line(cli, config: Path, tmp_path: Path,
+                                                  text: str, needle: str) -> None:
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    (stats / "meta_info.json").write_text(json.dumps({"num_experts": EXPERTS,
+                                                      "num_experts_per_token": TOP_K}))
+    save_file({f"10_{layer}": torch.ones(EXPERTS, dtype=torch.int64) for layer in MOE_LAYERS},
+              stats / "rank0.safetensors")
+    (tmp_path / "lb.yaml").write_text(text)
+    assert_one_line_error(imported(cli, stats, tmp_path / "o", "--config", config,
+                                   "--load-balancer", tmp_path / "lb.yaml"), "lb.yaml", needle)

@@ -1,7 +1,8 @@
 """`placer traces import --format vllm`: per-request `CompletionOutput.routed_experts` arrays
-(int32 [prompt + output - 1, num_hidden_layers, k], dense layers 0, as vLLM's
-routed_experts_capturer.py and scheduler.py `_get_routed_experts` produce them; see
-traces/importers/vllm.py) round-trip to trace rows with their sequences and phases."""
+([prompt + output - 1 - start, num_hidden_layers, k], dense layers 0, uint8 where the experts
+fit, as vLLM 0.33.0's routed_experts_capturer.py and aux_output_connector produce them; see
+traces/importers/vllm.py) round-trip to trace rows with their sequences, positions and
+phases, also when the request skipped prompt tokens (routed_experts_prompt_start)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,48 @@ def test_bad_vllm_files(tmp_path, cli):
         assert not any(tmp_path.glob("o/*.parquet*"))
     assert_one_line_error(cli("traces", "import", tmp_path / "ok.npz", "--out", tmp_path / "o",
                               "--config", config, ok=False), "give --format")
+
+
+def test_vllm_routed_experts_prompt_start(tmp_path, cli):
+    """A request with routed_experts_prompt_start S returns positions [S, P + C - 1): the start
+    comes from --prompt-lens {"prompt", "completion"} (derived), its "start", or
+    --prompt-start; positions and phases follow; rows that fit no start are refused."""
+    rng = np.random.default_rng(5)
+    config = write_config(tmp_path / "model")
+    prompt, completion, start = 6, 3, 4
+    full = routed_experts(rng, prompt + completion - 1).astype(np.uint8)  # <= 256 experts
+    np.savez(tmp_path / "r.npz", r0=full[start:])
+    lens = {"derived": {"r0": {"prompt": prompt, "completion": completion}},
+            "given": {"r0": {"prompt": prompt, "start": start}}, "option": {"r0": prompt}}
+    for name, value in lens.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(value))
+    runs = {"derived": ["--prompt-lens", tmp_path / "derived.json"],
+            "given": ["--prompt-lens", tmp_path / "given.json"],
+            "option": ["--prompt-lens", tmp_path / "option.json", "--prompt-start", start]}
+    layers = len(MOE_LAYERS)
+    for name, extra in runs.items():
+        out = tmp_path / name
+        result = cli("traces", "import", tmp_path / "r.npz", "--format", "vllm", "--out", out,
+                     "--config", config, *extra)
+        assert "1 of 1 requests start mid-prompt" in result.stdout
+        rows = trace_rows(out)
+        np.testing.assert_array_equal(rows["pos"], np.repeat(np.arange(start, 8), layers))
+        np.testing.assert_array_equal(rows["phase"], np.repeat(
+            ["prefill"] * 2 + ["decode"] * 2, layers))
+        np.testing.assert_array_equal(rows["experts"],
+                                      full[start:, list(MOE_LAYERS)].reshape(-1, TOP_K))
+    (tmp_path / "bad.json").write_text(json.dumps({"r0": {"prompt": 2, "completion": 2}}))
+    (tmp_path / "past.json").write_text(json.dumps({"r0": {"prompt": 3, "start": 4}}))
+    (tmp_path / "odd.json").write_text(json.dumps({"r0": {"prompt": 3, "begin": 4}}))
+    cases = [(["--prompt-lens", tmp_path / "bad.json"], "4 routed rows do not fit prompt 2"),
+             (["--prompt-lens", tmp_path / "past.json"], "prompt start 4 is past the prompt"),
+             (["--prompt-lens", tmp_path / "odd.json"], "expected prompt tokens >= 1 or an"),
+             (["--prompt-lens", tmp_path / "derived.json", "--prompt-start", 1],
+              "4 routed rows, expected prompt 6 + completion 3 - 1 - start 1 = 7")]
+    for extra, needle in cases:
+        assert_one_line_error(cli("traces", "import", tmp_path / "r.npz", "--format", "vllm",
+                                  "--out", tmp_path / "o", "--config", config, *extra,
+                                  ok=False), needle)
+    assert_one_line_error(cli("traces", "import", tmp_path / "r.npz", "--format", "tokens",
+                              "--out", tmp_path / "o", "--config", config, "--prompt-start", 1,
+                              ok=False), "--prompt-start is for the vllm and sglang-http")

@@ -33,7 +33,8 @@ class Profile:
     """Selection counts of one trace directory (or of an imported count matrix)."""
 
     name: str                     # tag(s) or directory name
-    moe_layers: tuple[int, ...]   # decoder layer indices (0..L-1 ordinals for imported counts)
+    moe_layers: tuple[int, ...]   # decoder layer indices (imported counts: where the source
+                                  # or the model named them, else the ordinals 0..L-1)
     num_experts: int
     top_k: int
     fingerprint: str | None       # None for imported count matrices
@@ -139,7 +140,11 @@ def _counts_profile(td: TraceDir, tags: list[str] | None, seq_ids: set[int] | No
     table = pq.read_table(td.files[0])
     order = np.argsort(table.column("layer").to_numpy())
     counts = np.array(table.column("counts").to_pylist(), dtype=np.int64)[order]
-    return Profile(name=meta["tag"], moe_layers=tuple(range(meta["num_moe_layers"])),
+    layers = tuple(meta.get("decoder_layers") or range(meta["num_moe_layers"]))
+    if len(layers) != meta["num_moe_layers"]:
+        raise TraceError(f"{td.files[0]}: decoder_layers {list(layers)} for "
+                         f"{meta['num_moe_layers']} MoE layers")
+    return Profile(name=meta["tag"], moe_layers=layers,
                    num_experts=meta["num_experts"], top_k=meta["top_k"], fingerprint=None,
                    counts=counts, tokens=meta["tokens"], sequences=0, per_token=False)
 

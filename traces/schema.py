@@ -48,7 +48,11 @@ Imported count matrices (`placer traces import`) are stored as `counts.parquet`:
 MoE layer ordinal with columns `layer` (int16, the ordinal i: the i-th MoE layer) and
 `counts` (list<int64>, one per expert), metadata `placer` =
 `{"schema_version": 1, "kind": "counts", "placer_version": ..., "tag": ..., "top_k": k,
-"tokens": T, "num_moe_layers": L, "num_experts": E, "source": ..., "source_sha256": ...}`.
+"tokens": T, "num_moe_layers": L, "num_experts": E, "source": ..., "source_sha256": ...,
+"decoder_layers": [...]}`; `decoder_layers` (the decoder layer index of each ordinal) is there
+when the source or the model names the layers (engine files; any import given --model or
+--config), and a profile then names its layers by it, as a collected trace does. Sources
+that know their phase say it (`"phases": "prefill"` for llama-imatrix).
 They carry no fingerprint and no per-token rows; a directory holds one or the other.
 """
 

@@ -31,9 +31,11 @@ d4d0fc58371761f9f0da007a4ef4f0ad2bd19658 has the same buffers):
   buffer's extra `num_fused_shared_experts` columns are cut in `_sync_fwd_experts_buffer_DtoH`;
   a reply with top_k + shared columns, should a version keep them, is accepted and cut to the
   first top_k, the routed ones). Layers without routed experts are never written (zeros)
-  and are dropped here: rows keep the model's MoE layers only. A reply with another number
-  of rows is refused; `traces.importers.sglang.decode_routed_experts` decodes it, as it does
-  the saved replies of `placer traces import --format sglang-http`.
+  and are dropped here: rows keep the model's MoE layers only. placer sends no
+  `routed_experts_start_len` (0: from the first prompt token). A reply with fewer rows is
+  refused; one with more (sglang-kt 0.7.2's speculative decoding past the stop) keeps the
+  rows of the returned tokens; `traces.importers.sglang_http.decode_routed_experts` decodes
+  it, as it does the saved replies of `placer traces import --format sglang-http`.
 The ids are what the router selected (logical ids) when the server runs without expert
 parallel redundancy (`--ep-num-redundant-experts` 0).
 
@@ -41,7 +43,13 @@ vLLM (server flag `--enable-return-routed-experts`): `POST /v1/completions` with
 `CompletionRequest` body (`vllm/entrypoints/openai/completion/protocol.py` at
 002032ee2b18e1f7bd924ec47b62504ba3866063): `prompt` as a list of token ids, `max_tokens`,
 `temperature` 0 (greedy), `return_token_ids` true (the reply's `choices[0].token_ids` are the
-output ids), `stream` false, `routed_experts_prompt_start` left at 0 (no prompt row skipped).
+output ids), `stream` false, `routed_experts_prompt_start` 0 (no prompt row skipped).
+With `--endpoint chat`, `POST /v1/chat/completions` instead (vLLM 0.33.0
+`entrypoints/openai/chat_completion/protocol.py`: the same `routed_experts` per choice): the
+document goes as `messages` (a text document as one user message), the server applies its
+chat template, `truncate_prompt_tokens` = --max-length with `truncation_side` "right" keeps
+the first tokens as placer's own encoding does, and the prompt ids come back as the reply's
+`prompt_token_ids`.
 The reply (`vllm/entrypoints/openai/completion/serving.py` at
 030ea52effcb05071543c8c42b8f0145e94cee43, `request_output_to_completion_response`) has
 `choices[i].routed_experts = numpy2base64(output.routed_experts)`: base64 of a NumPy `.npy`
@@ -85,12 +93,13 @@ from traces.errors import TraceError
 from traces.http import Connections, HTTPStatus
 from traces.importers.common import token_ids
 from traces.importers.npfiles import npy_from_bytes
-from traces.importers.sglang import decode_routed_experts
+from traces.importers.sglang_http import decode_routed_experts
 from traces.importers.vllm import moe_routing
 from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
 
 ENGINES = ("sglang", "vllm")
+ENDPOINTS = ("completions", "chat")  # vLLM's /v1/completions or /v1/chat/completions
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 MAX_TIMEOUT_S = 86400.0    # a reply a day late is no reply
 REPLY_SLACK = 1 << 20      # bytes a reply may hold besides its routing (text, ids, metadata)
@@ -109,6 +118,10 @@ class ServerOptions:
     timeout_s: float = 600.0   # per request
     progress: bool = True
     tokenizer: Path | None = None
+    endpoint: str = "completions"  # vllm only: ENDPOINTS
+
+
+Prompt = list[int] | list[dict]  # token ids, or chat messages (vLLM's chat endpoint)
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,12 @@ def check_server_options(url: str, engine: str, options: ServerOptions) -> str:
     """The base URL without a trailing slash; a TraceError for an option out of range."""
     if engine not in ENGINES:
         raise TraceError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if options.endpoint not in ENDPOINTS:
+        raise TraceError(f"--endpoint must be one of {', '.join(ENDPOINTS)}, got "
+                         f"{options.endpoint!r}")
+    if options.endpoint != "completions" and engine != "vllm":
+        raise TraceError(f"--endpoint {options.endpoint} is for --engine vllm (SGLang's "
+                         "routed experts come through /generate)")
     check_url(url)
     if not 0 < options.timeout_s < MAX_TIMEOUT_S:  # NaN fails both
         raise TraceError(f"--request-timeout must be > 0 and < {MAX_TIMEOUT_S:g} seconds, got "
@@ -176,8 +195,9 @@ def collect_from_server(url: str, engine: str, tokenizer_dir: Path, corpora: lis
     if len(set(tags)) != len(tags):
         raise TraceError(f"corpus tags must be distinct, got {tags}; set them with --tag")
     tokenizer = load_tokenizer(tokenizer_dir, options.tokenizer)
-    client = (SGLangClient if engine == "sglang" else VLLMClient)(base_url, identity, options,
-                                                                  shared_experts)
+    kind = (SGLangClient if engine == "sglang" else
+            VLLMChatClient if options.endpoint == "chat" else VLLMClient)
+    client = kind(base_url, identity, options, shared_experts)
     out_dir.mkdir(parents=True, exist_ok=True)
     return [_collect_corpus(client, tokenizer, corpus, out_dir, identity, options, engine,
                             estimated) for corpus in corpora]
@@ -196,15 +216,18 @@ class Client:
         self.identity, self.options, self.shared_experts = identity, options, shared_experts
         self.connections = Connections()
 
-    def generate(self, prompt: list[int]) -> Reply:
+    def generate(self, prompt: Prompt) -> Reply:
         return self.parse(prompt, self.post_json(self.body(prompt),
-                                                 self.max_reply_bytes(len(prompt))))
+                                                 self.max_reply_bytes(prompt)))
 
-    def max_reply_bytes(self, prompt_tokens: int) -> int:
-        """The most bytes a reply to a prompt of `prompt_tokens` may hold: twice the base64
-        of int32 routing for prompt + max_new_tokens tokens, every decoder layer, top-k and
-        shared columns, and 24 bytes of ids per token, plus REPLY_SLACK."""
-        ident, rows = self.identity, prompt_tokens + self.options.max_new_tokens
+    def max_reply_bytes(self, prompt: Prompt) -> int:
+        """The most bytes a reply to `prompt` may hold: twice the base64 of int32 routing for
+        its tokens (chat messages: max_length, where the server cuts them) + max_new_tokens,
+        every decoder layer, top-k and shared columns, and 24 bytes of ids per token, plus
+        REPLY_SLACK."""
+        chat = bool(prompt) and isinstance(prompt[0], dict)
+        ident = self.identity
+        rows = (self.options.max_length if chat else len(prompt)) + self.options.max_new_tokens
         routing = rows * ident.num_layers * (ident.top_k + self.shared_experts) * 4
         return REPLY_SLACK + 2 * (routing * 4 // 3 + 24 * rows)
 
@@ -227,10 +250,16 @@ class Client:
                 last = " ".join(str(exc).split()) or type(exc).__name__
         raise TraceError(f"{self.url}: no answer after {options.retries + 1} tries ({last})")
 
-    def body(self, prompt: list[int]) -> dict:
+    def prompts(self, corpus: Corpus, tokenizer) -> Iterator[Prompt]:
+        """What is sent for each document: its token ids, as `placer collect --mode generate`
+        encodes them."""
+        return _encode(corpus, tokenizer, CollectOptions(mode="generate",
+                                                         max_length=self.options.max_length))
+
+    def body(self, prompt: Prompt) -> dict:
         raise NotImplementedError
 
-    def parse(self, prompt: list[int], response: object) -> Reply:
+    def parse(self, prompt: Prompt, response: object) -> Reply:
         raise NotImplementedError
 
 class SGLangClient(Client):
@@ -254,11 +283,11 @@ class SGLangClient(Client):
             raise TraceError(f"{self.url}: meta_info has no routed_experts; start the server "
                              "with --enable-return-routed-experts")
         try:
-            experts = decode_routed_experts(encoded, len(prompt), len(output), self.identity,
-                                            self.shared_experts)
+            routed = decode_routed_experts(encoded, len(prompt), len(output), self.identity,
+                                           self.shared_experts, start=0)
         except TraceError as exc:
             raise TraceError(f"{self.url}: {exc}") from None
-        return Reply(prompt, output, experts.astype(np.int16))
+        return Reply(prompt, output, routed.experts.astype(np.int16))
 
 
 class VLLMClient(Client):
@@ -268,16 +297,24 @@ class VLLMClient(Client):
 
     def body(self, prompt: list[int]) -> dict:
         return {"prompt": prompt, "max_tokens": self.options.max_new_tokens,
-                "temperature": 0.0, "return_token_ids": True, "stream": False}
+                "temperature": 0.0, "return_token_ids": True, "stream": False,
+                "routed_experts_prompt_start": 0}
 
     def parse(self, prompt: list[int], response: object) -> Reply:
+        return self.routed(prompt, *self.choice(response))
+
+    def choice(self, response: object) -> tuple[dict, list[int]]:
+        """(choices[0], its output token ids) of a reply."""
         try:
             choice = response["choices"][0]
             output = choice["token_ids"]
         except (TypeError, KeyError, IndexError):
             raise TraceError(f"{self.url}: the response has no choices[0].token_ids (is this "
                              "a vLLM server?)") from None
-        output = generated_ids(output, f"{self.url}: choices[0].token_ids")
+        return choice, generated_ids(output, f"{self.url}: choices[0].token_ids")
+
+    def routed(self, prompt: list[int], choice: dict, output: list[int]) -> Reply:
+        """The reply of `prompt` from choices[0]'s routed experts."""
         encoded = choice.get("routed_experts")
         if not isinstance(encoded, str):
             raise TraceError(f"{self.url}: choices[0] has no routed_experts; start the server "
@@ -313,6 +350,38 @@ class VLLMClient(Client):
         return Reply(prompt, output, experts.astype(np.int16))
 
 
+class VLLMChatClient(VLLMClient):
+    """vLLM's `POST /v1/chat/completions` (module docstring): messages in, the server's own
+    prompt token ids back."""
+
+    route = "/v1/chat/completions"
+
+    def prompts(self, corpus: Corpus, tokenizer) -> Iterator[Prompt]:
+        for doc in corpus.documents():
+            if doc.messages is not None:
+                yield list(doc.messages)
+            elif doc.text is not None and doc.text.strip():
+                yield [{"role": "user", "content": doc.text}]
+            elif doc.token_ids is not None:
+                raise TraceError(f"corpus {corpus.source} holds token ids, not text: send it "
+                                 "through --endpoint completions")
+
+    def body(self, prompt: Prompt) -> dict:
+        return {"messages": prompt, "max_tokens": self.options.max_new_tokens,
+                "temperature": 0.0, "return_token_ids": True, "stream": False,
+                "routed_experts_prompt_start": 0,
+                "truncate_prompt_tokens": self.options.max_length, "truncation_side": "right"}
+
+    def parse(self, prompt: Prompt, response: object) -> Reply:
+        choice, output = self.choice(response)
+        try:
+            ids = response["prompt_token_ids"]
+        except (TypeError, KeyError):
+            raise TraceError(f"{self.url}: the response has no prompt_token_ids (send "
+                             "return_token_ids to vLLM >= 0.33)") from None
+        return self.routed(token_ids(ids, f"{self.url}: prompt_token_ids"), choice, output)
+
+
 def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: ServerOptions, engine: str,
                     estimated: bool) -> CollectResult:
@@ -327,8 +396,7 @@ def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
     refuse_duplicate(out_dir, meta)
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
-    prompts = _encode(corpus, tokenizer, CollectOptions(mode="generate",
-                                                        max_length=options.max_length))
+    prompts = client.prompts(corpus, tokenizer)
     tokens = sequences = 0
     with TraceWriter(path, tag=corpus.tag, top_k=identity.top_k, meta=meta) as writer, \
             _Progress(corpus, options) as advance, \
@@ -351,7 +419,7 @@ def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
     return CollectResult(corpus.tag, path, tokens, sequences, writer.rows)
 
 
-def _replies(client: Client, prompts: Iterator[list[int]],
+def _replies(client: Client, prompts: Iterator[Prompt],
              concurrency: int) -> Iterator[Reply]:
     """The replies in prompt order, at most `concurrency` requests in flight."""
     pool = ThreadPoolExecutor(max_workers=concurrency)

@@ -37,7 +37,8 @@ def layer_stats(counts: np.ndarray) -> list[dict]:
 
 def trace_stats(trace_dir: Path, *, phase: str | None = None,
                 tags: list[str] | None = None) -> dict:
-    """Tokens, sequences, per tag and per phase; per MoE layer entropy and hot shares.
+    """Tokens, sequences, per tag and per phase; per MoE layer (decoder layer index, as the
+    trace or the imported source names it) entropy, hot shares and the counts of each expert.
 
     `phase`: restrict the per-layer figures to one phase (default: every row)."""
     if phase is not None and phase not in PHASES:
@@ -61,6 +62,7 @@ def trace_stats(trace_dir: Path, *, phase: str | None = None,
             per_tag[tag]["sequences"] = len(ids)
     else:
         per_tag[profile.name] = {"tokens": profile.tokens, "sequences": 0}
+        per_phase = count_phases(td.metas[0], profile.tokens)
     return {
         "trace_dir": str(td.root),
         "kind": td.kind,
@@ -71,13 +73,21 @@ def trace_stats(trace_dir: Path, *, phase: str | None = None,
         "top_k": profile.top_k,
         "tokens": sum(v["tokens"] for v in per_tag.values()),
         "sequences": sum(v["sequences"] for v in per_tag.values()),
-        "phases": per_phase if td.kind != KIND_COUNTS else None,
+        "phases": per_phase,
         "tags": per_tag,
         "layer_stats_phase": phase,
         "layer_stats_tokens": profile.tokens,
-        "layers": [{"layer": layer, **s} for layer, s in
-                   zip(profile.moe_layers, layer_stats(profile.counts), strict=True)],
+        "layers": [{"layer": layer, **s, "counts": row.tolist()} for layer, s, row in
+                   zip(profile.moe_layers, layer_stats(profile.counts), profile.counts,
+                       strict=True)],
     }
+
+
+def count_phases(meta: dict, tokens: int) -> dict[str, int] | None:
+    """Tokens per phase of imported counts: all in the phase the source records (llama-imatrix:
+    prefill), None where it does not say."""
+    phase = meta.get("phases")
+    return {name: tokens if name == phase else 0 for name in PHASES} if phase in PHASES else None
 
 
 def check_plot_path(path: Path) -> Path:

@@ -9,6 +9,7 @@ ignore `*.parquet.tmp` even when a killed process could not delete it).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
-from traces.schema import PHASES, trace_schema
+from traces.schema import METADATA_KEY, PHASES, encode_meta, trace_schema
 
 ROW_GROUP_ROWS = 1 << 18
 
@@ -86,15 +87,32 @@ class TraceWriter:
                 self._writer.write_table(table, row_group_size=self.row_group_rows)
             self._pending, self._pending_rows = [], 0
 
-    def close(self) -> Path:
-        """Flush, close and rename to the final name; returns it."""
+    def close(self, more_meta: dict | None = None) -> Path:
+        """Flush, close and rename to the final name; returns it. `more_meta`: metadata only
+        known once every row is written (what an import dropped, say), merged into the
+        file's: the rows are streamed once more into a file with the merged schema."""
         self._flush()
         with self._naming_failures():
             self._writer.close()
+            if more_meta:
+                self._rewrite_meta(more_meta)
             with open(self.tmp, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(self.tmp, self.path)
         return self.path
+
+    def _rewrite_meta(self, more_meta: dict) -> None:
+        meta = {**json.loads(self.schema.metadata[METADATA_KEY]), **more_meta}
+        schema = self.schema.with_metadata(encode_meta(meta))
+        staged = self.tmp.with_name(self.tmp.name + ".meta")
+        try:
+            source = pq.ParquetFile(self.tmp)
+            with pq.ParquetWriter(staged, schema, compression="zstd") as writer:
+                for group in range(source.num_row_groups):
+                    writer.write_table(source.read_row_group(group).cast(schema))
+            os.replace(staged, self.tmp)
+        finally:
+            staged.unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Close and delete the temporary file (a failure to close is not the news: the

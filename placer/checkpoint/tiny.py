@@ -36,13 +36,18 @@ def _config_kwargs(arch: str, layers: int, experts: int, top_k: int, hidden: int
                           num_experts_per_tok=top_k, decoder_sparse_step=1, mlp_only_layers=[],
                           head_dim=head_dim, norm_topk_prob=True),
         "mixtral": dict(num_local_experts=experts, num_experts_per_tok=top_k, head_dim=head_dim),
-        "olmoe": dict(num_experts=experts, num_experts_per_tok=top_k),
+        # llama.cpp's olmoe graph (src/models/olmoe.cpp) makes attn_k_norm {n_embd} wide, HF's
+        # k_norm is num_key_value_heads * head_dim: only equal head counts convert and load.
+        "olmoe": dict(num_experts=experts, num_experts_per_tok=top_k, num_key_value_heads=4),
         "deepseek_v3": dict(moe_intermediate_size=hidden // 2, n_routed_experts=experts,
                             num_experts_per_tok=top_k, n_shared_experts=1,
                             first_k_dense_replace=1, n_group=2, topk_group=1,
                             kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
                             qk_nope_head_dim=8, v_head_dim=8, rope_scaling=None,
-                            num_key_value_heads=4),  # MLA: one KV head per attention head
+                            num_key_value_heads=4,  # MLA: one KV head per attention head
+                            # HF's DeepseekV3 always gates with sigmoid; convert_hf_to_gguf.py
+                            # reads scoring_func (llama.cpp falls back to softmax without it).
+                            scoring_func="sigmoid", topk_method="noaux_tc"),
         "gpt_oss": dict(num_local_experts=experts, num_experts_per_tok=top_k, head_dim=head_dim,
                         sliding_window=16,
                         layer_types=["sliding_attention", "full_attention"] * (layers // 2)

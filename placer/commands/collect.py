@@ -17,7 +17,7 @@ from placer.files import check_apart, removed_on_failure
 from placer.hardware.devices import check_device
 from traces.collect import DTYPES, MODES, CollectOptions, CollectResult, check_options, collect
 from traces.corpora import open_corpus
-from traces.server import ENGINES, ServerOptions, collect_from_server
+from traces.server import ENDPOINTS, ENGINES, ServerOptions, collect_from_server
 
 
 def register(app: typer.Typer) -> None:
@@ -64,6 +64,10 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option(
             help="With --server: the model's config.json instead of a checkpoint (give "
                  "--tokenizer unless its directory holds the tokenizer).")] = None,
+        endpoint: Annotated[str, typer.Option(
+            help=f"With --server --engine vllm: {' | '.join(ENDPOINTS)}, the API the documents "
+                 "go through (/v1/completions as token ids, or /v1/chat/completions as "
+                 "messages the server templates).")] = "completions",
         concurrency: Annotated[int, typer.Option(
             help="With --server: requests in flight at once.")] = 4,
         request_timeout: Annotated[float, typer.Option(
@@ -101,12 +105,12 @@ def register(app: typer.Typer) -> None:
             options = ServerOptions(max_new_tokens=max_new_tokens, max_length=max_length,
                                     max_tokens=max_tokens, concurrency=concurrency,
                                     timeout_s=request_timeout, progress=progress,
-                                    tokenizer=tokenizer)
+                                    tokenizer=tokenizer, endpoint=endpoint)
             with removed_on_failure(out):
                 results = _collect_server(server, engine, model, config, corpora, out, options)
         else:
-            if engine is not None or config is not None:
-                raise PlacerError("--engine and --config go with --server URL")
+            if engine is not None or config is not None or endpoint != "completions":
+                raise PlacerError("--engine, --endpoint and --config go with --server URL")
             if model is None:
                 raise PlacerError("give --model CKPT (or --server URL to collect through a "
                                   "running server)")

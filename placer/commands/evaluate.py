@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         execution: Annotated[str | None, typer.Option(
             help="How a cold expert runs: stage (copied to its GPU: placer's runtime), cpu "
                  "(computed by the host CPU: llama.cpp -ot / --n-cpu-moe, KTransformers; needs "
-                 "the spec's [host]) or both, side by side (default: the plan's).")] = None,
+                 "the spec's \\[host]) or both, side by side (default: the plan's).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help=(
             "Print the report as JSON: every figure has its 95% bootstrap interval as "
             "<figure>_ci95 (low, high; null over fewer than 5 held-out sequences), except "

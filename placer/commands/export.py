@@ -1,4 +1,4 @@
-"""`placer export sglang|ktransformers|llamacpp`: a plan in serving engines' terms."""
+"""`placer export sglang|trtllm|ktransformers|llamacpp`: a plan in serving engines' terms."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from placer.commands.common import command, print_json
 from placer.exporters.ktransformers import write_kt_export
 from placer.exporters.llamacpp import LlamaCppOffload, llamacpp_offload
 from placer.exporters.output import check_out
-from placer.exporters.sglang import write_sglang_location
+from placer.exporters.sglang import (
+    EPLB_WARNING,
+    sglang_flags,
+    write_sglang_location,
+    write_sglang_logical_count,
+)
+from placer.exporters.trtllm import write_trtllm_placement
 from placer.files import write_text_atomic
 from placer.plan.placement import read_plan
 
@@ -29,23 +35,66 @@ def register(app: typer.Typer) -> None:
     def sglang(
         plan: PlanArg,
         out: Annotated[Path, typer.Option(help="Expert location file to write (.json).")],
+        logical_count: Annotated[bool, typer.Option(
+            "--logical-count", help="Write the plan's calibration load instead "
+                                    "({\"logical_count\": ...}): SGLang's own EPLB places the "
+                                    "experts.")] = False,
         json_out: JsonOpt = False,
     ) -> None:
         """The plan's expert-parallel homes as SGLang's --init-expert-location file (card c =
-        EP rank c); prints the server flags it needs."""
+        EP rank c), or with --logical-count its calibration load for SGLang's EPLB to place
+        from; prints the server flags it needs."""
         inputs = check_out(plan, out)
-        location = write_sglang_location(read_plan(plan), out, inputs)
-        flags = [f"--init-expert-location {out}", f"--ep-size {location.ep_size}"]
-        if location.redundant:
-            flags.append(f"--ep-num-redundant-experts {location.redundant}")
+        p = read_plan(plan)
+        if logical_count:
+            redundant = write_sglang_logical_count(p, out)
+            summary = {"out": str(out), "mode": "logical_count", "ep_size": len(p.cards),
+                       "redundant_experts": redundant}
+            what = f"calibration load -> {out} (SGLang's EPLB places the experts)"
+        else:
+            location = write_sglang_location(p, out, inputs)
+            redundant = location.redundant
+            summary = {"out": str(out), "mode": "physical_to_logical_map",
+                       "ep_size": location.ep_size, "slots_per_card": location.slots_per_card,
+                       "redundant_experts": redundant}
+            what = (f"expert locations -> {out} ({location.slots_per_card} slots per card; "
+                    f"{redundant} replica slots fill cards that home fewer experts)")
+        flags = sglang_flags(out, summary["ep_size"], redundant)
         if json_out:
-            print_json({"out": str(out), "ep_size": location.ep_size,
-                        "slots_per_card": location.slots_per_card,
-                        "redundant_experts": location.redundant, "flags": " ".join(flags)})
+            print_json({**summary, "flags": " ".join(flags), "warnings": [EPLB_WARNING]})
             return
-        typer.echo(f"expert locations -> {out} ({location.slots_per_card} slots per card; "
-                   f"{location.redundant} replica slots fill cards that home fewer experts)")
+        typer.echo(what)
         typer.echo(" ".join(flags))
+        typer.echo(f"warning: {EPLB_WARNING}")
+
+    @command(export_app, "trtllm")
+    def trtllm(
+        plan: PlanArg,
+        out: Annotated[Path, typer.Option(
+            help="Load balancer file to write (.yaml), for moe_config.load_balancer.")],
+        json_out: JsonOpt = False,
+    ) -> None:
+        """The plan's expert-parallel homes as TensorRT-LLM's static expert placement (card c =
+        EP rank c, layer_updates_per_iter 0); prints the options file and launch it needs, and
+        where TensorRT-LLM would ignore it."""
+        check_out(plan, out)
+        placement = write_trtllm_placement(read_plan(plan), out, Path(plan).name)
+        options = placement.extra_options(out)
+        if json_out:
+            print_json({"out": str(out), "num_slots": placement.num_slots,
+                        "ep_size": placement.ep_size,
+                        "slots_per_card": placement.slots_per_card,
+                        "extra_llm_api_options": options,
+                        "launch": placement.launch(Path("extra_llm_api_options.yaml")),
+                        "warnings": placement.warnings})
+            return
+        typer.echo(f"static expert placement -> {out} ({placement.num_slots} slots, "
+                   f"{placement.slots_per_card} per card)")
+        typer.echo("# extra_llm_api_options.yaml:")
+        typer.echo(options, nl=False)
+        typer.echo(placement.launch(Path("extra_llm_api_options.yaml")))
+        for warning in placement.warnings:
+            typer.echo(f"warning: {warning}")
 
     @command(export_app, "ktransformers")
     def ktransformers(
@@ -79,28 +128,42 @@ def register(app: typer.Typer) -> None:
         plan: PlanArg,
         out: Annotated[Path | None, typer.Option(help="Also write the arguments here.")
                        ] = None,
+        devices: Annotated[str | None, typer.Option(
+            help="Buffer type of each card, comma-separated, as llama.cpp --list-devices names "
+                 "them (default CUDA0,CUDA1,...; ROCm0,... on HIP builds).")] = None,
         json_out: JsonOpt = False,
     ) -> None:
         """llama.cpp arguments for the layer-offload baseline at the plan's budget: the
-        expert tensors of the first MoE layers to CPU (-ot), and the equivalent --n-cpu-moe."""
+        expert tensors of the first MoE layers to CPU (-ot, or --cpu-moe when every MoE layer
+        is cold), the equivalent --n-cpu-moe, and on several cards each device's layers
+        (-ot ...=CUDAi) and the dense split (-ngl all -ts)."""
         inputs = check_out(plan, out) if out is not None else ()
         p = read_plan(plan)
-        offload = llamacpp_offload(p)
+        offload = llamacpp_offload(p, None if devices is None
+                                   else [d.strip() for d in devices.split(",")])
         if out is not None:
             write_text_atomic(offload.args() + "\n", out, inputs)
         if json_out:
             print_json({"cold_layers": offload.cold_layers, "override_tensor": offload.override,
-                        "n_cpu_moe": offload.n_cpu_moe, "args": offload.args(),
-                        "gguf_arch": offload.gguf_arch, "tensors": offload.tensor_names()})
+                        "n_cpu_moe": offload.n_cpu_moe, "cpu_moe": offload.all_cold,
+                        "devices": [{"name": n, "layers": ls} for n, ls in offload.devices],
+                        "tensor_split": offload.tensor_split, "args": offload.args(),
+                        "gguf_arch": offload.gguf_arch, "tensors": offload.tensor_names(),
+                        "warnings": offload.warnings})
             return
         typer.echo(f"# layer offload at this plan's budget: {len(offload.cold_layers)} of "
                    f"{len(p.moe_layers)} MoE layers cold (decoder layers "
                    f"{offload.cold_layers or 'none'})")
-        if offload.cold_layers:
+        if offload.arg_list():
             typer.echo(offload.args())
+        if offload.cold_layers:
             _echo_tensors(offload)
-        if offload.n_cpu_moe is not None:
+        if offload.n_cpu_moe and not offload.all_cold:
             typer.echo(f"# equivalent: --n-cpu-moe {offload.n_cpu_moe}")
+        for name, layers in offload.devices:
+            typer.echo(f"# {name}: experts of decoder layers {layers or 'none'}")
+        for warning in offload.warnings:
+            typer.echo(f"# warning: {warning}")
 
 
 def _echo_tensors(offload: LlamaCppOffload) -> None:

@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, print_json
+from placer.commands.common import command, parse_list, print_json
 from placer.commands.common import console as rich_console
-from placer.hardware.probe import host_fragment, probe_host, spec_fragment
+from placer.hardware.expert_probe import DEFAULT_SHAPE, DEFAULT_TOKENS
+from placer.hardware.probe import host_fragment, parse_shape, probe_host, spec_fragment
 from placer.hardware.probe import probe as run_probe
 from placer.hardware.spec import HardwareSpec, load_spec, preset_names
 from placer.units import format_bytes
@@ -56,12 +57,22 @@ def register(app: typer.Typer) -> None:
         tokens: Annotated[int, typer.Option(
             help="With --host: rows of the timed matmul, (tokens x 2048) @ (2048 x 768).")
         ] = 1024,
+        expert: Annotated[list[str] | None, typer.Option(
+            help="With --host: an expert shape HIDDENxINTER to time over n tokens, cold from "
+                 "RAM (repeatable; default 2048x768); the cpu model predicts from these.")
+        ] = None,
+        expert_tokens: Annotated[str, typer.Option(
+            help="With --host: the token counts n each expert is timed at.")
+        ] = ",".join(map(str, DEFAULT_TOKENS)),
     ) -> None:
         """Measure each visible GPU's pinned host-to-device bandwidth and per-copy latency,
         and print a spec fragment. Exits non-zero where no GPU is visible. With --host,
         measure the host CPU as it runs cold experts and print the spec's host table."""
         if host:
-            result = probe_host(dtype, None if mb is None else mb * 2**20, tokens)
+            shapes = tuple(parse_shape(e) for e in expert) if expert else (DEFAULT_SHAPE,)
+            result = probe_host(dtype, None if mb is None else mb * 2**20, tokens,
+                                experts=shapes, expert_tokens=tuple(
+                                    parse_list(expert_tokens, int, "--expert-tokens")))
             if json_out:
                 print_json(dataclasses.asdict(result))
             else:
@@ -97,6 +108,13 @@ def print_spec(spec: HardwareSpec) -> None:
         h = spec.host
         console.print(f"host CPU: {h.memory_bandwidth / 1e9:.1f} GB/s from RAM, "
                       f"{h.flops / 1e12:.2f} TFLOP/s, {h.sync_s * 1e6:.1f} us sync per layer, "
-                      f"{h.sockets} socket{'s' if h.sockets > 1 else ''}")
+                      f"{h.sockets} socket{'s' if h.sockets > 1 else ''}; the GPU computes cold "
+                      + (f"experts at >= {h.offload_min_batch} tokens a step"
+                         if h.offload_min_batch else "experts never"))
+        for t in h.expert:
+            points = ", ".join(f"{n}: {s * 1e3:.3g}" for n, s in zip(t.tokens, t.seconds,
+                                                                    strict=True))
+            console.print(f"measured expert {t.hidden} x {t.inter} {t.dtype}, ms by tokens: "
+                          f"{points}")
     else:
-        console.print("host CPU: not given (add a [host] table to predict CPU execution)")
+        console.print("host CPU: not given (add a \\[host] table to predict CPU execution)")

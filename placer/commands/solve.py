@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
             help=f"How a cold expert runs: {' | '.join(EXECUTIONS)}. stage: its cold bytes "
                  "are copied to its GPU, which computes it (placer's runtime); cpu: the host "
                  "CPU computes it from host RAM (llama.cpp -ot / --n-cpu-moe, KTransformers; "
-                 "needs the spec's [host] table).")] = "stage",
+                 "needs the spec's \\[host] table).")] = "stage",
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
     ) -> None:

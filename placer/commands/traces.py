@@ -17,7 +17,7 @@ from placer.files import check_apart, removed_on_failure, write_bytes_atomic
 from traces.importers import FORMATS, import_routing
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile
-from traces.schema import read_meta
+from traces.schema import PHASES, read_meta
 from traces.stats import check_plot_path, heatmap_png, trace_stats
 
 
@@ -29,8 +29,9 @@ def register(app: typer.Typer) -> None:
     @command(traces_app, "stats")
     def stats(
         trace_dir: Annotated[Path, typer.Argument(help="Trace directory.")],
-        json_out: Annotated[bool, typer.Option("--json", help="Print the stats as JSON.")
-                            ] = False,
+        json_out: Annotated[bool, typer.Option(
+            "--json", help="Print the stats as JSON, with each MoE layer's per-expert "
+                           "selection counts.")] = False,
         plot: Annotated[Path | None, typer.Option(
             help="Write a layers x experts heatmap to this path (a *.png name).")] = None,
         phase: Annotated[str | None, typer.Option(
@@ -41,8 +42,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Summarize a trace directory: tokens, sequences, tags, per-layer skew.
 
-        Per MoE layer: the entropy of expert use (bits) and the share of selections taken by
-        the hottest 10% / 25% / 50% of experts; --plot writes a layers x experts heatmap."""
+        Per MoE layer (its decoder layer index, for collected traces and imports alike): the
+        entropy of expert use (bits) and the share of selections taken by the hottest 10% /
+        25% / 50% of experts; --plot writes a layers x experts heatmap."""
         if plot is not None:
             check_plot_path(plot)
             check_apart(plot, what="--plot")
@@ -64,9 +66,10 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option(help="New trace directory to store it in.")],
         fmt: Annotated[str | None, typer.Option(
             "--format", help=f"One of {', '.join(FORMATS)}; detected where the file is "
-                             "unambiguous (.gguf imatrix, .pt sglang, .jsonl sglang-http, .npz "
-                             "with expert_ids tokens, 2-D .npy/.csv counts, a directory with "
-                             "meta_info.json + rank*.safetensors trtllm).")] = None,
+                             "unambiguous (a GGUF file, whatever its name, or a .dat imatrix; "
+                             ".pt sglang, .jsonl sglang-http, .npz with expert_ids tokens, 2-D "
+                             ".npy/.csv counts, a directory with meta_info.json + "
+                             "rank*.safetensors trtllm).")] = None,
         model: Annotated[Path | None, typer.Option(
             help="Checkpoint the routing came from: its layers, experts and top-k are checked "
                  "against the file; per-token sources become trace rows with its "
@@ -83,35 +86,48 @@ def register(app: typer.Typer) -> None:
             help="Tokens counted in a count matrix (default: largest row sum / top-k).")
                           ] = None,
         prompt_lens: Annotated[Path | None, typer.Option(
-            help="vllm: JSON {request name: prompt tokens}; those rows are prefill, the rest "
+            help="vllm: JSON {request name: prompt tokens, or {\"prompt\": P, "
+                 "\"completion\": C, \"start\": S}}; prompt rows are prefill, the rest "
                  "decode (without it every row is decode).")] = None,
+        prompt_start: Annotated[int | None, typer.Option(
+            min=0, help="vllm, sglang-http: the requests skipped this many prompt tokens "
+                        "(routed_experts_prompt_start / routed_experts_start_len): rows start "
+                        "at that position (default: derived from prompt + completion - 1 - "
+                        "rows where both are known, else 0).")] = None,
+        load_balancer: Annotated[Path | None, typer.Option(
+            help="trtllm: the static moe_config.load_balancer YAML the engine ran with; maps "
+                 "the recorded slot ids to experts.")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
     ) -> None:
         """Import another engine's routing: per-token rows where it records tokens, counts
         where it only counts (docs/ecosystem.md shows how each engine writes its file).
 
-        Per-token formats (tokens, vllm, sglang-http, SGLang per_token dumps) need --model or
-        --config and keep sequences, positions and phases, so the solver samples real
-        co-selection. Count formats (counts, imatrix, trtllm, SGLang stat/per_pass dumps) are
-        stored as DIR/counts.parquet (frequencies only), guarded by shape when used."""
+        Per-token formats (tokens, vllm, sglang-http, SGLang per_token dumps, TensorRT-LLM
+        rank<r>_raw files) need --model or --config and keep sequences, positions and phases,
+        so the solver samples real co-selection. Count formats (counts, imatrix, trtllm, SGLang
+        stat/per_pass dumps) are stored as DIR/counts.parquet (frequencies only), guarded by
+        shape when used."""
         with removed_on_failure(out):
             path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
                                      top_k=top_k, tag=tag, tokens=tokens,
-                                     prompt_lens=prompt_lens)
+                                     prompt_lens=prompt_lens, prompt_start=prompt_start,
+                                     load_balancer=load_balancer)
             profile = load_profile(out, phase=None)
-            note = read_meta(path).get("note")
+            meta = read_meta(path)
+        note = meta.get("note")
         if json_out:
             print_json({"path": str(path), "name": profile.name, "per_token": profile.per_token,
                         "moe_layers": list(profile.moe_layers),
                         "num_experts": profile.num_experts, "top_k": profile.top_k,
                         "tokens": profile.tokens, "sequences": profile.sequences,
-                        "note": note})
+                        "phases": meta.get("phases"), "note": note})
             return
+        phase = meta.get("phases") if meta.get("phases") in PHASES else None
         typer.echo(f"{profile.name}: {len(profile.moe_layers)} MoE layers x "
                    f"{profile.num_experts} experts, {profile.tokens} tokens"
                    f"{f', {profile.sequences} sequences, per token' if profile.per_token else ''}"
-                   f" -> {path}")
+                   f"{f', {phase} only' if phase else ''} -> {path}")
         if note:
             typer.echo(f"note: {note}")
 
@@ -119,7 +135,9 @@ def register(app: typer.Typer) -> None:
 def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                       model: Path | None = None, config: Path | None = None,
                       top_k: int | None = None, tag: str | None = None,
-                      tokens: int | None = None, prompt_lens: Path | None = None) -> Path:
+                      tokens: int | None = None, prompt_lens: Path | None = None,
+                      prompt_start: int | None = None, load_balancer: Path | None = None
+                      ) -> Path:
     """`placer traces import`: the model's identity (if given) and the files, to the importer
     of their format."""
     if model is not None and config is not None:
@@ -130,6 +148,7 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
     request = ImportRequest(identity=None if inventory is None else model_identity(inventory),
                             estimated=inventory is not None and inventory.estimated,
                             top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
+                            prompt_start=prompt_start, load_balancer=load_balancer,
                             shared_experts=None if inventory is None
                             else inventory.shared_experts)
     return import_routing(sources, out, request, fmt)

@@ -1,13 +1,25 @@
 '''A plan's layer-offload baseline as llama.cpp arguments (`placer export llamacpp`).
 
-llama.cpp (`-ot/--override-tensor PATTERN=BUFT`, `--n-cpu-moe N`): read from ggml-org/llama.cpp
-commit 001d906a6d86e2490e394361e7cc6f478b100088, `common/common.h`: `--n-cpu-moe N` adds, for
-i in [0, N), `blk\\.{i}` + `LLM_FFN_EXPS_REGEX` = `\\.ffn_(up|down|gate|gate_up)_(ch|)exps`
-bound to the CPU buffer type; `common/arg.cpp` `parse_tensor_buffer_overrides` splits `-ot`
-on ',' then on '='; the loader matches patterns with std::regex_search on GGUF tensor names.
-llama.cpp can offload only whole expert tensors, one per layer, so its equivalent at the
-plan's budget is the layer-offload baseline: the first N MoE layers cold, N minimal so that
-on every card the experts it homes in the remaining layers fit its capacity (budget - staging).
+Read from llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (vendored in llama-cpp-python
+0.3.36), `common/arg.cpp`: `-cmoe/--cpu-moe` binds every `\\.ffn_(up|down|gate|gate_up)_(ch|)exps`
+tensor to the CPU; `-ncmoe/--n-cpu-moe N` binds those of `blk\\.{i}` for i in [0, N) (decoder
+layers, dense ones counted); `-ot/--override-tensor "<regex>=<buffer type>,..."` (repeatable;
+split on ',' then on the first '=') binds the GGUF tensors the regex finds (std::regex_search,
+`src/llama-model-loader.cpp`: overrides tried in order, the first match wins) to a buffer
+type named as the backends name them: `CPU`, `CUDA0`, `CUDA1`, ... (`ROCm0` on HIP builds,
+listed by `--list-devices`); `-ts/--tensor-split a,b,...` splits the layers (dense weights
+and KV cache) over the devices in proportion; `-ngl all` puts every layer on the GPUs; an
+explicit `-ngl`, `-ts` or `-ot` turns `--fit`'s own allocation off, so these flags stand.
+
+llama.cpp offloads whole expert tensors, one per layer and kind (a layer's experts are one
+3-D tensor), so its equivalent at the plan's budget is a layer-offload baseline: the first N
+MoE layers cold (on the CPU), each other layer's experts on one device. On one card, N is
+minimal so that the experts of the other layers fit the card's capacity (budget - staging);
+on several, N is minimal so that the other layers, in order, fill the devices one after
+another within each card's capacity (a device takes a contiguous run of layers, as
+llama.cpp's layer split does). The plan's expert-parallel homes spread a layer over cards,
+which llama.cpp cannot express, so that N can exceed the plan's own layer baseline: the
+export says so. Every MoE layer cold is `--cpu-moe`.
 
 GGUF tensor names (GGUF block N = decoder layer N): llama.cpp's own `gguf-py` 0.19.0 (PyPI
 `gguf`), `gguf/constants.py`: `MODEL_TENSORS[arch]` lists FFN_GATE_EXP, FFN_UP_EXP,
@@ -21,12 +33,16 @@ registered on the llama model class).
 
 from __future__ import annotations
 
+import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import reduce
 
 import numpy as np
 
+from placer.errors import PlacerError
 from placer.plan.placement import Plan
+from placer.units import format_bytes
 
 LLAMACPP_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
@@ -38,6 +54,11 @@ EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 BIASED = {"gpt-oss"}  # archs whose expert tensors also have a .bias tensor each
 
 
+def override(layers: list[int], buffer: str) -> str:
+    """The `-ot` value binding the expert tensors of `layers` to `buffer`."""
+    return rf"blk\.({'|'.join(map(str, layers))}){LLAMACPP_EXPS_REGEX}={buffer}"
+
+
 @dataclass(frozen=True)
 class LlamaCppOffload:
     """The layer-offload baseline of a plan as llama.cpp arguments."""
@@ -45,18 +66,31 @@ class LlamaCppOffload:
     cold_layers: list[int]  # decoder layer indices (= GGUF blk.N), ascending
     n_cpu_moe: int | None   # equivalent --n-cpu-moe, where the cold layers are a prefix
     gguf_arch: str | None   # GGUF architecture of the plan's model (None: not known here)
+    all_cold: bool = False  # every MoE layer cold: --cpu-moe
+    devices: list[tuple[str, list[int]]] = field(default_factory=list)  # several cards only
+    tensor_split: list[int] | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def override(self) -> str | None:
-        """The `-ot` value, or None when no layer is cold."""
-        if not self.cold_layers:
-            return None
-        layers = "|".join(str(layer) for layer in self.cold_layers)
-        return rf"blk\.({layers}){LLAMACPP_EXPS_REGEX}=CPU"
+        """The `-ot` value of the cold layers, or None when no layer is cold."""
+        return override(self.cold_layers, "CPU") if self.cold_layers else None
+
+    def arg_list(self) -> list[str]:
+        """The arguments, one flag and its value at a time ([] when there is nothing to
+        override: one card holding every expert)."""
+        args = ["--cpu-moe"] if self.all_cold else (
+            ["-ot", self.override] if self.override else [])
+        for name, layers in self.devices:
+            if layers:
+                args += ["-ot", override(layers, name)]
+        if self.tensor_split is not None:
+            args += ["-ngl", "all", "-ts", ",".join(map(str, self.tensor_split))]
+        return args
 
     def args(self) -> str:
-        """The arguments as one shell-quoted line ('' when nothing is offloaded)."""
-        return "" if self.override is None else f"-ot {shlex.quote(self.override)}"
+        """The arguments as one shell-quoted line."""
+        return " ".join(shlex.quote(a) for a in self.arg_list())
 
     def expert_tensors(self) -> list[str]:
         """The GGUF expert tensors of one layer, with `{layer}` for its block number ([] for
@@ -75,7 +109,7 @@ class LlamaCppOffload:
 
 def layer_offload_cold(plan: Plan) -> int:
     """N: the fewest leading MoE layers to make cold so that on every card the experts it
-    homes in the other MoE layers fit its capacity_bytes."""
+    homes in the other MoE layers fit its capacity_bytes (the plan's own layer baseline)."""
     home, nbytes = plan.matrix("card"), plan.matrix("bytes")
     num_cards = len(plan.cards)
     per_layer = np.stack([np.bincount(h, weights=b, minlength=num_cards)
@@ -85,11 +119,70 @@ def layer_offload_cold(plan: Plan) -> int:
     return int(np.flatnonzero((resident <= capacity).all(axis=1))[0])
 
 
-def llamacpp_offload(plan: Plan) -> LlamaCppOffload:
-    """The layer-offload baseline of `plan` in llama.cpp's terms (module docstring)."""
+def pack_layers(layer_bytes: np.ndarray, capacity: np.ndarray) -> tuple[int, list[int]]:
+    """(N, [device of each MoE layer from the N-th on]) with N minimal such that those layers,
+    in order, fill the devices one after another within `capacity` (every layer cold, N = L,
+    when none fits)."""
+    for cold in range(len(layer_bytes)):
+        device, used, owner = 0, 0.0, []
+        for size in layer_bytes[cold:]:
+            while device < len(capacity) and used + size > capacity[device]:
+                device, used = device + 1, 0.0
+            if device == len(capacity):
+                break
+            used += size
+            owner.append(device)
+        else:
+            return cold, owner
+    return len(layer_bytes), []
+
+
+def tensor_split(plan: Plan) -> list[int]:
+    """-ts proportions: each card's reserved dense + KV bytes (what follows the layer split),
+    reduced to small integers; equal where the spec reserves nothing."""
+    reserved = [c.reserved_dense + c.reserved_kv for c in plan.hardware.cards]
+    if not any(reserved):
+        return [1] * len(reserved)
+    mib = [max(1, round(r / 2**20)) for r in reserved]
+    common = reduce(math.gcd, mib)
+    return [m // common for m in mib]
+
+
+def llamacpp_offload(plan: Plan, devices: list[str] | None = None) -> LlamaCppOffload:
+    """The layer-offload baseline of `plan` in llama.cpp's terms (module docstring);
+    `devices`: the buffer type of each card (default CUDA0, CUDA1, ...)."""
+    num_cards = len(plan.cards)
+    default = [f"CUDA{c}" for c in range(num_cards)]
+    names = devices or default
+    if len(names) != num_cards or len(set(names)) != num_cards or "CPU" in names:
+        raise PlacerError(f"--devices: give {num_cards} distinct GPU buffer names, one per "
+                          f"card of the plan (e.g. {','.join(default)}), got {','.join(names)}")
     arch = GGUF_ARCH.get(plan.model.get("model_type") or "")
-    cold = plan.moe_layers[:layer_offload_cold(plan)]
-    if not cold:
-        return LlamaCppOffload([], 0, arch)
-    prefix = [layer for layer in plan.moe_layers if layer <= cold[-1]]
-    return LlamaCppOffload(cold, cold[-1] + 1 if prefix == cold else None, arch)
+    warnings = stage_warning(plan)
+    layer_bytes = plan.matrix("bytes").sum(axis=1).astype(np.float64)
+    capacity = np.array([c.capacity_bytes for c in plan.cards], dtype=np.float64)
+    baseline = layer_offload_cold(plan)
+    count, owner = (baseline, []) if num_cards == 1 else pack_layers(layer_bytes, capacity)
+    if count > baseline:
+        warnings.append(f"llama.cpp keeps each layer's experts on one device: {count} cold MoE "
+                        f"layers where the plan's layer baseline, its experts on their "
+                        f"expert-parallel homes, needs {baseline}")
+    cold = plan.moe_layers[:count]
+    warm = plan.moe_layers[count:]
+    per_device = [(name, [layer for layer, d in zip(warm, owner, strict=True) if d == c])
+                  for c, name in enumerate(names)] if num_cards > 1 else []
+    prefix = [layer for layer in plan.moe_layers if cold and layer <= cold[-1]]
+    return LlamaCppOffload(cold, (cold[-1] + 1 if prefix == cold else None) if cold else 0,
+                           arch, all_cold=bool(cold) and not warm, devices=per_device,
+                           tensor_split=tensor_split(plan) if num_cards > 1 else None,
+                           warnings=warnings)
+
+
+def stage_warning(plan: Plan) -> list[str]:
+    """A plan solved for staging reserved VRAM llama.cpp does not use."""
+    staging = max(c.staging_bytes for c in plan.cards)
+    if plan.execution != "stage" or staging == 0:
+        return []
+    return [f"the plan was solved with --execution stage: its budget holds a staging buffer "
+            f"({format_bytes(staging)} per card at most) that llama.cpp does not use; solve "
+            "with --execution cpu for llama.cpp"]

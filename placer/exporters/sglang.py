@@ -13,6 +13,18 @@ number of slots, so where the plan homes more experts of a layer on one card tha
 the spare slots of the smaller cards hold replicas of experts already homed there: every copy
 of an expert stays on its home card, at the price of that slot's weights in VRAM. Card c is
 EP rank c; dense layers get SGLang's trivial row (p % num_logical).
+
+The other form (`--logical-count`): a dict with `logical_count` goes to
+`ExpertLocationMetadata.init_by_eplb`: a [num_layers, num_logical] (or [passes, layers,
+experts]) load matrix from which SGLang's own EPLB packs the experts onto the EP ranks
+(`eplb_algorithms/deepseek.py`: num_physical % ep_size == 0; the hierarchical variant, for
+models with expert groups whose group count divides by the nodes, also needs num_logical %
+num_groups == 0), so the placement is SGLang's, from the plan's calibration profile.
+
+Either way: `--enable-eplb` rebalances every `--eplb-rebalance-num-iterations` forward passes
+and replaces the exported placement; and placer's card c is EP rank c only when each EP rank
+is one GPU, `--tp-size N --ep-size N` (`arg_groups/parallel_hook.py`: with moe_dp_size 1 and
+ep < tp each EP rank is a group of tp / ep GPUs).
 """
 
 from __future__ import annotations
@@ -109,3 +121,44 @@ def sglang_homes(p2l: np.ndarray, moe_layers: list[int], ep_size: int,
                 raise PlacerError(f"layer {layer} expert {expert} is on ranks {ranks.tolist()}")
             homes[ordinal, expert] = ranks[0]
     return homes
+
+
+EPLB_WARNING = ("--enable-eplb replaces this placement every --eplb-rebalance-num-iterations "
+                "forward passes: leave it off to keep it")
+
+
+def sglang_flags(location_file: Path, ep_size: int, redundant: int) -> list[str]:
+    """The server flags an exported location needs (card c = EP rank c: one GPU per rank)."""
+    flags = [f"--init-expert-location {location_file}", f"--tp-size {ep_size}",
+             f"--ep-size {ep_size}"]
+    return flags + ([f"--ep-num-redundant-experts {redundant}"] if redundant else [])
+
+
+def logical_count(plan: Plan) -> np.ndarray:
+    """[num_layers, E] int64 load of every decoder layer from the plan's calibration profiles
+    (each weighed as if it had the largest profile's tokens, as the solver weighs profiles
+    alike); dense layers 0."""
+    num_layers = plan.model.get("num_layers")
+    if num_layers is None:
+        raise PlacerError("the plan has no model.num_layers (every decoder layer, as SGLang "
+                          "counts them)")
+    profiles = [c for c in plan.calibration if c.get("counts") is not None]
+    if not profiles:
+        raise PlacerError("the plan has no calibration counts (solved without --traces): "
+                          "nothing to give SGLang's EPLB")
+    most = max(max(int(c["tokens"]), 1) for c in profiles)
+    load = sum(np.asarray(c["counts"], np.float64) * most / max(int(c["tokens"]), 1)
+               for c in profiles)
+    out = np.zeros((num_layers, plan.experts_per_layer), dtype=np.int64)
+    out[plan.moe_layers] = np.rint(load).astype(np.int64)
+    return out
+
+
+def write_sglang_logical_count(plan: Plan, out: Path) -> int:
+    """Write `{"logical_count": [...]}` for `plan` to `out` (.json, atomically); returns the
+    redundant experts SGLang needs so that the physical experts split over the cards."""
+    out = Path(out)
+    if out.suffix != ".json":
+        raise PlacerError(f"{out}: SGLang reads --init-expert-location by suffix; use .json")
+    write_json_atomic({"logical_count": logical_count(plan).tolist()}, out)
+    return -plan.experts_per_layer % len(plan.cards)

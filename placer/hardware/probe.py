@@ -1,7 +1,9 @@
 """Measure the serving box: each visible GPU's pinned host-to-device bandwidth and per-copy
 latency (`placer probe`), and the host CPU as it runs cold experts (`placer probe --host`):
-its streaming memory bandwidth, its matmul throughput in the experts' dtype, and, where CUDA
-is visible, the round trip a layer pays to hand its tokens to the CPU and back."""
+the time of an expert's kernel over n tokens, cold from RAM, for each asked expert shape in
+the experts' dtype (placer/hardware/expert_probe.py: what the cpu model predicts from), its
+streaming memory bandwidth and matmul throughput (the roofline, kept as the fallback), and,
+where CUDA is visible, the round trip a layer pays to hand its tokens to the CPU and back."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.hardware.expert_probe import DEFAULT_SHAPE, DEFAULT_TOKENS, probe_expert
+from placer.hardware.timing import MAX_DIM, ExpertTiming, timing_fragment
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class HostProbe:
     matmul: tuple[int, int, int]  # (tokens, hidden, inter)
     copies: int                   # timed copies the bandwidth is the best of
     matmuls: int                  # timed matmuls the FLOP/s is the best of
+    experts: tuple[ExpertTiming, ...] = ()  # each asked expert shape's time over n tokens
 
 
 def host_threads() -> int:
@@ -233,14 +238,21 @@ def host_sync_us(round_trips: int = 200) -> float | None:
 
 
 def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens: int = 1024,
-               repeats: int = 5) -> HostProbe:
-    """Measure this host's `[host]` figures on all its cores (no GPU needed)."""
+               repeats: int = 5, experts: tuple[tuple[int, int], ...] = (DEFAULT_SHAPE,),
+               expert_tokens: tuple[int, ...] = DEFAULT_TOKENS) -> HostProbe:
+    """Measure this host's `[host]` figures on all its cores (no GPU needed); `experts`:
+    the (hidden, inter) shapes to time over `expert_tokens` tokens."""
     if dtype not in HOST_DTYPES:
         raise PlacerError(f"probe --host --dtype: expected one of {', '.join(HOST_DTYPES)}, "
                           f"got {dtype!r}")
     if not 1 <= tokens <= MAX_TOKENS:
         raise PlacerError(f"probe --host --tokens: expected a positive count up to "
                           f"{MAX_TOKENS}, got {tokens}")
+    if not expert_tokens or any(not 1 <= n <= MAX_TOKENS for n in expert_tokens) or any(
+            b <= a for a, b in zip(expert_tokens, expert_tokens[1:], strict=False)):
+        raise PlacerError(f"probe --host --expert-tokens: expected ascending counts in "
+                          f"1..{MAX_TOKENS}, got "
+                          f"{list(expert_tokens)}")
     threads = host_threads()
     buffer_bytes = default_buffer_bytes() if buffer_bytes is None else buffer_bytes
     if buffer_bytes < threads * 4096:
@@ -254,11 +266,14 @@ def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens:
     bandwidth, copies = host_memory_bandwidth(buffer_bytes, repeats, threads)
     flops, matmuls = host_matmul_flops(dtype, tokens, hidden, inter, repeats, threads)
     sync = host_sync_us()
+    cache = last_level_cache_bytes()
+    timings = tuple(probe_expert(h, i, dtype, cache, threads, expert_tokens)
+                    for h, i in experts)
     return HostProbe(memory_bandwidth=bandwidth, flops=flops,
                      sync_us=TYPICAL_SYNC_US if sync is None else sync,
                      sync_measured=sync is not None, dtype=dtype, threads=threads,
                      buffer_bytes=buffer_bytes, matmul=(tokens, hidden, inter), copies=copies,
-                     matmuls=matmuls)
+                     matmuls=matmuls, experts=timings)
 
 
 def format_flops(flops: float) -> str:
@@ -285,4 +300,16 @@ def host_fragment(result: HostProbe) -> str:
              f"[{tokens} x {hidden}] @ [{hidden} x {inter}], {result.threads} threads, "
              f"best of {result.matmuls}",
              sync]
-    return "\n".join(lines) + "\n"
+    tables = [timing_fragment(t, f"measured: mean wall time, cold from RAM, "
+                                 f"{result.threads} threads") for t in result.experts]
+    return "\n".join(lines) + "\n" + "".join("\n" + t for t in tables)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """(hidden, inter) from "HIDDENxINTER" (`probe --host --expert 2048x768`)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) \
+            or not all(1 <= int(p) <= MAX_DIM for p in parts):
+        raise PlacerError(f"probe --host --expert: expected HIDDENxINTER (e.g. 2048x768, each "
+                          f"1..{MAX_DIM}), got {text!r}")
+    return int(parts[0]), int(parts[1])

@@ -26,10 +26,20 @@ A spec file looks like (sizes take units, rates take "/s"):
     base_step_ms = { 1 = 9.0, 8 = 28.0 }   # step time with every expert resident, by batch
 
     [host]                         # optional: the CPU that computes cold experts in place
-    memory_bandwidth = "300GB/s"   # streaming bandwidth from host RAM
-    flops = "2TFLOPS"              # effective FLOP/s on the expert matmuls
+    memory_bandwidth = "300GB/s"   # streaming bandwidth from host RAM (roofline fallback)
+    flops = "2TFLOPS"              # effective FLOP/s on the expert matmuls (roofline fallback)
     sync_us = 30.0                 # per-layer hand-off to the CPU and back
     sockets = 2                    # default 1
+    offload_min_batch = 32         # default 32: steps of >= 32 tokens have the GPU compute
+                                   # the cold experts after copying them (llama.cpp's
+                                   # GGML_OP_OFFLOAD_MIN_BATCH); 0: the CPU always does
+
+    [[host.expert]]                # optional, repeatable: an expert's measured time over n
+    hidden = 2048                  # tokens, cold from RAM (placer probe --host writes it;
+    inter = 768                    # placer/hardware/timing.py); with any, the cpu model
+    dtype = "bfloat16"             # takes the one nearest in bytes, scaled by bytes,
+    tokens = [1, 8, 64]            # instead of the roofline
+    ms = [8.9, 24.0, 136.0]
 
 Cards in no link have no shared bound. Base step time is interpolated linearly in the batch
 (held at the smallest batch's time below it). Every number must be finite; sizes and rates
@@ -49,14 +59,16 @@ from pathlib import Path
 from typing import Any
 
 from placer.errors import PlacerError
+from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
+from solvers.cpu import OFFLOAD_MIN_BATCH
 from traces.jsontext import MAX_DEPTH, depth
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "latency_us")
 SPEC_FIELDS = ("name", "description", "host_ram", "cards", "card", "link", "decode", "host")
 LINK_FIELDS = ("name", "cards", "bandwidth")
-HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets")
+HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets", "offload_min_batch", "expert")
 MAX_BYTES = 2**60          # sizes and bytes/s beyond this are typos, not hardware
 MIN_RATE = 1e6             # bytes/s below this (a floppy disk's) are typos too
 MAX_FLOPS = 1e18
@@ -103,6 +115,8 @@ class Host:
     flops: float             # effective FLOP/s on the expert matmuls
     sync_s: float            # per-layer hand-off to the CPU and back
     sockets: int = 1
+    offload_min_batch: int = OFFLOAD_MIN_BATCH  # steps the GPU computes (0: never)
+    expert: tuple[ExpertTiming, ...] = ()        # measured experts (placer probe --host)
 
 
 @dataclass(frozen=True)
@@ -332,11 +346,11 @@ def _host(t: Any, where: str, seconds: bool) -> Host:
     if not isinstance(t, dict):
         raise PlacerError(f"{where}: expected a table, got {_kind(t)}")
     sync_key = "sync_s" if seconds else "sync_us"
-    allowed = {"memory_bandwidth", "flops", "sockets", sync_key}
+    allowed = {"memory_bandwidth", "flops", "sockets", "offload_min_batch", "expert", sync_key}
     unknown = set(t) - allowed
     if unknown:
         raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
-    for key in sorted(allowed - {"sockets"}):
+    for key in sorted(allowed - {"sockets", "offload_min_batch", "expert"}):
         if key not in t:
             raise PlacerError(f"{where}.{key}: missing")
     sockets = t.get("sockets", 1)
@@ -345,9 +359,15 @@ def _host(t: Any, where: str, seconds: bool) -> Host:
                           f"got {sockets!r}")
     scale = 1e6 if seconds else 1.0
     sync = _number(t[sync_key], f"{where}.{sync_key}", 0.0, MAX_MS / scale)
+    offload = t.get("offload_min_batch", OFFLOAD_MIN_BATCH)
+    if not _is_int(offload) or not 0 <= offload <= MAX_BATCH:
+        raise PlacerError(f"{where}.offload_min_batch: expected an integer in 0..{MAX_BATCH}, "
+                          f"got {offload!r}")
     return Host(memory_bandwidth=_rate(t["memory_bandwidth"], f"{where}.memory_bandwidth"),
                 flops=_flops(t["flops"], f"{where}.flops"),
-                sync_s=sync if seconds else sync / 1e6, sockets=sockets)
+                sync_s=sync if seconds else sync / 1e6, sockets=sockets,
+                offload_min_batch=offload,
+                expert=parse_timings(t.get("expert", []), f"{where}.expert", seconds))
 
 
 def _flops(value: Any, what: str) -> float:

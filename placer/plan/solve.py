@@ -23,7 +23,7 @@ from placer.plan.traffic import Traffic, load_traffic
 from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
 from solvers.cost import replay
-from solvers.cpu import Host
+from solvers.cpu import ExpertCurve, Host
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
 from solvers.replay import Line, make_steps, replay_with_intervals
 from solvers.staging import slot_unit, staging_bytes
@@ -32,12 +32,15 @@ from solvers.staging import slot_unit, staging_bytes
 def host_of(spec: HardwareSpec, hidden_size: int) -> Host | None:
     """The spec's host CPU as the solver's cpu execution model needs it (None without a
     [host] table): activations are hidden_size bf16 values per token each way, over the
-    slowest card's host link."""
+    slowest card's host link; its measured experts as curves; its offload_min_batch."""
     if spec.host is None:
         return None
     return Host(memory_bandwidth=spec.host.memory_bandwidth, flops=spec.host.flops,
                 sync_s=spec.host.sync_s, activation_bytes=2.0 * hidden_size,
-                h2d_bandwidth=min(c.h2d_bandwidth for c in spec.cards))
+                h2d_bandwidth=min(c.h2d_bandwidth for c in spec.cards),
+                curves=tuple(ExpertCurve(t.expert_bytes, t.tokens, t.seconds)
+                             for t in spec.host.expert),
+                offload_min_batch=spec.host.offload_min_batch)
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,21 @@
 """Routing from other engines: one module per format, the registry and auto-detection.
 
-| format        | module    | what it reads                                  | stored as          |
-|---------------|-----------|------------------------------------------------|--------------------|
-| `counts`      | counts    | a MoE layers x experts matrix (.npy, .csv)     | counts             |
-| `sglang`      | sglang    | SGLang expert-distribution recorder dumps (.pt) | rows or counts    |
-| `sglang-http` | sglang    | SGLang /generate responses with routed experts | per-token rows     |
-| `vllm`        | vllm      | vLLM `CompletionOutput.routed_experts` arrays  | per-token rows     |
-| `imatrix`     | llamacpp  | llama.cpp `llama-imatrix` GGUF output          | counts             |
-| `trtllm`      | trtllm    | TensorRT-LLM expert statistics directory       | counts             |
-| `tokens`      | tokens    | the plain form: expert_ids [tokens, layers, k] | per-token rows     |
+| format        | module      | what it reads                                   | stored as       |
+|---------------|-------------|-------------------------------------------------|-----------------|
+| `counts`      | counts      | a MoE layers x experts matrix (.npy, .csv)      | counts          |
+| `sglang`      | sglang      | SGLang expert-distribution recorder dumps (.pt) | rows or counts  |
+| `sglang-http` | sglang_http | SGLang /generate responses with routed experts  | per-token rows  |
+| `vllm`        | vllm        | vLLM `CompletionOutput.routed_experts` arrays   | per-token rows  |
+| `imatrix`     | llamacpp    | llama.cpp `llama-imatrix` GGUF output           | counts          |
+| `trtllm`      | trtllm      | TensorRT-LLM expert statistics directory        | rows or counts  |
+| `tokens`      | tokens      | the plain form: expert_ids [tokens, layers, k]  | per-token rows  |
 
 Per-token sources keep their sequences, positions and phases and carry the model's identity
 (so they need `--model` or `--config`); count sources keep only counts (`counts.parquet`).
-`import_routing` dispatches; `detect_format` picks the format of unambiguous sources.
+`import_routing` dispatches; `detect_format` picks the format of unambiguous sources: a
+file that starts with the GGUF magic is an imatrix whatever its name (`llama-imatrix -o x.dat`
+writes GGUF, `--save-frequency` writes `x.gguf.at_N`), and a `.dat` is taken for a legacy
+imatrix, which its importer refuses saying how to re-run llama-imatrix.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from traces.errors import TraceError
-from traces.importers import counts, llamacpp, sglang, tokens, trtllm, vllm
+from traces.importers import counts, llamacpp, sglang, sglang_http, tokens, trtllm, vllm
 from traces.importers.common import ImportRequest
 from traces.importers.npfiles import npy_ndim, npz_keys
 
@@ -30,7 +33,7 @@ Importer = Callable[[list[Path], Path, ImportRequest], Path]
 FORMATS: dict[str, Importer] = {
     "counts": counts.import_matrix,
     "sglang": sglang.import_dumps,
-    "sglang-http": sglang.import_http,
+    "sglang-http": sglang_http.import_http,
     "vllm": vllm.import_vllm,
     "imatrix": llamacpp.import_imatrix,
     "trtllm": trtllm.import_trtllm,
@@ -39,7 +42,8 @@ FORMATS: dict[str, Importer] = {
 
 # The files a directory source stands for, per format (trtllm reads the directory itself).
 _DIR_GLOBS = {"sglang": ("*.pt",), "sglang-http": ("*.jsonl",), "vllm": ("*.npy", "*.npz"),
-              "tokens": ("*.npz",), "imatrix": ("*.gguf",), "counts": ("*.npy", "*.csv")}
+              "tokens": ("*.npz",), "imatrix": ("*.gguf", "*.dat", "*.at_*"),
+              "counts": ("*.npy", "*.csv")}
 
 
 def detect_format(source: Path) -> str:
@@ -55,7 +59,11 @@ def detect_format(source: Path) -> str:
         raise TraceError(f"{source}: cannot tell the format of this directory (it is not a "
                          "TensorRT-LLM statistics directory, meta_info.json + "
                          "rank*.safetensors, nor holds SGLang .pt dumps); give --format")
+    if llamacpp.is_gguf(source):
+        return "imatrix"
     suffix = source.suffix.lower()
+    if suffix == ".dat" or (suffix.startswith(".at_") and ".dat" in source.suffixes):
+        return "imatrix"
     by_suffix = {".gguf": "imatrix", ".pt": "sglang", ".jsonl": "sglang-http", ".csv": "counts"}
     if suffix in by_suffix:
         return by_suffix[suffix]
@@ -109,4 +117,8 @@ def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
     if request.prompt_lens is not None and fmt != "vllm":
         raise TraceError(f"--prompt-lens is for the vllm format, not {fmt} (which records "
                          "its own phases)")
+    if request.prompt_start is not None and fmt not in ("vllm", "sglang-http"):
+        raise TraceError(f"--prompt-start is for the vllm and sglang-http formats, not {fmt}")
+    if request.load_balancer is not None and fmt != "trtllm":
+        raise TraceError(f"--load-balancer is for the trtllm format, not {fmt}")
     return FORMATS[fmt](expand(sources, fmt), Path(out_dir), request)

@@ -9,7 +9,7 @@ sha256 of the source files. A count-only source goes through `traces.importers.c
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +35,8 @@ class ImportRequest:
     tag: str | None = None
     tokens: int | None = None  # --tokens, for count matrices
     prompt_lens: Path | None = None  # --prompt-lens, for vLLM routed experts
+    load_balancer: Path | None = None  # --load-balancer, TensorRT-LLM's static slot map
+    prompt_start: int | None = None  # --prompt-start: rows start at this prompt position
     shared_experts: int | None = None  # the model's shared experts (None: no model given)
 
 
@@ -131,11 +133,12 @@ def token_ids(value: object, where: str) -> list[int]:
 
 def write_rows(parts: Iterable[TokenRows], out_dir: Path, sources: list[Path],
                request: ImportRequest, *, mode: str, default_tag: str, weights: bool,
-               extra: dict | None = None) -> Path:
+               extra: dict | None = None, late: Callable[[], dict] | None = None) -> Path:
     """Write every part as (token, MoE layer) rows of one trace file in the empty `out_dir`.
 
     `mode` names the source in the metadata (like collect's score/generate); `weights`: the
-    parts carry gate weights; sequences of successive parts are numbered on. Returns the
+    parts carry gate weights; sequences of successive parts are numbered on; `late()`: more
+    metadata, asked for once every part is written (what reading them found). Returns the
     written file."""
     identity = need_identity(request, mode)
     out_dir = Path(out_dir)
@@ -175,4 +178,4 @@ def write_rows(parts: Iterable[TokenRows], out_dir: Path, sources: list[Path],
             rows += n
         if rows == 0:
             raise TraceError(f"{', '.join(map(str, sources))}: no token to import")
-        return writer.close()
+        return writer.close(None if late is None else late())

@@ -84,28 +84,39 @@ def _numeric(row: list[str]) -> bool:
 
 
 def import_counts(path: Path, out_dir: Path, *, top_k: int, tag: str | None = None,
-                  tokens: int | None = None) -> Path:
+                  tokens: int | None = None,
+                  decoder_layers: list[int] | tuple[int, ...] | None = None) -> Path:
     """Store the count matrix at `path` as `out_dir/counts.parquet`; returns that path.
 
     `top_k`: experts each token selects (frequencies are counts / tokens); `tokens`: tokens
-    counted (default: the largest row sum / top_k, rounded up)."""
+    counted (default: the largest row sum / top_k, rounded up); `decoder_layers`: the rows'
+    decoder layers (the model's MoE layers, when a model is given)."""
     path = Path(path)
     return write_counts(read_count_matrix(path), out_dir, top_k=top_k,
                         tag=tag if tag is not None else path.stem, tokens=tokens,
-                        sources=[path])
+                        sources=[path], decoder_layers=decoder_layers)
 
 
 def write_counts(counts: np.ndarray, out_dir: Path, *, top_k: int, tag: str,
                  tokens: int | None = None, sources: list[Path],
+                 decoder_layers: list[int] | tuple[int, ...] | None = None,
                  extra: dict | None = None) -> Path:
     """Store `counts` [MoE layers, experts] (non-negative int) as `out_dir/counts.parquet`.
 
-    `sources`: the files they came from (named and hashed in the metadata); `extra`: more
-    metadata (e.g. what the counts cover). A matrix without any selection, or a layer row
-    without any, is refused: frequencies would be 0/0 there."""
+    `sources`: the files they came from (named and hashed in the metadata); `decoder_layers`:
+    the decoder layer index of each row, where the source or the model says it (recorded as
+    `decoder_layers`, so that profiles and `traces stats` name layers as a collected trace
+    does); `extra`: more metadata (e.g. what the counts cover). A matrix without any
+    selection, or a layer row without any, is refused: frequencies would be 0/0 there."""
     names = ", ".join(str(s) for s in sources)
     counts = check_counts(np.asarray(counts), names)
     num_layers, num_experts = counts.shape
+    if decoder_layers is not None:
+        decoder_layers = [int(layer) for layer in decoder_layers]
+        if len(decoder_layers) != num_layers or decoder_layers != sorted(set(decoder_layers)):
+            raise TraceError(f"decoder layers {decoder_layers} do not name the {num_layers} "
+                             "count rows in increasing order")
+        extra = {**(extra or {}), "decoder_layers": decoder_layers}
     if not counts.any():
         raise TraceError(f"{names}: every count is zero (expected selections to import)")
     empty = np.flatnonzero(counts.sum(axis=1) == 0).tolist()
@@ -157,7 +168,9 @@ def import_matrix(paths: list[Path], out_dir: Path, request: ImportRequest) -> P
         if shape != want:
             raise TraceError(f"{path}: {shape[0]} MoE layers x {shape[1]} experts, expected "
                              f"the model's {want[0]} x {want[1]}")
-    return import_counts(path, out_dir, top_k=top_k, tag=request.tag, tokens=request.tokens)
+    return import_counts(path, out_dir, top_k=top_k, tag=request.tag, tokens=request.tokens,
+                         decoder_layers=None if request.identity is None
+                         else request.identity.moe_layers)
 
 
 def resolve_top_k(request: ImportRequest, path: Path, found: int | None = None) -> int:

@@ -1,7 +1,4 @@
-"""SGLang routing: expert-distribution recorder dumps (`sglang`) and /generate responses
-with routed experts (`sglang-http`).
-
-## `sglang`: recorder dumps
+"""SGLang routing: expert-distribution recorder dumps (`sglang`).
 
 SGLang (`--expert-distribution-recorder-mode stat|stat_approx|per_pass|per_token`, then
 `POST /start_expert_distribution_record`, traffic, `POST /dump_expert_distribution_record`)
@@ -37,39 +34,13 @@ segments of MIXED passes, are `decode`; every other pass is `prefill`. Gate weig
 recorded. Without DP attention every rank records the same tokens: import one rank's file
 (stat counts are then multiplied by the number of ranks, which frequencies do not see).
 
-## `sglang-http`: /generate responses
-
-A server started with `--enable-return-routed-experts` answers a `POST /generate` that sends
-`"return_routed_experts": true` with `meta_info["routed_experts"]`: the base64 of the
-little-endian int32 bytes of an array (tokens, num_hidden_layers, width). Read from
-sgl-project/sglang commit d4d0fc58371761f9f0da007a4ef4f0ad2bd19658
-`python/sglang/srt/layers/moe/routed_experts_capturer.py` (`_RoutedExpertsCapturerReal`:
-device buffer width `num_experts_per_tok + num_fused_shared_experts`, host buffer and so the
-returned array `num_experts_per_tok`; `get_routed_experts` returns the rows of the request's
-first `seqlen - 1` KV slots; `extract_routed_experts_from_meta_info` decodes it with
-`np.frombuffer(base64, dtype=np.int32)`), and from kvcache-ai/sglang commit
-04653fa88f5ce4ea83632c4ad436343db6bc8324 `managers/schedule_batch.py` (`Req.seqlen =
-len(origin_input_ids) + len(output_ids)`), `managers/detokenizer_manager.py`
-(`_extract_routed_experts`: `pybase64.b64encode(tensor.numpy().tobytes())`) and
-`managers/tokenizer_manager.py` (`meta_info` with `prompt_tokens`, `completion_tokens`,
-`routed_experts`; the response has `output_ids`). So a response holds prompt_tokens +
-completion_tokens - 1 rows (the last generated token never ran), in position order; rows of a
-dense layer are 0 (never captured) and are skipped by the model's MoE layers; a wider array
-(fused shared experts) is cut to its first top-k columns, the routed ones. One decoder,
-`decode_routed_experts`, reads it for this importer and for `placer collect --server`
-(traces/server.py).
-
-The file is a JSONL of the responses as a client saved them (one object per line, or the
-list a batched request returns). One response is one sequence: positions are row indices,
-rows before prompt_tokens are `prefill`, the rest `decode`; token ids of decode rows come
-from `output_ids` (prompt ids are not in the response: -1).
+Saved /generate responses with routed experts (`sglang-http`) are read by
+`traces.importers.sglang_http`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,17 +49,13 @@ import numpy as np
 from traces.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.common import (
-    UNKNOWN_TOKEN,
     ImportRequest,
     TokenRows,
-    check_distinct,
     check_empty,
-    need_identity,
     token_ids,
     write_rows,
 )
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
-from traces.jsontext import loads_json
 from traces.schema import PHASES
 
 STAT, PER_PASS, PER_TOKEN = "stat", "per_pass", "per_token"
@@ -312,7 +279,8 @@ def import_sglang(paths: Sequence[Path], out_dir: Path, *, identity: ModelIdenti
     tokens = (sum(int((d.tokens.experts[:, layers] >= 0).any(axis=(1, 2)).sum()) for d in dumps)
               if first.mode == PER_TOKEN else None)
     return write_counts(total.counts[layers], out_dir, top_k=top_k, tag=tag or DEFAULT_TAG,
-                        tokens=tokens, sources=list(paths), extra={"format": "sglang"})
+                        tokens=tokens, sources=list(paths), decoder_layers=layers,
+                        extra={"format": "sglang"})
 
 
 def _token_rows(dump: SGLangDump, identity: ModelIdentity) -> TokenRows:
@@ -326,113 +294,3 @@ def _token_rows(dump: SGLangDump, identity: ModelIdentity) -> TokenRows:
                          "every MoE layer")
     return TokenRows(source=dump.path, seq=t.seq[real], pos=t.pos[real], token=t.token[real],
                      phase=t.phase[real], experts=experts[real, :, :k], weights=None)
-
-
-# --- sglang-http: /generate responses with "return_routed_experts": true --------------------
-
-HTTP_FORMAT = "sglang-http"
-
-
-def http_responses(path: Path) -> Iterator[tuple[str, dict]]:
-    """(where, response) of every response in a JSONL file: one JSON object per line, or a
-    list of them (the answer to a batched /generate)."""
-    with Path(path).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            item = loads_json(line, f"{path}:{number}")
-            batch = item if isinstance(item, list) else [item]
-            for index, response in enumerate(batch):
-                where = f"{path}:{number}" + (f"[{index}]" if isinstance(item, list) else "")
-                if not isinstance(response, dict):
-                    raise TraceError(f"{where}: expected a /generate response object")
-                yield where, response
-
-
-def decode_routed_experts(encoded: str, prompt_tokens: int, completion_tokens: int,
-                          identity: ModelIdentity, shared_experts: int | None = None
-                          ) -> np.ndarray:
-    """The routing of one /generate response: `meta_info.routed_experts` (`encoded`) as
-    [prompt_tokens + completion_tokens - 1, MoE layers, top_k] int32 ids of the model
-    `identity` describes. Raises TraceError with a message the caller prefixes with where
-    the response came from (a file's line, a server's URL).
-
-    Rows: exactly prompt + completion - 1, no tolerance. `get_routed_experts` (sgl-project/
-    sglang d4d0fc58371761f9f0da007a4ef4f0ad2bd19658, routed_experts_capturer.py) returns the
-    host cache at `req_to_token[req_pool_idx][:seqlen - 1]`, with `Req.seqlen =
-    len(origin_input_ids) + len(output_ids)` (kvcache-ai/sglang
-    04653fa88f5ce4ea83632c4ad436343db6bc8324, managers/schedule_batch.py): one row per token
-    that ran, the last generated one never did; a reply with any other count is not the
-    routing of the tokens it reports. Columns: top_k (the host cache keeps
-    `num_experts_per_tok`), or top_k + `shared_experts` (fused shared experts, should a
-    version keep them; None: not known, any width >= top_k), cut to the first top_k, the
-    routed ones. Rows of dense layers (never captured, zeros) are dropped."""
-    rows = _routed_rows(prompt_tokens, completion_tokens)
-    try:
-        raw = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise TraceError(f"meta_info.routed_experts is not base64 ({exc})") from None
-    layers, k = identity.num_layers, identity.top_k
-    width, rest = divmod(len(raw), 4 * rows * layers)
-    if rest or width < k or (shared_experts is not None and width not in (k, k + shared_experts)):
-        wide = "more" if shared_experts is None else f"top-k + {shared_experts}"
-        raise TraceError(f"meta_info.routed_experts holds {len(raw)} bytes; expected {rows} "
-                         f"tokens (prompt + completion - 1), each [{layers} layers, top-k {k}] "
-                         f"int32 (or {wide} columns with fused shared experts): is it another "
-                         "model's routing?")
-    routed = np.frombuffer(raw, dtype="<i4").reshape(rows, layers, width)
-    experts = routed[:, list(identity.moe_layers), :k]
-    if experts.size and (experts.min() < 0 or experts.max() >= identity.experts_per_layer):
-        raise TraceError(f"meta_info.routed_experts holds expert ids in [{experts.min()}, "
-                         f"{experts.max()}], the model has {identity.experts_per_layer} experts "
-                         "per layer: is it another model's routing?")
-    check_distinct("meta_info.routed_experts", experts)
-    return experts
-
-
-def _routed_rows(prompt_tokens: int, completion_tokens: int) -> int:
-    """prompt + completion - 1, the tokens that ran; a TraceError for counts that are not
-    integers >= 0 with a sum of at least 2."""
-    counts = [prompt_tokens, completion_tokens]
-    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) \
-            or sum(counts) < 2:
-        raise TraceError("meta_info.prompt_tokens and completion_tokens must be integers with "
-                         f"a sum of at least 2, got {counts}")
-    return sum(counts) - 1
-
-
-def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity,
-              shared_experts: int | None = None) -> TokenRows:
-    """One response as the rows of its sequence (format: module docstring); `shared_experts`
-    as decode_routed_experts takes it."""
-    meta = response.get("meta_info")
-    if not isinstance(meta, dict) or not isinstance(meta.get("routed_experts"), str):
-        raise TraceError(f"{where}: no meta_info.routed_experts (send \"return_routed_experts\""
-                         ": true to a server started with --enable-return-routed-experts)")
-    prompt, completion = meta.get("prompt_tokens"), meta.get("completion_tokens")
-    try:
-        experts = decode_routed_experts(meta["routed_experts"], prompt, completion, identity,
-                                        shared_experts)
-    except TraceError as exc:
-        raise TraceError(f"{where}: {exc}") from None
-    n = len(experts)
-    token = np.full(n, UNKNOWN_TOKEN, dtype=np.int32)
-    output_ids = None  # optional: a client may have saved meta_info alone
-    if "output_ids" in response:
-        output_ids = token_ids(response["output_ids"], f"{where}: output_ids")
-    if output_ids is not None and len(output_ids) == completion:
-        token[prompt:] = output_ids[:completion - 1]
-    phase = np.where(np.arange(n) < prompt, PHASES.index("prefill"), PHASES.index("decode"))
-    return TokenRows(source=Path(path), seq=np.zeros(n, dtype=np.int64),
-                     pos=np.arange(n, dtype=np.int32), token=token,
-                     phase=phase.astype(np.int8), experts=experts, weights=None)
-
-
-def import_http(paths: list[Path], out_dir: Path, request: ImportRequest) -> Path:
-    """`placer traces import --format sglang-http`: saved /generate responses as trace rows,
-    one sequence per response."""
-    identity = need_identity(request, "the sglang-http format")
-    parts = (http_rows(path, where, response, identity, request.shared_experts)
-             for path in paths for where, response in http_responses(path))
-    return write_rows(parts, out_dir, paths, request, mode=HTTP_FORMAT, default_tag=DEFAULT_TAG,
-                      weights=False)

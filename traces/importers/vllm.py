@@ -1,28 +1,30 @@
 """vLLM per-request routed experts (`--enable-return-routed-experts`) as trace rows.
 
-Read from vllm-project/vllm: `vllm/outputs.py` (commit
-003d3ee22261b7937258b7531aee00e10393f1d6): `CompletionOutput.routed_experts: np.ndarray |
-None  # [seq_len, layer_num, topk]`; `vllm/model_executor/layers/fused_moe/
-routed_experts_capturer.py` (commit 00bd1493b3e82d6c13c68ee8a0e1c5a96707e190): int32
-buffers of shape (tokens, `hf_text_config.num_hidden_layers`, `num_experts_per_tok`), one
-slot per KV-cache token, written by `capture(layer_id, topk_ids)` for MoE layers only (the
-rows of a dense layer stay 0), logical expert ids as the router chose them;
-`vllm/v1/core/sched/scheduler.py` (commit 00024d314514900f361ad072af6931e403b7f589)
-`_get_routed_experts`: `num_tokens = request.num_tokens - 1`, so the array holds the prompt
-tokens and every generated token but the last (which never ran through the model), in
-position order.
+Read from vLLM 0.33.0 (PyPI wheel): `CompletionOutput.routed_experts` / the OpenAI replies'
+`choices[i].routed_experts` (`entrypoints/openai/completion/protocol.py`,
+`chat_completion/protocol.py`, base64 of `np.save`) hold an array (rows, num_hidden_layers,
+num_experts_per_tok), uint8 when the experts fit (<= 256), else uint16
+(`model_executor/layers/fused_moe/routed_experts_capturer.py`); dense layers' rows stay 0;
+logical expert ids. The request parameter `routed_experts_prompt_start` S (default 0, in
+[0, prompt], not echoed in the reply) skips the first S prompt tokens: the scheduler's
+connector (`distributed/aux_output_connector/connector.py`) returns positions [S, prompt +
+completion - 1), so prompt + completion - 1 - S rows, row i being position S + i.
 
 Files: a directory of `.npy` files, one per request (the request is the file stem), or
 `.npz` files holding one array per request (the request is the key), as
 `np.save(f"{out.request_id}.npy", out.outputs[0].routed_experts)` writes them. Each request is
-one sequence; positions are row indices. `--prompt-lens FILE.json` (`{request: prompt token
-count}`, e.g. `len(out.prompt_token_ids)`) makes the first rows of each request `prefill` and
-the rest `decode`; without it every row is `decode`. Token ids are not in the array (-1).
+one sequence. `--prompt-lens FILE.json` gives per request its prompt token count
+(`len(out.prompt_token_ids)`), or an object `{"prompt": P, "completion": C, "start": S}`
+(completion and start optional); prompt rows are `prefill`, the rest `decode` (without it
+every row is `decode`). The start: the object's `start`, else `--prompt-start S`, else, where
+prompt and completion are both known, derived as P + C - 1 - rows (which must lie in [0, P]),
+else 0. Token ids are not in the array (-1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,18 +45,69 @@ from traces.schema import PHASES
 
 FORMAT = "vllm"
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
+MAX_POSITION = 2**31 - 1
 
 
-def read_prompt_lens(path: Path) -> dict[str, int]:
-    """`{request name: prompt token count}` from a JSON file."""
+@dataclass(frozen=True)
+class Lens:
+    """What --prompt-lens says of one request (None: not given)."""
+
+    prompt: int | None = None
+    completion: int | None = None
+    start: int | None = None
+
+
+def read_prompt_lens(path: Path) -> dict[str, Lens]:
+    """`{request name: Lens}` from a JSON file (module docstring)."""
     try:
         lens = loads_json(Path(path).read_bytes(), str(path))
     except FileNotFoundError:
         raise TraceError(f"--prompt-lens file not found: {path}") from None
-    if not isinstance(lens, dict) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in lens.values()):
+    if not isinstance(lens, dict):
         raise TraceError(f"{path}: expected an object {{request name: prompt tokens >= 1}}")
-    return lens
+    return {name: _lens(path, name, value) for name, value in lens.items()}
+
+
+def _lens(path: Path, name: str, value: object) -> Lens:
+    def count(v: object, low: int) -> bool:
+        return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= low)
+
+    if isinstance(value, dict) and not set(value) - {"prompt", "completion", "start"} \
+            and value.get("prompt") is not None and count(value["prompt"], 1) \
+            and count(value.get("completion"), 0) and count(value.get("start"), 0):
+        return Lens(value["prompt"], value.get("completion"), value.get("start"))
+    if count(value, 1) and value is not None:
+        return Lens(value)
+    raise TraceError(f"{path}: request {name!r}: expected prompt tokens >= 1 or an object "
+                     '{"prompt": P, "completion": C, "start": S} (completion, start optional)')
+
+
+def prompt_start(where: str, rows: int, lens: Lens, given: int | None) -> int:
+    """The position of a request's first row (module docstring); a TraceError where the rows
+    do not fit what is known."""
+    start = lens.start if lens.start is not None else given
+    prompt, completion = lens.prompt, lens.completion
+    if start is not None and prompt is not None and start > prompt:
+        raise TraceError(f"{where}: prompt start {start} is past the prompt's {prompt} tokens")
+    if prompt is not None and completion is not None:
+        ran = prompt + completion - 1
+        if start is None:
+            start = ran - rows
+            if not 0 <= start <= prompt:
+                raise TraceError(f"{where}: {rows} routed rows do not fit prompt {prompt} + "
+                                 f"completion {completion} - 1 less a start within the prompt")
+        elif rows != ran - start:
+            raise TraceError(f"{where}: {rows} routed rows, expected prompt {prompt} + "
+                             f"completion {completion} - 1 - start {start} = {ran - start}")
+    start = start or 0
+    if start + rows > MAX_POSITION:
+        raise TraceError(f"{where}: prompt start {start} puts positions past 2**31 - 1 (the "
+                         "trace's int32 pos)")
+    if prompt is not None and prompt - start > rows:
+        raise TraceError(f"{where}: prompt of {prompt} tokens but only {rows} routed rows "
+                         f"from position {start} (expected prompt + generated - 1 - start "
+                         "rows)")
+    return start
 
 
 def requests(path: Path) -> Iterator[tuple[str, np.ndarray]]:
@@ -91,18 +144,16 @@ def moe_routing(routed: np.ndarray, identity: ModelIdentity, where: str,
 
 
 def request_rows(path: Path, name: str, routed: np.ndarray, identity: ModelIdentity,
-                 prompt_len: int | None) -> TokenRows:
-    """One request's array [tokens, num_hidden_layers, k] as rows of its MoE layers."""
+                 lens: Lens | None, given_start: int | None) -> TokenRows:
+    """One request's array [rows, num_hidden_layers, k] as rows of its MoE layers."""
     where = f"{path}[{name}]" if Path(path).suffix.lower() == ".npz" else str(path)
     experts = moe_routing(routed, identity, where)
     n = len(routed)
-    if prompt_len is not None and prompt_len > n:
-        raise TraceError(f"{where}: prompt of {prompt_len} tokens but only {n} routed rows "
-                         "(expected prompt + generated - 1 rows)")
-    phase = np.where(np.arange(n) < (prompt_len or 0), PREFILL, DECODE)
+    start = prompt_start(where, n, lens or Lens(), given_start)
+    pos = start + np.arange(n)
+    phase = np.where(pos < ((lens.prompt if lens else None) or 0), PREFILL, DECODE)
     return TokenRows(source=Path(path), seq=np.zeros(n, dtype=np.int64),
-                     pos=np.arange(n, dtype=np.int32),
-                     token=np.full(n, UNKNOWN_TOKEN, dtype=np.int32),
+                     pos=pos.astype(np.int32), token=np.full(n, UNKNOWN_TOKEN, dtype=np.int32),
                      phase=phase.astype(np.int8), experts=experts, weights=None)
 
 
@@ -111,6 +162,7 @@ def import_vllm(paths: list[Path], out_dir: Path, request: ImportRequest) -> Pat
     identity = need_identity(request, "the vllm format")
     prompt_lens = None if request.prompt_lens is None else read_prompt_lens(request.prompt_lens)
     seen: set[str] = set()
+    mid_prompt = [0]
 
     def parts() -> Iterator[TokenRows]:
         for path in paths:
@@ -121,8 +173,17 @@ def import_vllm(paths: list[Path], out_dir: Path, request: ImportRequest) -> Pat
                 if prompt_lens is not None and name not in prompt_lens:
                     raise TraceError(f"{request.prompt_lens}: no prompt length for request "
                                      f"{name!r} ({path})")
-                yield request_rows(path, name, routed, identity,
-                                   None if prompt_lens is None else prompt_lens[name])
+                rows = request_rows(path, name, routed, identity,
+                                    None if prompt_lens is None else prompt_lens[name],
+                                    request.prompt_start)
+                mid_prompt[0] += int(rows.pos[0]) > 0 if len(rows.pos) else 0
+                yield rows
+
+    def late() -> dict:
+        return {"mid_prompt": mid_prompt[0], "note": None if not mid_prompt[0] else (
+            f"{mid_prompt[0]} of {len(seen)} requests start mid-prompt "
+            "(routed_experts_prompt_start): their positions start there")}
 
     return write_rows(parts(), out_dir, paths, request, mode=FORMAT, default_tag=FORMAT,
-                      weights=False, extra={"phases": "prompt_lens" if prompt_lens else "decode"})
+                      weights=False, extra={"phases": "prompt_lens" if prompt_lens else "decode",
+                                            "prompt_start": request.prompt_start}, late=late)
