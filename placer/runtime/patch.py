@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from placer.errors import PlacerError
@@ -96,6 +97,11 @@ def load_staged_model(checkpoint: Path, source: ExpertSource, *, device: str = "
     return model
 
 
+def routed_index(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The [tokens, k] expert ids an experts module is called with."""
+    return args[1] if len(args) > 1 else kwargs.get("top_k_index", kwargs.get("router_indices"))
+
+
 class SelectionRecorder:
     """Records each forward's routed selections: `steps[s][layer]` is that forward's
     top_k_index ([tokens, k] int64 numpy) at decoder layer `layer`. Use as a context manager."""
@@ -112,9 +118,7 @@ class SelectionRecorder:
 
     def _hook(self, layer: int) -> Callable[[nn.Module, tuple, dict], None]:
         def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-            index = args[1] if len(args) > 1 else kwargs.get("top_k_index",
-                                                             kwargs.get("router_indices"))
-            self.steps[-1][layer] = index.detach().cpu().numpy()
+            self.steps[-1][layer] = routed_index(args, kwargs).detach().cpu().numpy()
         return hook
 
     def selected(self, moe_layers: Sequence[int], num_experts: int) -> np.ndarray:
