@@ -54,3 +54,21 @@ def resident_plan(model: Path, out: Path) -> Path:
     path = out / "plan.json"
     write_json_atomic(plan.to_json(), path)
     return path
+
+
+def layer_plan(model: Path, out: Path, staging_bytes: int) -> Path:
+    """out/plan.json: the first MoE layer's experts all cold (layer offload), the rest
+    whole and resident, homes contiguous over the two cards."""
+    inv = read_inventory(model)
+    layers, experts = inv.expert_bytes().shape
+    resident = np.ones((layers, experts), dtype=int)
+    resident[0] = 0
+    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
+    staging = np.full(2, staging_bytes)
+    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=None,
+                      budget_bytes=staging + (1 << 26), staging_bytes=staging,
+                      budget={"mode": "budget", "value": None, "concurrency": [1]},
+                      ep="contiguous", solver={"name": "layer"})
+    path = out / "plan.json"
+    write_json_atomic(plan.to_json(), path)
+    return path

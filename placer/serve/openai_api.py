@@ -123,8 +123,9 @@ def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]
 
 @dataclass
 class TextStream:
-    """Decodes a request's tokens as they arrive: `feed` returns the new text (held back
-    while the last bytes are an incomplete character), cut at the first stop string."""
+    """Decodes a request's tokens as they arrive: `feed` returns the new text, cut at the
+    first stop string; it holds back an incomplete last character and an end that may be
+    the start of a stop string, until the next tokens (or the last) settle them."""
 
     tokenizer: Any
     stops: list[str]
@@ -138,12 +139,19 @@ class TextStream:
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             text, self.stopped = text[:cut], True
-        elif not final and text.endswith("\ufffd"):
-            return ""
+        elif not final:
+            if text.endswith("\ufffd"):
+                return ""
+            text = text[:len(text) - self._stop_prefix(text)]
         if not text.startswith(self.sent):  # a retokenized prefix: wait for it to settle
             return ""
         new, self.sent = text[len(self.sent):], text
         return new
+
+    def _stop_prefix(self, text: str) -> int:
+        """The length of the longest end of `text` that begins a stop string."""
+        return max((n for stop in self.stops for n in range(len(stop) - 1, 0, -1)
+                    if text.endswith(stop[:n])), default=0)
 
 
 def finish_reason(stream: TextStream, max_tokens: int) -> str:
