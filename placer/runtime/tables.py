@@ -76,27 +76,29 @@ class LayerTable:
         self.slot_of[resident] = torch.arange(self.resident, device=device)
         self.cold_np = np.zeros(num_experts, dtype=bool)
         self.cold_np[cold] = True
-        self.spare_rows = torch.arange(self.resident, self.resident + self.spare, device=device)
+        self.cold_mask = torch.from_numpy(self.cold_np).to(device)
 
     def route(self, top_k_index: torch.Tensor, implementation: str) -> torch.Tensor | None:
         """Table rows for `top_k_index`, the selected cold experts staged into spare rows;
         None when the compact path must compute this forward. One host sync."""
-        counts = torch.bincount(top_k_index.reshape(-1), minlength=len(self.cold_np))
-        counts = counts.cpu().numpy()
+        on_device = torch.bincount(top_k_index.reshape(-1), minlength=self.cold_mask.numel())
+        counts = on_device.cpu().numpy()
         selected = counts > 0
         cold = np.flatnonzero(selected & self.cold_np)
         if cold.size:
             if cold.size > self.spare or not exact_out_of_order(
                     implementation, counts, np.flatnonzero(selected & ~self.cold_np), cold):
                 return None
-            self._stage(cold)
+            self._stage(cold, (on_device > 0) & self.cold_mask)
         return self.slot_of[top_k_index]
 
-    def _stage(self, cold: np.ndarray) -> None:
+    def _stage(self, cold: np.ndarray, mask: torch.Tensor) -> None:
+        """Stage the selected cold experts `cold` (ascending; `mask` on the device) into the
+        spare rows, in order, and point their slots there (no second sync)."""
         for j, weights in enumerate(self.runtime.fetch(self.layer, cold.tolist())):
             self.layout.fill(self.params, self.resident + j, weights)
-        ids = torch.from_numpy(cold).to(self.slot_of.device)
-        self.slot_of.index_copy_(0, ids, self.spare_rows[:cold.size])
+        rows = self.resident + torch.cumsum(mask, 0) - 1
+        self.slot_of.copy_(torch.where(mask, rows, self.slot_of))
 
     def nbytes(self) -> tuple[int, int]:
         """(resident rows' bytes, spare rows' bytes) on the device."""

@@ -19,6 +19,7 @@ fails either way the serial engine serves instead, and the reason is kept for `/
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
@@ -106,8 +107,10 @@ class ContinuousEngine:
                      "max_batch_tokens": CPU_BATCH_TOKENS}
         else:
             sizes = {"max_memory_percent": GPU_KV_SHARE}
-        config = ContinuousBatchingConfig(use_cuda_graph=False, auto_switch_to_flash=False,
-                                          use_async_batching=False, **sizes)
+        wanted = {"use_cuda_graph": False, "auto_switch_to_flash": False,
+                  "use_async_batching": False, **sizes}
+        known = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        config = ContinuousBatchingConfig(**{k: v for k, v in wanted.items() if k in known})
         self.manager = self.model.init_continuous_batching(
             generation_config=generation_config(self.model), continuous_batching_config=config)
         self.manager.start()
@@ -298,8 +301,8 @@ def start_engine(model: Any, prompt_ids: list[int], batching: str = "auto", *,
     try:
         engine.start()
         reason = probe(engine, prompt_ids, expected)
-    except (ValueError, RuntimeError, NotImplementedError) as exc:
-        reason = f"{type(exc).__name__}: {exc}"
+    except (ValueError, RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"  # a transformers without what it needs
     if reason is None:
         return engine, None
     engine.stop(timeout=10)
