@@ -26,13 +26,15 @@ from placer.runtime.patch import load_staged_model
 
 @dataclass
 class PlacedModel:
-    """The model, the runtime its routed experts come from, its tokenizer and device."""
+    """The model, the runtime its routed experts come from, its tokenizer, device, cache
+    slots, and the checkpoint directory it was loaded from."""
 
     model: nn.Module
     runtime: PlacedRuntime
     tokenizer: Any
     device: torch.device
     cache_slots: int
+    checkpoint: Path
 
     def tables(self) -> list:
         """The per-layer expert tables (placer.runtime.tables), in layer order."""
@@ -83,4 +85,4 @@ def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
     runtime = load_placed(placed, device=torch_device, cache_slots=slots)
     model = load_staged_model(checkpoint, runtime, device=str(torch_device), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    return PlacedModel(model, runtime, tokenizer, torch_device, slots)
+    return PlacedModel(model, runtime, tokenizer, torch_device, slots, Path(checkpoint))

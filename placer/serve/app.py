@@ -69,10 +69,8 @@ class Job:
     reply: Reply
 
 
-def build_app(served: Served, lifespan: Any = None) -> FastAPI:
-    """The app over `served`; `lifespan` (an async context manager factory) runs around it."""
-    app = FastAPI(title="placer serve", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=lifespan)
+def build_app(served: Served) -> FastAPI:
+    app = FastAPI(title="placer serve", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
 
     @app.get("/health")

@@ -76,6 +76,8 @@ def read_prompts(path: Path, tokenizer: object) -> list[list[int]]:
         else:
             messages = list(doc.messages[:1] if corpus.kind == "turns" else doc.messages)
             prompts.append(encode_messages(tokenizer, messages))
+        if not prompts[-1]:
+            raise PlacerError(f"--prompts: prompt {len(prompts)} of {path} has no tokens")
     return prompts
 
 
@@ -107,9 +109,9 @@ async def _trial(engine: Engine, prompts: list[list[int]], concurrency: int,
     return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
 
-def run_trial(loaded: PlacedModel, engine: Engine, recorder: StepRecorder,
-              prompts: list[list[int]], concurrency: int, opts: BenchOptions, trial: int
-              ) -> Trial:
+def run_trial(engine: Engine, recorder: StepRecorder, prompts: list[list[int]],
+              concurrency: int, opts: BenchOptions, trial: int) -> Trial:
+    """One trial: every prompt at `concurrency`, its full decode steps recorded."""
     recorder.steps.clear()
     recorder.recording = True
     try:
@@ -118,9 +120,8 @@ def run_trial(loaded: PlacedModel, engine: Engine, recorder: StepRecorder,
         recorder.recording = False
     full = [s for s in recorder.steps if len(s.experts) == concurrency]
     if not full:
-        raise PlacerError(f"{loaded.runtime.manifest['model']['fingerprint']}: no decode step "
-                          f"held {concurrency} sequences ({engine.mode} batching): give more "
-                          f"prompts or more --max-new-tokens")
+        raise PlacerError(f"no decode step held {concurrency} sequences ({engine.mode} "
+                          f"batching): give more prompts or more --max-new-tokens")
     return Trial(full, ttft)
 
 
@@ -163,27 +164,16 @@ def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: B
     """The campaign's report (see module docstring); `advance` is told of every trial."""
     if opts.trials < 1 or any(c < 1 for c in opts.concurrency) or opts.max_new_tokens < 2:
         raise PlacerError("--trials and --concurrency must be >= 1, --max-new-tokens >= 2")
-    rows, prompts = [], None
+    rows: list[dict] = []
+    prompts: list[list[int]] = []
     for placed in placed_dirs:
         loaded = load_placed_model(placed, checkpoint, device=opts.device,
                                    cache_slots=opts.cache_slots)
-        if prompts is None:
-            prompts = read_prompts(prompts_path, loaded.tokenizer)
-        engine, _ = start_engine(loaded.model, prompts[0], "auto", kv_tokens=opts.kv_tokens)
-        check_prompts(prompts, opts, context_of(loaded.model, opts.kv_tokens))
-        recorder = StepRecorder(loaded.model, engine.batch_request_ids)
         try:
-            for c in opts.concurrency:
-                asyncio.run(_trial(engine, prompts[:c], c, WARMUP_TOKENS, -1))  # not measured
-                trials = []
-                for t in range(opts.trials):
-                    advance(f"{placed.name} C={c} trial {t + 1}")
-                    trials.append(run_trial(loaded, engine, recorder, prompts, c, opts, t))
-                rows.append(measure_arm(placed, c, trials, len(prompts), opts, engine.mode,
-                                        loaded.cache_slots))
+            prompts = prompts or read_prompts(prompts_path, loaded.tokenizer)
+            check_prompts(prompts, opts, context_of(loaded.model, opts.kv_tokens))
+            rows += measure_placed(loaded, placed, prompts, opts, advance)
         finally:
-            recorder.close()
-            engine.stop(timeout=60)
             release(loaded)
     for row in rows:
         first = next(r for r in rows if r["concurrency"] == row["concurrency"])
@@ -192,6 +182,27 @@ def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: B
         del row["_predicted"]
     return {"model": str(checkpoint), "prompts": str(prompts_path), "num_prompts": len(prompts),
             "trials": opts.trials, "max_new_tokens": opts.max_new_tokens, "arms": rows}
+
+
+def measure_placed(loaded: PlacedModel, placed: Path, prompts: list[list[int]],
+                   opts: BenchOptions, advance: Callable[[str], None]) -> list[dict]:
+    """Every concurrency's row of one arm; its engine stopped however this ends."""
+    engine, _ = start_engine(loaded.model, prompts[0], "auto", kv_tokens=opts.kv_tokens)
+    recorder = StepRecorder(loaded.model, engine.batch_request_ids)
+    rows = []
+    try:
+        for c in opts.concurrency:
+            asyncio.run(_trial(engine, prompts[:c], c, WARMUP_TOKENS, -1))  # not measured
+            trials = []
+            for t in range(opts.trials):
+                advance(f"{placed.name} C={c} trial {t + 1}")
+                trials.append(run_trial(engine, recorder, prompts, c, opts, t))
+            rows.append(measure_arm(placed, c, trials, len(prompts), opts, engine.mode,
+                                    loaded.cache_slots))
+    finally:
+        recorder.close()
+        engine.stop(timeout=60)
+    return rows
 
 
 def release(loaded: PlacedModel) -> None:

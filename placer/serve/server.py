@@ -3,22 +3,21 @@
 The address is bound before the model loads (a taken port fails at once); the engine starts
 and is probed (placer.serve.engine), the runtime's counters are zeroed, one line says where
 the server listens, and uvicorn serves the app (placer.serve.app). SIGTERM or SIGINT stop
-accepting connections, let the requests in flight finish (at most `DRAIN_SECONDS`), stop the
-engine and return: the command exits 0.
+accepting connections, let the requests in flight finish (at most `DRAIN_SECONDS`); then the
+engine stops and the command exits 0.
 """
 
 from __future__ import annotations
 
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from placer.errors import PlacerError
-from placer.runtime.placed_model import load_placed_model
+from placer.runtime.placed_model import PlacedModel, load_placed_model
 from placer.serve.app import Served, build_app
-from placer.serve.engine import context_of, start_engine
+from placer.serve.engine import Engine, context_of, start_engine
 from placer.serve.metrics import ServerMetrics
 from placer.serve.openai_api import encode_text
 from placer.serve.steps import ForwardGate
@@ -50,36 +49,43 @@ def serve(placed: Path, checkpoint: Path, *, host: str = "127.0.0.1", port: int 
           device: str = "auto", cache_slots: int | None = None, batching: str = "auto",
           kv_tokens: int = 16384, announce: Callable[[str], None] = print) -> None:
     """Serve `placed` (see module docstring); `announce` gets the ready line."""
-    import uvicorn
-
     sock = bind(host, port)
     try:
         loaded = load_placed_model(placed, checkpoint, device=device, cache_slots=cache_slots)
-        model, tokenizer = loaded.model, loaded.tokenizer
-        engine, fallback = start_engine(model, encode_text(tokenizer, PROBE_PROMPT), batching,
+        engine, fallback = start_engine(loaded.model,
+                                        encode_text(loaded.tokenizer, PROBE_PROMPT), batching,
                                         kv_tokens=kv_tokens)
-        gate = ForwardGate(model)
-        with gate:
-            loaded.runtime.counters.reset()  # the probe is not traffic
-        served = Served(engine, tokenizer, Path(checkpoint).name, context_of(model, kv_tokens),
-                        ServerMetrics(loaded.runtime.counters, gate), fallback)
-
-        @asynccontextmanager
-        async def lifespan(_app: object) -> AsyncIterator[None]:
-            yield
+        try:
+            run_server(sock, host, loaded, engine, fallback, kv_tokens, announce)
+        finally:
             engine.stop(timeout=DRAIN_SECONDS)
+    finally:
+        sock.close()
 
-        app = build_app(served, lifespan=lifespan)
-        address = sock.getsockname()
-        announce(f"placer serve: http://{host}:{address[1]} serving {served.model_id} "
-                 f"({engine.mode} batching{'; ' + fallback if fallback else ''}; cache slots "
-                 f"{loaded.cache_slots}; device {loaded.device})")
-        config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=DRAIN_SECONDS)
+
+def run_server(sock: socket.socket, host: str, loaded: PlacedModel, engine: Engine,
+               fallback: str | None, kv_tokens: int, announce: Callable[[str], None]) -> None:
+    """Serve on `sock` until SIGTERM or SIGINT, and drain."""
+    import uvicorn
+
+    gate = ForwardGate(loaded.model)
+    with gate:
+        loaded.runtime.counters.reset()  # the probe is not traffic
+    served = Served(engine, loaded.tokenizer, loaded.checkpoint.name,
+                    context_of(loaded.model, kv_tokens),
+                    ServerMetrics(loaded.runtime.counters, gate), fallback)
+
+    address = sock.getsockname()
+    announce(f"placer serve: http://{host}:{address[1]} serving {served.model_id} "
+             f"({engine.mode} batching{'; ' + fallback if fallback else ''}; cache slots "
+             f"{loaded.cache_slots}; device {loaded.device})")
+    config = uvicorn.Config(build_app(served), log_level="warning",
+                            timeout_graceful_shutdown=DRAIN_SECONDS)
+    try:
         with stop_signals():
             uvicorn.Server(config).run(sockets=[sock])
     finally:
-        sock.close()
+        gate.close()
 
 
 class stop_signals:
