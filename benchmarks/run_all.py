@@ -20,6 +20,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_traces.py": ["--rows", "1000000", "--repeats", "5"],
     "bench_solvers.py": ["--quick"],
     "bench_emit.py": ["--quick"],
+    "bench_runtime.py": ["--quick"],
     "bench_gpu.py": [],
     "bench_cpu_experts.py": ["--quick"],
     "bench_routing.py": ["--quick"],

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - a typer that uses click itself
     from click import exceptions as click_errors
 
 from placer.commands import (
+    bench,
     collect,
     emit,
     evaluate,
@@ -33,6 +34,7 @@ from placer.commands import (
     inspect,
     run,
     schema,
+    serve,
     solve,
     traces,
     verify,
@@ -87,8 +89,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-for module in (inspect, hardware, collect, traces, solve, emit, verify, evaluate, run, export,
-               schema):
+for module in (inspect, hardware, collect, traces, solve, emit, verify, evaluate, run, serve,
+               bench, export, schema):
     module.register(app)
 
 

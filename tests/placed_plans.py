@@ -61,3 +61,36 @@ def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int) -> Path
     path = out / "plan.json"
     write_json_atomic(plan.to_json(), path)
     return path
+
+
+def resident_plan(model: Path, out: Path) -> Path:
+    """out/plan.json: every expert whole and resident, homes contiguous over the two cards."""
+    inv = read_inventory(model)
+    layers, experts = inv.expert_bytes().shape
+    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
+    plan = build_plan(inv, SPEC, home=home, resident_pages=np.ones((layers, experts), int),
+                      page_size=None, budget_bytes=np.full(2, 1 << 26),
+                      staging_bytes=np.zeros(2, int),
+                      budget={"mode": "budget", "value": None, "concurrency": [1]},
+                      ep="contiguous", solver={"name": "test"})
+    path = out / "plan.json"
+    write_json_atomic(plan.to_json(), path)
+    return path
+
+
+def layer_plan(model: Path, out: Path, staging_bytes: int) -> Path:
+    """out/plan.json: the first MoE layer's experts all cold (layer offload), the rest
+    whole and resident, homes contiguous over the two cards."""
+    inv = read_inventory(model)
+    layers, experts = inv.expert_bytes().shape
+    resident = np.ones((layers, experts), dtype=int)
+    resident[0] = 0
+    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
+    staging = np.full(2, staging_bytes)
+    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=None,
+                      budget_bytes=staging + (1 << 26), staging_bytes=staging,
+                      budget={"mode": "budget", "value": None, "concurrency": [1]},
+                      ep="contiguous", solver={"name": "layer"})
+    path = out / "plan.json"
+    write_json_atomic(plan.to_json(), path)
+    return path

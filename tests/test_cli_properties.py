@@ -150,6 +150,23 @@ def run(pipe: Pipeline, work: Path, *extra, prompt: str = "hi") -> list:
             "--max-new-tokens", 2, *extra]
 
 
+def serve(pipe: Pipeline, *extra) -> list:
+    return ["serve", pipe.placed, "--model", pipe.model, "--device", "cpu", "--port", 0,
+            *extra]
+
+
+def prompts_file(work: Path) -> Path:
+    prompts = work / "prompts.txt"
+    prompts.write_text("Hello there\n\nGood morning\n")
+    return prompts
+
+
+def bench(pipe: Pipeline, work: Path, *extra) -> list:
+    prompts = prompts_file(work)
+    return ["bench", pipe.placed, "--model", pipe.model, "--prompts", prompts, "--device",
+            "cpu", "--trials", 1, "--concurrency", 1, "--max-new-tokens", 2, *extra]
+
+
 def plan_copy(pipe: Pipeline, work: Path) -> Path:
     copy_path = work / "plan.json"
     copy_path.write_bytes(pipe.plan.read_bytes())
@@ -230,6 +247,31 @@ OPTION_CASES = [
     Case("run --max-new-tokens", NON_POSITIVE, lambda p, w, v: run(p, w, "--max-new-tokens", v)),
     Case("run PLACED", PATHS, lambda p, w, v: ["run", bad_path(v, w), "--model", p.model,
                                                "--prompt", "hi"]),
+    # serve (every case fails before the server would start)
+    Case("serve --port", NEG | st.integers(min_value=65536),
+         lambda p, w, v: serve(p, "--port", v)),
+    Case("serve --cache-slots", NEG | st.integers(min_value=2**16 + 1),
+         lambda p, w, v: serve(p, "--cache-slots", v)),
+    Case("serve --device", DEVICES, lambda p, w, v: serve(p, "--device", v)),
+    Case("serve --kv-tokens", NON_POSITIVE, lambda p, w, v: serve(p, "--kv-tokens", v)),
+    Case("serve --batching", EMPTY | st.just("bogus"), lambda p, w, v: serve(p, "--batching", v)),
+    Case("serve --host", st.sampled_from(["no such host", "256.1.1.1"]),
+         lambda p, w, v: serve(p, "--host", v)),
+    Case("serve PLACED", PATHS, lambda p, w, v: ["serve", bad_path(v, w), "--model", p.model,
+                                                 "--port", 0, "--device", "cpu"]),
+    # bench
+    Case("bench --concurrency", BAD_LIST, lambda p, w, v: bench(p, w, "--concurrency", v)),
+    Case("bench --trials", NON_POSITIVE, lambda p, w, v: bench(p, w, "--trials", v)),
+    Case("bench --max-new-tokens", NON_POSITIVE,
+         lambda p, w, v: bench(p, w, "--max-new-tokens", v)),
+    Case("bench --cache-slots", NEG, lambda p, w, v: bench(p, w, "--cache-slots", v)),
+    Case("bench --device", DEVICES, lambda p, w, v: bench(p, w, "--device", v)),
+    Case("bench --plot", st.sampled_from(["x.json", "x.txt"]),
+         lambda p, w, v: bench(p, w, "--plot", w / v)),
+    Case("bench --prompts", PATHS, lambda p, w, v: ["bench", p.placed, "--model", p.model,
+                                                    "--prompts", bad_path(v, w)]),
+    Case("bench PLACED", PATHS, lambda p, w, v: ["bench", bad_path(v, w), "--model", p.model,
+                                                 "--prompts", prompts_file(w)]),
     # inspect, hardware, traces
     Case("inspect CHECKPOINT", PATHS, lambda p, w, v: ["inspect", bad_path(v, w)]),
     Case("inspect --config", PATHS, lambda p, w, v: ["inspect", "--config", bad_path(v, w)]),

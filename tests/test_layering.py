@@ -1,7 +1,7 @@
 """Data flows forward only: traces/ -> solvers/ -> placer/, and within placer/ from room to
-room (checkpoint, hardware -> plan -> placed, predict, exporters -> runtime -> commands ->
-cli). No stage imports a later one, no room a later one, and no module imports itself back
-through others."""
+room (checkpoint, hardware -> plan -> placed, predict, exporters -> runtime -> serve ->
+commands -> cli). No stage imports a later one, no room a later one, and no module imports
+itself back through others."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ ROOMS = {"errors": 0, "units": 0, "files": 0,
          "plan": 2,
          "placed": 3, "predict": 3, "exporters": 3,
          "runtime": 4,
-         "commands": 5,
-         "cli": 6, "__main__": 7}
+         "serve": 5,
+         "commands": 6,
+         "cli": 7, "__main__": 8}
 BASICS = {room for room, rank in ROOMS.items() if rank == 0}
 MAX_TOP_LEVEL = 8  # modules directly in placer/ besides __init__, __main__ and cli
 MAX_LINES = 500

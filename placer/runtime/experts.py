@@ -7,6 +7,11 @@ original module's parameters for just those experts (see `layouts`), renumbers t
 indices to match, and runs the original class's own forward (whichever experts
 implementation the config chose: eager, grouped_mm, batched_mm) on a shallow copy holding the
 compact parameters. Same kernels, same operands, same order: the output is bit-identical.
+
+A placed runtime gives each module a table instead (`placer.runtime.tables`): its resident
+experts held once in the original layout, so a forward copies no resident expert and, where a
+layer has no cold expert, is the original forward itself. The compact path above stays for
+other sources and for what a table cannot take.
 """
 
 from __future__ import annotations
@@ -34,6 +39,17 @@ class ExpertSource(Protocol):
         ...
 
 
+class ExpertTable(Protocol):
+    """A layer's experts held in the original module's layout (`placer.runtime.tables`)."""
+
+    identity: bool       # every expert resident, rows in expert order: no remap
+    view: nn.Module      # an original-class instance holding the table
+
+    def route(self, top_k_index: torch.Tensor, implementation: str) -> torch.Tensor | None:
+        """Table rows for `top_k_index` (selected cold experts staged), or None."""
+        ...
+
+
 class StagedExperts(nn.Module):
     """Drop-in for the experts module `original` of decoder layer `layer` (see module doc)."""
 
@@ -51,14 +67,47 @@ class StagedExperts(nn.Module):
         self._original_state = dict(original.__dict__)
         self.source: ExpertSource | None = None
         self.layout: ExpertLayout | None = None
+        self.table: ExpertTable | None = None
 
     def attach(self, source: ExpertSource) -> None:
         """Take weights from `source` from now on."""
         self.layout = layout_for(self.param_names, source.tensor_names(self.layer))
         self.source = source
+        self.table = None
+
+    def use_table(self, table: ExpertTable) -> None:
+        """Compute on `table` (built over the attached source) from now on."""
+        self.table = table
+
+    def original_view(self, params: Mapping[str, torch.Tensor], num_experts: int) -> nn.Module:
+        """An instance of the original class holding `params` for `num_experts` rows (a
+        shallow copy: its forward is the original's, whichever implementation the config
+        chooses)."""
+        view = object.__new__(self._original_class)
+        view.__dict__.update(self._original_state, **params, num_experts=num_experts)
+        return view
+
+    def implementation(self) -> str:
+        """The experts implementation the model's config chooses (eager when none)."""
+        config = self._original_state.get("config")
+        return getattr(config, "_experts_implementation", None) or "eager"
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        table = self.table
+        if table is not None:
+            if table.identity:
+                return self._original_class.forward(table.view, hidden_states, top_k_index,
+                                                    top_k_weights)
+            rows = table.route(top_k_index, self.implementation())
+            if rows is not None:
+                return self._original_class.forward(table.view, hidden_states, rows,
+                                                    top_k_weights)
+        return self._compact(hidden_states, top_k_index, top_k_weights)
+
+    def _compact(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The selected experts' rows built afresh, the indices renumbered to them."""
         if self.source is None or self.layout is None:
             raise RuntimeError(f"experts of layer {self.layer} have no weight source attached")
         ids = torch.unique(top_k_index)
@@ -68,10 +117,8 @@ class StagedExperts(nn.Module):
                              device=top_k_index.device)
         compact[ids] = torch.arange(ids.numel(), dtype=top_k_index.dtype,
                                     device=top_k_index.device)
-        view = object.__new__(self._original_class)
-        view.__dict__.update(self._original_state, **params, num_experts=ids.numel())
-        return self._original_class.forward(view, hidden_states, compact[top_k_index],
-                                            top_k_weights)
+        return self._original_class.forward(self.original_view(params, ids.numel()),
+                                            hidden_states, compact[top_k_index], top_k_weights)
 
     def extra_repr(self) -> str:
         return (f"layer={self.layer}, num_experts={self.num_experts}, "

@@ -36,6 +36,37 @@ class ExpertLayout:
             out[param] = torch.stack(rows).to(device=device, dtype=dtype)
         return out
 
+    def row_shapes(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        """Each parameter's slice shape for one expert whose tensors have `shapes`."""
+        out = {}
+        for param, parts in self.params.items():
+            first = tuple(shapes[parts[0]])
+            out[param] = (sum(int(shapes[p][0]) for p in parts), *first[1:])
+        return out
+
+    def fill(self, params: Mapping[str, torch.Tensor], row: int,
+             weights: Mapping[str, torch.Tensor]) -> None:
+        """Write one expert's tensors `weights` into row `row` of the module's parameters
+        `params`: one copy per tensor (converting dtype as `assemble` does), no temporary."""
+        for param, parts in self.params.items():
+            start = 0
+            for part in parts:
+                n = weights[part].shape[0]
+                params[param][row, start:start + n].copy_(weights[part])
+                start += n
+
+    def split(self, params: Mapping[str, torch.Tensor], row: int,
+              shapes: Mapping[str, Sequence[int]]) -> dict[str, torch.Tensor]:
+        """The inverse of `fill`: views of row `row` of `params`, one per checkpoint tensor."""
+        out = {}
+        for param, parts in self.params.items():
+            start = 0
+            for part in parts:
+                n = int(shapes[part][0])
+                out[part] = params[param][row, start:start + n]
+                start += n
+        return out
+
 
 GATE_UP_DOWN = ExpertLayout("per-expert gate/up/down_proj", {
     "gate_up_proj": ("gate_proj.weight", "up_proj.weight"), "down_proj": ("down_proj.weight",)})

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from placer.errors import PlacerError
 from placer.runtime.experts import ExpertSource, StagedExperts
+from placer.runtime.loader import PlacedRuntime
+from placer.runtime.tables import bind_tables
 
 EXPERTS_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)"
                             r"\.experts$")
@@ -67,9 +70,11 @@ def staged_class(cls: type) -> type:
 
 
 def load_staged_model(checkpoint: Path, source: ExpertSource, *, device: str = "cpu",
-                      **kwargs: Any) -> nn.Module:
+                      spare_rows: int | None = None, **kwargs: Any) -> nn.Module:
     """The causal LM of `checkpoint` (local files only) on `device`, routed experts from
-    `source`; `kwargs` go to `from_pretrained` (e.g. `dtype`, `experts_implementation`)."""
+    `source`; `kwargs` go to `from_pretrained` (e.g. `dtype`, `experts_implementation`).
+    A placed runtime's experts are bound to per-layer tables with `spare_rows` spare rows
+    per layer (None: the model's top-k; see placer.runtime.tables)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -86,7 +91,15 @@ def load_staged_model(checkpoint: Path, source: ExpertSource, *, device: str = "
         raise PlacerError(f"{checkpoint}: no routed experts module found in {cls.__name__}")
     for module in modules:
         module.attach(source)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if isinstance(source, PlacedRuntime):
+        bind_tables(modules, source, spare_rows)
+    return model
+
+
+def routed_index(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The [tokens, k] expert ids an experts module is called with."""
+    return args[1] if len(args) > 1 else kwargs.get("top_k_index", kwargs.get("router_indices"))
 
 
 class SelectionRecorder:
@@ -105,9 +118,7 @@ class SelectionRecorder:
 
     def _hook(self, layer: int) -> Callable[[nn.Module, tuple, dict], None]:
         def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-            index = args[1] if len(args) > 1 else kwargs.get("top_k_index",
-                                                             kwargs.get("router_indices"))
-            self.steps[-1][layer] = index.detach().cpu().numpy()
+            self.steps[-1][layer] = routed_index(args, kwargs).detach().cpu().numpy()
         return hook
 
     def selected(self, moe_layers: Sequence[int], num_experts: int) -> np.ndarray:

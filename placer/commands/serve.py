@@ -1,0 +1,72 @@
+"""`placer serve`: an OpenAI-compatible server for a placed model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from placer.commands.common import command
+from placer.commands.run import MAX_CACHE_SLOTS
+from placer.errors import PlacerError
+from placer.hardware.devices import check_device
+
+BATCHING_HELP = (
+    "auto: transformers' continuous batching, checked at start on a short greedy probe "
+    "against model.generate; where it cannot run the model (or generates other tokens) one "
+    "request at a time through model.generate (serial). Continuous batching ran qwen3_moe, "
+    "mixtral, olmoe and deepseek_v3 with sdpa or eager attention, and gpt_oss with eager "
+    "attention. continuous: fail instead of falling back. serial: never batch.")
+
+
+def register(app: typer.Typer) -> None:
+    @command(app, "serve")
+    def serve_cmd(
+        placed: Annotated[Path, typer.Argument(
+            help="Placed directory written by `placer emit` (manifest.json + shards).")],
+        model: Annotated[Path, typer.Option(
+            help="The checkpoint directory it was placed from (dense weights, tokenizer).")],
+        host: Annotated[str, typer.Option(
+            help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every "
+                 "interface).")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8000,
+        device: Annotated[str, typer.Option(
+            help="torch device for the model and every card: auto, cpu, cuda, cuda:N.")
+        ] = "auto",
+        cache_slots: Annotated[int | None, typer.Option(
+            help="Cache slots per card for staged experts, instead of the manifest's (default: "
+                 "each card's slots per layer and policy as placed).")] = None,
+        batching: Annotated[str, typer.Option(help=BATCHING_HELP)] = "auto",
+        kv_tokens: Annotated[int, typer.Option(
+            help="KV cache tokens on a CPU device (on a GPU transformers sizes the cache "
+                 "from free memory); also the longest prompt + completion there.")] = 16384,
+    ) -> None:
+        """Serve PLACED over HTTP with the OpenAI API: POST /v1/completions and
+        /v1/chat/completions (stream: true for server-sent events ending in
+        `data: [DONE]`), GET /v1/models, /health and /metrics (Prometheus: placer_staged_bytes
+        and the other staging counters by card, generated tokens, requests).
+
+        Greedy decoding only (what `placer run` prints for the same prompt): temperature 0
+        or absent, top_p 1 or absent, n 1; stop strings are honoured. A bad request gets a
+        4xx with an OpenAI error body. SIGTERM or Ctrl-C stop taking connections, finish the
+        requests in flight and exit 0."""
+        from placer.serve.engine import BATCHING
+        from placer.serve.server import serve
+
+        if not placed.is_dir():
+            raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
+        if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
+            raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, "
+                              f"got {cache_slots}")
+        if kv_tokens < 64:
+            raise PlacerError(f"--kv-tokens must be >= 64, got {kv_tokens}")
+        if batching not in BATCHING:
+            raise PlacerError(f"--batching must be one of {', '.join(BATCHING)}, got "
+                              f"{batching!r}")
+        if not 0 <= port <= 65535:
+            raise PlacerError(f"--port must be in 0..65535, got {port}")
+        check_device(device)
+        serve(placed, model, host=host, port=port, device=device, cache_slots=cache_slots,
+              batching=batching, kv_tokens=kv_tokens,
+              announce=lambda line: typer.echo(line))

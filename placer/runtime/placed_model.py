@@ -1,0 +1,78 @@
+"""A placed model ready to generate: checked, loaded, its experts bound to the runtime.
+
+`load_placed_model` is what `placer run`, `placer serve` and `placer bench` share: the
+placed directory must have been made from this very checkpoint (fingerprint, then every
+file's size and sha256), the runtime loads its cards and the causal LM its dense weights,
+the routed experts come from the runtime's tables, and the tokenizer comes along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from placer.checkpoint.inventory import read_inventory
+from placer.errors import PlacerError
+from placer.placed.manifest import read_manifest
+from placer.runtime.experts import StagedExperts
+from placer.runtime.integrity import check_integrity
+from placer.runtime.loader import PlacedRuntime, load_placed
+from placer.runtime.patch import load_staged_model
+
+
+@dataclass
+class PlacedModel:
+    """The model, the runtime its routed experts come from, its tokenizer, device, the cache
+    slots per card it was given instead of the manifest's (None: the manifest's, per card and
+    layer: runtime.cache), and the checkpoint directory it was loaded from."""
+
+    model: nn.Module
+    runtime: PlacedRuntime
+    tokenizer: Any
+    device: torch.device
+    cache_slots: int | None
+    checkpoint: Path
+
+    def tables(self) -> list:
+        """The per-layer expert tables (placer.runtime.tables), in layer order."""
+        return [m.table for m in self.model.modules()
+                if isinstance(m, StagedExperts) and m.table is not None]
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is cuda where there is one, else cpu; anything else as torch reads it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise PlacerError(f"--device: cannot read {name!r} as a torch device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PlacerError(f"--device {name}: this host has no CUDA device")
+    return device
+
+
+def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
+                      cache_slots: int | None = None, **kwargs: Any) -> PlacedModel:
+    """Check and load `placed` for `checkpoint` (see module docstring); `cache_slots` None
+    takes the manifest's cache (slots per card and layer, and policy); `kwargs` go to
+    `from_pretrained` (e.g. `attn_implementation`)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stdout/stderr stay the command's own (--json)
+    torch_device = resolve_device(device)
+    manifest = read_manifest(placed)
+    fingerprint = read_inventory(checkpoint).fingerprint
+    if fingerprint != manifest["model"]["fingerprint"]:
+        raise PlacerError(f"{placed} was placed for model {manifest['model']['fingerprint']}, "
+                          f"but {checkpoint} is model {fingerprint}")
+    check_integrity(placed, checkpoint, manifest)
+    runtime = load_placed(placed, device=torch_device, cache_slots=cache_slots)
+    model = load_staged_model(checkpoint, runtime, device=str(torch_device), **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    return PlacedModel(model, runtime, tokenizer, torch_device, cache_slots, Path(checkpoint))

@@ -1,0 +1,1 @@
+"""Serving a placed model (`placer serve`) and measuring it (`placer bench`)."""

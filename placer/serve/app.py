@@ -1,0 +1,218 @@
+"""The HTTP face of `placer serve`: an OpenAI-compatible FastAPI app over an engine.
+
+    POST /v1/completions        {"model", "prompt", "max_tokens", "stop", "stream"}
+    POST /v1/chat/completions   {"model", "messages", "max_tokens", "stop", "stream"}
+    GET  /v1/models             the one model served
+    GET  /health                200 while the engine generates, 503 once it cannot
+    GET  /metrics               Prometheus text (placer.serve.metrics)
+
+Streams are server-sent events, `data: <chunk JSON>` each, the last `data: [DONE]`. Every
+refusal is a 4xx with an OpenAI error body, `{"error": {"message", "type", "param",
+"code"}}`: a body that is not JSON or not the schema, an unknown model, a prompt that does
+not fit the context, sampling the server does not do (see placer.serve.openai_api); an
+unknown path is a 404 and a wrong method a 405, in the same shape. A client that leaves
+mid-stream cancels its request.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from placer.serve.engine import Engine, EngineClosed
+from placer.serve.metrics import ServerMetrics
+from placer.serve.openai_api import (
+    DEFAULT_MAX_TOKENS,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    Reply,
+    TextStream,
+    encode_messages,
+    encode_text,
+    finish_reason,
+    usage,
+)
+
+
+@dataclass
+class Served:
+    """What the app serves: the engine, the tokenizer, the model's id and context length,
+    the metrics, and why continuous batching is not serving (None when it is)."""
+
+    engine: Engine
+    tokenizer: Any
+    model_id: str
+    max_context: int
+    metrics: ServerMetrics
+    fallback: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One accepted request: its prompt, its limit, its stop strings, its reply envelope."""
+
+    endpoint: str
+    prompt_ids: list[int]
+    max_tokens: int
+    stops: list[str]
+    reply: Reply
+
+
+def build_app(served: Served) -> FastAPI:
+    app = FastAPI(title="placer serve", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = served.engine.healthy()
+        return JSONResponse({"status": "ok" if ok else "unavailable",
+                             "batching": served.engine.mode, "fallback": served.fallback},
+                            status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": served.model_id, "object": "model",
+                                            "created": 0, "owned_by": "placer"}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(served.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Response:
+        job = accept(served, body, "completions", encode_text(served.tokenizer, body.text()),
+                     body.max_tokens)
+        return await answer(served, job, body)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatRequest) -> Response:
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        job = accept(served, body, "chat", encode_messages(served.tokenizer, messages),
+                     body.limit())
+        return await answer(served, job, body)
+
+    return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in OpenAI's error shape (see module docstring)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first['msg']}" if where else first["msg"]
+        return JSONResponse(ApiError(400, message, param=where or None).body(),
+                            status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(),
+                            status_code=exc.status_code, headers=exc.headers)
+
+
+def accept(served: Served, body: ChatRequest | CompletionRequest, endpoint: str,
+           prompt_ids: list[int], max_tokens: int | None) -> Job:
+    """The request as a job, or an ApiError saying why it cannot be served."""
+    body.check_greedy()
+    if body.model != served.model_id:
+        raise ApiError(404, f"model {body.model!r} is not served here (GET /v1/models: "
+                            f"{served.model_id!r})", param="model")
+    room = served.max_context - len(prompt_ids)
+    if room < 1:
+        raise ApiError(400, f"the prompt is {len(prompt_ids)} tokens: the context holds "
+                            f"{served.max_context}", param="messages" if endpoint == "chat"
+                       else "prompt")
+    if max_tokens is None:
+        max_tokens = room if endpoint == "chat" else min(DEFAULT_MAX_TOKENS, room)
+    if max_tokens > room:
+        raise ApiError(400, f"{len(prompt_ids)} prompt tokens + max_tokens {max_tokens} "
+                            f"exceed the context of {served.max_context} tokens",
+                       param="max_tokens")
+    if not served.engine.healthy():
+        raise ApiError(503, "the engine is not generating (see GET /health)",
+                       kind="server_error")
+    return Job(endpoint, prompt_ids, max_tokens, body.stops(),
+               Reply(chat=endpoint == "chat", model=served.model_id))
+
+
+async def answer(served: Served, job: Job, body: ChatRequest | CompletionRequest
+                 ) -> Response:
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(events(served, job, include_usage),
+                                 media_type="text/event-stream")
+    stream = TextStream(served.tokenizer, job.stops)
+    text = []
+    try:
+        async for piece in generate(served, job, stream):
+            text.append(piece)
+    except EngineClosed as exc:
+        raise ApiError(503, str(exc), kind="server_error") from None
+    except RuntimeError as exc:
+        raise ApiError(500, str(exc), kind="server_error") from None
+    return JSONResponse(job.reply.whole("".join(text), finish_reason(stream, job.max_tokens),
+                                        usage(len(job.prompt_ids), len(stream.tokens))))
+
+
+async def generate(served: Served, job: Job, stream: TextStream) -> AsyncIterator[str]:
+    """The request's text as it is generated (cut at a stop string), counted in the
+    metrics; a RuntimeError if the engine failed the request."""
+    metrics = served.metrics
+    metrics.running.inc()
+    status = "error"
+    try:
+        updates = served.engine.generate(job.prompt_ids, job.max_tokens, uuid.uuid4().hex)
+        async with aclosing(updates):  # leaving early cancels the request in the engine
+            async for update in updates:
+                if update.error:
+                    raise RuntimeError(f"generation failed: {update.error}")
+                piece = stream.feed(update.tokens, update.finished)
+                if piece:
+                    yield piece
+                if stream.stopped:
+                    break
+        status = "ok"
+    finally:
+        metrics.running.dec()
+        metrics.requests.labels(job.endpoint, status).inc()
+        metrics.prompt.inc(len(job.prompt_ids))
+        metrics.generated.inc(len(stream.tokens))
+
+
+def sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+async def events(served: Served, job: Job, include_usage: bool) -> AsyncIterator[str]:
+    """The server-sent events of a streamed reply; a failure after the first event is an
+    error event (the status line is sent), then [DONE]."""
+    stream = TextStream(served.tokenizer, job.stops)
+    reply = job.reply
+    if reply.chat:
+        yield sse(reply.chunk(None, role=True))
+    try:
+        async for piece in generate(served, job, stream):
+            yield sse(reply.chunk(piece))
+        yield sse(reply.chunk(None, finish_reason(stream, job.max_tokens)))
+        if include_usage:
+            yield sse(reply.usage_chunk(usage(len(job.prompt_ids), len(stream.tokens))))
+    except (EngineClosed, RuntimeError) as exc:
+        yield sse(ApiError(500, str(exc), kind="server_error").body())
+    yield sse("[DONE]")

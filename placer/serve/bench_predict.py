@@ -1,0 +1,97 @@
+"""What `placer evaluate`'s cost model predicts for the decode steps a bench served, and the
+intervals beside the measured figures.
+
+The steps are the bench's own (the experts each token of each full decode step was routed
+to), replayed against the placement the arm ran: what the runtime stages for them
+(`expected_staging`, the LRU the runtime runs when it has cache slots; without any, exactly
+the cost model's union), the stall that costs (`solvers.cost.stall_from_loads`: per layer
+the slowest card or shared link), and tokens/s = C / (base step + stall) with the plan's
+hardware spec's base step at C. The interval is evaluate's paired bootstrap with the
+prompts as units (the same prompts in every arm, so an arm's ratio to the first is paired).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from placer.plan.placement import Plan, plan_caches
+from placer.predict.evaluate import plan_placement, plan_problem
+from placer.predict.staging import plan_cold_bytes
+from solvers.cache import cache_hits, staging_counts
+from solvers.cost import stall_from_loads
+from solvers.intervals import (
+    REPLICATES,
+    Estimate,
+    Units,
+    attribute,
+    line_figures,
+    replicate_weights,
+    token_shares,
+    units_of,
+)
+from solvers.replay import share_weights
+from traces.profile import TokenSteps, step_mask
+
+
+def prompt_units(seqs: np.ndarray, num_prompts: int) -> Units:
+    """Each prompt a unit (the same numbering in every arm); each step where a step's
+    prompts are unknown."""
+    if (seqs < 0).any():
+        return units_of(np.full_like(seqs, -1))
+    return Units(seqs, num_prompts, "prompts")
+
+
+def predict_arm(plan: Plan, steps: TokenSteps, num_prompts: int, cache_slots: int | None,
+                seed: int = 0, replicates: int = REPLICATES) -> dict:
+    """The predicted figures of `steps` under `plan` (see module docstring); `estimate` is
+    the tokens/s point and bootstrap replicates, for paired ratios."""
+    batch = steps.batch
+    problem = plan_problem(plan, [], "stage")
+    mask = step_mask(steps.tokens, plan.experts_per_layer)
+    cold, home = plan_cold_bytes(plan), plan.matrix("card")
+    hits = cache_hits(plan_caches(plan, cache_slots), mask, cold, home)
+    counts = staging_counts(mask, hits, cold, home, len(plan.cards))
+    stall = stall_from_loads(problem, counts.bytes.astype(np.float64),
+                             counts.copies.astype(np.float64)).sum(axis=1)
+    selected = np.einsum("sle,le->s", mask.astype(np.float64),
+                         np.asarray(problem.expert_bytes, dtype=np.float64))
+    per_step = np.stack([stall, counts.bytes.sum(axis=(1, 2)), counts.copies.sum(axis=(1, 2)),
+                         selected], axis=1)
+    units = prompt_units(steps.seqs, num_prompts)
+    shares = token_shares(steps.tokens, share_weights(problem, plan_placement(plan, "stage")),
+                          mask & ~hits)
+    sums = attribute(units.unit_of, per_step, units.count, shares)
+    base = plan.hardware.base_step_s(batch)
+    figures, stall_estimate = line_figures(sums, units.tokens(), replicate_weights(
+        units.count, replicates, seed), batch, base)
+    return {"tokens_per_s": figures["tokens_per_s"],
+            "tokens_per_s_ci95": figures["tokens_per_s_ci95"],
+            "stall_ms_per_step": figures["stall_ms_per_step"],
+            "stall_ms_per_step_ci95": figures["stall_ms_per_step_ci95"],
+            "staged_bytes_per_token": figures["staged_bytes_per_token"],
+            "staged_bytes_per_token_ci95": figures["staged_bytes_per_token_ci95"],
+            "base_step_ms": base * 1e3, "interval_over": units.over,
+            "estimate": Estimate(batch / (base + stall_estimate.point),
+                                 batch / (base + stall_estimate.replicates))}
+
+
+def t_interval(values: list[float]) -> tuple[float, list[float]]:
+    """The mean of `values` and its 95% Student's t interval (a point for one value)."""
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return mean, [mean, mean]
+    half = float(stats.t.ppf(0.975, len(values) - 1) * stats.sem(values))
+    return mean, [mean - half, mean + half]
+
+
+def ratio_to(row: dict, first: dict) -> dict:
+    """`row`'s tokens/s over `first`'s at the same concurrency: measured (trial by trial,
+    Student's t) and predicted (paired bootstrap)."""
+    measured = [a / b for a, b in zip(row["measured_tokens_per_s_trials"],
+                                      first["measured_tokens_per_s_trials"], strict=True)]
+    point, ci = t_interval(measured)
+    predicted = row["_predicted"].ratio_to(first["_predicted"])
+    return {"measured_ratio_to_first": point, "measured_ratio_to_first_ci95": ci,
+            "predicted_ratio_to_first": predicted.point,
+            "predicted_ratio_to_first_ci95": predicted.ci95()}

@@ -1,0 +1,102 @@
+"""`placer serve`: load a placed model, start its engine, answer HTTP until told to stop.
+
+The address is bound before the model loads (a taken port fails at once); the engine starts
+and is probed (placer.serve.engine), the runtime's counters are zeroed, one line says where
+the server listens, and uvicorn serves the app (placer.serve.app). SIGTERM or SIGINT stop
+accepting connections, let the requests in flight finish (at most `DRAIN_SECONDS`); then the
+engine stops and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from placer.errors import PlacerError
+from placer.runtime.placed_model import PlacedModel, load_placed_model
+from placer.serve.app import Served, build_app
+from placer.serve.engine import Engine, context_of, start_engine
+from placer.serve.metrics import ServerMetrics
+from placer.serve.openai_api import encode_text
+from placer.serve.steps import ForwardGate
+
+DRAIN_SECONDS = 120
+PROBE_PROMPT = "The experts of a mixture"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port), or a PlacerError (port 0: any free port)."""
+    if not 0 <= port <= 65535:
+        raise PlacerError(f"--port must be in 0..65535, got {port}")
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise PlacerError(f"--host {host}: {exc.strerror}") from None
+    sock = socket.socket(info[0], socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(info[4])
+    except OSError as exc:
+        sock.close()
+        raise PlacerError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)
+    return sock
+
+
+def serve(placed: Path, checkpoint: Path, *, host: str = "127.0.0.1", port: int = 8000,
+          device: str = "auto", cache_slots: int | None = None, batching: str = "auto",
+          kv_tokens: int = 16384, announce: Callable[[str], None] = print) -> None:
+    """Serve `placed` (see module docstring); `announce` gets the ready line."""
+    sock = bind(host, port)
+    try:
+        loaded = load_placed_model(placed, checkpoint, device=device, cache_slots=cache_slots)
+        engine, fallback = start_engine(loaded.model,
+                                        encode_text(loaded.tokenizer, PROBE_PROMPT), batching,
+                                        kv_tokens=kv_tokens)
+        try:
+            run_server(sock, host, loaded, engine, fallback, kv_tokens, announce)
+        finally:
+            engine.stop(timeout=DRAIN_SECONDS)
+    finally:
+        sock.close()
+
+
+def run_server(sock: socket.socket, host: str, loaded: PlacedModel, engine: Engine,
+               fallback: str | None, kv_tokens: int, announce: Callable[[str], None]) -> None:
+    """Serve on `sock` until SIGTERM or SIGINT, and drain."""
+    import uvicorn
+
+    gate = ForwardGate(loaded.model)
+    with gate:
+        loaded.runtime.counters.reset()  # the probe is not traffic
+    served = Served(engine, loaded.tokenizer, loaded.checkpoint.name,
+                    context_of(loaded.model, kv_tokens),
+                    ServerMetrics(loaded.runtime.counters, gate), fallback)
+
+    address = sock.getsockname()
+    announce(f"placer serve: http://{host}:{address[1]} serving {served.model_id} "
+             f"({engine.mode} batching{'; ' + fallback if fallback else ''}; cache slots per "
+             f"card {loaded.runtime.cache.slots.tolist()} ({loaded.runtime.cache.name}); device "
+             f"{loaded.device})")
+    config = uvicorn.Config(build_app(served), log_level="warning",
+                            timeout_graceful_shutdown=DRAIN_SECONDS)
+    try:
+        with stop_signals():
+            uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        gate.close()
+
+
+class stop_signals:
+    """SIGTERM and SIGINT only stop uvicorn (which handles them while it serves and raises
+    them again once it has drained): after that, the command returns normally."""
+
+    def __enter__(self) -> None:
+        self.saved = {sig: signal.signal(sig, lambda *_: None)
+                      for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,92 @@
+"""`placer bench`: two placed directories measured on this box beside what evaluate's cost
+model predicts for the very decode steps they served, each with its interval."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from placed_plans import layer_plan
+from test_runtime import PROMPTS
+from test_runtime_placed import placed_model
+
+from placer.checkpoint.inventory import read_inventory
+from placer.commands.bench import print_report
+from placer.plan.placement import read_plan
+from placer.predict.evaluate import plan_placement, plan_problem
+from placer.serve.bench_predict import predict_arm
+from solvers.replay import replay_with_intervals
+from traces.profile import TokenSteps
+
+pytest_plugins = ["fixtures_models"]
+
+
+@pytest.fixture(scope="module")
+def arms(trace_models, tmp_path_factory, cli):
+    checkpoint = trace_models["qwen3_moe"]
+    root = tmp_path_factory.mktemp("bench")
+    placed = placed_model(checkpoint, root / "plan", cli)
+    staging = int(read_inventory(checkpoint).expert_bytes().sum(axis=1).max())
+    (root / "layer").mkdir()
+    cli("emit", "--plan", layer_plan(checkpoint, root / "layer", staging), "--model",
+        checkpoint, "--out", root / "layer" / "placed")
+    return checkpoint, [placed, root / "layer" / "placed"]
+
+
+def test_bench_measures_and_predicts_every_arm(arms, tmp_path, cli, capsys):
+    checkpoint, placed = arms
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n\n".join(PROMPTS) + "\n")
+    plot = tmp_path / "bench.png"
+    report = json.loads(cli("bench", *placed, "--model", checkpoint, "--prompts", prompts,
+                            "--concurrency", "1,2", "--trials", "2", "--max-new-tokens", "6",
+                            "--device", "cpu", "--plot", plot, "--json").output)
+    rows = report["arms"]
+    assert [(r["placed"], r["concurrency"]) for r in rows] == [
+        (str(p), c) for p in placed for c in (1, 2)]
+    for r in rows:
+        for key in ("measured_tokens_per_s", "predicted_tokens_per_s", "ttft_ms"):
+            low, high = r[f"{key}_ci95"]
+            assert r[key] > 0 and low <= r[key] <= high
+        assert len(r["measured_tokens_per_s_trials"]) == 2 and r["decode_steps"] > 0
+        assert r["batching"] == "continuous" and r["predicted_interval_over"] == "prompts"
+    first = [r for r in rows if r["placed"] == str(placed[0])]
+    assert all(r["measured_ratio_to_first"] == 1 == r["predicted_ratio_to_first"] for r in first)
+    layer = [r for r in rows if r["placed"] == str(placed[1])]
+    assert all(r["predicted_staged_bytes_per_token"] > 0 for r in layer)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    print_report(report)
+    table = capsys.readouterr().out
+    assert "measured tok/s" in table and "predicted tok/s" in table
+    assert f"{layer[0]['predicted_ratio_to_first']:.3f}" in table
+
+
+def random_steps(plan, num_steps: int, batch: int, prompts: int, seed: int = 0) -> TokenSteps:
+    rng = np.random.default_rng(seed)
+    layers, top_k = len(plan.moe_layers), int(plan.model["top_k"])
+    tokens = np.stack([[[rng.choice(plan.experts_per_layer, top_k, replace=False)
+                         for _ in range(layers)] for _ in range(batch)]
+                       for _ in range(num_steps)]).astype(np.int16)
+    seqs = np.stack([rng.choice(prompts, batch, replace=False) for _ in range(num_steps)])
+    return TokenSteps(tokens, seqs.astype(np.int64))
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_the_prediction_is_evaluates_replay_of_the_same_steps(arms, batch):
+    """Without cache slots the bench's prediction is `placer evaluate`'s: the same tokens/s
+    and interval from the same steps; cache slots only lower the staging."""
+    plan = read_plan(arms[1][0])
+    steps = random_steps(plan, 40, batch, prompts=6)
+    mine = predict_arm(plan, steps, 6, cache_slots=0, seed=3, replicates=200)
+    theirs = replay_with_intervals(plan_problem(plan, [], "stage"),
+                                   {"placement": plan_placement(plan, "stage")}, steps,
+                                   plan.hardware.base_step_s(batch), 200, 3)
+    figures = theirs.figures["placement"]
+    assert mine["tokens_per_s"] == pytest.approx(figures["tokens_per_s"], rel=1e-12)
+    assert mine["tokens_per_s_ci95"] == pytest.approx(figures["tokens_per_s_ci95"], rel=1e-12)
+    assert mine["staged_bytes_per_token"] == pytest.approx(figures["staged_bytes_per_token"])
+    cached = predict_arm(plan, steps, 6, cache_slots=4, seed=3, replicates=200)
+    assert cached["staged_bytes_per_token"] < mine["staged_bytes_per_token"]
+    assert cached["tokens_per_s"] > mine["tokens_per_s"]

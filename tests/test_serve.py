@@ -1,0 +1,167 @@
+"""`placer serve` for real: a server process on 127.0.0.1 (a free port) serving a tiny placed
+model, talked to over HTTP with the `openai` client and httpx, then stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from test_runtime import PROMPTS
+from test_runtime_placed import placed_model
+
+pytest_plugins = ["fixtures_models"]
+
+REPO = Path(__file__).resolve().parent.parent
+START_SECONDS = 180  # loading torch, transformers and the model on a busy 2-core box
+READY = re.compile(r"^placer serve: (http://127\.0\.0\.1:\d+) ")
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    url: str
+    model: str
+    lines: queue.Queue  # the rest of its stdout and stderr
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then its exit status (killed after `timeout` seconds: a failure)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError(f"placer serve did not exit {timeout} s after SIGTERM") from None
+
+
+def start_server(placed: Path, checkpoint: Path, *extra: str) -> Server:
+    """`placer serve` in a child process; returns once it says where it listens."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "placer", "serve", str(placed), "--model", str(checkpoint),
+         "--port", "0", "--device", "cpu", *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout],
+                     daemon=True).start()
+    deadline, seen = time.monotonic() + START_SECONDS, []
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if m := READY.match(line):
+            return Server(process, m.group(1), checkpoint.name, lines)
+    process.kill()
+    process.wait(10)
+    raise AssertionError(f"placer serve did not start: {''.join(seen)[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def placed(trace_models, tmp_path_factory, cli) -> tuple[Path, Path]:
+    checkpoint = trace_models["qwen3_moe"]
+    return checkpoint, placed_model(checkpoint, tmp_path_factory.mktemp("serve"), cli)
+
+
+@pytest.fixture(scope="module")
+def server(placed) -> Iterator[Server]:
+    server = start_server(placed[1], placed[0])
+    yield server
+    server.stop()
+
+
+def openai_client(server: Server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def test_completion_is_placer_runs_text(server, placed, cli):
+    checkpoint, placed_dir = placed
+    run = json.loads(cli("run", placed_dir, "--model", checkpoint, "--prompt", PROMPTS[0],
+                         "--max-new-tokens", "8", "--device", "cpu", "--json").output)
+    reply = openai_client(server).completions.create(model=server.model, prompt=PROMPTS[0],
+                                                     max_tokens=8)
+    assert reply.choices[0].text == run["text"]
+    assert reply.usage.completion_tokens == run["new_tokens"]
+
+
+def test_streamed_chat_is_the_whole_chat(server):
+    client = openai_client(server)
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    whole = client.chat.completions.create(model=server.model, messages=messages, max_tokens=6)
+    stream = client.chat.completions.create(model=server.model, messages=messages, max_tokens=6,
+                                            stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == whole.choices[0].message.content
+    assert whole.choices[0].finish_reason in ("length", "stop")
+
+
+def test_eight_concurrent_requests_are_all_answered(server):
+    def ask(i: int) -> dict:
+        body = {"model": server.model, "prompt": PROMPTS[i % len(PROMPTS)] + f" {i}",
+                "max_tokens": 6}
+        return httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(ask, range(8)))
+    assert all(r["object"] == "text_completion" for r in replies)
+    assert all(0 < r["usage"]["completion_tokens"] <= 6 for r in replies)
+    assert len({r["id"] for r in replies}) == 8
+
+
+def test_a_bad_request_is_a_4xx_json_error(server):
+    response = httpx.post(f"{server.url}/v1/completions", content=b'{"model": ',
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 400 and "message" in response.json()["error"]
+    response = httpx.post(f"{server.url}/v1/completions", timeout=30,
+                          json={"model": "gpt-4", "prompt": "hi"})
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+def test_metrics_show_what_was_staged_by_card(server):
+    openai_client(server).completions.create(model=server.model, prompt=PROMPTS[2],
+                                             max_tokens=4)
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    staged = {m[0]: float(m[1]) for m in
+              re.findall(r'^placer_staged_bytes_total\{card="(\d)"\} (\S+)$', text, re.M)}
+    assert set(staged) == {"0", "1"} and all(v > 0 for v in staged.values())
+    assert re.search(r"^placer_generated_tokens_total [1-9]", text, re.M)
+    assert httpx.get(f"{server.url}/health", timeout=30).json()["batching"] == "continuous"
+
+
+def test_sigterm_finishes_the_requests_in_flight_then_exits_0(placed):
+    server = start_server(placed[1], placed[0], "--batching", "serial")
+    body = {"model": server.model, "prompt": PROMPTS[0], "max_tokens": 40, "stream": True}
+    events = []
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                          timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    if len(events) == 1:
+                        server.process.send_signal(signal.SIGTERM)
+    finally:
+        status = server.stop()
+    assert events[-1] == "[DONE]"
+    finish = json.loads(events[-2])["choices"][0]["finish_reason"]
+    assert finish in ("length", "stop") and len(events) > 3
+    assert status == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health", timeout=5)

@@ -1,0 +1,191 @@
+"""The HTTP layer of `placer serve` over a scripted engine (no model): replies and streams in
+the OpenAI shapes, stop strings, every refusal a 4xx with an OpenAI error body, metrics."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+
+import pytest
+from fastapi.testclient import TestClient
+
+from placer.runtime.counters import StagingCounters
+from placer.serve.app import Served, build_app
+from placer.serve.engine import Update
+from placer.serve.metrics import ServerMetrics
+from placer.serve.openai_api import TextStream
+
+LETTERS = "abcdefghij"
+TOKENS = [0, 1, 2, 3, 4, 5]  # "abcdef"
+
+
+class Tokenizer:
+    """One token per letter; no chat template (chats render as "role: content" lines)."""
+
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(c) % 10 for c in text]}
+
+    def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(LETTERS[t] if t < 10 else "\ufffd" for t in tokens)
+
+
+class Engine:
+    """Generates TOKENS one by one; remembers the requests left before their end."""
+
+    mode = "continuous"
+
+    def __init__(self, healthy: bool = True) -> None:
+        self.up = healthy
+        self.left: list[str] = []
+
+    def healthy(self) -> bool:
+        return self.up
+
+    async def generate(self, prompt_ids, max_new_tokens, request_id):
+        n = min(max_new_tokens, len(TOKENS))
+        done = False
+        try:
+            for i in range(1, n + 1):
+                done = i == n
+                yield Update(TOKENS[:i], done)
+        finally:
+            if not done:
+                self.left.append(request_id)
+
+    def batch_request_ids(self):
+        return None
+
+
+def served(engine: Engine | None = None, context: int = 64) -> Served:
+    counters = StagingCounters((0, 1), 2)
+    counters.record(0, 1, nbytes=4096, copies=2, hits=1)
+    return Served(engine or Engine(), Tokenizer(), "tiny", context,
+                  ServerMetrics(counters, nullcontext()))
+
+
+@pytest.fixture
+def client() -> TestClient:
+    return TestClient(build_app(served()))
+
+
+def events(response) -> list[str]:
+    return [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+
+
+def test_completion_whole_and_streamed_agree(client):
+    whole = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi",
+                                                 "max_tokens": 4})
+    assert whole.status_code == 200
+    body = whole.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0] | {} == {"index": 0, "text": "abcd", "finish_reason": "length",
+                                       "logprobs": None}
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    streamed = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi",
+                                                    "max_tokens": 4, "stream": True})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    chunks = events(streamed)
+    assert chunks[-1] == "[DONE]"
+    parsed = [json.loads(c) for c in chunks[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in parsed) == "abcd"
+    assert parsed[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_string_ends_the_completion_and_the_request():
+    engine = Engine()
+    client = TestClient(build_app(served(engine)))
+    body = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi",
+                                                "max_tokens": 6, "stop": ["cd"]}).json()
+    assert body["choices"][0]["text"] == "ab" and body["choices"][0]["finish_reason"] == "stop"
+    assert len(engine.left) == 1  # generation stopped at the stop string
+
+
+def test_chat_stream_has_role_content_finish_and_usage(client):
+    response = client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "stream": True, "stream_options": {"include_usage": True}})
+    chunks = events(response)
+    assert chunks[-1] == "[DONE]"
+    parsed = [json.loads(c) for c in chunks[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in parsed)
+    assert parsed[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in parsed if c["choices"])
+    assert text == "abc"
+    assert parsed[-2]["choices"][0]["finish_reason"] == "length"
+    assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["completion_tokens"] == 3
+    whole = client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": [{"type": "text",
+                                                                    "text": "hi"}]}]}).json()
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "abcdef"}
+    assert whole["choices"][0]["finish_reason"] == "stop"  # ended before the context did
+
+
+COMPLETION = {"model": "tiny", "prompt": "hi"}
+BAD = [
+    ("post", "/v1/completions", b"{not json", 400),
+    ("post", "/v1/completions", b"[1, 2]", 400),
+    ("post", "/v1/completions", {"model": "tiny"}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "prompt": ""}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "prompt": ["a", "b"]}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "temperature": 0.7}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "top_p": 0.9}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "n": 2}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "max_tokens": 0}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "max_tokens": 63}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "prompt": "x" * 64}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "stop": ["a", "b", "c", "d", "e"]}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "model": "other"}, 404),
+    ("post", "/v1/chat/completions", {"model": "tiny", "messages": []}, 400),
+    ("post", "/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "wizard", "content": "hi"}]}, 400),
+    ("post", "/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, 400),
+    ("get", "/v1/completions", None, 405),
+    ("get", "/v2/nothing", None, 404),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status"), BAD,
+                         ids=[f"{m} {p} {s} #{i}" for i, (m, p, _, s) in enumerate(BAD)])
+def test_a_bad_request_gets_a_4xx_with_an_openai_error(client, method, path, body, status):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    response = client.request(method.upper(), path, **({} if body is None else kwargs))
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_an_engine_that_stopped_is_a_503(client):
+    client = TestClient(build_app(served(Engine(healthy=False))))
+    assert client.get("/health").status_code == 503
+    response = client.post("/v1/completions", json=COMPLETION)
+    assert response.status_code == 503 and response.json()["error"]["type"] == "server_error"
+
+
+def test_models_health_and_metrics(client):
+    assert client.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert client.get("/health").json()["status"] == "ok"
+    client.post("/v1/completions", json={**COMPLETION, "max_tokens": 5})
+    text = client.get("/metrics").text
+    assert 'placer_staged_bytes_total{card="1"} 4096.0' in text
+    assert 'placer_staged_bytes_total{card="0"} 0.0' in text
+    assert 'placer_staging_copies_total{card="1"} 2.0' in text
+    assert 'placer_cache_hits_total{card="1"} 1.0' in text
+    assert "placer_generated_tokens_total 5.0" in text
+    assert 'placer_requests_total{endpoint="completions",status="ok"} 1.0' in text
+
+
+def test_text_stream_holds_back_an_incomplete_character_and_a_stop_prefix():
+    stream = TextStream(Tokenizer(), ["cx", "bcd"])
+    assert stream.feed([0], False) == "a"
+    assert stream.feed([0, 10], False) == ""  # ends in an incomplete character: wait
+    assert stream.feed([0, 10, 1], False) == "\ufffd"  # "b" may begin "bcd"
+    assert stream.feed([0, 10, 1, 2], False) == ""  # "bc" may begin "bcd", "c" "cx"
+    assert stream.feed([0, 10, 1, 2, 4], False) == "bce" and not stream.stopped
+    assert stream.feed([0, 10, 1, 2, 4, 1, 2, 3], False) == "" and stream.stopped
+    assert stream.sent == "a\ufffdbce"
+    last = TextStream(Tokenizer(), ["cd"])
+    assert last.feed([0, 1, 2], False) == "ab" and last.feed([0, 1, 2], True) == "c"
