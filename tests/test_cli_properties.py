@@ -532,6 +532,8 @@ def writers(pipe: Pipeline, work: Path) -> dict[str, Callable[[Path], list]]:
                                             out.with_suffix(".png")],
         "evaluate --plot": lambda out: evaluate(pipe, work, "--plot", out.with_suffix(".png")),
         "emit": lambda out: ["emit", "--plan", pipe.plan, "--model", pipe.model, "--out", out],
+        "bench --plot": lambda out: ["bench", pipe.placed, "--model", pipe.model, "--prompts",
+                                     work / "junk.bin", "--plot", out.with_suffix(".png")],
     }
 
 
@@ -593,7 +595,10 @@ def command_base(pipe: Pipeline, work: Path) -> dict[str, list]:
                      work / "placed"],
             "evaluate": evaluate(pipe, work), "run": run(pipe, work),
             "probe": ["probe", "--host"],
-            "traces import": ["traces", "import", pipe.traces, "--out", work / "i"]}
+            "traces import": ["traces", "import", pipe.traces, "--out", work / "i"],
+            "bench": ["bench", pipe.placed, "--model", pipe.model, "--prompts",
+                      work / "junk.bin"],
+            "serve": ["serve", pipe.placed, "--model", pipe.model]}
 
 
 def test_every_numeric_option_refuses_what_no_option_means(pipe: Pipeline) -> None:

@@ -73,6 +73,9 @@ WRITERS = {
         "--plot", c / "x.png"],
     "emit --out CKPT/placed": lambda p, c: [
         "emit", "--plan", p.plan, "--model", p.model, "--out", c / "placed"],
+    "bench --plot CKPT/x.png": lambda p, c: [
+        "bench", p.placed, "--model", p.model, "--prompts", p.root / "prompts.txt",
+        "--plot", c / "x.png"],
 }
 
 
@@ -84,6 +87,7 @@ def test_no_writer_writes_into_a_checkpoint(pipe: Pipeline, writer: str, via: st
     if via == "a link to it":
         (tmp_path / "link").symlink_to(ckpt)
         ckpt = tmp_path / "link"
+    (pipe.root / "prompts.txt").write_text("To be, or not to be\n")
     before = tree(pipe.model)
     result = invoke(*WRITERS[writer](pipe, ckpt))
     assert_one_line_error(result, "is inside the checkpoint")
