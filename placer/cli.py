@@ -39,12 +39,15 @@ from placer.commands import (
     traces,
     verify,
 )
+from placer.placed.commit import Signals
 
 HELP_WIDTH = 120  # --help when stdout is not a terminal (typer's rich default is 80 there)
 
 
 class PlacerGroup(TyperGroup):
-    """The top `placer` group: every usage error is one line on stderr, exit status 2."""
+    """The top `placer` group: every usage error is one line on stderr, exit status 2. While a
+    command runs, SIGTERM is raised in it as SIGINT is (Signals: an Interrupted, once), so
+    that whatever it was writing is cleaned up as on Ctrl-C, never left half-written."""
 
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any
@@ -52,7 +55,9 @@ class PlacerGroup(TyperGroup):
         if not sys.stdout.isatty() and not os.environ.get("TERMINAL_WIDTH"):
             typer.rich_utils.MAX_WIDTH = HELP_WIDTH
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with Signals():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False,
+                                  **extra)
             code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
         except click_errors.NoArgsIsHelpError as exc:  # bare `placer`: typer printed the help
             code = exc.exit_code

@@ -12,15 +12,22 @@ A symlink to a regular file is followed: the file it names is replaced, the link
 
 JSON is strict (RFC 8259): NaN and +-inf, which Python's json writes as bare `NaN` and
 `Infinity`, become null (`strict_json`).
+
+Nothing placer writes lands on or inside what it reads (`check_apart`, called by every
+writer here and, for the directories `collect` and `traces import` fill, by those commands
+before they start): not inside a checkpoint directory, given or not, and not over an input
+file (a plan being exported, a config, a spec).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import secrets
 import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,7 @@ from placer.errors import PlacerError
 
 NAME_MAX = 255  # bytes in one path component on Linux filesystems
 TEMP_SUFFIX = ".tmp"
+Inputs = Iterable[tuple[str, "Path | None"]]  # (what it is, path) of what a command reads
 
 
 def strict_json(obj: Any) -> Any:
@@ -46,9 +54,84 @@ def dumps_json(obj: Any, indent: int | None = 1) -> str:
     return json.dumps(strict_json(obj), indent=indent, allow_nan=False)
 
 
-def write_json_atomic(obj: Any, path: Path) -> None:
+def write_json_atomic(obj: Any, path: Path, inputs: Inputs = (), what: str = "--out") -> None:
     """Write `obj` as strict JSON to `path` (see the module docstring)."""
-    write_text_atomic(dumps_json(obj) + "\n", path)
+    write_text_atomic(dumps_json(obj) + "\n", path, inputs, what)
+
+
+def plain_file_name(name: object) -> bool:
+    """Whether `name` is a plain file name: one path component, not . or .., no NUL, so that
+    directory / name stays inside the directory."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and "\x00" not in name)
+
+
+def is_checkpoint(directory: str) -> bool:
+    """Whether `directory` is a model checkpoint: config.json beside safetensors weights."""
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        return False
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    return any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json")
+               for n in names)
+
+
+def check_apart(target: Path, inputs: Inputs = (), *, what: str = "--out",
+                directory: bool = False) -> None:
+    """The one check of every writer: PlacerError when `target` would land on or inside what
+    placer reads. Refused: `target` inside (or equal to) a checkpoint directory (is_checkpoint,
+    whether the command was given it or not) or an input directory; `target` the same file as
+    an input file; with `directory` (a directory placer fills or replaces), `target` holding
+    an input. `inputs`: (what it is, path) pairs, None paths skipped. Symlinks are resolved
+    (a Hugging Face snapshot's files are links into its blobs); nothing here raises OSError."""
+    out = os.path.realpath(target)
+    for role, given in inputs:
+        if given is None:
+            continue
+        src = os.path.realpath(given)
+        if os.path.isdir(src) and (out == src or out.startswith(src.rstrip("/") + "/")):
+            raise PlacerError(f"{what} {target} is inside {role} {given}: placer never writes "
+                              "into what it reads; choose a path outside it")
+        if not os.path.isdir(src) and (out == src or _same_file(out, src)):
+            raise PlacerError(f"{what} {target} is {role} ({given}); write to another path")
+        if directory and src.startswith(out.rstrip("/") + "/"):
+            raise PlacerError(f"{what} {target} holds {role} {given}: replacing or filling it "
+                              "would change the input; choose another directory")
+    for parent in [out, *map(str, Path(out).parents)]:
+        if is_checkpoint(parent):
+            raise PlacerError(f"{what} {target} is inside the checkpoint {parent}: placer "
+                              "never writes into a checkpoint; choose a path outside it")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def removed_on_failure(directory: Path) -> Iterator[None]:
+    """Around code that fills `directory` (a trace directory): when it raises, an error or an
+    interrupt, remove the files it added and `directory` itself, and the parents it made,
+    where they are new (and left empty), so that a failed command leaves nothing behind."""
+    directory = Path(directory)
+    made = [p for p in [directory, *directory.parents] if not os.path.lexists(p)]
+    before = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    try:
+        yield
+    except BaseException:
+        added = set(os.listdir(directory)) - before if os.path.isdir(directory) else set()
+        for name in added:
+            if not os.path.isdir(directory / name) or os.path.islink(directory / name):
+                with contextlib.suppress(OSError):
+                    os.unlink(directory / name)
+        for path in made:  # innermost first
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
 
 
 def temp_name(name: str, tag: str = "") -> str:
@@ -59,10 +142,18 @@ def temp_name(name: str, tag: str = "") -> str:
     return "." + name.encode()[:room].decode(errors="ignore") + tail
 
 
-def write_text_atomic(text: str, path: Path) -> None:
+def write_text_atomic(text: str, path: Path, inputs: Inputs = (), what: str = "--out") -> None:
     """Write `text` to `path` (see the module docstring); PlacerError in one line when the
-    target is a directory or cannot be written."""
+    target is a directory, lies on or inside an input (check_apart: `inputs`, `what` names
+    the option) or cannot be written."""
+    write_bytes_atomic(text.encode(), path, inputs, what)
+
+
+def write_bytes_atomic(data: bytes, path: Path, inputs: Inputs = (), what: str = "--out"
+                       ) -> None:
+    """Write `data` to `path` as write_text_atomic does (the module docstring)."""
     path = Path(path)
+    check_apart(path, inputs, what=what)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -70,25 +161,25 @@ def write_text_atomic(text: str, path: Path) -> None:
     except OSError as exc:
         raise PlacerError(f"cannot write {path}: {exc.strerror}") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
-        _write_special(text, path, st.st_mode)
+        _write_special(data, path, st.st_mode)
         return
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _replace_with(text.encode(), path)
+        _replace_with(data, path)
     except OSError as exc:
         raise PlacerError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _write_special(text: str, path: Path, mode: int) -> None:
+def _write_special(data: bytes, path: Path, mode: int) -> None:
     if stat.S_ISDIR(mode):
         raise PlacerError(f"cannot write {path}: it is a directory (name a file)")
     if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
         raise PlacerError(f"cannot write {path}: not a regular file, character device or pipe")
     try:
-        with open(path, "w") as f:
-            f.write(text)
+        with open(path, "wb") as f:
+            f.write(data)
     except OSError as exc:
         raise PlacerError(f"cannot write {path}: {exc.strerror or exc}") from None
 

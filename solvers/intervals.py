@@ -29,6 +29,11 @@ endpoints swapped.
 
 Count-only traffic (steps sampled from imported frequencies) has no sequences: the units
 are then the sampled steps themselves ("interval over sampled steps").
+
+Fewer than MIN_UNITS units give no interval: resampling one sequence gives it back every
+time, a "95% interval" of width 0, and a handful more give intervals that are mostly luck.
+Such figures keep their point estimate with a null interval (`without_intervals`), and a
+stall ratio without one gets the verdict "too little traffic", not better or worse.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import numpy as np
 
 REPLICATES = 1000
 LOW, HIGH = 2.5, 97.5  # percentiles of a 95% interval
+MIN_UNITS = 5          # resampling units (sequences) an interval needs: see module docstring
+TOO_LITTLE = "too little traffic"
 FIELDS = ("stall", "staged", "transfers", "selected")  # per-step sums a replay attributes
 
 
@@ -185,9 +192,23 @@ def tokens_per_s(batch: int, base_step_s: float, stall_s: float) -> float:
     return batch / step if step > 0 else float("inf")
 
 
-def verdict(ci95: list[float]) -> str:
+def estimable(units: Units) -> bool:
+    """Whether `units` are enough for an interval (MIN_UNITS; see the module docstring)."""
+    return units.count >= MIN_UNITS
+
+
+def without_intervals(figures: dict) -> dict:
+    """`figures` with every `<figure>_ci95` null, nested dicts too (too few units for one)."""
+    return {k: None if k.endswith("_ci95") else without_intervals(v) if isinstance(v, dict)
+            else v for k, v in figures.items()}
+
+
+def verdict(ci95: list[float] | None) -> str:
     """A stall ratio to layer offload judged by its interval: "better" when all of it is
-    below 1, "worse" when all of it is above 1, else "within noise"."""
+    below 1, "worse" when all of it is above 1, TOO_LITTLE without one, else "within
+    noise"."""
+    if ci95 is None:
+        return TOO_LITTLE
     low, high = ci95
     if high < 1.0:
         return "better"

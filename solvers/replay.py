@@ -29,10 +29,12 @@ from solvers.intervals import (
     Estimate,
     Units,
     attribute,
+    estimable,
     line_figures,
     replicate_weights,
     token_shares,
     units_of,
+    without_intervals,
 )
 from solvers.problem import Placement, Problem, Steps
 from traces.profile import TokenSteps, step_mask
@@ -101,9 +103,10 @@ class Replayed:
     staged: dict[str, np.ndarray]
 
     def ratio(self, key: str, other: str) -> dict:
-        """{key: placement stall / `other`'s, key_ci95: its paired interval}."""
+        """{key: placement stall / `other`'s, key_ci95: its paired interval (None from too
+        few units: solvers.intervals.estimable)}."""
         ratio = self.stall["placement"].ratio_to(self.stall[other])
-        return {key: ratio.point, f"{key}_ci95": ratio.ci95()}
+        return {key: ratio.point, f"{key}_ci95": ratio.ci95() if estimable(self.units) else None}
 
 
 def replay_with_intervals(problem: Problem, lines: dict[str, Line | Placement],
@@ -119,6 +122,8 @@ def replay_with_intervals(problem: Problem, lines: dict[str, Line | Placement],
     for line in lines:
         figures[line], stall[line] = line_figures(sums[line], tokens, weights, steps.batch,
                                                   base_step_s)
+        if not estimable(units):
+            figures[line] = without_intervals(figures[line])
     return Replayed(figures, stall, units, weights, staged)
 
 

@@ -511,3 +511,163 @@ def test_output_is_not_cut_when_not_a_terminal(tmp_path: Path) -> None:
     help_text = invoke(["solve", "--help"]).stdout
     assert max(len(line) for line in help_text.splitlines()) > 80
     assert "Plan from a config.json alone, before downloading the weights." in help_text
+
+
+# --- issue 27: paths into a checkpoint ---------------------------------------------------------
+
+def writers(pipe: Pipeline, work: Path) -> dict[str, Callable[[Path], list]]:
+    """Every command that writes, as a function of where its output goes."""
+    return {
+        "solve": lambda out: solve(pipe, work, "--out", out.with_suffix(".json")),
+        "export sglang": lambda out: ["export", "sglang", pipe.plan, "--out",
+                                      out.with_suffix(".json")],
+        "export llamacpp": lambda out: ["export", "llamacpp", pipe.plan, "--out", out],
+        "export ktransformers": lambda out: ["export", "ktransformers", pipe.plan, "--union",
+                                             "--out", out.with_suffix(".pt")],
+        "collect": lambda out: ["collect", "--model", pipe.model, "--random-tokens", 8,
+                                "--max-length", 8, "--out", out, "--no-progress"],
+        "traces import": lambda out: ["traces", "import", pipe.traces / "x.npy", "--top-k", 2,
+                                      "--out", out],
+        "traces stats --plot": lambda out: ["traces", "stats", pipe.traces, "--plot",
+                                            out.with_suffix(".png")],
+        "evaluate --plot": lambda out: evaluate(pipe, work, "--plot", out.with_suffix(".png")),
+        "emit": lambda out: ["emit", "--plan", pipe.plan, "--model", pipe.model, "--out", out],
+        "bench --plot": lambda out: ["bench", pipe.placed, "--model", pipe.model, "--prompts",
+                                     work / "junk.bin", "--plot", out.with_suffix(".png")],
+    }
+
+
+NAMES_IN_A_CHECKPOINT = st.lists(
+    st.sampled_from(["config.json", "model.safetensors", "tokenizer.json", "sub", "new",
+                     ".hidden"]) | st.text("abcxyz_-.", min_size=1, max_size=8).filter(
+        lambda s: s not in (".", "..")), min_size=1, max_size=3)
+
+
+def test_no_writer_lands_in_a_checkpoint(pipe: Pipeline) -> None:
+    """Whatever the path under the checkpoint (its own files, new names, nested, through a
+    link to it), every writer refuses it in one line and the checkpoint is left as it was."""
+
+    @settings(SETTINGS, max_examples=24)
+    @given(writer=st.sampled_from(sorted(writers(pipe, pipe.work))),
+           names=NAMES_IN_A_CHECKPOINT, via_link=st.booleans())
+    def check(writer: str, names: list[str], via_link: bool) -> None:
+        work = workdir(pipe)
+        base = pipe.model
+        if via_link:
+            (work / "link").symlink_to(pipe.model)
+            base = work / "link"
+        out = base.joinpath(*names)
+        assert_refused(writers(pipe, work)[writer](out), pipe, work)
+
+    check()
+
+
+# --- issue 27: integers past int64 and floats that are not numbers, in every option ----------
+
+def numeric_options() -> list[tuple[str, str, str]]:
+    """(command, option, "integer" or "float") for every numeric option of every command."""
+    import typing
+
+    import typer
+
+    from placer.cli import app
+
+    found = []
+
+    def walk(command, path: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+        for param in getattr(command, "params", []):
+            annotation = param.type_descriptor.annotation
+            kinds = typing.get_args(annotation) or (annotation,)
+            kind = "integer" if int in kinds else "float" if float in kinds else None
+            if param.param_type_name == "option" and kind:
+                found.append((" ".join(path), param.opts[0], kind))
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def command_base(pipe: Pipeline, work: Path) -> dict[str, list]:
+    """Each command with numeric options, with its required arguments."""
+    return {"collect": collect(pipe, work), "solve": solve(pipe, work),
+            "emit": ["emit", "--plan", pipe.plan, "--model", pipe.model, "--out",
+                     work / "placed"],
+            "evaluate": evaluate(pipe, work), "run": run(pipe, work),
+            "probe": ["probe", "--host"],
+            "traces import": ["traces", "import", pipe.traces, "--out", work / "i"],
+            "bench": ["bench", pipe.placed, "--model", pipe.model, "--prompts",
+                      work / "junk.bin"],
+            "serve": ["serve", pipe.placed, "--model", pipe.model]}
+
+
+def test_every_numeric_option_refuses_what_no_option_means(pipe: Pipeline) -> None:
+    """An integer past int64 (which numpy, torch and the solvers cannot hold) or a float that
+    is not a number, in any numeric option: one line naming the option, before anything
+    runs. A new numeric option is covered by itself; a new command needs its base above."""
+    options = numeric_options()
+    assert len(options) > 20 and {c for c, _, _ in options} <= set(command_base(pipe,
+                                                                               pipe.work))
+
+    @settings(SETTINGS, max_examples=30)
+    @given(option=st.sampled_from(options),
+           huge=st.integers(2**63, 10**40) | st.integers(-10**40, -2**63 - 1),
+           not_a_number=st.sampled_from(["nan", "inf", "-inf"]))
+    def check(option: tuple[str, str, str], huge: int, not_a_number: str) -> None:
+        command, flag, kind = option
+        work = workdir(pipe)
+        value = huge if kind == "integer" else not_a_number
+        args = command_base(pipe, work)[command] + [flag, value]
+        assert_refused(args, pipe, work)
+        assert flag in invoke(args).stderr
+
+    check()
+
+
+# --- issue 27: slow and broken servers ---------------------------------------------------------
+
+def server_faults() -> st.SearchStrategy:
+    """A misbehaving server's answer to every request (tests/raw_server.py)."""
+    from raw_server import drip, http_reply, once, stream
+    from test_input_properties import json_values
+
+    body = st.binary(max_size=60)
+    return st.one_of(
+        st.tuples(st.just("drip"), st.floats(0.05, 0.2)).map(
+            lambda t: drip(http_reply(b'{"output_ids": [1]}' + b" " * 100), t[1])),
+        st.integers(2**21, 2**62).map(lambda n: once(http_reply(b"{}", length=n))),
+        st.just(stream(b"HTTP/1.1 200 OK\r\n\r\n", b"[" * 65536, 256)),
+        body.map(lambda b: once(b.replace(b"\r\n", b"") + b"\r\n\r\n")),  # garbage status
+        body.map(lambda b: once(http_reply(b, length=len(b) + 10))),      # cut short
+        body.map(lambda b: once(http_reply(b))),                          # not JSON
+        st.integers(400, 599).flatmap(lambda code: body.map(
+            lambda b: once(http_reply(b, status=f"{code} X\r\nX-Junk: \n")))),
+        st.integers(65, 5000).map(lambda d: once(http_reply(b"[" * d + b"]" * d))),
+        st.integers(21, 5000).map(lambda d: once(http_reply(b'{"output_ids": [' + b"7" * d
+                                                             + b"]}"))),
+        json_values.map(lambda v: once(http_reply(json.dumps(v).encode()))))
+
+
+def test_a_misbehaving_server_is_one_line(pipe: Pipeline, monkeypatch) -> None:
+    """Replies that drip, that are huge or cut short, garbage status lines, error statuses,
+    bodies that are not JSON, nested or of huge integers, JSON of any shape: `collect
+    --server` ends in one line and leaves nothing, each reply bounded by its deadline."""
+    from raw_server import raw_server
+
+    import traces.server
+
+    monkeypatch.setattr(traces.server, "sleep", lambda s: None)
+    corpus = pipe.root / "one.jsonl"
+    corpus.write_text(json.dumps({"text": "To be, or not to be"}) + "\n")
+
+    @settings(SETTINGS, max_examples=12)
+    @given(answer=server_faults())
+    def check(answer) -> None:
+        work = workdir(pipe)
+        with raw_server(answer) as (url, _):
+            assert_refused(["collect", "--server", url, "--engine", "sglang", "--model",
+                            pipe.model, "--corpus", corpus, "--out", work / "t",
+                            "--no-progress", "--concurrency", 1, "--max-new-tokens", 2,
+                            "--request-timeout", 0.5], pipe, work)
+
+    check()

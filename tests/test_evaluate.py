@@ -330,7 +330,7 @@ def test_trace_verdict_over_concurrencies():
     (["--seed", "-1"], "--seed must be in 0..2**31-1"),
     (["--seed", str(2**31)], "--seed must be in 0..2**31-1"),
     (["--oracle-time-limit", "-1"], "--oracle-time-limit must be a positive"),
-    (["--oracle-time-limit", "nan"], "--oracle-time-limit must be a positive"),
+    (["--oracle-time-limit", "nan"], "--oracle-time-limit: expected a finite number"),
     (["--cache-slots", "-1"], "--cache-slots must be in 0.."),
     (["--folds", "1"], "--folds must be >= 2"),
     (["--plot", "out.jpg"], "--plot writes a PNG"),

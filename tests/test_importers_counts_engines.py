@@ -312,14 +312,26 @@ def test_trtllm_slots(tmp_path, cli):
     rng = np.random.default_rng(12)
     config = write_config(tmp_path / "model")
     slots = EXPERTS + 4
-    calls = {key: [np.argsort(rng.random((len(c[0]), slots)), axis=1)[:, :TOP_K]
-                   .astype(np.int32)] for key, c in raw_calls(rng, MOE_LAYERS, 0).items()}
+    assignment = {layer: [(s * 3 + layer) % EXPERTS for s in range(slots)]
+                  for layer in MOE_LAYERS}
+
+    def replica_slots(tokens: int, layer: int) -> np.ndarray:
+        """[tokens, k] slots of k distinct experts each (the engine routes each selected
+        expert to one of its replicas: two replicas of one expert are never both taken)."""
+        rows = []
+        for _ in range(tokens):
+            taken: dict[int, int] = {}
+            for slot in rng.permutation(slots):
+                taken.setdefault(assignment[layer][slot], int(slot))
+            rows.append(list(taken.values())[:TOP_K])
+        return np.array(rows, dtype=np.int32)
+
+    calls = {key: [replica_slots(len(c[0]), key[2])]
+             for key, c in raw_calls(rng, MOE_LAYERS, 0).items()}
     write_raw_statistics(tmp_path / "stats", calls, num_ids=slots)
     assert_one_line_error(cli("traces", "import", tmp_path / "stats", "--out", tmp_path / "a",
                               "--config", config, ok=False),
                           "num_experts 12, the model has 8 experts", "--load-balancer")
-    assignment = {layer: [(s * 3 + layer) % EXPERTS for s in range(slots)]
-                  for layer in MOE_LAYERS}
     yaml_lines = [f"num_slots: {slots}", "layer_updates_per_iter: 0",
                   "initial_global_assignments:"]
     yaml_lines += [f"  {layer}: {experts}" for layer, experts in assignment.items()]

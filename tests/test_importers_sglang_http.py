@@ -80,7 +80,7 @@ def test_bad_sglang_http_files(tmp_path, cli):
                                           "start within the prompt"),
              "wide": (json.dumps(wide), "(or top-k + 1 columns with fused shared experts)"),
              "missing": (json.dumps(missing), "no meta_info.routed_experts"),
-             "notjson": ("{oops", "not a JSON line")}
+             "notjson": ("{oops", "not valid JSON")}
     for name, (line, needle) in cases.items():
         (tmp_path / f"{name}.jsonl").write_text(line + "\n")
         result = cli("traces", "import", tmp_path / f"{name}.jsonl", "--out", tmp_path / "o",

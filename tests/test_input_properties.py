@@ -213,3 +213,117 @@ def test_corrupted_trace_bytes(flips: list[tuple[int, int, int]], cut: int | Non
         root.mkdir()
         (root / "t.parquet").write_bytes(bytes(raw[:cut]) if cut is not None else bytes(raw))
         assert_clean(invoke("traces", "stats", root), must_fail=cut is not None)
+
+
+# --- issue 27: sizes from headers, nesting depth, huge integers, in every file reader --------
+
+def npy_bytes(shape: tuple[int, ...], dtype: str, data: int) -> bytes:
+    """A .npy file whose header claims `shape` of `dtype`, followed by `data` zero bytes."""
+    header = str({"descr": dtype, "fortran_order": False, "shape": shape})
+    header += " " * (-(len(header) + 11) % 64) + "\n"
+    return (b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
+            + bytes(data))
+
+
+def importer_config(root: Path) -> Path:
+    from importer_files import write_config
+
+    return write_config(root / "model")
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(0, 10**15), min_size=1, max_size=3).map(tuple),
+       dtype=st.sampled_from(["<i8", "<i4", "|u1", "<f8", "<u2"]), data=st.integers(0, 256),
+       how=st.sampled_from(["counts .npy", "vllm .npy", "tokens .npz member"]))
+def test_array_sizes_from_headers(shape: tuple[int, ...], dtype: str, data: int,
+                                  how: str) -> None:
+    """Whatever a .npy header (or an .npz member's) claims, the importer compares it with the
+    bytes there are before it allocates anything: one line or success, never MemoryError."""
+    import zipfile
+
+    claimed = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+    raw = npy_bytes(shape, dtype, data)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        config = importer_config(root)
+        if how == "tokens .npz member":
+            path = root / "r.npz"
+            with zipfile.ZipFile(path, "w") as zf:
+                zf.writestr("expert_ids.npy", raw)
+            extra = ["--config", config]
+        else:
+            path = root / "r.npy"
+            path.write_bytes(raw)
+            extra = ["--top-k", 2] if how == "counts .npy" else ["--format", "vllm", "--config",
+                                                                config]
+        result = invoke("traces", "import", path, "--out", root / "o", *extra)
+        assert_clean(result, must_fail=claimed != data)
+        if result.exit_code:
+            assert not (root / "o").exists()
+
+
+NEST = {"[": "]", '{"a": ': "}"}
+
+
+def nested(depth: int, opener: str) -> str:
+    return opener * depth + "1" + NEST[opener] * depth
+
+
+def readers(root: Path, value: str) -> list[tuple[list, Path]]:
+    """(placer argv, file holding `value`) for each JSON or TOML reader placer has: a
+    checkpoint's config.json and safetensors header, SGLang responses, vLLM prompt lengths,
+    TensorRT-LLM's meta_info.json, a hardware spec. An integer `value` stands where an
+    integer belongs (a data offset, a count); a nested one where any value may be."""
+    config = importer_config(root)
+    out = []
+    ckpt = checkpoint(root / "c1")
+    (ckpt / "config.json").write_text(json.dumps(CONFIG)[:-1] + f', "extra": {value}}}')
+    out.append((["inspect", ckpt], ckpt / "config.json"))
+    header, data = header_and_data()
+    raw = json.dumps(header)
+    raw = raw.replace('"data_offsets": [0,', f'"data_offsets": [{value},', 1)
+    ckpt2 = checkpoint(root / "c2", shard=safetensors_bytes(raw.encode(), data))
+    out.append((["inspect", ckpt2], ckpt2 / "model.safetensors"))
+    (root / "r.jsonl").write_text('{"meta_info": {"prompt_tokens": ' + value + "}}\n")
+    out.append((["traces", "import", root / "r.jsonl", "--config", config], root / "r.jsonl"))
+    np.save(root / "r.npy", np.zeros((2, 4, 2), np.int32) + [0, 1])
+    (root / "lens.json").write_text('{"r": ' + value + "}")
+    out.append((["traces", "import", root / "r.npy", "--format", "vllm", "--config", config,
+                 "--prompt-lens", root / "lens.json"], root / "lens.json"))
+    stats = root / "stats"
+    stats.mkdir()
+    (stats / "meta_info.json").write_text('{"num_experts": ' + value + "}")
+    (stats / "rank0.safetensors").write_bytes(b"")
+    out.append((["traces", "import", stats, "--format", "trtllm"], stats / "meta_info.json"))
+    toml_value = value.replace('{"a": ', "{a = ")
+    toml = f"cards = {value}" if value.isdigit() else f"cards = 1\nextra = {toml_value}"
+    (root / "box.toml").write_text(f"name = \"x\"\n{toml}\n")
+    out.append((["hardware", "show", root / "box.toml"], root / "box.toml"))
+    return out
+
+
+@settings(SETTINGS, max_examples=8)
+@given(depth=st.integers(65, 20000), opener=st.sampled_from(sorted(NEST)))
+def test_nesting_depth_in_every_reader(depth: int, opener: str) -> None:
+    """JSON or TOML nested past 64 levels (thousands, where the parsers recursed out) is one
+    line naming the file in every reader."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for args, path in readers(Path(tmp), nested(depth, opener)):
+            result = invoke(*args, "--out", Path(tmp) / "o") if args[0] == "traces" \
+                else invoke(*args)
+            assert_clean(result, must_fail=True)
+            assert path.name in result.stderr, (args, result.stderr)
+
+
+@settings(SETTINGS, max_examples=8)
+@given(digits=st.integers(21, 6000))
+def test_huge_integers_in_every_reader(digits: int) -> None:
+    """Integers past 20 digits (beyond any count or offset; past 4300, int() itself refuses)
+    are one line in every reader."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for args, path in readers(Path(tmp), "9" * digits):
+            result = invoke(*args, "--out", Path(tmp) / "o") if args[0] == "traces" \
+                else invoke(*args)
+            assert_clean(result, must_fail=True)
+            assert path.name in result.stderr or "box.toml" in " ".join(map(str, args)), \
+                (args, result.stderr)

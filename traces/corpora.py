@@ -26,8 +26,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
+from traces.jsontext import loads_json
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
 RANDOM_TAG = "random"
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -81,7 +83,10 @@ class Corpus:
 def check_tag(tag: str) -> str:
     """`tag` if it is a safe file-name token, else a TraceError."""
     if not TAG_PATTERN.match(tag):
-        raise TraceError(f"bad tag {tag!r}: use letters, digits, '_', '-', '.'")
+        raise TraceError(f"bad tag {tag[:MAX_TAG]!r}: use letters, digits, '_', '-', '.'")
+    if len(tag) > MAX_TAG:
+        raise TraceError(f"tag {tag[:20]}... is {len(tag)} characters long: at most {MAX_TAG} "
+                         "(it names the trace file)")
     return tag
 
 
@@ -154,10 +159,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"corpus {path} line {number}: not JSON ({exc.msg})") from None
+            record = loads_json(line, f"corpus {path} line {number}")
             if not isinstance(record, dict):
                 raise TraceError(f"corpus {path} line {number}: not a JSON object")
             yield number, record

@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
-from traces.schema import KIND_COUNTS, KIND_TOKENS, read_meta
+from traces.schema import KIND_COUNTS, KIND_TOKENS, MAX_SELECTIONS, read_meta
 
 BATCH_ROWS = 1 << 16
 READAHEAD = 2  # batches read ahead: memory stays a few batches, whatever the trace size
@@ -127,6 +127,9 @@ def _check_counts(path: Path, meta: dict) -> None:
                          f"{list(shape)}")
     if (counts < 0).any():
         raise TraceError(f"{path}: negative counts")
+    if counts.astype(np.float64).sum(axis=1).max(initial=0.0) > MAX_SELECTIONS:
+        raise TraceError(f"{path}: a MoE layer counts more than 2**53 selections (a count "
+                         "that wrapped around?)")
 
 
 def open_traces(trace_dir: Path) -> TraceDir:

@@ -65,6 +65,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
+from traces.jsontext import loads_json
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"placer"
@@ -74,6 +75,7 @@ PHASES = ("prefill", "decode")
 PLACER_VERSION = version("placer")
 SEQ_ID_SHIFT = 32
 COUNTS_FILE = "counts.parquet"
+MAX_SELECTIONS = 2**53  # per MoE layer of a count matrix: exact in float64, no int64 wrap
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -114,7 +116,9 @@ def read_meta(path) -> dict:
         raise TraceError(f"{path} is not a readable Parquet file: {exc}") from exc
     if METADATA_KEY not in raw:
         raise TraceError(f"{path} is not a placer trace (no 'placer' metadata)")
-    meta = json.loads(raw[METADATA_KEY])
+    meta = loads_json(raw[METADATA_KEY], f"{path}: its placer metadata")
+    if not isinstance(meta, dict):
+        raise TraceError(f"{path}: its placer metadata is not a JSON object")
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise TraceError(f"{path} has trace schema version {meta.get('schema_version')}, "
                          f"this placer reads version {SCHEMA_VERSION}")

@@ -66,11 +66,7 @@ from __future__ import annotations
 import base64
 import binascii
 import http.client
-import io
-import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -94,13 +90,19 @@ from traces.collect import (
 )
 from traces.corpora import Corpus
 from traces.errors import TraceError
+from traces.http import Connections, HTTPStatus
+from traces.importers.common import token_ids
+from traces.importers.npfiles import npy_from_bytes
 from traces.importers.sglang_http import decode_routed_experts
+from traces.importers.vllm import moe_routing
 from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
 
 ENGINES = ("sglang", "vllm")
 ENDPOINTS = ("completions", "chat")  # vLLM's /v1/completions or /v1/chat/completions
 RETRY_STATUS = frozenset({500, 502, 503, 504})
+MAX_TIMEOUT_S = 86400.0    # a reply a day late is no reply
+REPLY_SLACK = 1 << 20      # bytes a reply may hold besides its routing (text, ids, metadata)
 
 
 @dataclass(frozen=True)
@@ -142,16 +144,39 @@ def check_server_options(url: str, engine: str, options: ServerOptions) -> str:
     if options.endpoint != "completions" and engine != "vllm":
         raise TraceError(f"--endpoint {options.endpoint} is for --engine vllm (SGLang's "
                          "routed experts come through /generate)")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise TraceError(f"--server {url!r}: expected http://HOST:PORT")
-    if options.timeout_s <= 0:
-        raise TraceError("--request-timeout must be > 0")
+    check_url(url)
+    if not 0 < options.timeout_s < MAX_TIMEOUT_S:  # NaN fails both
+        raise TraceError(f"--request-timeout must be > 0 and < {MAX_TIMEOUT_S:g} seconds, got "
+                         f"{options.timeout_s}")
     for name in ("max_new_tokens", "max_length", "concurrency", "max_tokens"):
         value = getattr(options, name)
         if value is not None and value < 1:
             raise TraceError(f"--{name.replace('_', '-')} must be >= 1")
     return url.rstrip("/")
+
+
+def check_url(url: str) -> None:
+    """A TraceError unless `url` is http(s)://HOST[:PORT][/...] with a host name DNS can
+    carry (labels of 1..63 characters, 253 in all) or an IP literal."""
+    expected = f"--server {url[:80]!r}: expected http://HOST:PORT"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (parsing the port is the check)
+    except ValueError as exc:
+        raise TraceError(f"{expected} ({exc})") from None
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host:
+        raise TraceError(expected)
+    if ":" in host:  # an IPv6 literal, checked by urlsplit
+        return
+    try:
+        ascii_host = host.encode("idna")
+    except UnicodeError:
+        ascii_host = b""
+    if not 0 < len(ascii_host) <= 253 or not all(0 < len(label) <= 63 for label in
+                                                ascii_host.rstrip(b".").split(b".")):
+        raise TraceError(f"{expected} (the host name {host[:40]!r}... is not one DNS can "
+                         "carry: labels of 1..63 characters, 253 in all)")
 
 
 def collect_from_server(url: str, engine: str, tokenizer_dir: Path, corpora: list[Corpus],
@@ -179,8 +204,9 @@ def collect_from_server(url: str, engine: str, tokenizer_dir: Path, corpora: lis
 
 
 class Client:
-    """One request per prompt, retried on connection errors and 5xx; `route` and `parse` are
-    the engine's."""
+    """One request per prompt, retried on connection errors, timeouts and 5xx; each reply
+    bounded in time (`timeout_s` for the whole of it) and size (max_reply_bytes); `route`
+    and `parse` are the engine's. `connections.close_all()` stops every request in flight."""
 
     route = ""
 
@@ -188,9 +214,41 @@ class Client:
                  shared_experts: int) -> None:
         self.url = f"{base_url}{self.route}"
         self.identity, self.options, self.shared_experts = identity, options, shared_experts
+        self.connections = Connections()
 
     def generate(self, prompt: Prompt) -> Reply:
-        return self.parse(prompt, _post_json(self.url, self.body(prompt), self.options))
+        return self.parse(prompt, self.post_json(self.body(prompt),
+                                                 self.max_reply_bytes(prompt)))
+
+    def max_reply_bytes(self, prompt: Prompt) -> int:
+        """The most bytes a reply to `prompt` may hold: twice the base64 of int32 routing for
+        its tokens (chat messages: max_length, where the server cuts them) + max_new_tokens,
+        every decoder layer, top-k and shared columns, and 24 bytes of ids per token, plus
+        REPLY_SLACK."""
+        chat = bool(prompt) and isinstance(prompt[0], dict)
+        ident = self.identity
+        rows = (self.options.max_length if chat else len(prompt)) + self.options.max_new_tokens
+        routing = rows * ident.num_layers * (ident.top_k + self.shared_experts) * 4
+        return REPLY_SLACK + 2 * (routing * 4 // 3 + 24 * rows)
+
+    def post_json(self, body: dict, max_bytes: int) -> object:
+        """POST `body` and decode the JSON reply, retrying `options.retries` times on a
+        connection error, a timeout or a 5xx status with exponential backoff."""
+        options, last = self.options, ""
+        for attempt in range(options.retries + 1):
+            if attempt:
+                sleep(options.backoff_s * 2 ** (attempt - 1))
+            if self.connections.closed.is_set():
+                raise TraceError(f"{self.url}: stopped")
+            try:
+                return self.connections.post_json(self.url, body, options.timeout_s, max_bytes)
+            except HTTPStatus as exc:
+                last = str(exc)
+                if exc.code not in RETRY_STATUS:
+                    raise TraceError(f"{self.url}: {last}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                last = " ".join(str(exc).split()) or type(exc).__name__
+        raise TraceError(f"{self.url}: no answer after {options.retries + 1} tries ({last})")
 
     def prompts(self, corpus: Corpus, tokenizer) -> Iterator[Prompt]:
         """What is sent for each document: its token ids, as `placer collect --mode generate`
@@ -215,12 +273,11 @@ class SGLangClient(Client):
                                     "temperature": 0.0}}
 
     def parse(self, prompt: list[int], response: object) -> Reply:
-        try:
-            output = [int(t) for t in response["output_ids"]]
-            meta = response["meta_info"]
-        except (TypeError, KeyError, ValueError):
+        if not isinstance(response, dict) or not {"output_ids", "meta_info"} <= response.keys():
             raise TraceError(f"{self.url}: the response has no output_ids and meta_info "
-                             "(is this an SGLang server?)") from None
+                             "(is this an SGLang server?)")
+        output = generated_ids(response["output_ids"], f"{self.url}: output_ids")
+        meta = response["meta_info"]
         encoded = meta.get("routed_experts") if isinstance(meta, dict) else None
         if not isinstance(encoded, str):
             raise TraceError(f"{self.url}: meta_info has no routed_experts; start the server "
@@ -250,23 +307,24 @@ class VLLMClient(Client):
         """(choices[0], its output token ids) of a reply."""
         try:
             choice = response["choices"][0]
-            return choice, [int(t) for t in choice["token_ids"]]
-        except (TypeError, KeyError, IndexError, ValueError):
+            output = choice["token_ids"]
+        except (TypeError, KeyError, IndexError):
             raise TraceError(f"{self.url}: the response has no choices[0].token_ids (is this "
                              "a vLLM server?)") from None
+        return choice, generated_ids(output, f"{self.url}: choices[0].token_ids")
 
     def routed(self, prompt: list[int], choice: dict, output: list[int]) -> Reply:
         """The reply of `prompt` from choices[0]'s routed experts."""
-        encoded = choice.get("routed_experts") if isinstance(choice, dict) else None
+        encoded = choice.get("routed_experts")
         if not isinstance(encoded, str):
             raise TraceError(f"{self.url}: choices[0] has no routed_experts; start the server "
                              "with --enable-return-routed-experts")
         try:
-            routed = np.load(io.BytesIO(base64.b64decode(encoded, validate=True)),
-                             allow_pickle=False)
-        except (binascii.Error, ValueError, OSError, EOFError):
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
             raise TraceError(f"{self.url}: choices[0].routed_experts is not base64 of a .npy "
                              "array") from None
+        routed = npy_from_bytes(raw, f"{self.url}: choices[0].routed_experts")
         if not np.issubdtype(routed.dtype, np.integer):
             raise TraceError(f"{self.url}: routed experts of dtype {routed.dtype}, expected "
                              "integers")
@@ -275,7 +333,8 @@ class VLLMClient(Client):
     def fit(self, routed: np.ndarray, prompt: list[int], output: list[int]) -> Reply:
         """The reply from `routed` [tokens, num_hidden_layers, width]: the first P + O - 1
         tokens, the model's MoE layers, the first top_k columns; a TraceError if the shape
-        or the ids do not fit the model."""
+        or the ids do not fit the model, checked as the vLLM file importer checks a file
+        (traces.importers.vllm.moe_routing: no routed expert in a dense layer)."""
         ident, tokens = self.identity, len(prompt) + len(output) - 1
         widths = (ident.top_k, ident.top_k + self.shared_experts)
         if (routed.ndim != 3 or routed.shape[0] not in (tokens, tokens + 1)
@@ -284,11 +343,10 @@ class VLLMClient(Client):
                 f"{self.url}: routed experts of shape {list(routed.shape)} for {tokens} routed "
                 f"tokens; this model needs [{tokens}, {ident.num_layers} layers, top-k "
                 f"{ident.top_k}]: the server runs another model")
-        experts = routed[:tokens, list(ident.moe_layers), :ident.top_k]
-        if experts.size and (experts.min() < 0 or experts.max() >= ident.experts_per_layer):
-            raise TraceError(f"{self.url}: routed expert ids in [{experts.min()}, "
-                             f"{experts.max()}], this model has {ident.experts_per_layer} "
-                             "experts per layer: the server runs another model")
+        try:
+            experts = moe_routing(routed[:tokens], ident, "choices[0].routed_experts", widths)
+        except TraceError as exc:
+            raise TraceError(f"{self.url}: {exc}: the server runs another model") from None
         return Reply(prompt, output, experts.astype(np.int16))
 
 
@@ -317,37 +375,11 @@ class VLLMChatClient(VLLMClient):
     def parse(self, prompt: Prompt, response: object) -> Reply:
         choice, output = self.choice(response)
         try:
-            ids = [int(t) for t in response["prompt_token_ids"]]
-        except (TypeError, KeyError, ValueError):
+            ids = response["prompt_token_ids"]
+        except (TypeError, KeyError):
             raise TraceError(f"{self.url}: the response has no prompt_token_ids (send "
                              "return_token_ids to vLLM >= 0.33)") from None
-        return self.routed(ids, choice, output)
-
-
-def _post_json(url: str, body: dict, options: ServerOptions) -> object:
-    """POST `body` as JSON and decode the JSON reply, retrying `options.retries` times on a
-    connection error, a timeout or a 5xx status with exponential backoff."""
-    data = json.dumps(body).encode()
-    last = ""
-    for attempt in range(options.retries + 1):
-        if attempt:
-            sleep(options.backoff_s * 2 ** (attempt - 1))
-        request = urllib.request.Request(url, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=options.timeout_s) as reply:
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:200].decode(errors="replace").strip()
-            last = f"HTTP {exc.code} {detail}".strip()
-            if exc.code not in RETRY_STATUS:
-                raise TraceError(f"{url}: {last}") from None
-        except (urllib.error.URLError, http.client.HTTPException, TimeoutError,
-                ConnectionError) as exc:
-            last = str(getattr(exc, "reason", exc) or type(exc).__name__)
-        except json.JSONDecodeError:
-            raise TraceError(f"{url}: the reply is not JSON") from None
-    raise TraceError(f"{url}: no answer after {options.retries + 1} tries ({last})")
+        return self.routed(token_ids(ids, f"{self.url}: prompt_token_ids"), choice, output)
 
 
 def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
@@ -399,8 +431,19 @@ def _replies(client: Client, prompts: Iterator[Prompt],
                 yield pending.pop(0).result()
         while pending:
             yield pending.pop(0).result()
-    finally:  # on an error or an interrupt, do not wait for requests still in flight
+    finally:  # on an error or an interrupt, stop the requests still in flight
+        client.connections.close_all()
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def generated_ids(value: object, where: str) -> list[int]:
+    """The output token ids of a reply: token ids (traces.importers.common.token_ids), at
+    least one (a request asks for max_new_tokens >= 1, and a reply without a generated
+    token ran nothing the rows could be fed back from)."""
+    ids = token_ids(value, where)
+    if not ids:
+        raise TraceError(f"{where}: no generated token (the request asked for at least one)")
+    return ids
 
 
 def _rows(reply: Reply) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

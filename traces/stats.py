@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import secrets
 from pathlib import Path
 
 import numpy as np
@@ -131,19 +130,15 @@ def heatmap_figure(profile: Profile):
     return fig
 
 
-def plot_heatmap(profile: Profile, path: Path) -> Path:
-    """Write a layers x experts heatmap of selection frequency to exactly `path` (PNG; see
-    `check_plot_path`), through a temporary file renamed into place; the path written."""
+def heatmap_png(profile: Profile) -> bytes:
+    """The layers x experts heatmap of selection frequency as PNG bytes (the caller writes
+    them where `check_plot_path` allows, through its atomic writer)."""
     import matplotlib.pyplot as plt
 
-    path = check_plot_path(path)
     fig = heatmap_figure(profile)
-    tmp = path.parent / f".heatmap-{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
-        with open(tmp, "xb") as f:  # mode from the umask, as any new file
-            fig.savefig(f, format="png", dpi=100)
-        os.replace(tmp, path)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=100)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return path
+    return buffer.getvalue()

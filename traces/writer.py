@@ -8,14 +8,17 @@ ignore `*.parquet.tmp` even when a killed process could not delete it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from traces.errors import TraceError
 from traces.schema import METADATA_KEY, PHASES, encode_meta, trace_schema
 
 ROW_GROUP_ROWS = 1 << 18
@@ -36,7 +39,17 @@ class TraceWriter:
         self._phases = pa.array(list(PHASES))
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
-        self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+        with self._naming_failures():
+            self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+
+    @contextlib.contextmanager
+    def _naming_failures(self) -> Iterator[None]:
+        """An OSError (a full disk, a read-only filesystem: pyarrow's name no file) as a
+        TraceError naming the file being written."""
+        try:
+            yield
+        except OSError as exc:
+            raise TraceError(f"cannot write {self.tmp}: {exc.strerror or exc}") from None
 
     def write(self, seq_id: np.ndarray, pos: np.ndarray, token: np.ndarray,
               phase: np.ndarray, layer: np.ndarray, experts: np.ndarray,
@@ -70,7 +83,8 @@ class TraceWriter:
     def _flush(self) -> None:
         if self._pending:
             table = pa.Table.from_batches(self._pending, schema=self.schema)
-            self._writer.write_table(table, row_group_size=self.row_group_rows)
+            with self._naming_failures():
+                self._writer.write_table(table, row_group_size=self.row_group_rows)
             self._pending, self._pending_rows = [], 0
 
     def close(self, more_meta: dict | None = None) -> Path:
@@ -78,12 +92,13 @@ class TraceWriter:
         known once every row is written (what an import dropped, say), merged into the
         file's: the rows are streamed once more into a file with the merged schema."""
         self._flush()
-        self._writer.close()
-        if more_meta:
-            self._rewrite_meta(more_meta)
-        with open(self.tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(self.tmp, self.path)
+        with self._naming_failures():
+            self._writer.close()
+            if more_meta:
+                self._rewrite_meta(more_meta)
+            with open(self.tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(self.tmp, self.path)
         return self.path
 
     def _rewrite_meta(self, more_meta: dict) -> None:
@@ -100,9 +115,11 @@ class TraceWriter:
             staged.unlink(missing_ok=True)
 
     def abort(self) -> None:
-        """Close and delete the temporary file."""
+        """Close and delete the temporary file (a failure to close is not the news: the
+        error that made the caller abort is)."""
         try:
-            self._writer.close()
+            with contextlib.suppress(OSError):
+                self._writer.close()
         finally:
             self.tmp.unlink(missing_ok=True)
 

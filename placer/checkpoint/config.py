@@ -3,10 +3,10 @@ shape they describe (layers, routed experts, top-k, shared experts, which layers
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from placer.errors import PlacerError
+from traces.jsontext import loads_json
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
@@ -18,10 +18,7 @@ def read_config(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise PlacerError(f"no config.json at {path}")
-    try:
-        config = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+    config = loads_json(path.read_bytes(), str(path), PlacerError)
     if not isinstance(config, dict):
         raise PlacerError(f"{path}: expected a JSON object, found {type(config).__name__}")
     if isinstance(config.get("text_config"), dict):

@@ -8,13 +8,13 @@ check that every tensor's byte length matches its dtype and shape and lies insid
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from placer.errors import PlacerError
+from traces.jsontext import loads_json
 
 # Bits per element of every dtype safetensors knows.
 DTYPE_BITS = {
@@ -71,9 +71,7 @@ def read_header(path: Path) -> FileHeader:
             raise PlacerError(f"{path.name}: header length {n} exceeds the file ({size} bytes)")
         raw = f.read(n)
     try:
-        entries = json.loads(raw, object_pairs_hook=_no_duplicates)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise PlacerError(f"{path.name}: header is not valid JSON ({exc})") from None
+        entries = loads_json(raw, f"{path.name}: header", PlacerError, _no_duplicates)
     except _DuplicateKey as exc:
         raise PlacerError(f"{path.name}: header names {exc.args[0]!r} twice") from None
     if not isinstance(entries, dict):

@@ -28,6 +28,8 @@ import numpy as np
 from placer.checkpoint.config import config_moe_layers, moe_shape, read_config
 from placer.checkpoint.header import FileHeader, TensorHeader, read_header
 from placer.errors import PlacerError
+from placer.files import plain_file_name
+from traces.jsontext import loads_json
 
 INDEX_FILE = "model.safetensors.index.json"
 _LAYER = r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\."
@@ -210,15 +212,13 @@ def read_index(checkpoint: Path) -> dict[str, str] | None:
     index = checkpoint / INDEX_FILE
     if not index.is_file():
         return None
-    try:
-        weight_map = json.loads(index.read_bytes())["weight_map"]
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError):
-        raise PlacerError(f"{index}: not a valid safetensors index") from None
+    data = loads_json(index.read_bytes(), str(index), PlacerError)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) for v in weight_map.values()):
         raise PlacerError(f"{index}: weight_map must map tensor names to shard file names")
     for name in sorted(set(weight_map.values())):
-        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+        if not plain_file_name(name) or "\\" in name:
             raise PlacerError(f"{index}: shard {name!r} is not a file name inside {checkpoint}")
         if not (checkpoint / name).is_file():
             raise PlacerError(f"{INDEX_FILE} names a missing shard: {name}")

@@ -14,6 +14,7 @@ from placer.commands.common import command, parse_list, print_json, span
 from placer.commands.common import console as rich_console
 from placer.commands.run import MAX_CACHE_SLOTS
 from placer.errors import PlacerError
+from placer.files import check_apart
 from placer.hardware.devices import check_device
 
 
@@ -83,6 +84,8 @@ def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
         raise PlacerError(f"--prompts: {prompts} is not a file")
     if plot is not None and plot.suffix.lower() != ".png":
         raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
+    if plot is not None:
+        check_apart(plot, what="--plot")
     if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
         raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, got "
                           f"{cache_slots}")

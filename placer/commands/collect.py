@@ -13,6 +13,7 @@ from placer.checkpoint.estimate import estimate_inventory
 from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.commands.common import command, model_identity, print_json
 from placer.errors import PlacerError
+from placer.files import check_apart, removed_on_failure
 from placer.hardware.devices import check_device
 from traces.collect import DTYPES, MODES, CollectOptions, CollectResult, check_options, collect
 from traces.corpora import open_corpus
@@ -70,8 +71,9 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[int, typer.Option(
             help="With --server: requests in flight at once.")] = 4,
         request_timeout: Annotated[float, typer.Option(
-            help="With --server: seconds to wait for one reply (then retried, 3 times at "
-                 "most, as after a connection error or a 5xx).")] = 600.0,
+            help="With --server: seconds for the whole of one reply, however slowly it comes "
+                 "(then retried, 3 times at most, as after a connection error or a 5xx).")
+        ] = 600.0,
         progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
@@ -87,6 +89,8 @@ def register(app: typer.Typer) -> None:
         --max-new-tokens, and records the routing the server returns: prompt tokens prefill,
         generated tokens decode, one sequence per request (no gate weights)."""
         corpus, tag = corpus or [], tag or []
+        check_apart(out, [("the checkpoint", model), ("the config", config),
+                          ("the tokenizer", tokenizer)], directory=True)
         if tag and len(tag) != len(corpus):
             raise PlacerError(f"give one --tag per --corpus ({len(tag)} tags, "
                               f"{len(corpus)} corpora)")
@@ -102,7 +106,8 @@ def register(app: typer.Typer) -> None:
                                     max_tokens=max_tokens, concurrency=concurrency,
                                     timeout_s=request_timeout, progress=progress,
                                     tokenizer=tokenizer, endpoint=endpoint)
-            results = _collect_server(server, engine, model, config, corpora, out, options)
+            with removed_on_failure(out):
+                results = _collect_server(server, engine, model, config, corpora, out, options)
         else:
             if engine is not None or config is not None or endpoint != "completions":
                 raise PlacerError("--engine, --endpoint and --config go with --server URL")
@@ -118,8 +123,9 @@ def register(app: typer.Typer) -> None:
                 raise PlacerError(f"--seed: expected an integer in 0..2**63-1, got {seed}")
             check_device(device)
             identity = model_identity(read_inventory(model))
-            results = collect(model, corpora, out, identity, options,
-                              random_tokens=random_tokens)
+            with removed_on_failure(out):
+                results = collect(model, corpora, out, identity, options,
+                                  random_tokens=random_tokens)
         if json_out:
             print_json([{**asdict(r), "path": str(r.path)} for r in results])
             return

@@ -4,8 +4,11 @@ its 95% interval is shown."""
 from __future__ import annotations
 
 import functools
+import math
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -13,35 +16,95 @@ from rich.console import Console
 
 from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
-from placer.files import dumps_json
+from placer.files import NAME_MAX, dumps_json
 from solvers.errors import SolverError
 from traces.collect import ModelIdentity
 from traces.errors import TraceError
 
-DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, FileNotFoundError, PermissionError,
-                 IsADirectoryError, NotADirectoryError)  # OSErrors that name a bad path
+try:  # typer 0.2x carries its own copy of click (see placer.cli)
+    from typer._click.globals import get_current_context
+except ImportError:  # pragma: no cover - a typer that uses click itself
+    from click import get_current_context
+
+# The filesystem's refusals (a missing, unreadable or read-only path, a full disk, a name
+# too long) are the user's to fix, worded as the OS words them: "permission denied: PATH".
+DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, OSError)
 PIPE_WIDTH = 1000  # columns of tables and text when stdout is not a terminal: never cut
+PATH_MAX = 4096  # bytes in a path on Linux, its terminating NUL included
+MAX_INT = 2**63 - 1  # no option counts past an int64
 
 
 def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
-    """Register `fn` as `placer NAME`; a domain error becomes one line on stderr and exit 1."""
+    """Register `fn` as `placer NAME`: its option values checked first (check_values); a
+    domain error becomes one line on stderr and exit 1, and so does an interrupt (SIGINT,
+    or SIGTERM: `placer.cli` raises it as one), after the command has cleaned up."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
+                check_values(kw)
                 return fn(*args, **kw)
             except DOMAIN_ERRORS as exc:
-                message = str(exc)
-                if isinstance(exc, OSError) and exc.filename:  # "permission denied: PATH"
-                    message = f"{(exc.strerror or type(exc).__name__).lower()}: {exc.filename}"
-                typer.echo(f"error: {message}", err=True)
-                raise typer.Exit(1) from exc
+                fail(error_line(exc), exc)
+            except KeyboardInterrupt as exc:
+                signal_name = str(exc) or "SIGINT"
+                fail(f"interrupted by {signal_name}; nothing partial was left behind", exc)
 
         app.command(name, **kwargs)(wrapper)
         return fn
 
     return decorate
+
+
+def fail(message: str, cause: BaseException) -> None:
+    """Print `error: message` on stderr and exit 1."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1) from cause
+
+
+def error_line(exc: Exception) -> str:
+    """A domain error as one line; an OSError as the OS words it, naming its path."""
+    if isinstance(exc, OSError):
+        reason = (exc.strerror or str(exc) or type(exc).__name__).lower()
+        return f"{reason}: {exc.filename}" if exc.filename else reason
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def check_values(values: dict[str, Any]) -> None:
+    """Refuse what no option means, before any command runs: an integer past int64, a float
+    that is not finite (NaN, inf), a path longer than PATH_MAX or with a component longer than
+    NAME_MAX. Each is named by its option."""
+    for name, value in values.items():
+        for item in value if isinstance(value, list | tuple) else [value]:
+            problem = _value_problem(item)
+            if problem:
+                raise PlacerError(f"{option_name(name)}: {problem}")
+
+
+def _value_problem(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) > MAX_INT:
+        return f"expected an integer of at most {MAX_INT}, got {value}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"expected a finite number, got {value}"
+    if isinstance(value, Path):
+        raw = os.fsencode(value)
+        if len(raw) >= PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
+            return (f"a path of {len(raw)} bytes (at most {PATH_MAX - 1}, {NAME_MAX} per name): "
+                    f"{str(value)[:60]}...")
+    return None
+
+
+def option_name(name: str) -> str:
+    """How the user typed the parameter `name` of the running command (--out, PLACED)."""
+    ctx = get_current_context(silent=True)
+    for param in ctx.command.params if ctx is not None else ():
+        if param.name == name:
+            return (param.opts[0] if param.param_type_name == "option"
+                    else (getattr(param, "metavar", None) or param.name.upper()))
+    return f"--{name.replace('_', '-')}"
 
 
 def console() -> Console:
@@ -58,13 +121,18 @@ def print_json(obj: Any) -> None:
 
 def plus_minus(figures: dict, key: str, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
     """"value ± half-width" of figure `key` and its 95% interval `<key>_ci95`, each times
-    `scale`, in `fmt`."""
-    low, high = figures[f"{key}_ci95"]
-    return f"{fmt.format(figures[key] * scale)} ± {fmt.format((high - low) / 2 * scale)}"
+    `scale`, in `fmt` ("value ± ?" where the interval is null: too little traffic)."""
+    value, ci = fmt.format(figures[key] * scale), figures[f"{key}_ci95"]
+    if ci is None:
+        return f"{value} ± ?"
+    low, high = ci
+    return f"{value} ± {fmt.format((high - low) / 2 * scale)}"
 
 
-def span(ci: list[float], fmt: str = "{:.3f}") -> str:
-    """An interval [low, high] as "[low, high]" in `fmt`."""
+def span(ci: list[float] | None, fmt: str = "{:.3f}") -> str:
+    """An interval [low, high] as "[low, high]" in `fmt` ("[no interval]" for null)."""
+    if ci is None:
+        return "[no interval]"
     return f"[{fmt.format(ci[0])}, {fmt.format(ci[1])}]"
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
+from placer.files import check_apart
 from placer.plan.placement import read_plan
 
 
@@ -50,8 +51,9 @@ def register(app: typer.Typer) -> None:
                  "the spec's \\[host]) or both, side by side (default: the plan's).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help=(
             "Print the report as JSON: every figure has its 95% bootstrap interval as "
-            "<figure>_ci95 (low, high), except oracle_gap, the oracle ILP's relative MIP gap "
-            "(a solver figure, not a statistical estimate)."))] = False,
+            "<figure>_ci95 (low, high; null over fewer than 5 held-out sequences), except "
+            "oracle_gap, the oracle ILP's relative MIP gap (a solver figure, not a statistical "
+            "estimate)."))] = False,
     ) -> None:
         """Replay held-out traffic against a placement as deployed (pinned pages and its cache
         of staged experts) and, at the same VRAM budget, layer offload, uniform, the static
@@ -63,7 +65,8 @@ def register(app: typer.Typer) -> None:
         Every held-out token is replayed in order (at B > 1 in steps of B distinct
         sequences, continuous batching over 4 seeded orders); each figure has a 95%
         bootstrap interval over sequences, and the verdict against layer offload (better,
-        worse or within noise) reads the interval of the stall ratio."""
+        worse or within noise) reads the interval of the stall ratio; fewer than 5 held-out
+        sequences give no interval and the verdict too little traffic."""
         from placer.predict.curve import calibration_curve
         from placer.predict.evaluate import EvalOptions, evaluate
         from placer.predict.plots import plot_evaluation
@@ -72,6 +75,8 @@ def register(app: typer.Typer) -> None:
             raise PlacerError(f"--folds must be >= 2, got {folds}")
         if plot is not None and plot.suffix.lower() != ".png":
             raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
+        if plot is not None:
+            check_apart(plot, what="--plot")
         plan = read_plan(plan_path)
         trace_dirs = list(traces or [])
         opts = EvalOptions(
@@ -164,8 +169,8 @@ def line_name(row: dict, line: str) -> str:
 
 def _drift(drift: dict) -> str:
     """The mean JS divergence over layers in bits, "± half-width" of its 95% interval, or
-    without one where there is none (imported counts have no sequences)."""
+    without one where there is none (imported counts have no sequences; too few
+    sequences: the report's note says which)."""
     if drift["js_mean_bits_ci95"] is None:
-        return (f"{drift['js_mean_bits']:.4f} bits (mean over layers; no interval: imported "
-                f"counts have no sequences)")
+        return f"{drift['js_mean_bits']:.4f} bits (mean over layers; no interval, see the note)"
     return f"{plus_minus(drift, 'js_mean_bits', '{:.4f}')} bits (mean over layers)"

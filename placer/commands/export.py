@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         """The plan's expert-parallel homes as SGLang's --init-expert-location file (card c =
         EP rank c), or with --logical-count its calibration load for SGLang's EPLB to place
         from; prints the server flags it needs."""
-        check_out(plan, out)
+        inputs = check_out(plan, out)
         p = read_plan(plan)
         if logical_count:
             redundant = write_sglang_logical_count(p, out)
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
                        "redundant_experts": redundant}
             what = f"calibration load -> {out} (SGLang's EPLB places the experts)"
         else:
-            location = write_sglang_location(p, out)
+            location = write_sglang_location(p, out, inputs)
             redundant = location.redundant
             summary = {"out": str(out), "mode": "physical_to_logical_map",
                        "ep_size": location.ep_size, "slots_per_card": location.slots_per_card,
@@ -111,9 +111,10 @@ def register(app: typer.Typer) -> None:
         """The plan's resident experts as sglang-kt's GPU expert set: a logical_count file for
         --kt-expert-placement-strategy frequency, and the --kt-gpu-experts-ratio that makes the
         engine keep exactly those experts on the GPU."""
-        check_out(plan, out)
+        inputs = check_out(plan, out, config)
         export = write_kt_export(read_plan(plan), out,
-                                 None if config is None else read_config(config), union=union)
+                                 None if config is None else read_config(config), inputs,
+                                 union=union)
         flags = export.flags(out)
         if json_out:
             print_json({"file": str(out), "gpu_experts": export.gpu_experts, "flags": flags})
@@ -136,13 +137,12 @@ def register(app: typer.Typer) -> None:
         expert tensors of the first MoE layers to CPU (-ot, or --cpu-moe when every MoE layer
         is cold), the equivalent --n-cpu-moe, and on several cards each device's layers
         (-ot ...=CUDAi) and the dense split (-ngl all -ts)."""
-        if out is not None:
-            check_out(plan, out)
+        inputs = check_out(plan, out) if out is not None else ()
         p = read_plan(plan)
         offload = llamacpp_offload(p, None if devices is None
                                    else [d.strip() for d in devices.split(",")])
         if out is not None:
-            write_text_atomic(offload.args() + "\n", out)
+            write_text_atomic(offload.args() + "\n", out, inputs)
         if json_out:
             print_json({"cold_layers": offload.cold_layers, "override_tensor": offload.override,
                         "n_cpu_moe": offload.n_cpu_moe, "cpu_moe": offload.all_cold,

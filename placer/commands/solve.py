@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,7 @@ from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.files import write_json_atomic
+from placer.files import check_apart, write_json_atomic
 from placer.hardware.spec import load_spec
 from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
 from placer.plan.placement import Plan
@@ -90,6 +91,9 @@ def register(app: typer.Typer) -> None:
 
         if (model is None) == (config is None):
             raise PlacerError("give --model CHECKPOINT_DIR or --config config.json (not both)")
+        inputs = [("the checkpoint", model), ("the config", config),
+                  ("the hardware spec", Path(hardware) if os.path.isfile(hardware) else None)]
+        check_apart(out, inputs)
         inv = (read_inventory(model) if model is not None
                else estimate_inventory(config, expert_dtype, dense_dtype))
         opts = SolveOptions(
@@ -102,7 +106,7 @@ def register(app: typer.Typer) -> None:
             robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
             execution=execution, cache=parse_cache(cache), cache_policy=cache_policy)
         plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
-        write_json_atomic(plan.to_json(), out)
+        write_json_atomic(plan.to_json(), out, inputs)
         if json_out:
             print_json(plan.to_json())
         else:

@@ -13,11 +13,12 @@ from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, model_identity, print_json
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
+from placer.files import check_apart, removed_on_failure, write_bytes_atomic
 from traces.importers import FORMATS, import_routing
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile
 from traces.schema import PHASES, read_meta
-from traces.stats import check_plot_path, plot_heatmap, trace_stats
+from traces.stats import check_plot_path, heatmap_png, trace_stats
 
 
 def register(app: typer.Typer) -> None:
@@ -46,9 +47,11 @@ def register(app: typer.Typer) -> None:
         25% / 50% of experts; --plot writes a layers x experts heatmap."""
         if plot is not None:
             check_plot_path(plot)
+            check_apart(plot, what="--plot")
         result = trace_stats(trace_dir, phase=phase, tags=tag)
         if plot is not None:
-            plot = plot_heatmap(load_profile(trace_dir, phase=phase, tags=tag), plot)
+            png = heatmap_png(load_profile(trace_dir, phase=phase, tags=tag))
+            write_bytes_atomic(png, plot, what="--plot")
         if json_out:
             print_json(result)
             return
@@ -105,11 +108,13 @@ def register(app: typer.Typer) -> None:
         so the solver samples real co-selection. Count formats (counts, imatrix, trtllm, SGLang
         stat/per_pass dumps) are stored as DIR/counts.parquet (frequencies only), guarded by
         shape when used."""
-        path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
-                                 top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
-                                 prompt_start=prompt_start, load_balancer=load_balancer)
-        profile = load_profile(out, phase=None)
-        meta = read_meta(path)
+        with removed_on_failure(out):
+            path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
+                                     top_k=top_k, tag=tag, tokens=tokens,
+                                     prompt_lens=prompt_lens, prompt_start=prompt_start,
+                                     load_balancer=load_balancer)
+            profile = load_profile(out, phase=None)
+            meta = read_meta(path)
         note = meta.get("note")
         if json_out:
             print_json({"path": str(path), "name": profile.name, "per_token": profile.per_token,
@@ -137,6 +142,7 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
     of their format."""
     if model is not None and config is not None:
         raise PlacerError("give --model or --config, not both")
+    check_apart(out, [("the checkpoint", model), ("the config", config)], directory=True)
     inventory = (read_inventory(model) if model is not None
                  else estimate_inventory(config) if config is not None else None)
     request = ImportRequest(identity=None if inventory is None else model_identity(inventory),

@@ -38,13 +38,14 @@ expressed and is refused.
 
 from __future__ import annotations
 
-import os
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.files import Inputs, write_bytes_atomic
 from placer.plan.placement import Plan
 
 
@@ -63,17 +64,29 @@ class KTExport:
 
 
 def engine_moe_layers(config: dict) -> tuple[int, ...]:
-    """The decoder layers sglang-kt counts as MoE layers (its rule, module docstring)."""
+    """The decoder layers sglang-kt counts as MoE layers (its rule, module docstring); a
+    PlacerError for a config the engine itself would fail on (moe_layer_freq 0 or null, a
+    num_hash_layers that is not a count)."""
     num_layers = int(config["num_hidden_layers"])
     first_dense = int(config.get("first_k_dense_replace") or 0)
     freq = config.get("moe_layer_freq", 1)
-    hash_layers = int(config.get("num_hash_layers") or 0)
+    hash_layers = config.get("num_hash_layers") or 0
+    if not _count(hash_layers):
+        raise PlacerError(f"config.json: num_hash_layers is {hash_layers!r}, expected a "
+                          "non-negative integer")
     if hash_layers > 0:
         first_dense = max(0, first_dense - hash_layers)
     if isinstance(freq, list):
         first_dense = max(first_dense, next((i for i, v in enumerate(freq) if v), 0))
         freq = 1
-    return tuple(i for i in range(num_layers) if i >= first_dense and i % int(freq) == 0)
+    if not _count(freq) or freq < 1:
+        raise PlacerError(f"config.json: moe_layer_freq is {freq!r}; sglang-kt takes every "
+                          "moe_layer_freq-th layer, so it must be an integer >= 1 (or a list)")
+    return tuple(i for i in range(num_layers) if i >= first_dense and i % freq == 0)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def resident_experts(plan: Plan, *, union: bool = False) -> np.ndarray:
@@ -148,9 +161,10 @@ def _check_config(config: dict, num_layers: int, num_experts: int) -> None:
                           f"and {num_experts} experts")
 
 
-def write_kt_export(plan: Plan, out: Path, config: dict | None, *,
+def write_kt_export(plan: Plan, out: Path, config: dict | None, inputs: Inputs = (), *,
                     union: bool = False) -> KTExport:
-    """Write `{"logical_count": t}` with torch.save to `out` (.pt, atomically)."""
+    """Write `{"logical_count": t}` as torch.save writes it to `out` (.pt) through the atomic
+    writer (a named pipe is written to, not replaced), kept apart from `inputs`."""
     import torch
 
     out = Path(out)
@@ -158,11 +172,7 @@ def write_kt_export(plan: Plan, out: Path, config: dict | None, *,
         raise PlacerError(f"{out}: sglang-kt reads frequency files only from paths ending in "
                           ".pt")
     export = kt_export(plan, config, union=union)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        torch.save({"logical_count": torch.from_numpy(export.logical_count)}, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    torch.save({"logical_count": torch.from_numpy(export.logical_count)}, buffer)
+    write_bytes_atomic(buffer.getvalue(), out, inputs)
     return export

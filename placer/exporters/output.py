@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from placer.errors import PlacerError
+from placer.files import Inputs, check_apart
 
 
 def plan_file(plan: Path) -> Path:
@@ -13,10 +13,10 @@ def plan_file(plan: Path) -> Path:
     return plan / "manifest.json" if plan.is_dir() else plan
 
 
-def check_out(plan: Path, out: Path) -> None:
-    """Refuse an `--out` that is the plan (or the placed directory's manifest) itself: writing
-    there would destroy the input."""
-    source, target = plan_file(plan).resolve(), Path(out).resolve()
-    if source == target or (target.exists() and source.exists() and target.samefile(source)):
-        raise PlacerError(f"--out {out} is the plan being exported ({source}); "
-                          "write the export to another file")
+def check_out(plan: Path, out: Path, config: Path | None = None) -> Inputs:
+    """What an export reads (the plan, or the placed directory's manifest; a config), for
+    the atomic writer to keep `out` apart from; refused now when `out` is one of them or lies
+    in a checkpoint (placer.files.check_apart), before anything is read."""
+    inputs = [("the plan being exported", plan_file(plan)), ("the config", config)]
+    check_apart(out, inputs)
+    return inputs

@@ -29,15 +29,15 @@ ep < tp each EP rank is a group of tp / ep GPUs).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.files import write_json_atomic
+from placer.files import Inputs, write_json_atomic
 from placer.plan.placement import Plan
+from traces.jsontext import loads_json
 
 
 @dataclass(frozen=True)
@@ -78,15 +78,15 @@ def sglang_location(plan: Plan) -> SGLangLocation:
     return SGLangLocation(p2l, slots, physical - num_experts)
 
 
-def write_sglang_location(plan: Plan, out: Path) -> SGLangLocation:
-    """Write `--init-expert-location` JSON for `plan` to `out` (atomically), read it back and
-    check every expert's home; returns what was written."""
+def write_sglang_location(plan: Plan, out: Path, inputs: Inputs = ()) -> SGLangLocation:
+    """Write `--init-expert-location` JSON for `plan` to `out` (atomically, kept apart from
+    `inputs`), read it back and check every expert's home; returns what was written."""
     out = Path(out)
     if out.suffix != ".json":
         raise PlacerError(f"{out}: SGLang reads --init-expert-location by suffix; use .json")
     location = sglang_location(plan)
     write_json_atomic({"physical_to_logical_map": location.physical_to_logical_map.tolist()},
-                      out)
+                      out, inputs)
     homes = sglang_homes(read_sglang_location(out), plan.moe_layers, location.ep_size,
                          plan.experts_per_layer)
     if not np.array_equal(homes, plan.matrix("card")):
@@ -97,7 +97,7 @@ def write_sglang_location(plan: Plan, out: Path) -> SGLangLocation:
 def read_sglang_location(path: Path) -> np.ndarray:
     """The [num_layers, num_physical] map of an `--init-expert-location` JSON file."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = loads_json(Path(path).read_bytes(), str(path), PlacerError)
         p2l = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PlacerError(f"{path}: not an SGLang expert location file ({exc})") from None

@@ -82,6 +82,7 @@ def spec_fragment(results: list[ProbeResult]) -> str:
 HOST_DTYPES = ("bfloat16", "float32")
 TYPICAL_SYNC_US = 30.0  # a layer's tokens to the host and back on a PCIe card, not measured
 MATMUL_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert's gate / up projection
+MAX_TOKENS = 1 << 14  # matmul rows: a [16384 x 2048] float32 input is already 128 MiB
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,14 @@ def last_level_cache_bytes() -> int:
                 size[-1]]
     top = max((level for level, _ in instances), default=None)
     return sum(size for (level, _), size in instances.items() if level == top)
+
+
+def max_buffer_bytes() -> int:
+    """The largest copy buffer a probe allocates: the copy holds two, at most half the RAM."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError):
+        return 2 * 2**30
 
 
 def default_buffer_bytes() -> int:
@@ -236,17 +245,23 @@ def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens:
     if dtype not in HOST_DTYPES:
         raise PlacerError(f"probe --host --dtype: expected one of {', '.join(HOST_DTYPES)}, "
                           f"got {dtype!r}")
-    if tokens < 1:
-        raise PlacerError(f"probe --host --tokens: expected a positive count, got {tokens}")
-    if not expert_tokens or any(n < 1 for n in expert_tokens) or any(
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise PlacerError(f"probe --host --tokens: expected a positive count up to "
+                          f"{MAX_TOKENS}, got {tokens}")
+    if not expert_tokens or any(not 1 <= n <= MAX_TOKENS for n in expert_tokens) or any(
             b <= a for a, b in zip(expert_tokens, expert_tokens[1:], strict=False)):
-        raise PlacerError(f"probe --host --expert-tokens: expected ascending counts >= 1, got "
+        raise PlacerError(f"probe --host --expert-tokens: expected ascending counts in "
+                          f"1..{MAX_TOKENS}, got "
                           f"{list(expert_tokens)}")
     threads = host_threads()
     buffer_bytes = default_buffer_bytes() if buffer_bytes is None else buffer_bytes
     if buffer_bytes < threads * 4096:
         raise PlacerError(f"probe --host --mb: a copy buffer of {buffer_bytes} bytes is too "
                           f"small for {threads} threads")
+    if buffer_bytes > max_buffer_bytes():
+        raise PlacerError(f"probe --host --mb: a copy buffer of {buffer_bytes // 2**20} MiB "
+                          f"is more than this host can hold twice (at most "
+                          f"{max_buffer_bytes() // 2**20} MiB)")
     hidden, inter = MATMUL_SHAPE
     bandwidth, copies = host_memory_bandwidth(buffer_bytes, repeats, threads)
     flops, matmuls = host_matmul_flops(dtype, tokens, hidden, inter, repeats, threads)

@@ -43,7 +43,9 @@ A spec file looks like (sizes take units, rates take "/s"):
 
 Cards in no link have no shared bound. Base step time is interpolated linearly in the batch
 (held at the smallest batch's time below it). Every number must be finite; sizes and rates
-are bounded (2**60) so a typo cannot reach the solvers as an absurd figure.
+are bounded (2**60) so a typo cannot reach the solvers as an absurd figure, and rates from
+below too (1 MB/s, 1 MFLOP/s): "1e-300FLOPS" is not a slow CPU but a typo that would
+predict a decode step of 10**306 ms.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from placer.errors import PlacerError
 from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
 from solvers.cpu import OFFLOAD_MIN_BATCH
+from traces.jsontext import MAX_DEPTH, depth
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "latency_us")
@@ -67,7 +70,9 @@ SPEC_FIELDS = ("name", "description", "host_ram", "cards", "card", "link", "deco
 LINK_FIELDS = ("name", "cards", "bandwidth")
 HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets", "offload_min_batch", "expert")
 MAX_BYTES = 2**60          # sizes and bytes/s beyond this are typos, not hardware
+MIN_RATE = 1e6             # bytes/s below this (a floppy disk's) are typos too
 MAX_FLOPS = 1e18
+MIN_FLOPS = 1e6
 MAX_CARDS = 1024
 MAX_BATCH = 1 << 20
 MAX_MS = 1e6               # a decode step, latency or sync longer than this is a typo
@@ -203,8 +208,14 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
     except UnicodeDecodeError as exc:
         raise PlacerError(f"hardware spec {name_or_path}: not UTF-8 text (byte {exc.start})"
                           ) from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: 5000-digit integers
         raise PlacerError(f"hardware spec {name_or_path}: invalid TOML ({exc})") from None
+    except RecursionError:
+        raise PlacerError(f"hardware spec {name_or_path}: nested too deeply to be a spec"
+                          ) from None
+    if depth(data) > MAX_DEPTH:
+        raise PlacerError(f"hardware spec {name_or_path}: nested deeper than {MAX_DEPTH} "
+                          "levels (a spec needs 3)")
     return parse_spec(data, str(name_or_path))
 
 
@@ -366,7 +377,7 @@ def _flops(value: Any, what: str) -> float:
         if not m:
             raise PlacerError(f"{what}: cannot read {value!r} as FLOP/s (e.g. 1.5TFLOPS)")
         value = float(m[1]) * _FLOPS_SCALE[m[2].upper()]
-    return _number(value, what, 0.0, MAX_FLOPS, positive=True)
+    return _number(value, what, MIN_FLOPS, MAX_FLOPS)
 
 
 def _size(value: Any, what: str) -> int:
@@ -382,8 +393,9 @@ def _rate(value: Any, what: str) -> float:
     """Bytes/s (> 0, <= 2**60) from a number or a rate string."""
     _finite_or_text(value, what, "a rate (e.g. 52GB/s)")
     rate = parse_rate(value, what)
-    if not 0 < rate <= MAX_BYTES:
-        raise PlacerError(f"{what}: expected a positive rate up to 2**60 B/s, got {value!r}")
+    if not MIN_RATE <= rate <= MAX_BYTES:
+        raise PlacerError(f"{what}: expected a positive rate from 1MB/s up to 2**60 B/s, got "
+                          f"{value!r}")
     return rate
 
 

@@ -40,19 +40,6 @@ def sibling(out_dir: Path, tag: str) -> Path:
     return out_dir.parent / ("." + out_dir.name.encode()[:room].decode(errors="ignore") + tail)
 
 
-def check_apart(out_dir: Path, model_dir: Path, names: list[str]) -> None:
-    """Refuse an --out equal to, inside or holding the checkpoint or any of its source files
-    (symlinks resolved: a Hugging Face snapshot's files are links into its blobs)."""
-    out, src = out_dir.resolve(), model_dir.resolve()
-    if out == src or src in out.parents:
-        raise PlacerError(f"--out {out_dir} is inside the checkpoint {model_dir}: writing there "
-                          "would change the source; choose a directory outside it")
-    for path in [src, *((model_dir / n).resolve() for n in names)]:
-        if out in path.parents:
-            raise PlacerError(f"--out {out_dir} holds the checkpoint's {path}: replacing it "
-                              "would delete the source; choose another directory")
-
-
 def make_dirs(path: Path) -> list[Path]:
     """mkdir -p `path`; the directories it created, outermost first."""
     missing = [p for p in [path, *path.parents] if not p.exists()][::-1]
@@ -212,15 +199,16 @@ def discard(stage: Path) -> Path | None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM (or SIGINT) while an emit writes: raised in the main thread, so the emit
-    cleans up as on Ctrl-C (the CLI then prints "Aborted!" and exits 1)."""
+    """SIGTERM (or SIGINT) while a command or an emit runs: raised in the main thread, so it
+    cleans up as on Ctrl-C; the CLI then prints one line, `error: interrupted by SIGTERM;
+    nothing partial was left behind`, and exits 1 (placer.commands.common.command)."""
 
 
 class Signals:
-    """While an emit runs in the main thread, SIGINT and SIGTERM raise Interrupted there, once:
-    from the first, or from `hold()` (an error is being cleaned up, or the complete new
-    placement is being put in place), further ones are ignored, so that the cleanup or the
-    swap finishes. The previous handlers come back on exit."""
+    """While a command (placer.cli) or an emit runs in the main thread, SIGINT and SIGTERM
+    raise Interrupted there, once: from the first, or from `hold()` (an error is being cleaned
+    up, or the complete new placement is being put in place), further ones are ignored, so
+    that the cleanup or the swap finishes. The previous handlers come back on exit."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

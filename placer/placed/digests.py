@@ -20,6 +20,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from traces.jsontext import loads_json
+
 RACY_S = 2.0  # younger files are hashed every time (see module docstring)
 
 
@@ -43,7 +45,7 @@ def _entry(path: Path, key: str) -> str:
 
 def _load() -> dict[str, str]:
     try:
-        data = json.loads(cache_file().read_text())
+        data = loads_json(cache_file().read_bytes(), "the digest cache")
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

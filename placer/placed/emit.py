@@ -24,11 +24,11 @@ from pathlib import Path
 
 from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.errors import PlacerError
+from placer.files import check_apart
 from placer.placed import digests
 from placer.placed.commit import (
     IN_PLACE_STAGE,
     Signals,
-    check_apart,
     check_space,
     commit_placement,
     discard,
@@ -62,7 +62,9 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
                           f"is model {inv.fingerprint} (another model, or its headers changed)")
     if out_dir.is_symlink():  # replace the directory it names, not the link
         out_dir = Path(os.path.realpath(out_dir))
-    check_apart(out_dir, model_dir, [s.name for s in inv.files] + ["config.json"])
+    check_apart(out_dir, [("the checkpoint", model_dir),
+                          *(("the checkpoint's file", model_dir / s.name) for s in inv.files)],
+                directory=True)
     if out_dir.exists() and not out_dir.is_dir():
         raise PlacerError(f"--out {out_dir} exists and is not a directory")
     laid = [(f, *layout(f.entries, align)) for f in plan_files(plan, inv)]

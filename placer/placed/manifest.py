@@ -26,6 +26,7 @@ from placer.files import dumps_json
 from placer.placed.layout import Entry, expert_starts
 from placer.plan.format import MANIFEST_FORMAT
 from placer.plan.placement import Plan
+from traces.jsontext import loads_json
 
 
 @cache
@@ -129,7 +130,9 @@ def validate_manifest(manifest: dict) -> None:
     error = min(_validator().iter_errors(manifest), key=lambda e: list(e.path), default=None)
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise PlacerError(f"manifest does not match its schema at {where}: {error.message}")
+        expected = error.schema.get("description") if error.validator == "pattern" else None
+        raise PlacerError(f"manifest does not match its schema at {where}: {error.message}"
+                          + (f" (expected: {expected})" if expected else ""))
 
 
 def read_manifest(path: Path) -> dict:
@@ -143,11 +146,10 @@ def read_manifest(path: Path) -> dict:
         raise PlacerError(f"no manifest at {path} (not a placed directory, or its emit did "
                           "not finish)")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except OSError as exc:  # worded as the CLI words an OSError: "permission denied: PATH"
         raise PlacerError(f"{(exc.strerror or type(exc).__name__).lower()}: {path}") from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise PlacerError(f"{path}: not valid UTF-8 JSON ({exc})") from None
+    manifest = loads_json(raw, str(path), PlacerError)
     validate_manifest(manifest)
     return manifest
 

@@ -138,9 +138,12 @@ def check_placement(manifest: dict, inv, report: Report) -> None:
         if n != 1:
             report.problems.append(f"expert ({ex.layer}, {ex.expert}): placed {n} times")
     for c, used in resident.items():
-        if used > capacity.get(c, -1):
+        if c not in capacity:
+            report.problems.append(f"card {c}: homes experts but is not among the manifest's "
+                                   f"cards {sorted(capacity)}")
+        elif used > capacity[c]:
             report.problems.append(f"card {c}: {used} resident bytes exceed its capacity "
-                                   f"{capacity.get(c)}")
+                                   f"{capacity[c]}")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from placer.errors import PlacerError
 SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
+MAX_BYTES = 2**60    # a budget or page past this is a typo, not a card (as hardware specs)
 CACHE_POLICIES = ("lfru", "lru")  # solvers.cache.POLICIES, named here without importing numba
 MAX_CACHE_SLOTS = 1 << 24
 
@@ -49,6 +50,9 @@ def check_options(opts: SolveOptions) -> None:
     if not (math.isfinite(opts.time_limit) and opts.time_limit > 0):
         raise PlacerError(f"--time-limit must be a positive number of seconds, not "
                           f"{opts.time_limit}")
+    for flag, value, low in (("--budget", opts.budget, 0), ("--page-size", opts.page_size, 1)):
+        if value is not None and not low <= value <= MAX_BYTES:
+            raise PlacerError(f"{flag} must be {low}..2**60 bytes, not {value}")
     if opts.num_steps is not None and opts.num_steps < 1:
         raise PlacerError(f"--steps must be >= 1 (or left out: every calibration token), not "
                           f"{opts.num_steps}")

@@ -9,7 +9,6 @@ expert's cold part is one contiguous suffix: staging it is one copy.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
 from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
 from solvers.cache import DEFAULT_POLICY, CachePolicy, even_quotas, make_policy
+from traces.jsontext import loads_json
 
 
 @dataclass(frozen=True)
@@ -176,11 +176,10 @@ def read_plan(path: Path) -> Plan:
     if not path.is_file():
         raise PlacerError(f"plan not found: {path}")
     try:
-        d = json.loads(path.read_bytes())
+        raw = path.read_bytes()
     except OSError as exc:
         raise PlacerError(f"{path}: cannot read ({exc.strerror})") from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise PlacerError(f"{path}: not valid JSON ({exc})") from None
+    d = loads_json(raw, str(path), PlacerError)
     return plan_from_json(d, str(path))
 
 

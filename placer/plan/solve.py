@@ -193,9 +193,9 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     if opts.solver in ("ilp", "greedy") and not trace_dirs:
         raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
                           f"(or use --solver layer / uniform)")
-    if opts.robust and len(trace_dirs) < 2 and len(opts.concurrency) < 2:
-        raise PlacerError("--robust needs at least two --traces sets or two --concurrency "
-                          "values to be robust across")
+    if opts.robust and len(trace_dirs) * len(set(opts.concurrency)) < 2:
+        raise PlacerError("--robust needs at least two scenarios to be robust across: two "
+                          "--traces sets, or one at several --concurrency values (e.g. 1,8)")
     execution = execution_of(opts.execution, spec, inv.config.get("hidden_size"),
                              expert_flops(inv))
     if execution.mode == "cpu" and opts.page_size is not None:

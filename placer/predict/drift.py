@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.plan.placement import Plan
-from solvers.intervals import Estimate, replicate_weights
+from solvers.intervals import MIN_UNITS, Estimate, replicate_weights
 from traces.profile import Profile, sequence_counts
 
 
@@ -56,8 +56,9 @@ def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: i
     finite sample is biased upward (two samples of the same traffic differ by sampling noise
     alone) and a replicate is such a sample again: the plain percentile interval is what is
     reported, not bias-corrected, and when the drift is small beside the noise it can lie
-    above the point estimate. Imported count matrices have no sequences: both intervals are
-    None, with a note."""
+    above the point estimate. Imported count matrices have no sequences, and fewer than
+    MIN_UNITS sequences are too few to resample: both intervals are None then, with a
+    note."""
     js = js_divergence(calib, profile.counts)
     out = {"traces": str(trace_dir), "js_mean_bits": float(js.mean()),
            "js_per_layer_bits": js.tolist()}
@@ -66,6 +67,10 @@ def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: i
                 f"{trace_dir}: imported counts have no sequences: drift has no interval "
                 f"(js_mean_bits_ci95 and js_per_layer_bits_ci95 are null)")
     _, per_seq = sequence_counts(trace_dir)
+    if len(per_seq) < MIN_UNITS:
+        return ({**out, "js_mean_bits_ci95": None, "js_per_layer_bits_ci95": None},
+                f"{trace_dir}: {len(per_seq)} sequences, fewer than {MIN_UNITS}: drift has no "
+                "interval (js_mean_bits_ci95 and js_per_layer_bits_ci95 are null)")
     reps = js_replicates(calib, per_seq, replicate_weights(len(per_seq), replicates, seed))
     return {**out, "js_mean_bits_ci95": Estimate(float(js.mean()), reps.mean(axis=1)).ci95(),
             "js_per_layer_bits_ci95": [Estimate(float(point), reps[:, layer]).ci95()

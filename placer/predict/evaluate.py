@@ -9,7 +9,8 @@ batching of B distinct sequences over `groupings` seeded orders); `num_steps` sa
 many steps instead, and imported count matrices, which have no tokens, are always sampled
 (with a note). Every figure carries a 95% bootstrap interval over sequences, paired across
 the lines of a row (`solvers.intervals`); the verdict against layer offload is read from the
-interval of the stall ratio: better, worse or within noise.
+interval of the stall ratio: better, worse or within noise, or too little traffic where
+fewer than MIN_UNITS held-out sequences give no interval (with a note).
 
 Memory: the replay walks the steps in chunks (solvers.replay.CHUNK_CELLS mask cells); the
 oracle's problem and the `cache_slots` replay (an LRU walks the steps in order) hold the
@@ -34,10 +35,7 @@ from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from solvers import baselines, ilp
 from solvers.cache import even_quotas
-from solvers.intervals import (
-    REPLICATES,
-    verdict,
-)
+from solvers.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
 from solvers.problem import Placement, Problem, SolveResult, Steps
 from solvers.replay import BELADY, Line, make_steps, replay_with_intervals
 from solvers.staging import cache_only_slots, fetch_limit, slot_unit, staging_bytes
@@ -200,6 +198,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                     row, staged = evaluate_row(plan, name, steps, plan_placement(plan, mode),
                                                opts, seed, mode)
                     rows.append(row)
+                    notes += [too_little_note(row)] if row["verdict"] == TOO_LITTLE else []
                     per_layer.append({"concurrency": b, "execution": mode,
                                       "staged_bytes_per_token": staged})
                     bar.advance()
@@ -313,10 +312,18 @@ def cache_lines(plan: Plan, problem: Problem, placement: Placement, cache_slots:
     return out
 
 
+def too_little_note(row: dict) -> str:
+    """Why a row has no interval and no verdict."""
+    return (f"{row['traces']} B={row['concurrency']}: {row['interval_units']} held-out "
+            f"{row['interval_over']}, fewer than {MIN_UNITS}: no interval can be estimated "
+            f"(every _ci95 is null) and the verdict is {TOO_LITTLE}")
+
+
 def trace_verdict(name: str, rows: list[dict]) -> dict:
     """One traffic set over all its concurrencies: worse if any row's stall ratio to layer
-    offload is worse beyond noise, better if every row's is better, else within noise.
-    `ok` (for scripts) is "not worse"."""
+    offload is worse beyond noise, too little traffic if any row has too few sequences for an
+    interval, better if every row's is better, else within noise. `ok` (for scripts) is
+    "not worse, as far as the traffic tells": false for worse and for too little traffic."""
     worst = max(r["ratio_to_layer"] for r in rows)
     out = {"traces": name, "worst_ratio_to_layer": worst}
     worse = [r for r in rows if r["verdict"] == "worse"]
@@ -327,6 +334,14 @@ def trace_verdict(name: str, rows: list[dict]) -> dict:
                            f"offload on this traffic (stall {r['ratio_to_layer']:.3f}x layer "
                            f"offload's at B={r['concurrency']} with {r['execution']} execution, "
                            f"95% interval {_span(r['ratio_to_layer_ci95'])})"}
+    few = [r for r in rows if r["verdict"] == TOO_LITTLE]
+    if few:
+        return {**out, "verdict": TOO_LITTLE, "ok": False,
+                "message": f"{TOO_LITTLE}: {name}: {few[0]['interval_units']} held-out "
+                           f"{few[0]['interval_over']} at B={few[0]['concurrency']}, fewer than "
+                           f"{MIN_UNITS}: neither better nor worse than layer offload can be "
+                           f"told (stall {few[0]['ratio_to_layer']:.3f}x layer offload's, "
+                           "no interval)"}
     if all(r["verdict"] == "better" for r in rows):
         return {**out, "verdict": "better", "ok": True,
                 "message": f"better: {name}: better than layer offload at every concurrency "

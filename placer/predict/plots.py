@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 
+from placer.files import write_bytes_atomic
 from placer.plan.placement import Plan
 from placer.predict.drift import calibration_counts
 from traces.profile import load_profile
@@ -14,7 +16,7 @@ from traces.profile import load_profile
 def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path) -> Path:
     """For each trace set: per-layer staged bytes per token of every line (placement vs
     layer offload, uniform, oracle, and the cache lines) at the first concurrency, and
-    traffic minus calibration frequency."""
+    traffic minus calibration frequency; a PNG written to `out` by the atomic writer."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,16 +49,13 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
             axis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(im, ax=ax)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=90, format="png")
-        tmp.replace(out)
+        fig.savefig(buffer, dpi=90, format="png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return out
+    write_bytes_atomic(buffer.getvalue(), Path(out), what="--plot")
+    return Path(out)
 
 
 def _share(counts: np.ndarray) -> np.ndarray:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
+
+from placer.files import write_bytes_atomic
 
 
 def plot_bench(report: dict, out: Path) -> Path:
     """One column per concurrency: above, each arm's measured and predicted tokens/s; below,
     each arm's ratio to the first arm, measured and predicted; every bar with its 95%
-    interval. Written atomically as a PNG."""
+    interval. A PNG, written by the atomic writer (placer.files)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,16 +39,13 @@ def plot_bench(report: dict, out: Path) -> Path:
             ax.set_ylabel(ylabel)
             ax.legend()
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=90, format="png")
-        tmp.replace(out)
+        fig.savefig(buffer, dpi=90, format="png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return out
+    write_bytes_atomic(buffer.getvalue(), Path(out), what="--plot")
+    return Path(out)
 
 
 def labels(paths: list[str]) -> list[str]:

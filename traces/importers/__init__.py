@@ -23,11 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from traces.errors import TraceError
 from traces.importers import counts, llamacpp, sglang, sglang_http, tokens, trtllm, vllm
 from traces.importers.common import ImportRequest
+from traces.importers.npfiles import npy_ndim, npz_keys
 
 Importer = Callable[[list[Path], Path, ImportRequest], Path]
 
@@ -69,10 +68,10 @@ def detect_format(source: Path) -> str:
     if suffix in by_suffix:
         return by_suffix[suffix]
     if suffix == ".npz":
-        return "tokens" if "expert_ids" in _npz_keys(source) else _ask(
+        return "tokens" if "expert_ids" in npz_keys(source) else _ask(
             source, "an .npz without expert_ids (vLLM routed experts by request?)")
     if suffix == ".npy":
-        if _npy_ndim(source) != 3:  # the count reader names what else is wrong with it
+        if npy_ndim(source) != 3:  # the count reader names what else is wrong with it
             return "counts"
         return _ask(source, "a 3-D .npy (tokens and vllm both write them)")
     raise TraceError(f"{source}: unknown count or routing format {suffix!r}; give --format "
@@ -82,21 +81,6 @@ def detect_format(source: Path) -> str:
 def _ask(source: Path, why: str) -> str:
     raise TraceError(f"{source}: cannot tell the format from {why}; give --format "
                      f"({', '.join(FORMATS)})")
-
-
-def _npz_keys(path: Path) -> list[str]:
-    try:
-        with np.load(path, allow_pickle=False) as loaded:
-            return list(loaded.files)
-    except (ValueError, OSError) as exc:
-        raise TraceError(f"{path}: not a readable .npz file ({exc})") from None
-
-
-def _npy_ndim(path: Path) -> int:
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False).ndim
-    except (ValueError, OSError) as exc:
-        raise TraceError(f"{path}: not a readable .npy file ({exc})") from None
 
 
 def expand(sources: list[Path], fmt: str) -> list[Path]:

@@ -89,8 +89,10 @@ def need_identity(request: ImportRequest, what: str) -> ModelIdentity:
     return identity
 
 
-def check_experts(path: Path, field: str, experts: np.ndarray, identity: ModelIdentity) -> None:
-    """`experts` [N, moe_layers, k] must hold ids in [0, experts_per_layer) of the model."""
+def check_experts(path: Path | str, field: str, experts: np.ndarray,
+                  identity: ModelIdentity) -> None:
+    """`experts` [N, moe_layers, k] must hold ids in [0, experts_per_layer) of the model, k
+    distinct ones per token and layer (check_distinct)."""
     want = (len(identity.moe_layers), identity.top_k)
     if experts.ndim != 3 or experts.shape[1:] != want:
         raise TraceError(f"{path}: {field} has shape {experts.shape}, expected [tokens, "
@@ -100,6 +102,33 @@ def check_experts(path: Path, field: str, experts: np.ndarray, identity: ModelId
     if experts.size and (experts.min() < 0 or experts.max() >= identity.experts_per_layer):
         raise TraceError(f"{path}: {field} holds expert ids in [{experts.min()}, "
                          f"{experts.max()}], expected [0, {identity.experts_per_layer})")
+    check_distinct(f"{path}: {field}", experts)
+
+
+def check_distinct(where: str, experts: np.ndarray) -> None:
+    """A router selects k distinct experts: a TraceError, prefixed `where`, naming the first
+    token of `experts` [N, layers, k] that selects one expert twice in a layer."""
+    ordered = np.sort(experts, axis=-1)
+    twice = np.argwhere(ordered[..., 1:] == ordered[..., :-1])
+    if len(twice):
+        token, layer, col = twice[0]
+        raise TraceError(f"{where}: token {token} selects expert {ordered[token, layer, col]} "
+                         f"twice in MoE layer {layer} (a router selects k distinct experts)")
+
+
+MAX_TOKEN_ID = 2**31 - 1  # the trace's `token` column is int32
+
+
+def token_ids(value: object, where: str) -> list[int]:
+    """`value` as a list of token ids (integers in 0..2**31-1, never booleans); a TraceError
+    naming `where` for anything else (strings, None, nested lists, 2**40)."""
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+            for t in value):
+        shown = repr(value)[:60]
+        raise TraceError(f"{where}: expected a list of token ids (integers in "
+                         f"0..{MAX_TOKEN_ID}), got {shown}")
+    return value
 
 
 def write_rows(parts: Iterable[TokenRows], out_dir: Path, sources: list[Path],
@@ -134,6 +163,9 @@ def write_rows(parts: Iterable[TokenRows], out_dir: Path, sources: list[Path],
             if (part.weights is not None) != weights:
                 raise TraceError(f"{part.source}: gate weights are "
                                  f"{'missing' if weights else 'present'}, unlike the other files")
+            if part.weights is not None and not np.isfinite(part.weights).all():
+                raise TraceError(f"{part.source}: gate weights hold NaN or infinity (expected "
+                                 "the router's finite weights)")
             writer.write(seq_id=np.repeat(base + offset + part.seq, num_layers),
                          pos=np.repeat(part.pos, num_layers),
                          token=np.repeat(part.token, num_layers),

@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 from traces.corpora import check_tag
 from traces.errors import TraceError
 from traces.importers.common import ImportRequest, check_empty, sources_sha256
-from traces.schema import COUNTS_FILE, KIND_COUNTS, counts_schema
+from traces.importers.npfiles import load_npy
+from traces.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, counts_schema
 
 
 def read_count_matrix(path: Path) -> np.ndarray:
@@ -30,10 +31,7 @@ def read_count_matrix(path: Path) -> np.ndarray:
         raise TraceError(f"count matrix not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        try:
-            raw = np.load(path, allow_pickle=False)
-        except ValueError as exc:
-            raise TraceError(f"{path}: not a numeric .npy array ({exc})") from None
+        raw = load_npy(path)
     elif suffix == ".csv":
         raw = _read_csv(path)
     else:
@@ -41,15 +39,32 @@ def read_count_matrix(path: Path) -> np.ndarray:
     if raw.ndim != 2 or 0 in raw.shape:
         raise TraceError(f"{path}: expected a 2-D (MoE layers x experts) matrix, got shape "
                          f"{raw.shape}")
-    if not np.issubdtype(raw.dtype, np.number) or not np.all(np.isfinite(raw)) \
-            or np.any(raw < 0) or np.any(raw != np.round(raw)):
-        raise TraceError(f"{path}: counts must be finite non-negative integers")
-    return raw.astype(np.int64)
+    return check_counts(raw, str(path))
+
+
+def check_counts(counts: np.ndarray, where: str) -> np.ndarray:
+    """`counts` [L, E] as int64, or a TraceError naming what is wrong: not finite
+    non-negative whole numbers, or a layer whose selections sum past MAX_SELECTIONS (an int64
+    sum of such counts wraps around to nonsense, and frequencies are float64)."""
+    if not np.issubdtype(counts.dtype, np.integer) and not np.issubdtype(counts.dtype,
+                                                                          np.floating):
+        raise TraceError(f"{where}: counts of dtype {counts.dtype}, expected numbers")
+    values = counts.astype(np.float64)
+    if not np.isfinite(values).all() or (values < 0).any() or (values != np.round(values)).any():
+        raise TraceError(f"{where}: counts must be finite non-negative integers")
+    most = float(values.sum(axis=1).max(initial=0.0))
+    if most > MAX_SELECTIONS:
+        raise TraceError(f"{where}: a MoE layer counts {most:.3g} selections, more than 2**53 "
+                         "(no traffic selects that often: a count that wrapped around?)")
+    return counts.astype(np.int64)
 
 
 def _read_csv(path: Path) -> np.ndarray:
-    with path.open(newline="") as f:
-        rows = [r for r in csv.reader(f) if any(cell.strip() for cell in r)]
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.reader(f) if any(cell.strip() for cell in r)]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise TraceError(f"{path}: not a UTF-8 CSV file ({exc})") from None
     if rows and not _numeric(rows[0]):
         rows = rows[1:]
     if not rows or len({len(r) for r in rows}) != 1:
@@ -93,7 +108,8 @@ def write_counts(counts: np.ndarray, out_dir: Path, *, top_k: int, tag: str,
     `decoder_layers`, so that profiles and `traces stats` name layers as a collected trace
     does); `extra`: more metadata (e.g. what the counts cover). A matrix without any
     selection, or a layer row without any, is refused: frequencies would be 0/0 there."""
-    counts = np.asarray(counts, dtype=np.int64)
+    names = ", ".join(str(s) for s in sources)
+    counts = check_counts(np.asarray(counts), names)
     num_layers, num_experts = counts.shape
     if decoder_layers is not None:
         decoder_layers = [int(layer) for layer in decoder_layers]
@@ -101,7 +117,6 @@ def write_counts(counts: np.ndarray, out_dir: Path, *, top_k: int, tag: str,
             raise TraceError(f"decoder layers {decoder_layers} do not name the {num_layers} "
                              "count rows in increasing order")
         extra = {**(extra or {}), "decoder_layers": decoder_layers}
-    names = ", ".join(str(s) for s in sources)
     if not counts.any():
         raise TraceError(f"{names}: every count is zero (expected selections to import)")
     empty = np.flatnonzero(counts.sum(axis=1) == 0).tolist()
@@ -133,6 +148,8 @@ def write_counts(counts: np.ndarray, out_dir: Path, *, top_k: int, tag: str,
     try:
         pq.write_table(table, tmp)
         os.replace(tmp, final)
+    except OSError as exc:
+        raise TraceError(f"cannot write {tmp}: {exc.strerror or exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return final

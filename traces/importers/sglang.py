@@ -52,12 +52,14 @@ from traces.importers.common import (
     ImportRequest,
     TokenRows,
     check_empty,
+    token_ids,
     write_rows,
 )
-from traces.importers.counts import resolve_top_k, write_counts
+from traces.importers.counts import check_counts, resolve_top_k, write_counts
 from traces.schema import PHASES
 
 STAT, PER_PASS, PER_TOKEN = "stat", "per_pass", "per_token"
+MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/schema.py
 DECODE_MODE, MIXED_MODE = 2, 3  # sglang ForwardMode.DECODE / .MIXED (IntEnum, auto() from 1)
 DEFAULT_TAG = "sglang"
 
@@ -108,10 +110,11 @@ def read_sglang_dump(path: Path) -> SGLangDump:
         raise TraceError(f"{path}: expected a dict, got {type(data).__name__}")
     if "logical_count" in data:
         counts = _int_array(data["logical_count"], path, "logical_count")
-        if counts.ndim == 3:
-            counts = counts.sum(axis=0)
-        if counts.ndim != 2:
+        if counts.ndim not in (2, 3):
             raise TraceError(f"{path}: logical_count must be [passes, layers, experts]")
+        passes = counts.reshape(-1, *counts.shape[-2:])
+        check_counts(passes.astype(np.float64).sum(axis=0), f"{path}: logical_count")
+        counts = passes.sum(axis=0)
         return SGLangDump(path, STAT, counts, None)
     if "records" in data and "last_physical_to_logical_map" in data:
         return _read_records(path, data["records"],
@@ -130,11 +133,16 @@ def _int_array(value: object, path: Path, key: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
+def _read_records(path: Path, records: object, p2l: np.ndarray) -> SGLangDump:
     if p2l.ndim != 2 or p2l.size == 0 or p2l.min() < 0:
         raise TraceError(f"{path}: last_physical_to_logical_map must be [layers, physical]")
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise TraceError(f"{path}: records must be a list of dicts, one per forward pass")
     num_layers, num_physical = p2l.shape
     num_experts = int(p2l.max()) + 1
+    if num_layers > MAX_COUNT or num_experts > MAX_COUNT:
+        raise TraceError(f"{path}: last_physical_to_logical_map names {num_layers} layers and "
+                         f"expert ids up to {num_experts - 1}; at most {MAX_COUNT} of each")
     rows = np.arange(num_layers)[:, None]
     counts = np.zeros((num_layers, num_experts), dtype=np.int64)
     detail = bool(records) and all("topk_ids_of_layer" in r for r in records)
@@ -149,9 +157,16 @@ def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
                                  f"{physical.shape}, the map {p2l.shape}")
             np.add.at(counts, (np.broadcast_to(rows, p2l.shape), p2l), physical)
             continue
+        where = f"{path}: records[{number}]"
+        missing = sorted({"input_ids", "positions", "forward_mode"} - record.keys())
+        if missing:
+            raise TraceError(f"{where} has no {', '.join(missing)} (a per_token record has "
+                             "input_ids, positions, forward_mode and topk_ids_of_layer)")
         ids = _int_array(record["topk_ids_of_layer"], path, f"records[{number}].topk_ids")
-        n = len(record["input_ids"])
-        if ids.ndim != 3 or ids.shape[:2] != (num_layers, n) or len(record["positions"]) != n:
+        input_ids = token_ids(record["input_ids"], f"{where}.input_ids")
+        positions = token_ids(record["positions"], f"{where}.positions")
+        n = len(input_ids)
+        if ids.ndim != 3 or ids.shape[:2] != (num_layers, n) or len(positions) != n:
             raise TraceError(f"{path}: records[{number}] has topk ids {ids.shape} for {n} "
                              f"tokens of {num_layers} layers")
         if ids.max(initial=-1) >= num_physical:
@@ -160,8 +175,8 @@ def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
                              "record with --disable-shared-experts-fusion)")
         logical = np.where(ids >= 0, p2l[rows[:, :, None], np.maximum(ids, 0)], -1)
         seq, phase = _segments(record, n, path, number)
-        parts.append((seq + next_seq, np.asarray(record["positions"], np.int32),
-                      np.asarray(record["input_ids"], np.int32), phase,
+        parts.append((seq + next_seq, np.asarray(positions, np.int32),
+                      np.asarray(input_ids, np.int32), phase,
                       logical.transpose(1, 0, 2).astype(np.int16)))
         next_seq += int(seq.max(initial=-1)) + 1
         valid = logical >= 0
@@ -176,11 +191,15 @@ def _read_records(path: Path, records: list, p2l: np.ndarray) -> SGLangDump:
 
 def _segments(record: dict, n: int, path: Path, number: int) -> tuple[np.ndarray, np.ndarray]:
     """([n] sequence number within the pass, [n] phase index) of one per-token record."""
-    mode = int(record["forward_mode"])
+    mode = record["forward_mode"]
+    if not isinstance(mode, int) or isinstance(mode, bool):
+        raise TraceError(f"{path}: records[{number}].forward_mode is {mode!r}, expected "
+                         "SGLang's ForwardMode number")
     lens = record.get("extend_seq_lens")
     if mode == DECODE_MODE or lens is None:
         lens = [1] * n
-    lens = np.asarray(lens, dtype=np.int64)
+    lens = np.asarray(token_ids(lens, f"{path}: records[{number}].extend_seq_lens"),
+                      dtype=np.int64)
     if lens.sum() != n or (lens < 0).any():
         raise TraceError(f"{path}: records[{number}] extend_seq_lens sum to {lens.sum()}, "
                          f"not its {n} tokens")

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +52,12 @@ from traces.importers.common import (
     UNKNOWN_TOKEN,
     ImportRequest,
     TokenRows,
+    check_distinct,
     need_identity,
+    token_ids,
     write_rows,
 )
+from traces.jsontext import loads_json
 from traces.schema import PHASES
 
 HTTP_FORMAT = "sglang-http"
@@ -79,10 +81,7 @@ def http_responses(path: Path) -> Iterator[tuple[str, dict]]:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{path}:{number}: not a JSON line ({exc})") from None
+            item = loads_json(line, f"{path}:{number}")
             batch = item if isinstance(item, list) else [item]
             for index, response in enumerate(batch):
                 where = f"{path}:{number}" + (f"[{index}]" if isinstance(item, list) else "")
@@ -129,6 +128,7 @@ def decode_routed_experts(encoded: str, prompt_tokens: int, completion_tokens: i
         in_range = not experts.size or (experts.min() >= 0
                                         and experts.max() < identity.experts_per_layer)
         if in_range and not stray:
+            check_distinct("meta_info.routed_experts", experts)
             return RoutedRows(experts, first, rows - keep)
         if not inexact and not in_range:
             raise TraceError(f"meta_info.routed_experts holds expert ids in [{experts.min()}, "
@@ -195,8 +195,10 @@ def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity,
     n = len(routed.experts)
     pos = routed.start + np.arange(n)
     token = np.full(n, UNKNOWN_TOKEN, dtype=np.int32)
-    output_ids = response.get("output_ids")
-    if isinstance(output_ids, list) and len(output_ids) >= completion:
+    output_ids = None  # optional: a client may have saved meta_info alone
+    if "output_ids" in response:
+        output_ids = token_ids(response["output_ids"], f"{where}: output_ids")
+    if output_ids is not None and len(output_ids) >= completion:
         decode = pos >= prompt
         token[decode] = np.asarray(output_ids[:completion], dtype=np.int64)[pos[decode] - prompt]
     phase = np.where(pos < prompt, PHASES.index("prefill"), PHASES.index("decode"))

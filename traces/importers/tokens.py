@@ -16,7 +16,6 @@ decoder layers of the `moe_layers` axis, and its experts and k are checked.
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,28 +29,11 @@ from traces.importers.common import (
     need_identity,
     write_rows,
 )
+from traces.importers.npfiles import load_arrays
 from traces.schema import PHASES
 
 FORMAT = "tokens"
 WEIGHT_KEYS = ("weights", "expert_weights")
-
-
-def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of one `.npz` / `.npy` file ({"expert_ids": ...} for a `.npy`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"no such file: {path}")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise TraceError(f"{path}: not a readable .npy/.npz file ({exc})") from None
-    if isinstance(loaded, np.ndarray):
-        return {"expert_ids": loaded}
-    with loaded:
-        try:
-            return {key: loaded[key] for key in loaded.files}
-        except ValueError as exc:
-            raise TraceError(f"{path}: an array cannot be read without pickle ({exc})") from None
 
 
 def read_tokens(path: Path, request: ImportRequest) -> TokenRows:
@@ -67,11 +49,11 @@ def read_tokens(path: Path, request: ImportRequest) -> TokenRows:
                          f"{len(identity.moe_layers)} MoE layers, top-k {identity.top_k}]")
     n = experts.shape[0]
     seq_lens = arrays.get("seq_lens", np.array([n]))
-    if (seq_lens.ndim != 1 or not np.issubdtype(seq_lens.dtype, np.integer)
-            or (seq_lens < 0).any() or int(seq_lens.sum()) != n):
+    total = exact_sum(seq_lens)
+    if total != n:
         raise TraceError(f"{path}: seq_lens must be non-negative integers [sequences] summing "
-                         f"to the {n} tokens of expert_ids (got shape {seq_lens.shape}, sum "
-                         f"{int(seq_lens.sum()) if seq_lens.size else 0})")
+                         f"to the {n} tokens of expert_ids (got shape {seq_lens.shape}"
+                         + (f", sum {total})" if total is not None else ")"))
     weights = next((arrays[k] for k in WEIGHT_KEYS if k in arrays), None)
     if weights is not None and (weights.shape != experts.shape
                                 or not np.issubdtype(weights.dtype, np.floating)):
@@ -85,6 +67,15 @@ def read_tokens(path: Path, request: ImportRequest) -> TokenRows:
                      phase=np.full(n, PHASES.index("decode"), dtype=np.int8),
                      experts=experts,
                      weights=None if weights is None else weights.astype(np.float32))
+
+
+def exact_sum(lens: np.ndarray) -> int | None:
+    """The sum of `lens` in exact integers (numpy's int64 sum wraps around: lengths near 2**63
+    can "sum" to any token count), or None unless it is a 1-D array of non-negative
+    integers."""
+    if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens < 0).any():
+        return None
+    return sum(int(x) for x in lens.tolist())
 
 
 def import_tokens(paths: list[Path], out_dir: Path, request: ImportRequest) -> Path:

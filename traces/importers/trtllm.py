@@ -38,7 +38,6 @@ tokens (the sum over ranks scales every count alike, which frequencies do not se
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,12 +47,13 @@ import numpy as np
 from traces.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.common import UNKNOWN_TOKEN, ImportRequest, TokenRows, write_rows
-from traces.importers.counts import resolve_top_k, write_counts
+from traces.importers.counts import check_counts, resolve_top_k, write_counts
+from traces.jsontext import MAX_DEPTH, depth, loads_json
 from traces.schema import PHASES
 
 FORMAT = "trtllm"
 META = "meta_info.json"
-_KEY = re.compile(r"^(\d+)_(\d+)$")
+_KEY = re.compile(r"^(\d{1,12})_(\d{1,5})$")  # iteration, decoder layer
 _RAW = re.compile(r"^rank(\d+)_raw\.safetensors$")
 MAY_BE_SLOTS = ("if the MoE load balancer was on, these ids are its slots, not experts "
                 "(TensorRT-LLM records token_selected_slots, and num_slots == num_experts "
@@ -67,11 +67,9 @@ def read_meta(directory: Path) -> tuple[int, int]:
     when the load balancer was on)."""
     path = directory / META
     try:
-        meta = json.loads(path.read_text())
+        meta = loads_json(path.read_bytes(), str(path))
     except FileNotFoundError:
         raise TraceError(f"{directory}: no {META} (rank 0 writes it)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc})") from None
     values = [meta.get(k) if isinstance(meta, dict) else None
               for k in ("num_experts", "num_experts_per_token")]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
@@ -117,13 +115,23 @@ def read_statistics(directory: Path) -> tuple[dict[int, np.ndarray], int, int, i
     if not ranks:
         raise TraceError(f"{directory}: no rank<r>.safetensors count files")
     layers: dict[int, np.ndarray] = {}
+    covered: list[tuple[Path, list[int]]] = []
     for path in ranks:
+        mine: set[int] = set()
         for key, counts in _load(path).items():
             _, layer = _key(path, key)
             if counts.dtype != np.int64 or counts.shape != (num_ids,):
                 raise TraceError(f"{path}: tensor {key!r} ({counts.dtype}, {counts.shape}), "
                                  f"expected int64 [{num_ids}]")
+            check_counts(counts[None], f"{path}: tensor {key!r}")
             layers[layer] = layers.get(layer, 0) + counts
+            mine.add(layer)
+        covered.append((path, sorted(mine)))
+    for path, mine in covered[1:]:
+        if mine != covered[0][1]:
+            raise TraceError(f"{path} counts layers {mine}, {covered[0][0]} layers "
+                             f"{covered[0][1]}: rank files of one run cover the same layers "
+                             "(are they from different runs?)")
     if not layers:
         raise TraceError(f"{directory}: the rank files hold no statistics (was "
                          "EXPERT_STATISTIC_ITER_RANGE reached?)")
@@ -155,8 +163,12 @@ def read_load_balancer(path: Path, num_slots: int) -> dict[int, np.ndarray]:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise TraceError(f"--load-balancer file not found: {path}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: bad UTF-8, 5000-digit integers
         raise TraceError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+    if depth(data) > MAX_DEPTH:
+        raise TraceError(f"{path}: nested deeper than {MAX_DEPTH} levels")
     if isinstance(data, dict) and isinstance(data.get("moe_config"), dict):
         data = data["moe_config"].get("load_balancer")
     if not isinstance(data, dict) or not isinstance(data.get("initial_global_assignments"),
@@ -173,9 +185,10 @@ def read_load_balancer(path: Path, num_slots: int) -> dict[int, np.ndarray]:
                          f"record {num_slots} ids (meta_info.json num_experts)")
     out = {}
     for layer, slots in data["initial_global_assignments"].items():
-        if not str(layer).isdigit() or not isinstance(slots, list) or len(slots) != num_slots \
-                or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0
-                           for e in slots):
+        if not (str(layer).isdigit() and len(str(layer)) <= 5) or not isinstance(slots, list) \
+                or len(slots) != num_slots or not all(
+                    isinstance(e, int) and not isinstance(e, bool) and 0 <= e < 2**15
+                    for e in slots):
             raise TraceError(f"{path}: initial_global_assignments[{layer!r}] must list the "
                              f"expert id of each of the {num_slots} slots")
         out[int(layer)] = np.asarray(slots, dtype=np.int64)

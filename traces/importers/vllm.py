@@ -23,7 +23,6 @@ else 0. Token ids are not in the array (-1).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +39,13 @@ from traces.importers.common import (
     need_identity,
     write_rows,
 )
-from traces.importers.tokens import load_arrays
+from traces.importers.npfiles import load_arrays
+from traces.jsontext import loads_json
 from traces.schema import PHASES
 
 FORMAT = "vllm"
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
+MAX_POSITION = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,9 @@ class Lens:
 def read_prompt_lens(path: Path) -> dict[str, Lens]:
     """`{request name: Lens}` from a JSON file (module docstring)."""
     try:
-        lens = json.loads(Path(path).read_text())
+        lens = loads_json(Path(path).read_bytes(), str(path))
     except FileNotFoundError:
         raise TraceError(f"--prompt-lens file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(lens, dict):
         raise TraceError(f"{path}: expected an object {{request name: prompt tokens >= 1}}")
     return {name: _lens(path, name, value) for name, value in lens.items()}
@@ -101,6 +100,9 @@ def prompt_start(where: str, rows: int, lens: Lens, given: int | None) -> int:
             raise TraceError(f"{where}: {rows} routed rows, expected prompt {prompt} + "
                              f"completion {completion} - 1 - start {start} = {ran - start}")
     start = start or 0
+    if start + rows > MAX_POSITION:
+        raise TraceError(f"{where}: prompt start {start} puts positions past 2**31 - 1 (the "
+                         "trace's int32 pos)")
     if prompt is not None and prompt - start > rows:
         raise TraceError(f"{where}: prompt of {prompt} tokens but only {rows} routed rows "
                          f"from position {start} (expected prompt + generated - 1 - start "
@@ -117,21 +119,35 @@ def requests(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     yield from arrays.items()
 
 
-def request_rows(path: Path, name: str, routed: np.ndarray, identity: ModelIdentity,
-                 lens: Lens | None, given_start: int | None) -> TokenRows:
-    """One request's array [rows, num_hidden_layers, k] as rows of its MoE layers."""
-    where = f"{path}[{name}]" if Path(path).suffix.lower() == ".npz" else str(path)
+def moe_routing(routed: np.ndarray, identity: ModelIdentity, where: str,
+                widths: tuple[int, ...] | None = None) -> np.ndarray:
+    """[tokens, MoE layers, top_k] of a vLLM routed-experts array [tokens, num_hidden_layers,
+    width] (width in `widths`, default top_k; the first top_k columns are the routed ones).
+    A TraceError, prefixed `where`, for another shape, a dense layer holding a routed expert
+    (vLLM never writes one: its rows stay 0) or ids check_experts refuses. One check for a
+    file (request_rows) and for a server's reply (traces.server.VLLMClient)."""
     want = (identity.num_layers, identity.top_k)
-    if routed.ndim != 3 or routed.shape[1:] != want:
-        raise TraceError(f"{where}: routed experts of shape {routed.shape}, expected [tokens, "
-                         f"{want[0]} decoder layers, top-k {want[1]}]")
+    if routed.ndim != 3 or routed.shape[1] != want[0] or routed.shape[2] not in (
+            widths or (want[1],)):
+        raise TraceError(f"{where}: routed experts of shape {list(routed.shape)}, expected "
+                         f"[tokens, {want[0]} decoder layers, top-k {want[1]}]")
+    if not np.issubdtype(routed.dtype, np.integer):
+        raise TraceError(f"{where}: routed experts of dtype {routed.dtype}, expected integers")
     dense = [layer for layer in range(identity.num_layers) if layer not in identity.moe_layers]
     if routed[:, dense].any():
         stray = [layer for layer in dense if routed[:, layer].any()]
         raise TraceError(f"{where}: decoder layers {stray} hold routed experts, expected "
                          f"none there (the model's MoE layers are {list(identity.moe_layers)})")
-    experts = routed[:, list(identity.moe_layers)]
-    check_experts(Path(where), "routed experts", experts, identity)
+    experts = routed[:, list(identity.moe_layers), :want[1]]
+    check_experts(where, "routed experts", experts, identity)
+    return experts
+
+
+def request_rows(path: Path, name: str, routed: np.ndarray, identity: ModelIdentity,
+                 lens: Lens | None, given_start: int | None) -> TokenRows:
+    """One request's array [rows, num_hidden_layers, k] as rows of its MoE layers."""
+    where = f"{path}[{name}]" if Path(path).suffix.lower() == ".npz" else str(path)
+    experts = moe_routing(routed, identity, where)
     n = len(routed)
     start = prompt_start(where, n, lens or Lens(), given_start)
     pos = start + np.arange(n)

@@ -1,0 +1,68 @@
+"""Reading JSON that anyone may have written (configs, headers, manifests, replies, dumps).
+
+`json.loads` turns two kinds of hostile text into errors that are not JSONDecodeError, or
+into values nothing downstream expects: nesting a few thousand levels deep (RecursionError,
+or a structure later code recurses into) and integers of thousands of digits (ValueError past
+4300 digits; below that, numbers no array or file offset can hold). `loads_json` refuses
+both, and bad UTF-8, with one error naming where the text came from; every JSON reader of
+traces/ and placer/ goes through it. (`NaN` and `Infinity` are read as Python reads them:
+every reader checks its numbers' types and ranges and names the field that holds one.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from traces.errors import TraceError
+
+MAX_DEPTH = 64        # containers inside containers; placer's own files need fewer than 10
+MAX_INT_DIGITS = 20   # every integer below 10**20 (2**64 has 20 digits)
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"an integer of {len(text.lstrip('-'))} digits (at most "
+                       f"{MAX_INT_DIGITS})")
+    return int(text)
+
+
+def loads_json(data: str | bytes, where: str, error: type[ValueError] = TraceError,
+               object_pairs_hook: Callable | None = None) -> object:
+    """The JSON value in `data` (UTF-8 when bytes); `error(f"{where}: ...")` when it is not
+    JSON, not UTF-8, nested deeper than MAX_DEPTH, or holds an integer of more than
+    MAX_INT_DIGITS digits. Exceptions of `object_pairs_hook` other than ValueError pass
+    through."""
+    try:
+        value = json.loads(data, parse_int=_int, object_pairs_hook=object_pairs_hook)
+    except _Refused as exc:
+        raise error(f"{where}: {exc}") from None
+    except RecursionError:
+        raise error(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{where}: not valid UTF-8 JSON ({exc})") from None
+    except ValueError as exc:  # JSONDecodeError
+        raise error(f"{where}: not valid JSON ({exc})") from None
+    if depth(value) > MAX_DEPTH:
+        raise error(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def depth(value: object) -> int:
+    """How many containers deep `value` is (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_DEPTH:
+            stack.extend((child, level + 1) for child in children
+                         if isinstance(child, dict | list))
+    return deepest
