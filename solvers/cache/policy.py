@@ -52,6 +52,9 @@ class CachePolicy:
             raise ValueError(f"{num_keys} keys do not split into {self.quotas.shape[1]} layers")
         self.num_keys = int(num_keys)
         self.state = self.new_state(self.quotas, self.num_keys)
+        width = self.num_keys // self.quotas.shape[1]
+        self._hit = np.zeros(width, dtype=np.bool_)  # a fetch's answers, reused
+        self._slot = np.zeros(width, dtype=np.int64)
 
     @property
     def slots(self) -> np.ndarray:
@@ -68,24 +71,26 @@ class CachePolicy:
 
     def lookup(self, card: int, keys: Sequence[int]) -> list[Lookup]:
         """Look up one fetch's distinct keys on `card` (any order); admit the misses. The
-        answer is in the order of `keys`."""
-        order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
-        ordered = np.asarray(keys, dtype=np.int64)[order]
-        if (np.diff(ordered) == 0).any():
+        answer is in the order of `keys`. (The runtime calls this once per layer and card of
+        every forward: plain Python on a handful of keys, no numpy beyond the kernel's
+        arguments.)"""
+        ordered = sorted(int(k) for k in keys)
+        if not ordered:
+            return []
+        if len(set(ordered)) != len(ordered):
             raise ValueError("keys of one fetch must be distinct")
-        if len(ordered) and not (0 <= ordered[0] and ordered[-1] < self.num_keys):
+        if not (0 <= ordered[0] and ordered[-1] < self.num_keys):
             raise ValueError(f"keys must lie in [0, {self.num_keys})")
         width = self.num_keys // self.quotas.shape[1]
-        if len(ordered) and ordered[0] // width != ordered[-1] // width:
+        if ordered[0] // width != ordered[-1] // width:
             raise ValueError("keys of one fetch must belong to one layer")
-        hit = np.zeros(len(ordered), dtype=np.bool_)
-        slot = np.full(len(ordered), -1, dtype=np.int64)
-        if len(ordered):
-            partition_fetch(self.state, card, ordered, len(ordered), hit, slot, self.score)
-        out: list[Lookup | None] = [None] * len(ordered)
-        for i, j in enumerate(order):
-            out[j] = Lookup(bool(hit[i]), int(slot[i]) if slot[i] >= 0 else None)
-        return out  # type: ignore[return-value]
+        n = len(ordered)
+        hit, slot = self._hit[:n], self._slot[:n]
+        partition_fetch(self.state, card, np.array(ordered, dtype=np.int64), n, hit, slot,
+                        self.score)
+        found = {k: Lookup(bool(h), s if s >= 0 else None)
+                 for k, h, s in zip(ordered, hit.tolist(), slot.tolist(), strict=True)}
+        return [found[int(k)] for k in keys]
 
     def cached(self, card: int) -> set[int]:
         """The keys `card`'s cache holds now."""
