@@ -112,7 +112,7 @@ def staging_bandwidth(device: torch.device, sizes_mb: tuple[int, ...] = (8, 22, 
                             cache=make_policy("lru", [[0]], experts),
                             counters=StagingCounters((0,), 1))
         keys = list(range(experts))
-        views = stager.stage(0, keys, host)  # warm-up
+        _, views = stager.stage(0, keys, host)  # warm-up
         plain()
         assert all(torch.equal(v.cpu(), h) for v, h in zip(views, host, strict=True))
         t_plain = median_seconds(plain, repeats, device)

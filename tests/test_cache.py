@@ -44,6 +44,10 @@ def test_each_layer_and_card_has_its_own_slots():
     assert lru.lookup(1, [1]) == [Lookup(False, 0)]
     assert lru.lookup(0, [1]) == [Lookup(True, 0)]  # card 0 still holds it
     assert lru.cached(0) == {1} and lru.cached(1) == {1, 5}
+    assert [lru.holds(c, k) for c in (0, 1) for k in (1, 5)] == [True, False, True, True]
+    assert [lru.partition(c, r) for c in (0, 1) for r in (0, 1)] == [
+        range(0, 1), range(1, 1), range(0, 1), range(1, 2)]
+    assert lru.cached(0) == {1} and lru.cached(1) == {1, 5}  # asking changed nothing
 
 
 class Reference:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from placed_plans import resident_plan
@@ -15,8 +16,10 @@ from test_runtime_placed import placed_model
 from placer.plan.placement import read_plan
 from placer.predict.staging import expected_staging
 from placer.runtime.experts import StagedExperts
+from placer.runtime.layouts import ExpertLayout
 from placer.runtime.loader import load_placed
 from placer.runtime.patch import SelectionRecorder, experts_modules, load_staged_model
+from placer.runtime.tables import LayerTable
 
 pytest_plugins = ["fixtures_models"]
 
@@ -90,19 +93,39 @@ def test_tables_are_exact_and_stage_what_is_predicted(arch, spare, trace_models,
     assert (1 in calls) == (spare == 0)  # a one-token forward that took the compact path
 
 
+def gathered(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of tokens of every table forward whose rows were gathered into expert
+    order (computed on a copy rather than on the table itself)."""
+    calls: list[int] = []
+    route = LayerTable.route
+
+    def counted(self, top_k_index, implementation):
+        routed = route(self, top_k_index, implementation)
+        if routed is not None and routed[0] is not self.view:
+            calls.append(top_k_index.shape[0])
+        return routed
+
+    monkeypatch.setattr(LayerTable, "route", counted)
+    return calls
+
+
 @pytest.mark.parametrize("implementation", ["eager", "batched_mm", "grouped_mm"])
 def test_every_experts_implementation_is_exact_on_tables(implementation, trace_models,
                                                          tmp_path, cli, monkeypatch):
-    """With a spare row for every cold expert, batched_mm never needs the compact path;
-    grouped_mm and eager take it only where rows out of expert order could round apart."""
+    """With a spare row for every cold expert nothing takes the compact path; batched_mm
+    computes on the table's rows as they lie, grouped_mm gathers them into expert order only
+    where an expert is selected twice (never in one sequence's decode), eager wherever rows
+    are out of expert order; the logits stay exact."""
     checkpoint = trace_models["gpt_oss"]
     placed = placed_model(checkpoint, tmp_path, cli)
     runtime = load_placed(placed, device="cpu")
     staged = load_staged_model(checkpoint, runtime, spare_rows=8,
                                experts_implementation=implementation)
-    calls = compact_calls(monkeypatch)
+    calls, gathers = compact_calls(monkeypatch), gathered(monkeypatch)
     run_and_predict(staged, runtime, checkpoint, placed, 0)
-    assert (calls == []) == (implementation == "batched_mm")
+    assert calls == []
+    assert (gathers == []) == (implementation == "batched_mm")
+    assert (1 in gathers) == (implementation == "eager")
 
 
 def test_all_resident_layers_run_the_original_forward(trace_models, tmp_path, cli,
@@ -137,3 +160,37 @@ def test_all_resident_layers_run_the_original_forward(trace_models, tmp_path, cl
     assert torch.equal(generate_logits(staged, checkpoint)[1],
                        generate_logits(plain, checkpoint)[1])
     assert runtime.counters.fetches.sum() == 0
+
+
+def test_a_cache_hit_copies_nothing(trace_models, tmp_path, cli, monkeypatch):
+    """The tables hold the cache slots as rows (the stagers keep none): a miss the cache
+    keeps is staged once and written into its slot's row, even on the compact path, and a
+    hit is computed on that row with no copy at all, even with no spare row."""
+    checkpoint = trace_models["qwen3_moe"]
+    placed = placed_model(checkpoint, tmp_path, cli)
+    runtime = load_placed(placed, device="cpu", cache_slots=8)
+    staged = load_staged_model(checkpoint, runtime, spare_rows=0)
+    assert [s.slots.numel() for s in runtime.stagers] == [0] * len(runtime.stagers)
+    table = next(m.table for _, m in experts_modules(staged).values() if m.table.cached)
+    expert = int(np.flatnonzero(table.cold_np)[0])
+    fills: list[int] = []
+    fill = ExpertLayout.fill
+
+    def counted(self, params, row, weights):
+        fills.append(row)
+        return fill(self, params, row, weights)
+
+    monkeypatch.setattr(ExpertLayout, "fill", counted)
+    runtime.counters.reset()
+    index = torch.tensor([[expert]])
+    assert table.route(index, "eager") is None  # a miss and no spare row: the compact path
+    runtime.fetch(table.layer, [expert])  # which stages it, and the cache keeps it
+    cached = range(table.resident, table.resident + table.cached)
+    assert len(fills) == 1 and fills[0] in cached
+    for hits in (1, 2):
+        view, rows = table.route(index, "eager")
+        assert view is table.view and rows.tolist() == [[fills[0]]] and len(fills) == 1
+        assert (runtime.counters.copies.sum(), runtime.counters.hits.sum()) == (1, hits)
+    truth = load_placed(placed, device="cpu").fetch(table.layer, [expert])[0]
+    row = table.layout.split(table.params, fills[0], table.shapes)
+    assert row.keys() == truth.keys() and all(torch.equal(row[n], truth[n]) for n in truth)

@@ -9,7 +9,7 @@ implementation the config chose: eager, grouped_mm, batched_mm) on a shallow cop
 compact parameters. Same kernels, same operands, same order: the output is bit-identical.
 
 A placed runtime gives each module a table instead (`placer.runtime.tables`): its resident
-experts held once in the original layout, so a forward copies no resident expert and, where a
+and cached experts held once in the original layout, so a forward copies neither and, where a
 layer has no cold expert, is the original forward itself. The compact path above stays for
 other sources and for what a table cannot take.
 """
@@ -45,8 +45,10 @@ class ExpertTable(Protocol):
     identity: bool       # every expert resident, rows in expert order: no remap
     view: nn.Module      # an original-class instance holding the table
 
-    def route(self, top_k_index: torch.Tensor, implementation: str) -> torch.Tensor | None:
-        """Table rows for `top_k_index` (selected cold experts staged), or None."""
+    def route(self, top_k_index: torch.Tensor, implementation: str
+              ) -> tuple[nn.Module, torch.Tensor] | None:
+        """An original-class instance and the indices it computes `top_k_index` with
+        (selected cold experts staged), or None for the compact path."""
         ...
 
 
@@ -99,10 +101,10 @@ class StagedExperts(nn.Module):
             if table.identity:
                 return self._original_class.forward(table.view, hidden_states, top_k_index,
                                                     top_k_weights)
-            rows = table.route(top_k_index, self.implementation())
-            if rows is not None:
-                return self._original_class.forward(table.view, hidden_states, rows,
-                                                    top_k_weights)
+            routed = table.route(top_k_index, self.implementation())
+            if routed is not None:
+                view, index = routed
+                return self._original_class.forward(view, hidden_states, index, top_k_weights)
         return self._compact(hidden_states, top_k_index, top_k_weights)
 
     def _compact(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

@@ -3,7 +3,8 @@
 `load_placed` reads the manifest, puts every card file's tensors on the device through
 `safe_open` (whole resident tensors under their own names; resident pages as uint8), keeps
 every host file's cold parts in (pinned, on CUDA) host memory, and gives each card a
-`CardStager` with the staging buffer the manifest sizes. `fetch` rebuilds the selected
+`CardStager` with the staging buffer the manifest sizes (its cache slots are the rows of the
+layers' tables once those are bound: `hold`). `fetch` rebuilds the selected
 experts' tensors from their byte streams: bytes that lie in one resident piece or in the
 staged cold part are used in place (views); a tensor that straddles the resident/cold
 boundary of a partly resident expert is joined with one device-side copy of its resident
@@ -16,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
@@ -24,6 +26,7 @@ from placer.placed.manifest import read_manifest
 from placer.plan.placement import Plan, plan_caches, plan_from_json
 from placer.runtime.counters import StagingCounters
 from placer.runtime.staging import CardStager
+from solvers.cache import Lookup
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                 "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
@@ -57,6 +60,29 @@ def typed(u8: torch.Tensor, dtype: str, shape: Sequence[int]) -> torch.Tensor:
         return u8.view(TORCH_DTYPES[dtype]).reshape(tuple(shape))
     except RuntimeError:  # storage offset not a multiple of the element size
         return u8.clone().view(TORCH_DTYPES[dtype]).reshape(tuple(shape))
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One selected cold expert after its card's fetch: the cache's answer `found` and the
+    expert's weights on the device as this fetch staged them (None for a hit whose slot is a
+    table row: the table holds it)."""
+
+    card: int
+    found: Lookup
+    weights: Mapping[str, torch.Tensor] | None
+
+
+class SlotRows(Protocol):
+    """A layer's cache slots held as rows of its table (placer.runtime.tables)."""
+
+    def keep(self, card: int, slot: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Write the expert just admitted into `card`'s slot `slot` into that slot's row."""
+        ...
+
+    def weights(self, card: int, slot: int) -> Mapping[str, torch.Tensor]:
+        """Views of the expert `card`'s slot `slot` holds, one per checkpoint tensor."""
+        ...
 
 
 class PlacedRuntime:
@@ -107,6 +133,7 @@ class PlacedRuntime:
                          if e.card == c.index and e.cold is not None), default=0)
                     for c in self.plan.cards]
         self.cache = plan_caches(self.plan, cache_slots)
+        self.holders: dict[int, SlotRows] = {}  # layer -> the table holding its slots
         self.stagers = [CardStager(c.index, device, staging_bytes=c.staging_bytes,
                                    slot_bytes=cold_max[c.index], cache=self.cache,
                                    counters=self.counters) for c in self.plan.cards]
@@ -115,22 +142,52 @@ class PlacedRuntime:
         first = self.experts[(layer, 0)]
         return tuple(EXPERT_PREFIX.sub("", t["name"]) for t in first.tensors)
 
+    def hold(self, layer: int, rows: SlotRows) -> None:
+        """Let `rows` hold layer `layer`'s cache slots from now on (the cache starts empty);
+        once every MoE layer's are held, the stagers free their own slots."""
+        self.holders[layer] = rows
+        self.cache.reset()
+        if set(self.holders) >= set(self.plan.moe_layers):
+            for stager in self.stagers:
+                stager.release_slots()
+
+    def stage(self, layer: int, experts: Sequence[int]) -> list[Staged]:
+        """Stage the cold parts of `experts` (distinct, each with cold bytes) of decoder
+        layer `layer`: one copy per miss, per their home card. Where a table holds the
+        layer's slots, an admitted miss is kept in its slot's row there."""
+        holder = self.holders.get(layer)
+        by_card: dict[int, list[int]] = {}
+        for e in experts:
+            by_card.setdefault(self.experts[(layer, e)].card, []).append(e)
+        row, width = self.row[layer], self.plan.experts_per_layer
+        out: dict[int, Staged] = {}
+        for card, ids in by_card.items():
+            found, views = self.stagers[card].stage(
+                row, [row * width + e for e in ids], [self.experts[(layer, e)].cold for e in ids],
+                into_slots=holder is None)
+            for e, f, view in zip(ids, found, views, strict=True):
+                weights = None if view is None else self._tensors(self.experts[(layer, e)], view)
+                if holder is not None and weights is not None and f.slot is not None:
+                    holder.keep(card, f.slot, weights)
+                out[e] = Staged(card, f, weights)
+        return [out[e] for e in experts]
+
     def fetch(self, layer: int, experts: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
         """The weights of `experts` of decoder layer `layer` on the device (cold parts of
         the selected experts staged, one copy each, per their home card)."""
-        staged: dict[int, torch.Tensor] = {}
-        by_card: dict[int, list[int]] = {}
+        cold = [e for e in experts if self.experts[(layer, e)].cold is not None]
+        staged = dict(zip(cold, self.stage(layer, cold), strict=True))
+        holder = self.holders.get(layer)
+        out = []
         for e in experts:
-            eb = self.experts[(layer, e)]
-            if eb.cold is not None:
-                by_card.setdefault(eb.card, []).append(e)
-        width = self.plan.experts_per_layer
-        for card, ids in by_card.items():
-            views = self.stagers[card].stage(
-                self.row[layer], [self.row[layer] * width + e for e in ids],
-                [self.experts[(layer, e)].cold for e in ids])
-            staged.update(zip(ids, views, strict=True))
-        return [self._tensors(self.experts[(layer, e)], staged.get(e)) for e in experts]
+            s = staged.get(e)
+            if s is None:
+                out.append(self._tensors(self.experts[(layer, e)], None))
+            elif holder is not None and s.found.slot is not None:
+                out.append(holder.weights(s.card, s.found.slot))
+            else:
+                out.append(s.weights)
+        return out
 
     def _tensors(self, eb: ExpertBytes, cold: torch.Tensor | None) -> dict[str, torch.Tensor]:
         if eb.whole is not None:

@@ -5,9 +5,11 @@ cache slots (each as large as the card's largest cold part) under the plan's cac
 the very class the replay predicts with (`solvers.cache`). A fetch stages exactly the cold
 bytes of the selected experts that are not cached: one copy per expert (its cold part is one
 contiguous host range), into a cache slot when the policy admits it, else into the staging
-buffer at a `ALIGN`-aligned offset. On CUDA the copies run on a side stream
-from pinned memory; the compute stream waits on an event, and the side stream first waits
-for the compute stream, so a buffer is never overwritten while earlier compute still reads it.
+buffer at a `ALIGN`-aligned offset. Where the layers' tables hold the slots as rows
+(placer.runtime.tables), a hit needs nothing from here and every miss lands in the buffer for
+the table to keep. On CUDA the copies run on a side stream from pinned memory; the compute
+stream waits on an event, and the side stream first waits for the compute stream, so a buffer
+is never overwritten while earlier compute still reads it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from placer.runtime.counters import StagingCounters
-from solvers.cache import CachePolicy
+from solvers.cache import CachePolicy, Lookup
 
 ALIGN = 256  # bytes; every staged part starts at a multiple (any dtype's view is aligned)
 
@@ -42,25 +44,32 @@ class CardStager:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.grown = 0  # fetches whose staged bytes exceeded the buffer, which then grew
 
-    def stage(self, row: int, keys: Sequence[int], cold: Sequence[torch.Tensor]
-              ) -> list[torch.Tensor]:
-        """Device bytes of each selected cold part: `cold[i]` (host uint8) is that of expert
-        key `keys[i]` (row * experts per layer + expert, as the cache numbers them).
+    def stage(self, row: int, keys: Sequence[int], cold: Sequence[torch.Tensor], *,
+              into_slots: bool = True) -> tuple[list[Lookup], list[torch.Tensor | None]]:
+        """The cache's answer for each selected cold part and its device bytes: `cold[i]`
+        (host uint8) is that of expert key `keys[i]` (row * experts per layer + expert, as
+        the cache numbers them).
 
         Misses are staged (counted at MoE layer row `row`), hits come from their cache slot.
-        The views stay valid until this card's next fetch.
+        With `into_slots` False the layer's slots are held elsewhere (its table's rows,
+        placer.runtime.tables): every miss is staged into the staging buffer for the holder
+        to keep, and a hit has no view here (None). The views stay valid until this card's
+        next fetch.
         """
         lookups = self.cache.lookup(self.card, keys)
-        need = sum(align_up(src.numel()) for src, f in zip(cold, lookups, strict=True)
-                   if f.slot is None)
+        slotted = [into_slots and f.slot is not None for f in lookups]
+        need = sum(align_up(src.numel()) for src, f, s in zip(cold, lookups, slotted, strict=True)
+                   if not (f.hit or s))
         if need > self.buffer.numel():
             self.buffer = torch.empty(need, dtype=torch.uint8, device=self.device)
             self.grown += 1
-        views, copies, offset = [], [], 0
-        for src, found in zip(cold, lookups, strict=True):
-            if found.slot is not None:
+        views: list[torch.Tensor | None] = []
+        copies, offset = [], 0
+        for src, found, in_slot in zip(cold, lookups, slotted, strict=True):
+            view = None
+            if in_slot:
                 view = self.slots[found.slot, :src.numel()]
-            else:
+            elif not found.hit:
                 view = self.buffer[offset:offset + src.numel()]
                 offset += align_up(src.numel())
             if not found.hit:
@@ -69,7 +78,11 @@ class CardStager:
         self._copy(row, copies)
         self.counters.record(row, self.card, nbytes=sum(s.numel() for _, s in copies),
                              copies=len(copies), hits=sum(f.hit for f in lookups))
-        return views
+        return lookups, views
+
+    def release_slots(self) -> None:
+        """Free the slots' device memory: the tables hold every layer's slots."""
+        self.slots = self.slots[:0].clone()
 
     def _copy(self, row: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if not copies:

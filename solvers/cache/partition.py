@@ -41,3 +41,10 @@ class PartitionedCache(CachePolicy):
 
     def cached(self, card: int) -> set[int]:
         return {int(k) for k in self.state[4][card] if k >= 0}
+
+    def holds(self, card: int, key: int) -> bool:
+        return bool(self.state[5][card, key] >= 0)
+
+    def partition(self, card: int, row: int) -> range:
+        start = int(self.state[1][card, row])
+        return range(start, start + int(self.quotas[card, row]))

@@ -95,3 +95,12 @@ class CachePolicy:
     def cached(self, card: int) -> set[int]:
         """The keys `card`'s cache holds now."""
         raise NotImplementedError
+
+    def holds(self, card: int, key: int) -> bool:
+        """Whether `card`'s cache holds `key` now (a question: nothing changes)."""
+        raise NotImplementedError
+
+    def partition(self, card: int, row: int) -> range:
+        """The slot ids `card`'s cache gives MoE layer row `row` (`Lookup.slot` lies in it
+        for that layer's keys)."""
+        raise NotImplementedError
