@@ -33,7 +33,9 @@ A forward then costs, per layer:
 
 `spare` defaults to the model's top-k per layer (a layer that has that many cold experts):
 one token's cold experts always fit, so one sequence's decode never takes the compact path;
-the spare rows cost top-k rows of device memory per layer with cold experts.
+the spare rows cost top-k rows of device memory per layer with cold experts. Every miss passes
+through its card's staging buffer, which the plan sized for the misses the cache does not
+keep: it grows once to a fetch's misses (`CardStager.grown`).
 """
 
 from __future__ import annotations
