@@ -20,6 +20,21 @@ SPEC = parse_spec({"name": "two-links", "host_ram": "1GiB", "cards": 2,
                    "decode": {"base_step_ms": {"1": 1.0}}})
 
 
+def write_plan(inv, out: Path, resident_pages: np.ndarray, budget_bytes: np.ndarray,
+               staging_bytes: np.ndarray, solver: str = "test", **kwargs) -> Path:
+    """out/plan.json: `inv`'s experts with `resident_pages` [L, E] resident, homes contiguous
+    over the two cards of SPEC; `kwargs` go to build_plan (page_size, quotas, ...)."""
+    layers, experts = resident_pages.shape
+    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
+    plan = build_plan(inv, SPEC, home=home, resident_pages=resident_pages,
+                      budget_bytes=budget_bytes, staging_bytes=staging_bytes,
+                      budget={"mode": "budget", "value": None, "concurrency": [1]},
+                      ep="contiguous", solver={"name": solver}, **kwargs)
+    path = out / "plan.json"
+    write_json_atomic(plan.to_json(), path)
+    return path
+
+
 def mixed_plan(model: Path, out: Path, staging_bytes: int = 0) -> Path:
     """out/plan.json: fully resident, partly resident (pages of a third of the largest
     expert) and fully cold experts in turn, homes contiguous over the two cards."""
@@ -30,15 +45,8 @@ def mixed_plan(model: Path, out: Path, staging_bytes: int = 0) -> Path:
     layers, experts = sizes.shape
     resident = np.array([[[pages[i, e], 1, 0][(i + e) % 3] for e in range(experts)]
                          for i in range(layers)])
-    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
     staging = np.full(2, staging_bytes)
-    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=page,
-                      budget_bytes=staging + (1 << 26), staging_bytes=staging,
-                      budget={"mode": "budget", "value": None, "concurrency": [1]},
-                      ep="contiguous", solver={"name": "test"})
-    path = out / "plan.json"
-    write_json_atomic(plan.to_json(), path)
-    return path
+    return write_plan(inv, out, resident, staging + (1 << 26), staging, page_size=page)
 
 
 def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int) -> Path:
@@ -48,49 +56,26 @@ def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int) -> Path
     sizes = inv.expert_bytes()
     layers, experts = sizes.shape
     pinned = (np.arange(layers)[:, None] + np.arange(experts)[None, :]) % 3 == 0
-    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
     quotas = np.array([[1 + (c + layer) % 3 for layer in range(layers)] for c in range(2)])
     staging = np.full(2, staging_bytes)
     slots = quotas.sum(axis=1) * int(sizes.max())
-    plan = build_plan(inv, SPEC, home=home, resident_pages=pinned.astype(np.int64),
-                      page_size=None, budget_bytes=staging + slots + (1 << 26),
-                      staging_bytes=staging,
-                      budget={"mode": "budget", "value": None, "concurrency": [1]},
-                      ep="contiguous", solver={"name": "test"}, quotas=quotas,
-                      cache_policy=policy)
-    path = out / "plan.json"
-    write_json_atomic(plan.to_json(), path)
-    return path
+    return write_plan(inv, out, pinned.astype(np.int64), staging + slots + (1 << 26), staging,
+                      page_size=None, quotas=quotas, cache_policy=policy)
 
 
 def resident_plan(model: Path, out: Path) -> Path:
     """out/plan.json: every expert whole and resident, homes contiguous over the two cards."""
     inv = read_inventory(model)
-    layers, experts = inv.expert_bytes().shape
-    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
-    plan = build_plan(inv, SPEC, home=home, resident_pages=np.ones((layers, experts), int),
-                      page_size=None, budget_bytes=np.full(2, 1 << 26),
-                      staging_bytes=np.zeros(2, int),
-                      budget={"mode": "budget", "value": None, "concurrency": [1]},
-                      ep="contiguous", solver={"name": "test"})
-    path = out / "plan.json"
-    write_json_atomic(plan.to_json(), path)
-    return path
+    return write_plan(inv, out, np.ones(inv.expert_bytes().shape, int), np.full(2, 1 << 26),
+                      np.zeros(2, int), page_size=None)
 
 
 def layer_plan(model: Path, out: Path, staging_bytes: int) -> Path:
     """out/plan.json: the first MoE layer's experts all cold (layer offload), the rest
     whole and resident, homes contiguous over the two cards."""
     inv = read_inventory(model)
-    layers, experts = inv.expert_bytes().shape
-    resident = np.ones((layers, experts), dtype=int)
+    resident = np.ones(inv.expert_bytes().shape, dtype=int)
     resident[0] = 0
-    home = np.tile(np.arange(experts) * 2 // experts, (layers, 1))
     staging = np.full(2, staging_bytes)
-    plan = build_plan(inv, SPEC, home=home, resident_pages=resident, page_size=None,
-                      budget_bytes=staging + (1 << 26), staging_bytes=staging,
-                      budget={"mode": "budget", "value": None, "concurrency": [1]},
-                      ep="contiguous", solver={"name": "layer"})
-    path = out / "plan.json"
-    write_json_atomic(plan.to_json(), path)
-    return path
+    return write_plan(inv, out, resident, staging + (1 << 26), staging, solver="layer",
+                      page_size=None)

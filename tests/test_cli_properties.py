@@ -26,12 +26,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
+from tiny_pipeline import BOX, Pipeline, build_pipeline, invoke
 
-from placer.checkpoint.tiny import build_tiny_model
-
-REPO = Path(__file__).resolve().parent.parent
-BOX = REPO / "examples" / "tiny-box.toml"
 # No shrinking and one bug per test: a failing example is reported as found (and an xfail
 # case stops at its first failure instead of replaying the command while it shrinks).
 SETTINGS = settings(max_examples=4, deadline=None, derandomize=True, database=None,
@@ -40,38 +36,9 @@ SETTINGS = settings(max_examples=4, deadline=None, derandomize=True, database=No
                                            HealthCheck.too_slow])
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    """A tiny model run through collect, solve and emit: every command's good inputs."""
-
-    root: Path
-    model: Path
-    traces: Path
-    plan: Path
-    placed: Path
-    work: Path  # where each example's directory is made
-
-
-def invoke(args: list) -> object:
-    from placer.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory: pytest.TempPathFactory, prose: list[str]) -> Pipeline:
-    root = tmp_path_factory.mktemp("cli-properties")
-    model = build_tiny_model("qwen3_moe", root / "model", texts=prose[:200])
-    p = Pipeline(root, model, root / "traces", root / "plan.json", root / "placed",
-                 tmp_path_factory.mktemp("cli-properties-work"))
-    for args in (["collect", "--model", model, "--random-tokens", 64, "--max-length", 16,
-                  "--out", p.traces, "--no-progress"],
-                 ["solve", "--model", model, "--hardware", BOX, "--traces", p.traces,
-                  "--offload", 0.5, "--solver", "greedy", "--steps", 16, "--out", p.plan],
-                 ["emit", "--plan", p.plan, "--model", model, "--out", p.placed]):
-        result = invoke(args)
-        assert result.exit_code == 0, result.output
-    return p
+    return build_pipeline(tmp_path_factory.mktemp("cli-properties"), prose)
 
 
 def snapshot(*dirs: Path) -> dict[Path, tuple[int, int]]:
@@ -83,7 +50,7 @@ def assert_refused(args: list, pipe: Pipeline, work: Path) -> None:
     """The property: exit 1 (2 for usage errors), one `error:` line on stderr, no traceback,
     nothing written into `work` (where every output of `args` points) or the pipeline."""
     before = snapshot(work, pipe.root)
-    result = invoke(args)
+    result = invoke(*args)
     shown = " ".join(map(str, args))
     assert isinstance(result.exception, SystemExit), f"placer {shown}: {result.exception!r}"
     assert result.exit_code in (1, 2), f"placer {shown} exited {result.exit_code}"
@@ -95,7 +62,7 @@ def assert_refused(args: list, pipe: Pipeline, work: Path) -> None:
 
 def workdir(pipe: Pipeline) -> Path:
     """A fresh directory per example: the output location, and where bad paths live."""
-    work = Path(tempfile.mkdtemp(dir=pipe.work))
+    work = Path(tempfile.mkdtemp(prefix="cli-properties-work", dir=pipe.root.parent))
     (work / "junk.bin").write_bytes(b"\x00\xffnot what you think\n")
     (work / "empty").mkdir()
     return work
@@ -496,7 +463,7 @@ def test_mutated_spec_is_one_line(pipe: Pipeline) -> None:
     (["hardware", "show", "1x-h200", "extra"], "error: Got unexpected extra argument(s)"),
 ])
 def test_usage_errors_are_one_line_exit_2(args: list, message: str) -> None:
-    result = invoke(args)
+    result = invoke(*args)
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1
     assert result.stdout == ""
@@ -506,9 +473,9 @@ def test_output_is_not_cut_when_not_a_terminal(tmp_path: Path) -> None:
     long_name = "an unusually long card model name " * 4
     path = tmp_path / "box.toml"
     path.write_text(BOX.read_text().replace('model = "toy"', f"model = {json.dumps(long_name)}"))
-    shown = invoke(["hardware", "show", path]).stdout
+    shown = invoke("hardware", "show", path).stdout
     assert long_name in shown
-    help_text = invoke(["solve", "--help"]).stdout
+    help_text = invoke("solve", "--help").stdout
     assert max(len(line) for line in help_text.splitlines()) > 80
     assert "Plan from a config.json alone, before downloading the weights." in help_text
 
@@ -548,7 +515,7 @@ def test_no_writer_lands_in_a_checkpoint(pipe: Pipeline) -> None:
     link to it), every writer refuses it in one line and the checkpoint is left as it was."""
 
     @settings(SETTINGS, max_examples=24)
-    @given(writer=st.sampled_from(sorted(writers(pipe, pipe.work))),
+    @given(writer=st.sampled_from(sorted(writers(pipe, pipe.root))),
            names=NAMES_IN_A_CHECKPOINT, via_link=st.booleans())
     def check(writer: str, names: list[str], via_link: bool) -> None:
         work = workdir(pipe)
@@ -607,7 +574,7 @@ def test_every_numeric_option_refuses_what_no_option_means(pipe: Pipeline) -> No
     runs. A new numeric option is covered by itself; a new command needs its base above."""
     options = numeric_options()
     assert len(options) > 20 and {c for c, _, _ in options} <= set(command_base(pipe,
-                                                                               pipe.work))
+                                                                               pipe.root))
 
     @settings(SETTINGS, max_examples=30)
     @given(option=st.sampled_from(options),
@@ -619,7 +586,7 @@ def test_every_numeric_option_refuses_what_no_option_means(pipe: Pipeline) -> No
         value = huge if kind == "integer" else not_a_number
         args = command_base(pipe, work)[command] + [flag, value]
         assert_refused(args, pipe, work)
-        assert flag in invoke(args).stderr
+        assert flag in invoke(*args).stderr
 
     check()
 
