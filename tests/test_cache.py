@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
+from placer.plan.options import CACHE_POLICIES
 from solvers.cache import POLICIES, Lookup, make_policy, simulate
 from solvers.cache.belady import BeladyReplay, _min_hits
 from solvers.cache.replay import cache_hits
@@ -224,3 +225,9 @@ def test_belady_never_misses_more_than_lru_and_reads_back_by_chunks():
     for c in range(2):
         assert (missed & (home == c)).sum() <= lru.copies[..., c].sum()
     assert missed.sum() < lru.copies.sum()
+
+
+def test_the_cli_names_every_policy_and_only_those():
+    """`placer solve --cache-policy` and the plan check name the policies without importing
+    the compiled caches: the names must be exactly the classes'."""
+    assert CACHE_POLICIES == tuple(POLICIES)

@@ -19,7 +19,7 @@ from typing import Any
 from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
 from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, PLAN_VERSION, page_spans
-from solvers.cache import POLICIES
+from placer.plan.options import CACHE_POLICIES
 
 REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
 CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")
@@ -193,8 +193,8 @@ def _check_cache(w: _Where, at: str, card: dict, layers: int) -> int:
         w.fail(f"{at}.layer_slots", f"they sum to {sum(per_layer)}, but cache_slots is {slots}")
     if not _int_in(unit, 0, MAX_BYTES):
         w.fail(f"{at}.slot_bytes", f"expected a byte count >= 0, got {unit!r}")
-    if slots and policy not in POLICIES:
-        w.fail(f"{at}.cache_policy", f"expected one of {', '.join(POLICIES)} for "
+    if slots and policy not in CACHE_POLICIES:
+        w.fail(f"{at}.cache_policy", f"expected one of {', '.join(CACHE_POLICIES)} for "
                f"{slots} cache slots, got {policy!r}")
     if not slots and policy is not None:
         w.fail(f"{at}.cache_policy", f"expected null without cache slots, got {policy!r}")

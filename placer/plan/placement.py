@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,8 +21,10 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
 from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
-from solvers.cache import DEFAULT_POLICY, CachePolicy, even_quotas, make_policy
 from traces.jsontext import loads_json
+
+if TYPE_CHECKING:  # solvers.cache compiles with numba: imported where a cache is built
+    from solvers.cache import CachePolicy
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class Plan:
 def plan_quotas(plan: Plan, cache_slots: int | None = None) -> np.ndarray:
     """[C, L] cache slots per card and MoE layer: the plan's, or `cache_slots` on every card,
     split evenly over the layers, when given."""
+    from solvers.cache import even_quotas
+
     layers = len(plan.moe_layers)
     if cache_slots is not None:
         return even_quotas([cache_slots] * len(plan.cards), layers)
@@ -139,6 +144,8 @@ def plan_caches(plan: Plan, cache_slots: int | None = None) -> CachePolicy:
     """Fresh caches as the plan's cards run them: each card's slots per layer under the
     plan's policy, or `cache_slots` slots on every card instead (under the plan's policy,
     else the default) when given."""
+    from solvers.cache import DEFAULT_POLICY, make_policy
+
     policy = next((c.cache_policy for c in plan.cards if c.cache_policy), DEFAULT_POLICY)
     return make_policy(policy, plan_quotas(plan, cache_slots),
                        len(plan.moe_layers) * plan.experts_per_layer)
