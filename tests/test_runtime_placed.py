@@ -120,3 +120,21 @@ def test_placer_run_prints_text_and_counters(trace_models, tmp_path, cli):
     other = trace_models["olmoe"]
     result = cli("run", placed, "--model", other, "--prompt", "x", ok=False)
     assert result.exit_code == 1 and "placed for model" in result.output
+
+
+def test_fetched_without_tables_a_cached_expert_lives_in_its_stagers_slot(trace_models,
+                                                                          tmp_path, cli):
+    """Fetched directly (no tables bound), a kept miss goes into its card stager's slots,
+    allocated by the first fetch that caches, and a hit comes from there with no copy; both
+    give the expert's own bytes."""
+    checkpoint = trace_models["qwen3_moe"]
+    placed = placed_model(checkpoint, tmp_path, cli)
+    runtime = load_placed(placed, device="cpu", cache_slots=8)
+    assert [s.slots.numel() for s in runtime.stagers] == [0] * len(runtime.stagers)
+    layer, expert = next(key for key, eb in runtime.experts.items() if eb.cold is not None)
+    truth = load_placed(placed, device="cpu").fetch(layer, [expert])[0]
+    for hits in (0, 1):
+        (got,) = runtime.fetch(layer, [expert])
+        assert got.keys() == truth.keys() and all(torch.equal(got[n], truth[n]) for n in truth)
+        assert (runtime.counters.copies.sum(), runtime.counters.hits.sum()) == (1, hits)
+    assert runtime.stagers[runtime.experts[(layer, expert)].card].slots.numel() > 0

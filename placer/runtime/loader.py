@@ -143,13 +143,10 @@ class PlacedRuntime:
         return tuple(EXPERT_PREFIX.sub("", t["name"]) for t in first.tensors)
 
     def hold(self, layer: int, rows: SlotRows) -> None:
-        """Let `rows` hold layer `layer`'s cache slots from now on (the cache starts empty);
-        once every MoE layer's are held, the stagers free their own slots."""
+        """Let `rows` hold layer `layer`'s cache slots from now on (the cache starts empty;
+        the stagers never allocate slots of their own for it)."""
         self.holders[layer] = rows
         self.cache.reset()
-        if set(self.holders) >= set(self.plan.moe_layers):
-            for stager in self.stagers:
-                stager.release_slots()
 
     def stage(self, layer: int, experts: Sequence[int]) -> list[Staged]:
         """Stage the cold parts of `experts` (distinct, each with cold bytes) of decoder

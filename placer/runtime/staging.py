@@ -38,8 +38,10 @@ class CardStager:
         self.device = device
         self.counters = counters
         self.buffer = torch.empty(staging_bytes, dtype=torch.uint8, device=device)
-        self.slots = torch.empty((int(cache.slots[card]), align_up(slot_bytes)),
-                                 dtype=torch.uint8, device=device)
+        # The slots are allocated by the first fetch that caches into them: where the layers'
+        # tables hold the slots as rows (placer.runtime.tables), never.
+        self.slot_shape = (int(cache.slots[card]), align_up(slot_bytes))
+        self.slots = torch.empty((0, self.slot_shape[1]), dtype=torch.uint8, device=device)
         self.cache = cache
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.grown = 0  # fetches whose staged bytes exceeded the buffer, which then grew
@@ -58,6 +60,8 @@ class CardStager:
         """
         lookups = self.cache.lookup(self.card, keys)
         slotted = [into_slots and f.slot is not None for f in lookups]
+        if any(slotted) and not self.slots.numel():
+            self.slots = torch.empty(self.slot_shape, dtype=torch.uint8, device=self.device)
         need = sum(align_up(src.numel()) for src, f, s in zip(cold, lookups, slotted, strict=True)
                    if not (f.hit or s))
         if need > self.buffer.numel():
@@ -79,10 +83,6 @@ class CardStager:
         self.counters.record(row, self.card, nbytes=sum(s.numel() for _, s in copies),
                              copies=len(copies), hits=sum(f.hit for f in lookups))
         return lookups, views
-
-    def release_slots(self) -> None:
-        """Free the slots' device memory: the tables hold every layer's slots."""
-        self.slots = self.slots[:0].clone()
 
     def _copy(self, row: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if not copies:
