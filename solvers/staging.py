@@ -3,13 +3,15 @@
 A fetch (one layer's selected cold experts homed on a card) needs all its experts on the
 device at once: at most n = min(B * k, the most experts the card homes in one layer). Misses
 go into cache slots (`solvers.cache`), and only what the slots cannot take (every slot holds
-an expert of the same fetch) into the staging buffer: with S slots the buffer holds the
-n - S largest parts at most. Every slot and every part of the buffer is as large as the
-card's largest expert, so a card's VRAM for experts splits as
+an expert of the same fetch) into the staging buffer. A layer's fetch uses only its own
+layer's q_l slots, so the buffer holds max(0, n - min_l q_l) experts at most. Every slot and
+every part of the buffer is as large as the card's largest expert, so a card's VRAM for
+experts splits as
 
-    pinned pages + S * unit + max(0, n - S) * unit <= budget,   unit = largest expert on c.
+    pinned pages + S * unit + max(0, n - min_l q_l) * unit <= budget,
+    S = sum_l q_l,   unit = largest expert on c.
 
-With S = 0 that is the plain staging buffer of n experts; any S up to n costs nothing extra.
+With no slots that is the plain staging buffer of n experts.
 """
 
 from __future__ import annotations
@@ -32,21 +34,13 @@ def slot_unit(expert_bytes: np.ndarray, home: np.ndarray, num_cards: int) -> np.
 
 
 def staging_bytes(expert_bytes: np.ndarray, home: np.ndarray, num_cards: int, max_batch: int,
-                  top_k: int, slots: np.ndarray | None = None) -> np.ndarray:
-    """[C] int64 staging buffer per card beside `slots` [C] cache slots (None: no cache).
+                  top_k: int) -> np.ndarray:
+    """[C] int64 staging buffer per card with no cache slots (a cache split sizes its own:
+    solvers/cache/split.py).
 
     expert_bytes, home: [L, E]. A card that homes no expert needs none."""
     limit = fetch_limit(home, num_cards, max_batch, top_k)
-    taken = np.zeros(num_cards, dtype=np.int64) if slots is None else np.asarray(slots)
-    return np.maximum(0, limit - taken) * slot_unit(expert_bytes, home, num_cards)
-
-
-def cache_bytes(expert_bytes: np.ndarray, home: np.ndarray, num_cards: int, max_batch: int,
-                top_k: int, slots: np.ndarray) -> np.ndarray:
-    """[C] int64 bytes the cache slots and the staging buffer take together."""
-    unit = slot_unit(expert_bytes, home, num_cards)
-    return np.asarray(slots, dtype=np.int64) * unit + staging_bytes(
-        expert_bytes, home, num_cards, max_batch, top_k, slots)
+    return limit * slot_unit(expert_bytes, home, num_cards)
 
 
 def cache_only_slots(units: np.ndarray, limit: np.ndarray, layers: int) -> np.ndarray:

@@ -346,7 +346,7 @@ def _host(t: Any, where: str, seconds: bool) -> Host:
     if not isinstance(t, dict):
         raise PlacerError(f"{where}: expected a table, got {_kind(t)}")
     sync_key = "sync_s" if seconds else "sync_us"
-    allowed = {"memory_bandwidth", "flops", "sockets", "offload_min_batch", "expert", sync_key}
+    allowed = set(HOST_FIELDS) - {"sync_us"} | {sync_key}
     unknown = set(t) - allowed
     if unknown:
         raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")

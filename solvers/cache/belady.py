@@ -83,7 +83,6 @@ class BeladyReplay:
             s, layer, e = np.nonzero(np.asarray(sel, dtype=bool) & cold)
             parts.append(((start + s) * layers + layer, layer * experts + e))
             start += len(sel)
-        self.steps = start
         fetch = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
         keys = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
         card = home.ravel()[keys]

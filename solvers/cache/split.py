@@ -184,13 +184,8 @@ def expert_misses(problem: SplitProblem, steps: Requests, pinned: np.ndarray,
                   quotas: np.ndarray) -> np.ndarray:
     """[L, E] misses of each expert over `steps` with `pinned` and quotas [C, L] slots."""
     _, layers, experts = steps.shape
-    cold = ~pinned
-    if not quotas.any():
-        missed = cold.ravel()[steps.keys]
-        return np.bincount(steps.keys[missed], minlength=layers * experts).reshape(
-            layers, experts)
     cache = make_policy(problem.policy, quotas, layers * experts)
-    return steps.misses(cache, cold, problem.home)
+    return steps.misses(cache, ~pinned, problem.home)
 
 
 def rank_pins(problem: SplitProblem, steps: Requests, quotas: np.ndarray) -> np.ndarray:
