@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.exporters.slots import home_slots
 from placer.files import Inputs, write_json_atomic
 from placer.plan.placement import Plan
 from traces.jsontext import loads_json
@@ -55,26 +56,17 @@ class SGLangLocation:
 
 def sglang_location(plan: Plan) -> SGLangLocation:
     """Each card's physical slots list the experts homed on it (ascending), then replicas of
-    them cyclically up to the largest per-card count of any layer."""
+    them cyclically up to the largest per-card count of any layer (placer.exporters.slots);
+    dense layers keep SGLang's identity map."""
     num_layers = plan.model.get("num_layers")
     if num_layers is None:
         raise PlacerError("the plan has no model.num_layers (every decoder layer, as SGLang "
                           "counts them)")
-    home = plan.matrix("card")
-    num_cards, num_experts = len(plan.cards), plan.experts_per_layer
-    per_card = np.stack([np.bincount(row, minlength=num_cards) for row in home])
-    if per_card.min() == 0:
-        layer, card = np.argwhere(per_card == 0)[0]
-        raise PlacerError(f"card {card} homes no expert of MoE layer {plan.moe_layers[layer]}: "
-                          "SGLang gives every EP rank the same number of expert slots per "
-                          "layer, and a slot there would move some expert off its home")
-    slots = int(per_card.max())
-    physical = num_cards * slots
+    slots, rows = home_slots(plan, "SGLang")
+    num_experts = plan.experts_per_layer
+    physical = rows.shape[1]
     p2l = np.tile(np.arange(physical) % num_experts, (num_layers, 1))
-    for ordinal, layer in enumerate(plan.moe_layers):
-        for card in range(num_cards):
-            mine = np.flatnonzero(home[ordinal] == card)
-            p2l[layer, card * slots:(card + 1) * slots] = mine[np.arange(slots) % len(mine)]
+    p2l[plan.moe_layers] = rows
     return SGLangLocation(p2l, slots, physical - num_experts)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.exporters.slots import home_slots
 from placer.files import write_text_atomic
 from placer.plan.placement import Plan
 
@@ -76,24 +77,11 @@ class TrtllmPlacement:
 
 def trtllm_placement(plan: Plan) -> TrtllmPlacement:
     """Each card's slots list the experts homed on it (ascending), then replicas of them
-    cyclically up to the largest per-card count of any layer."""
-    home = plan.matrix("card")
-    num_cards = len(plan.cards)
-    per_card = np.stack([np.bincount(row, minlength=num_cards) for row in home])
-    if per_card.min() == 0:
-        layer, card = np.argwhere(per_card == 0)[0]
-        raise PlacerError(f"card {card} homes no expert of MoE layer {plan.moe_layers[layer]}: "
-                          "TensorRT-LLM gives every EP rank the same number of slots per layer, "
-                          "and a slot there would move some expert off its home")
-    slots = int(per_card.max())
-    assignments = {}
-    for ordinal, layer in enumerate(plan.moe_layers):
-        row = []
-        for card in range(num_cards):
-            mine = np.flatnonzero(home[ordinal] == card)
-            row += mine[np.arange(slots) % len(mine)].tolist()
-        assignments[layer] = row
-    return TrtllmPlacement(assignments, slots, num_cards, placement_warnings(plan, num_cards))
+    cyclically up to the largest per-card count of any layer (placer.exporters.slots)."""
+    slots, rows = home_slots(plan, "TensorRT-LLM")
+    assignments = {layer: row.tolist() for layer, row in zip(plan.moe_layers, rows, strict=True)}
+    return TrtllmPlacement(assignments, slots, len(plan.cards),
+                           placement_warnings(plan, len(plan.cards)))
 
 
 def placement_warnings(plan: Plan, ep_size: int) -> list[str]:
@@ -123,14 +111,14 @@ def check_placement(placement: TrtllmPlacement, plan: Plan, path: Path) -> None:
     if data["layer_updates_per_iter"] != 0 or num_slots % placement.ep_size \
             or num_slots < experts or set(table) != set(plan.moe_layers):
         raise PlacerError(f"{path}: the written load balancer breaks TensorRT-LLM's checks")
-    per_rank = num_slots // placement.ep_size
+    per_rank, home = num_slots // placement.ep_size, plan.matrix("card")
     for ordinal, layer in enumerate(plan.moe_layers):
         slots = np.asarray(table[layer])
         if len(slots) != num_slots or set(slots.tolist()) != set(range(experts)):
             raise PlacerError(f"{path}: layer {layer} does not hold every expert once or more")
         for expert in range(experts):
             ranks = set((np.flatnonzero(slots == expert) // per_rank).tolist())
-            if ranks != {int(plan.matrix("card")[ordinal, expert])}:
+            if ranks != {int(home[ordinal, expert])}:
                 raise PlacerError(f"{path}: layer {layer} expert {expert} is on ranks "
                                   f"{sorted(ranks)}, not its home")
 
