@@ -2,11 +2,11 @@
 intervals beside the measured figures.
 
 The steps are the bench's own (the experts each token of each full decode step was routed
-to), replayed against the placement the arm ran: what the runtime stages for them
-(`expected_staging`, the LRU the runtime runs when it has cache slots; without any, exactly
-the cost model's union), the stall that costs (`solvers.cost.stall_from_loads`: per layer
-the slowest card or shared link), and tokens/s = C / (base step + stall) with the plan's
-hardware spec's base step at C. The interval is evaluate's paired bootstrap with the
+to), replayed against the placement the arm ran, through `placer evaluate`'s own replay
+(`solvers.replay.replay_lines`: what the runtime stages for them, through the cache policy
+it runs when it has cache slots; the stall that costs, per layer the slowest card or shared
+link), and tokens/s = C / (base step + stall) with the plan's hardware spec's base step at
+C. The interval is evaluate's paired bootstrap with the
 prompts as units (the same prompts in every arm, so an arm's ratio to the first is paired).
 """
 
@@ -17,21 +17,16 @@ from scipy import stats
 
 from placer.plan.placement import Plan, plan_caches
 from placer.predict.evaluate import plan_placement, plan_problem
-from placer.predict.staging import plan_cold_bytes
-from solvers.cache import cache_hits, staging_counts
-from solvers.cost import stall_from_loads
 from solvers.intervals import (
     REPLICATES,
     Estimate,
     Units,
-    attribute,
     line_figures,
     replicate_weights,
-    token_shares,
     units_of,
 )
-from solvers.replay import share_weights
-from traces.profile import TokenSteps, step_mask
+from solvers.replay import Line, replay_lines
+from traces.profile import TokenSteps
 
 
 def prompt_units(seqs: np.ndarray, num_prompts: int) -> Units:
@@ -48,22 +43,13 @@ def predict_arm(plan: Plan, steps: TokenSteps, num_prompts: int, cache_slots: in
     the tokens/s point and bootstrap replicates, for paired ratios."""
     batch = steps.batch
     problem = plan_problem(plan, [], "stage")
-    mask = step_mask(steps.tokens, plan.experts_per_layer)
-    cold, home = plan_cold_bytes(plan), plan.matrix("card")
-    hits = cache_hits(plan_caches(plan, cache_slots), mask, cold, home)
-    counts = staging_counts(mask, hits, cold, home, len(plan.cards))
-    stall = stall_from_loads(problem, counts.bytes.astype(np.float64),
-                             counts.copies.astype(np.float64)).sum(axis=1)
-    selected = np.einsum("sle,le->s", mask.astype(np.float64),
-                         np.asarray(problem.expert_bytes, dtype=np.float64))
-    per_step = np.stack([stall, counts.bytes.sum(axis=(1, 2)), counts.copies.sum(axis=(1, 2)),
-                         selected], axis=1)
+    caches = plan_caches(plan, cache_slots)
+    line = Line(plan_placement(plan, "stage"), caches.name if caches.slots.any() else None,
+                caches.quotas)
     units = prompt_units(steps.seqs, num_prompts)
-    shares = token_shares(steps.tokens, share_weights(problem, plan_placement(plan, "stage")),
-                          mask & ~hits)
-    sums = attribute(units.unit_of, per_step, units.count, shares)
+    sums, _ = replay_lines(problem, {"arm": line}, steps, units)
     base = plan.hardware.base_step_s(batch)
-    figures, stall_estimate = line_figures(sums, units.tokens(), replicate_weights(
+    figures, stall_estimate = line_figures(sums["arm"], units.tokens(), replicate_weights(
         units.count, replicates, seed), batch, base)
     return {"tokens_per_s": figures["tokens_per_s"],
             "tokens_per_s_ci95": figures["tokens_per_s_ci95"],
