@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("traces", "solvers", "placer")
 LATER = {"traces": {"solvers", "placer"}, "solvers": {"placer"}}
 # Each room of placer/ may import only rooms of a lower rank (and the basics, rank 0).
-ROOMS = {"errors": 0, "units": 0, "files": 0,
+ROOMS = {"errors": 0, "units": 0, "files": 0, "progress": 0,
          "checkpoint": 1, "hardware": 1,
          "plan": 2,
          "placed": 3, "predict": 3, "exporters": 3,

@@ -16,6 +16,7 @@ from placer.commands.run import MAX_CACHE_SLOTS
 from placer.errors import PlacerError
 from placer.files import check_apart
 from placer.hardware.devices import check_device
+from placer.progress import ItemsBar
 
 
 def register(app: typer.Typer) -> None:
@@ -64,8 +65,8 @@ def register(app: typer.Typer) -> None:
                             cache_slots=cache_slots, seed=seed)
         check_bench_options(placed, prompts, plot, cache_slots, device)
         total = len(placed) * len(opts.concurrency) * trials
-        with progress(total, enabled=not json_out and sys.stderr.isatty()) as advance:
-            report = bench(placed, model, prompts, opts, advance)
+        with ItemsBar("bench", total, enabled=not json_out and sys.stderr.isatty()) as bar:
+            report = bench(placed, model, prompts, opts, bar)
         if plot is not None:
             report["plot"] = str(plot_bench(report, plot))
         if json_out:
@@ -90,40 +91,6 @@ def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
         raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, got "
                           f"{cache_slots}")
     check_device(device)
-
-
-class progress:
-    """A rich bar on stderr over the campaign's trials (nothing when not `enabled`); the
-    context value is the `advance(what)` callback bench calls before each trial."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self.bar = Progress(TextColumn("bench {task.description}"), BarColumn(),
-                                MofNCompleteColumn(), console=Console(stderr=True),
-                                transient=True)
-            self.task = self.bar.add_task("", total=total)
-        self.started = False
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.start()
-        return self.advance
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def advance(self, what: str) -> None:
-        if self.bar is None:
-            return
-        if self.started:
-            self.bar.advance(self.task)
-        self.started = True
-        self.bar.update(self.task, description=what)
 
 
 def print_report(report: dict) -> None:

@@ -33,6 +33,7 @@ from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
 from placer.plan.placement import Plan, plan_caches
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
+from placer.progress import ItemsBar
 from solvers import baselines, ilp
 from solvers.cache import even_quotas
 from solvers.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
@@ -184,7 +185,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
     modes = executions(plan, opts.execution)
-    with _Bar(progress, len(trace_dirs) * len(batches) * len(modes)) as bar:
+    with ItemsBar("evaluate", len(trace_dirs) * len(batches) * len(modes), progress) as bar:
         for trace_dir in trace_dirs:
             profile = load_profile(trace_dir)
             name = str(trace_dir)
@@ -214,38 +215,6 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
             "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,
             "replicates": opts.replicates, "notes": notes, "results": results, "drift": drift,
             "verdicts": verdicts, "per_layer": per_layer}
-
-
-class _Bar:
-    """A rich progress bar on stderr over `total` rows (a no-op when not `enabled`)."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self.bar = Progress(TextColumn("evaluate {task.description}"), BarColumn(),
-                                MofNCompleteColumn(), console=Console(stderr=True),
-                                transient=True)
-            self.task = self.bar.add_task("", total=total)
-
-    def __enter__(self) -> _Bar:
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def show(self, what: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=what)
-
-    def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task)
 
 
 def executions(plan: Plan, asked: str | None) -> tuple[str, ...]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch
 
 from placer.errors import PlacerError
 from placer.plan.placement import read_plan
+from placer.progress import NO_BAR, ItemsBar
 from placer.runtime.placed_model import PlacedModel, load_placed_model
 from placer.serve.bench_predict import predict_arm, ratio_to, t_interval
 from placer.serve.engine import Engine, context_of, start_engine
@@ -160,8 +160,8 @@ def measure_arm(placed: Path, concurrency: int, trials: list[Trial], num_prompts
 
 
 def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: BenchOptions,
-          advance: Callable[[str], None] = lambda _: None) -> dict:
-    """The campaign's report (see module docstring); `advance` is told of every trial."""
+          bar: ItemsBar = NO_BAR) -> dict:
+    """The campaign's report (see module docstring); `bar` counts the trials."""
     if opts.trials < 1 or any(c < 1 for c in opts.concurrency) or opts.max_new_tokens < 2:
         raise PlacerError("--trials and --concurrency must be >= 1, --max-new-tokens >= 2")
     rows: list[dict] = []
@@ -172,7 +172,7 @@ def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: B
         try:
             prompts = prompts or read_prompts(prompts_path, loaded.tokenizer)
             check_prompts(prompts, opts, context_of(loaded.model, opts.kv_tokens))
-            rows += measure_placed(loaded, placed, prompts, opts, advance)
+            rows += measure_placed(loaded, placed, prompts, opts, bar)
         finally:
             release(loaded)
     for row in rows:
@@ -185,7 +185,7 @@ def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: B
 
 
 def measure_placed(loaded: PlacedModel, placed: Path, prompts: list[list[int]],
-                   opts: BenchOptions, advance: Callable[[str], None]) -> list[dict]:
+                   opts: BenchOptions, bar: ItemsBar) -> list[dict]:
     """Every concurrency's row of one arm; its engine stopped however this ends."""
     engine, _ = start_engine(loaded.model, prompts[0], "auto", kv_tokens=opts.kv_tokens)
     recorder = StepRecorder(loaded.model, engine.batch_request_ids)
@@ -195,8 +195,9 @@ def measure_placed(loaded: PlacedModel, placed: Path, prompts: list[list[int]],
             asyncio.run(_trial(engine, prompts[:c], c, WARMUP_TOKENS, -1))  # not measured
             trials = []
             for t in range(opts.trials):
-                advance(f"{placed.name} C={c} trial {t + 1}")
+                bar.show(f"{placed.name} C={c} trial {t + 1}")
                 trials.append(run_trial(engine, recorder, prompts, c, opts, t))
+                bar.advance()
             rows.append(measure_arm(placed, c, trials, len(prompts), opts, engine.mode,
                                     loaded.cache_slots))
     finally:
