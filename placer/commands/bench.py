@@ -12,7 +12,7 @@ from rich.table import Table
 
 from placer.commands.common import command, parse_list, print_json, span
 from placer.commands.common import console as rich_console
-from placer.commands.run import MAX_CACHE_SLOTS
+from placer.commands.run import check_cache_slots, check_placed
 from placer.errors import PlacerError
 from placer.files import check_apart
 from placer.hardware.devices import check_device
@@ -79,17 +79,14 @@ def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
                         cache_slots: int | None, device: str) -> None:
     """One line for a value `placer bench` cannot use, before any model loads."""
     for path in placed:
-        if not path.is_dir():
-            raise PlacerError(f"{path}: not a placed directory (`placer emit` writes one)")
+        check_placed(path)
     if not prompts.is_file():
         raise PlacerError(f"--prompts: {prompts} is not a file")
     if plot is not None and plot.suffix.lower() != ".png":
         raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
     if plot is not None:
         check_apart(plot, what="--plot")
-    if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
-        raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, got "
-                          f"{cache_slots}")
+    check_cache_slots(cache_slots)
     check_device(device)
 
 

@@ -52,14 +52,24 @@ def register(app: typer.Typer) -> None:
 
 def check_run_options(placed: Path, prompt: str, cache_slots: int | None, device: str) -> None:
     """One line for a value `placer run` cannot use, before the model is loaded."""
-    if not placed.is_dir():
-        raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
+    check_placed(placed)
     if not prompt.strip():
         raise PlacerError("--prompt: expected some text to continue, got an empty prompt")
+    check_cache_slots(cache_slots)
+    check_device(device)
+
+
+def check_placed(placed: Path) -> None:
+    """What run, serve and bench refuse as PLACED."""
+    if not placed.is_dir():
+        raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
+
+
+def check_cache_slots(cache_slots: int | None) -> None:
+    """What run, serve and bench refuse as --cache-slots."""
     if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
         raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, got "
                           f"{cache_slots}")
-    check_device(device)
 
 
 def print_result(result: dict) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command
-from placer.commands.run import MAX_CACHE_SLOTS
+from placer.commands.run import check_cache_slots, check_placed
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 
@@ -54,11 +54,8 @@ def register(app: typer.Typer) -> None:
         from placer.serve.engine import BATCHING
         from placer.serve.server import serve
 
-        if not placed.is_dir():
-            raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
-        if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
-            raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, "
-                              f"got {cache_slots}")
+        check_placed(placed)
+        check_cache_slots(cache_slots)
         if kv_tokens < 64:
             raise PlacerError(f"--kv-tokens must be >= 64, got {kv_tokens}")
         if batching not in BATCHING:
