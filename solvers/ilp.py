@@ -99,9 +99,10 @@ def solve(problem: Problem, time_limit: float = 60.0, seed: int = 0) -> SolveRes
             if value <= best_obj:
                 best, best_obj = candidate, value
     best_obj = cost.objective(problem, best)  # the winner, scored over the steps themselves
-    # A stall is never negative: SCIP stopped before its root LP reports a huge negative bound.
+    # A stall is never negative, so 0 bounds it whatever SCIP proved: stopped before its root
+    # LP it reports a huge negative bound, or none at all (seen on a loaded 2-core machine).
     bound = min(max(bound_units * data.time_scale, 0.0), best_obj) \
-        if np.isfinite(bound_units) else float("nan")
+        if np.isfinite(bound_units) else 0.0
     gap = relative_gap(best_obj, bound)
     status = "optimal" if optimal and gap <= 1e-6 else "feasible"
     return SolveResult(best, "ilp", best_obj, bound, gap, time.perf_counter() - start, status)
