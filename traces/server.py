@@ -238,9 +238,7 @@ class Client:
         for attempt in range(options.retries + 1):
             if attempt:
                 sleep(options.backoff_s * 2 ** (attempt - 1))
-            if self.connections.closed.is_set():
-                raise TraceError(f"{self.url}: stopped")
-            try:
+            try:  # Connections.post_json refuses to start once stopped
                 return self.connections.post_json(self.url, body, options.timeout_s, max_bytes)
             except HTTPStatus as exc:
                 last = str(exc)

@@ -35,16 +35,17 @@ def layer_stats(counts: np.ndarray) -> list[dict]:
     return out
 
 
-def trace_stats(trace_dir: Path, *, phase: str | None = None,
-                tags: list[str] | None = None) -> dict:
+def trace_stats(trace_dir: Path, *, phase: str | None = None, tags: list[str] | None = None,
+                profile: Profile | None = None) -> dict:
     """Tokens, sequences, per tag and per phase; per MoE layer (decoder layer index, as the
     trace or the imported source names it) entropy, hot shares and the counts of each expert.
 
-    `phase`: restrict the per-layer figures to one phase (default: every row)."""
+    `phase`: restrict the per-layer figures to one phase (default: every row); `profile`:
+    `load_profile(trace_dir, phase=phase, tags=tags)` when the caller has it already."""
     if phase is not None and phase not in PHASES:
         raise TraceError(f"--phase {phase!r}: choose {' or '.join(PHASES)}")
     td = open_traces(trace_dir)
-    profile = load_profile(trace_dir, phase=phase, tags=tags)
+    profile = profile or load_profile(trace_dir, phase=phase, tags=tags)
     per_tag: dict[str, dict] = {}
     per_phase = dict.fromkeys(PHASES, 0)
     if td.kind != KIND_COUNTS:

@@ -45,13 +45,14 @@ def register(app: typer.Typer) -> None:
         Per MoE layer (its decoder layer index, for collected traces and imports alike): the
         entropy of expert use (bits) and the share of selections taken by the hottest 10% /
         25% / 50% of experts; --plot writes a layers x experts heatmap."""
+        profile = None
         if plot is not None:
             check_plot_path(plot)
             check_apart(plot, what="--plot")
-        result = trace_stats(trace_dir, phase=phase, tags=tag)
-        if plot is not None:
-            png = heatmap_png(load_profile(trace_dir, phase=phase, tags=tag))
-            write_bytes_atomic(png, plot, what="--plot")
+            profile = load_profile(trace_dir, phase=phase, tags=tag)
+        result = trace_stats(trace_dir, phase=phase, tags=tag, profile=profile)
+        if profile is not None:
+            write_bytes_atomic(heatmap_png(profile), plot, what="--plot")
         if json_out:
             print_json(result)
             return

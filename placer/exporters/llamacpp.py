@@ -64,7 +64,7 @@ class LlamaCppOffload:
     """The layer-offload baseline of a plan as llama.cpp arguments."""
 
     cold_layers: list[int]  # decoder layer indices (= GGUF blk.N), ascending
-    n_cpu_moe: int | None   # equivalent --n-cpu-moe, where the cold layers are a prefix
+    n_cpu_moe: int          # equivalent --n-cpu-moe (the cold layers are the first MoE ones)
     gguf_arch: str | None   # GGUF architecture of the plan's model (None: not known here)
     all_cold: bool = False  # every MoE layer cold: --cpu-moe
     devices: list[tuple[str, list[int]]] = field(default_factory=list)  # several cards only
@@ -171,8 +171,7 @@ def llamacpp_offload(plan: Plan, devices: list[str] | None = None) -> LlamaCppOf
     warm = plan.moe_layers[count:]
     per_device = [(name, [layer for layer, d in zip(warm, owner, strict=True) if d == c])
                   for c, name in enumerate(names)] if num_cards > 1 else []
-    prefix = [layer for layer in plan.moe_layers if cold and layer <= cold[-1]]
-    return LlamaCppOffload(cold, (cold[-1] + 1 if prefix == cold else None) if cold else 0,
+    return LlamaCppOffload(cold, cold[-1] + 1 if cold else 0,
                            arch, all_cold=bool(cold) and not warm, devices=per_device,
                            tensor_split=tensor_split(plan) if num_cards > 1 else None,
                            warnings=warnings)
