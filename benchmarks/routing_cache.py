@@ -115,10 +115,11 @@ def gptoss(root: Path, batches: tuple[int, ...]) -> None:
         static = solve(root, f"gpt-static-{b}", config, [calib], b, *budget, "--cache", 0)
         split = solve(root, f"gpt-split-{b}", config, [calib], b, *budget)
         for name, traces in (("mmlu_dev held out", held), ("mixed_small (unseen)", other)):
-            got = compare(name, rows(static, traces, b), rows(split, traces, b), b)
+            split_row = rows(split, traces, b)
+            got = compare(name, rows(static, traces, b), split_row, b)
             worst.append(got[0])
             if b == 1 and traces == held:
-                ratio = rows(split, traces, b)["ratio_to_belady"]
+                ratio = split_row["ratio_to_belady"]
                 print(f"    stall / belady's at B=1 on the dev set: {ratio:.2f} "
                       f"({'PASS' if ratio <= 1.75 else 'MISS'}, target <= 1.75)")
     print(f"  split / better of static and lru, worst case: {min(worst):.3f} "
@@ -211,9 +212,8 @@ def methods(root: Path) -> None:
         miss = 10e-6 + nbytes / 25e9
         tests = [Requests.of(step_mask(every_token_steps(h, 1, groupings=1, seed=0).tokens,
                                        experts)) for h in held]
+        scenarios, _, _ = scenarios_of([traffic], SolveOptions(), experts)  # any policy's
         for name, (policy, rule, cap, rounds) in variants.items():
-            scenarios, _, _ = scenarios_of([traffic], SolveOptions(cache_policy=policy),
-                                           experts)
             split = solve_split(SplitProblem(home, np.array([miss]), np.array([units]),
                                              np.array([k]), policy, cap, rule, rounds),
                                 scenarios)
