@@ -244,29 +244,20 @@ def cpu_rows(expert_bytes: np.ndarray, expert_flops: np.ndarray, host: Host, tok
     for start in range(0, num_steps, chunk):
         part = ids[start:start + chunk]  # [s, B, k]
         gpu = host.offloads(step_tokens(tokens[start:start + chunk]))  # [s]
-        part = part[~gpu]
         s = part.shape[0]
         valid = part >= 0
         token = np.broadcast_to(np.arange(s * batch).reshape(s, batch, 1), part.shape)
         per_token = np.zeros((s * batch, num_experts), dtype=bool)
         per_token[token[valid], part[valid]] = True
         per_step = per_token.reshape(s, batch, num_experts)
-        counts = per_step.sum(axis=1)  # [s, E]
+        counts = per_step[~gpu].sum(axis=1)  # [CPU steps, E]
         linear += host.expert_seconds(eb, fl, counts).sum(axis=0)
-        linear += _copied(ids[start:start + chunk][gpu], num_experts) * eb / host.h2d_bandwidth
-        real = per_token.any(axis=1)
-        rows += [np.packbits(counts > 0, axis=1), np.packbits(per_token[real], axis=1)]
-        weights += [np.full(s, weight * host.sync_s),
+        linear += per_step[gpu].any(axis=1).sum(axis=0) * eb / host.h2d_bandwidth  # copied
+        on_cpu = per_step[~gpu].reshape(-1, num_experts)
+        real = on_cpu.any(axis=1)
+        rows += [np.packbits(counts > 0, axis=1), np.packbits(on_cpu[real], axis=1)]
+        weights += [np.full(len(counts), weight * host.sync_s),
                     np.full(int(real.sum()), weight * host.round_trip_s)]
     rows.append(np.packbits(np.eye(num_experts, dtype=bool), axis=1))
     weights.append(weight * linear)
     return rows, weights
-
-
-def _copied(ids: np.ndarray, num_experts: int) -> np.ndarray:
-    """ids: [s, B, k] of steps the GPU computes -> [E] in how many of them each expert is
-    selected (copied once per step)."""
-    step = np.broadcast_to(np.arange(len(ids))[:, None, None], ids.shape)
-    hit = np.zeros((len(ids), num_experts), dtype=bool)
-    hit[step[ids >= 0], ids[ids >= 0]] = True
-    return hit.sum(axis=0)
