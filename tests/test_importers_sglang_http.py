@@ -162,3 +162,17 @@ def test_replies_that_start_mid_prompt_or_run_past_the_stop(tmp_path, cli):
     meta = json.loads(pq.read_schema(next((tmp_path / "d").glob("*.parquet")))
                       .metadata[b"placer"])
     assert meta["extra_rows"] == 1 and meta["overshoot"] == 1 and "dropped" in meta["note"]
+
+
+def test_positions_past_int32_are_refused_not_wrapped(tmp_path, cli):
+    """A reply whose rows start mid-prompt of a prompt longer than int32 positions reach
+    (`prompt_tokens` 2**40): one line, nothing written (positions used to wrap to 0, 1...)."""
+    rng = np.random.default_rng(9)
+    config = write_config(tmp_path / "model")
+    made, _, _ = response(rng, 2, 3)
+    made["meta_info"]["prompt_tokens"] = 2**40
+    (tmp_path / "long.jsonl").write_text(json.dumps(made) + "\n")
+    result = cli("traces", "import", tmp_path / "long.jsonl", "--out", tmp_path / "o",
+                 "--config", config, ok=False)
+    assert_one_line_error(result, "do not fit the trace's int32 pos (0..2147483647)")
+    assert not any(tmp_path.glob("o/*.parquet*"))

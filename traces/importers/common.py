@@ -46,7 +46,7 @@ class TokenRows:
 
     source: Path
     seq: np.ndarray      # [N] int64 sequence number within the file (0, 1, ...)
-    pos: np.ndarray      # [N] int32 position in its sequence
+    pos: np.ndarray      # [N] int position in its sequence (write_rows: must fit int32)
     token: np.ndarray    # [N] int32 token id, UNKNOWN_TOKEN where the source has none
     phase: np.ndarray    # [N] int8 index into traces.schema.PHASES
     experts: np.ndarray  # [N, moe_layers, k] int logical expert ids, the model's MoE layers
@@ -117,6 +117,7 @@ def check_distinct(where: str, experts: np.ndarray) -> None:
 
 
 MAX_TOKEN_ID = 2**31 - 1  # the trace's `token` column is int32
+MAX_POSITION = 2**31 - 1  # and its `pos` column
 
 
 def token_ids(value: object, where: str) -> list[int]:
@@ -159,6 +160,10 @@ def write_rows(parts: Iterable[TokenRows], out_dir: Path, sources: list[Path],
     with TraceWriter(path, tag=tag, top_k=k, meta=meta) as writer:
         for part in parts:
             check_experts(part.source, "expert ids", part.experts, identity)
+            if len(part.pos) and not 0 <= part.pos.min() <= part.pos.max() <= MAX_POSITION:
+                raise TraceError(f"{part.source}: positions {part.pos.min()}.."
+                                 f"{part.pos.max()} do not fit the trace's int32 pos "
+                                 f"(0..{MAX_POSITION})")
             n, num_layers = len(part.seq), len(layers)
             if (part.weights is not None) != weights:
                 raise TraceError(f"{part.source}: gate weights are "

@@ -203,7 +203,7 @@ def http_rows(path: Path, where: str, response: dict, identity: ModelIdentity,
         token[decode] = np.asarray(output_ids[:completion], dtype=np.int64)[pos[decode] - prompt]
     phase = np.where(pos < prompt, PHASES.index("prefill"), PHASES.index("decode"))
     return TokenRows(source=Path(path), seq=np.zeros(n, dtype=np.int64),
-                     pos=pos.astype(np.int32), token=token, phase=phase.astype(np.int8),
+                     pos=pos, token=token, phase=phase.astype(np.int8),
                      experts=routed.experts, weights=None), routed
 
 

@@ -45,7 +45,6 @@ from traces.schema import PHASES
 
 FORMAT = "vllm"
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
-MAX_POSITION = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -100,9 +99,6 @@ def prompt_start(where: str, rows: int, lens: Lens, given: int | None) -> int:
             raise TraceError(f"{where}: {rows} routed rows, expected prompt {prompt} + "
                              f"completion {completion} - 1 - start {start} = {ran - start}")
     start = start or 0
-    if start + rows > MAX_POSITION:
-        raise TraceError(f"{where}: prompt start {start} puts positions past 2**31 - 1 (the "
-                         "trace's int32 pos)")
     if prompt is not None and prompt - start > rows:
         raise TraceError(f"{where}: prompt of {prompt} tokens but only {rows} routed rows "
                          f"from position {start} (expected prompt + generated - 1 - start "
@@ -153,7 +149,7 @@ def request_rows(path: Path, name: str, routed: np.ndarray, identity: ModelIdent
     pos = start + np.arange(n)
     phase = np.where(pos < ((lens.prompt if lens else None) or 0), PREFILL, DECODE)
     return TokenRows(source=Path(path), seq=np.zeros(n, dtype=np.int64),
-                     pos=pos.astype(np.int32), token=np.full(n, UNKNOWN_TOKEN, dtype=np.int32),
+                     pos=pos, token=np.full(n, UNKNOWN_TOKEN, dtype=np.int32),
                      phase=phase.astype(np.int8), experts=experts, weights=None)
 
 
