@@ -26,16 +26,17 @@ from placer.runtime.patch import load_staged_model
 
 @dataclass
 class PlacedModel:
-    """The model, the runtime its routed experts come from, its tokenizer, device, the cache
-    slots per card it was given instead of the manifest's (None: the manifest's, per card and
-    layer: runtime.cache), and the checkpoint directory it was loaded from."""
+    """The model, the runtime its routed experts come from (its device, its cache:
+    runtime.cache), its tokenizer, and the checkpoint directory it was loaded from."""
 
     model: nn.Module
     runtime: PlacedRuntime
     tokenizer: Any
-    device: torch.device
-    cache_slots: int | None
     checkpoint: Path
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
 
     def tables(self) -> list:
         """The per-layer expert tables (placer.runtime.tables), in layer order."""
@@ -75,4 +76,4 @@ def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
     runtime = load_placed(placed, device=torch_device, cache_slots=cache_slots)
     model = load_staged_model(checkpoint, runtime, device=str(torch_device), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    return PlacedModel(model, runtime, tokenizer, torch_device, cache_slots, Path(checkpoint))
+    return PlacedModel(model, runtime, tokenizer, Path(checkpoint))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from placer.errors import PlacerError
-from placer.plan.placement import read_plan
+from placer.plan.placement import Plan
 from placer.progress import NO_BAR, ItemsBar
 from placer.runtime.placed_model import PlacedModel, load_placed_model
 from placer.serve.bench_predict import predict_arm, ratio_to, t_interval
@@ -136,14 +136,14 @@ def token_steps(trials: list[Trial]) -> TokenSteps:
     return TokenSteps(np.stack([s.experts for s in steps]), seqs)
 
 
-def measure_arm(placed: Path, concurrency: int, trials: list[Trial], num_prompts: int,
-                opts: BenchOptions, mode: str, cache_slots: int | None) -> dict:
+def measure_arm(placed: Path, plan: Plan, concurrency: int, trials: list[Trial],
+                num_prompts: int, opts: BenchOptions, mode: str) -> dict:
     """One (arm, concurrency) row: measured, predicted, and what they were taken over."""
     per_trial = [sum(len(s.experts) for s in t.steps) / sum(s.seconds for s in t.steps)
                  for t in trials]
     ttft = [float(np.mean(t.ttft_s)) * 1e3 for t in trials]
     steps = token_steps(trials)
-    predicted = predict_arm(read_plan(placed), steps, num_prompts, cache_slots, opts.seed)
+    predicted = predict_arm(plan, steps, num_prompts, opts.cache_slots, opts.seed)
     measured, measured_ci = t_interval(per_trial)
     ttft_mean, ttft_ci = t_interval(ttft)
     return {"placed": str(placed), "concurrency": concurrency,
@@ -155,7 +155,7 @@ def measure_arm(placed: Path, concurrency: int, trials: list[Trial], num_prompts
             "measured_step_ms": float(np.mean([1e3 * concurrency / x for x in per_trial])),
             **{f"predicted_{k}": v for k, v in predicted.items()
                if k not in ("tokens_per_s", "tokens_per_s_ci95", "estimate")},
-            "decode_steps": len(steps), "batching": mode, "cache_slots": cache_slots,
+            "decode_steps": len(steps), "batching": mode, "cache_slots": opts.cache_slots,
             "_predicted": predicted["estimate"]}
 
 
@@ -198,8 +198,8 @@ def measure_placed(loaded: PlacedModel, placed: Path, prompts: list[list[int]],
                 bar.show(f"{placed.name} C={c} trial {t + 1}")
                 trials.append(run_trial(engine, recorder, prompts, c, opts, t))
                 bar.advance()
-            rows.append(measure_arm(placed, c, trials, len(prompts), opts, engine.mode,
-                                    loaded.cache_slots))
+            rows.append(measure_arm(placed, loaded.runtime.plan, c, trials, len(prompts), opts,
+                                    engine.mode))
     finally:
         recorder.close()
         engine.stop(timeout=60)
