@@ -300,12 +300,15 @@ def _encode(corpus: Corpus, tokenizer, options: CollectOptions) -> Iterator[list
     """Token ids of each non-empty document, at most `max_length` of them."""
     generation_prompt = options.mode == "generate"
     for doc in corpus.documents():
-        ids = _encode_document(doc, tokenizer, generation_prompt)[:options.max_length]
+        ids = encode_document(doc, tokenizer, generation_prompt)[:options.max_length]
         if ids:
             yield ids
 
 
-def _encode_document(doc: Document, tokenizer, generation_prompt: bool) -> list[int]:
+def encode_document(doc: Document, tokenizer, generation_prompt: bool) -> list[int]:
+    """A document's token ids: its own, its text with the tokenizer's special tokens, or its
+    messages through the chat template (with the generation prompt when asked; no template:
+    "role: content" lines)."""
     if doc.token_ids is not None:
         return list(doc.token_ids)
     if doc.messages is None:

@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from traces.collect import encode_document
+from traces.corpora import Document
+
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
@@ -106,19 +109,13 @@ class ChatRequest(_Request):
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """A completion prompt's token ids, as `placer run` tokenizes its prompt."""
-    return list(tokenizer(text)["input_ids"])
+    """A completion prompt's token ids, as `placer run` and `placer collect` tokenize text."""
+    return list(encode_document(Document(text=text), tokenizer, False))
 
 
 def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """A chat's token ids through the tokenizer's chat template, with the generation prompt
-    (as `placer collect` renders chats); no template: "role: content" lines."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=True)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-    return list(tokenizer(text)["input_ids"])
+    """A chat's token ids as `placer collect` renders chats, with the generation prompt."""
+    return list(encode_document(Document(messages=tuple(messages)), tokenizer, True))
 
 
 @dataclass
