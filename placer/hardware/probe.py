@@ -19,7 +19,7 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.hardware.expert_probe import DEFAULT_SHAPE, DEFAULT_TOKENS, probe_expert
-from placer.hardware.timing import MAX_DIM, ExpertTiming, timing_fragment
+from placer.hardware.timing import DTYPE_BYTES, MAX_DIM, ExpertTiming, timing_fragment
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,9 @@ def spec_fragment(results: list[ProbeResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-HOST_DTYPES = ("bfloat16", "float32")
+HOST_DTYPES = tuple(DTYPE_BYTES)  # what the probe measures, the spec must read back
 TYPICAL_SYNC_US = 30.0  # a layer's tokens to the host and back on a PCIe card, not measured
-MATMUL_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert's gate / up projection
+MATMUL_SHAPE = DEFAULT_SHAPE  # a Qwen3-30B-A3B expert's gate / up projection
 MAX_TOKENS = 1 << 14  # matmul rows: a [16384 x 2048] float32 input is already 128 MiB
 
 

@@ -6,11 +6,11 @@ import math
 from dataclasses import dataclass
 
 from placer.errors import PlacerError
+from placer.hardware.spec import MAX_BYTES  # a budget or page past it is a typo
 
 SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
-MAX_BYTES = 2**60    # a budget or page past this is a typo, not a card (as hardware specs)
 CACHE_POLICIES = ("lfru", "lru")  # solvers.cache.POLICIES, named here without importing numba
 MAX_CACHE_SLOTS = 1 << 24
 
