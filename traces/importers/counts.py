@@ -83,20 +83,6 @@ def _numeric(row: list[str]) -> bool:
     return True
 
 
-def import_counts(path: Path, out_dir: Path, *, top_k: int, tag: str | None = None,
-                  tokens: int | None = None,
-                  decoder_layers: list[int] | tuple[int, ...] | None = None) -> Path:
-    """Store the count matrix at `path` as `out_dir/counts.parquet`; returns that path.
-
-    `top_k`: experts each token selects (frequencies are counts / tokens); `tokens`: tokens
-    counted (default: the largest row sum / top_k, rounded up); `decoder_layers`: the rows'
-    decoder layers (the model's MoE layers, when a model is given)."""
-    path = Path(path)
-    return write_counts(read_count_matrix(path), out_dir, top_k=top_k,
-                        tag=tag if tag is not None else path.stem, tokens=tokens,
-                        sources=[path], decoder_layers=decoder_layers)
-
-
 def write_counts(counts: np.ndarray, out_dir: Path, *, top_k: int, tag: str,
                  tokens: int | None = None, sources: list[Path],
                  decoder_layers: list[int] | tuple[int, ...] | None = None,
@@ -162,15 +148,17 @@ def import_matrix(paths: list[Path], out_dir: Path, request: ImportRequest) -> P
         raise TraceError(f"give one count matrix ({len(paths)} files given)")
     path = Path(paths[0])
     top_k = resolve_top_k(request, path)
+    counts = read_count_matrix(path)
     if request.identity is not None:
-        shape = read_count_matrix(path).shape
         want = (len(request.identity.moe_layers), request.identity.experts_per_layer)
-        if shape != want:
-            raise TraceError(f"{path}: {shape[0]} MoE layers x {shape[1]} experts, expected "
-                             f"the model's {want[0]} x {want[1]}")
-    return import_counts(path, out_dir, top_k=top_k, tag=request.tag, tokens=request.tokens,
-                         decoder_layers=None if request.identity is None
-                         else request.identity.moe_layers)
+        if counts.shape != want:
+            raise TraceError(f"{path}: {counts.shape[0]} MoE layers x {counts.shape[1]} "
+                             f"experts, expected the model's {want[0]} x {want[1]}")
+    return write_counts(counts, out_dir, top_k=top_k,
+                        tag=request.tag if request.tag is not None else path.stem,
+                        tokens=request.tokens, sources=[path],
+                        decoder_layers=None if request.identity is None
+                        else request.identity.moe_layers)
 
 
 def resolve_top_k(request: ImportRequest, path: Path, found: int | None = None) -> int:

@@ -225,7 +225,7 @@ def import_trtllm(paths: list[Path], out_dir: Path, request: ImportRequest) -> P
         counts = {layer: np.bincount(_slots(mapping, layer, request.load_balancer),
                                      weights=c, minlength=num_experts).astype(np.int64)
                   for layer, c in counts.items()}
-    raw = read_raw(directory, num_ids, k) if raw_files(directory) else {}
+    raw = read_raw(directory, num_ids, k)
     top_k = resolve_top_k(request, directory, k)
     if raw and identity is not None:
         return _write_raw(raw, counts, mapping, directory, out_dir, request, notes, extra)
