@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from placed_models import build_model, decode_steps, median_ms, place, sync
+from placed_models import OVERHEAD_TARGET, build_model, place, sync, time_arms
 
 from placer.commands.bench import print_report
 from placer.runtime.counters import StagingCounters
@@ -56,7 +56,6 @@ from solvers.cache import make_policy
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "examples" / "data"
-OVERHEAD_TARGET = 1.10
 BANDWIDTH_TARGET = 0.9
 
 
@@ -146,14 +145,8 @@ def runtime_overhead(model: Path, placed: Path, size: Size, steps: int = 24) -> 
             "tables": load_staged_model(model, load_placed(placed, device=size.device),
                                         device=size.device, dtype=dtype)}
     for batch in (1, 8):
-        times: dict[str, list[float]] = {name: [] for name in arms}
-        for _ in range(3):
-            logits = {}
-            for name, m in arms.items():
-                measured, logits[name] = decode_steps(m.eval(), batch, steps)
-                times[name] += measured
-            assert torch.equal(logits["tables"], logits["plain"]), "the runtime's logits differ"
-        plain, tables = median_ms(times["plain"]), median_ms(times["tables"])
+        ms = time_arms(arms, batch, steps, 3)
+        plain, tables = ms["plain"], ms["tables"]
         print(f"B={batch}: plain {plain:.2f} ms/step, runtime (every expert resident) "
               f"{tables:.2f} ms/step = {tables / plain:.3f} x plain "
               f"[{'PASS' if tables / plain <= OVERHEAD_TARGET else 'MISS'} <= "

@@ -99,3 +99,21 @@ def sync(device: torch.device) -> None:
 
 def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
+
+
+OVERHEAD_TARGET = 1.10  # the all-resident runtime's decode step over plain transformers'
+
+
+def time_arms(models: dict[str, torch.nn.Module], batch: int, steps: int, repeats: int
+              ) -> dict[str, float]:
+    """Median decode step (ms) of each arm at `batch`, the arms interleaved `repeats` times;
+    every arm's last logits must equal the "plain" arm's."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(repeats):
+        logits = {}
+        for name, model in models.items():
+            measured, logits[name] = decode_steps(model.eval(), batch, steps)
+            times[name] += measured
+        for name in models:
+            assert torch.equal(logits[name], logits["plain"]), f"{name}'s logits differ"
+    return {name: median_ms(t) for name, t in times.items()}
