@@ -48,6 +48,18 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(im, ax=ax)
+    return write_figure(fig, out)
+
+
+def _share(counts: np.ndarray) -> np.ndarray:
+    s = counts.sum(axis=1, keepdims=True)
+    return counts / np.where(s > 0, s, 1)
+
+
+def write_figure(fig, out: Path) -> Path:
+    """`fig` laid out, as a PNG at `out` by the atomic writer (`--plot`); the figure closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     buffer = io.BytesIO()
     try:
@@ -56,8 +68,3 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
         plt.close(fig)
     write_bytes_atomic(buffer.getvalue(), Path(out), what="--plot")
     return Path(out)
-
-
-def _share(counts: np.ndarray) -> np.ndarray:
-    s = counts.sum(axis=1, keepdims=True)
-    return counts / np.where(s > 0, s, 1)

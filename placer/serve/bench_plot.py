@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 
-from placer.files import write_bytes_atomic
+from placer.predict.plots import write_figure
 
 
 def plot_bench(report: dict, out: Path) -> Path:
@@ -38,14 +37,7 @@ def plot_bench(report: dict, out: Path) -> Path:
             ax.set_title(f"concurrency {level}")
             ax.set_ylabel(ylabel)
             ax.legend()
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, dpi=90, format="png")
-    finally:
-        plt.close(fig)
-    write_bytes_atomic(buffer.getvalue(), Path(out), what="--plot")
-    return Path(out)
+    return write_figure(fig, out)
 
 
 def labels(paths: list[str]) -> list[str]:
