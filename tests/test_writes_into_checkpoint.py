@@ -211,19 +211,3 @@ def test_sigterm_to_collect_leaves_no_temporary_file(pipe: Pipeline, tmp_path: P
         signal.signal(signal.SIGTERM, previous)
     assert_one_line_error(result, "interrupted by SIGTERM")
     assert os.listdir(tmp_path) == []
-
-
-def test_traces_import_writes_neither_into_nor_around_what_it_imports(pipe: Pipeline,
-                                                                      tmp_path: Path) -> None:
-    """The imported files are inputs like the checkpoint: --out inside an imported directory,
-    or a directory holding an imported file, is refused in one line and nothing is written."""
-    source = tmp_path / "in"
-    source.mkdir()
-    npz = routing_npz(pipe, source / "r.npz")
-    for files, out, said in (([source], source / "sub", "is inside the imported"),
-                             ([npz], tmp_path / "in", "holds the imported")):
-        before = tree(tmp_path)
-        result = invoke("traces", "import", *files, "--format", "npz", "--model", pipe.model,
-                        "--out", out)
-        assert_one_line_error(result, said)
-        assert tree(tmp_path) == before

@@ -143,8 +143,7 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
     of their format."""
     if model is not None and config is not None:
         raise PlacerError("give --model or --config, not both")
-    check_apart(out, [("the checkpoint", model), ("the config", config),
-                      *(("the imported", source) for source in sources)], directory=True)
+    check_apart(out, [("the checkpoint", model), ("the config", config)], directory=True)
     inventory = (read_inventory(model) if model is not None
                  else estimate_inventory(config) if config is not None else None)
     request = ImportRequest(identity=None if inventory is None else model_identity(inventory),
