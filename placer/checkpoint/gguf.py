@@ -50,11 +50,6 @@ SHARED_TENSOR = re.compile(r"^blk\.\d+\.(?:" + "|".join(_SHARED_NAMES) + r")\.")
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
-def is_gguf_path(path: Path) -> bool:
-    """Whether `path` names a GGUF model file (by its suffix: a checkpoint is a directory)."""
-    return Path(path).suffix.lower() == ".gguf"
-
-
 def read_gguf_inventory(path: Path) -> Inventory:
     """The inventory of the GGUF model at `path` (the first part of a split model reads all
     of its parts)."""

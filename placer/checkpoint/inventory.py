@@ -21,7 +21,6 @@ from pathlib import Path
 
 from placer.checkpoint.config import config_moe_layers, moe_shape, read_config
 from placer.checkpoint.experts import DenseTensor, Inventory, SourceFile, TensorRange, assemble
-from placer.checkpoint.gguf import is_gguf_path, read_gguf_inventory
 from placer.checkpoint.header import FileHeader, TensorHeader, read_header
 from placer.errors import PlacerError
 from placer.files import plain_file_name
@@ -33,11 +32,18 @@ PER_EXPERT = re.compile(_LAYER + r"(?P<expert>\d+)\.(?P<rest>.+)$")
 FUSED = re.compile(_LAYER + r"(?P<rest>[A-Za-z_][\w.]*)$")
 
 
-def read_inventory(checkpoint: Path) -> Inventory:
+def read_inventory(checkpoint: Path, *, gguf: bool = True) -> Inventory:
     """The inventory of the checkpoint directory `checkpoint`, or of the GGUF model file
-    `checkpoint` (a `.gguf` path: its first part where it is split), from headers only."""
+    `checkpoint` (a `.gguf` path: its first part where it is split), from headers only.
+    `gguf` False refuses a GGUF file (what reads safetensors bytes: emit, verify, run)."""
     checkpoint = Path(checkpoint)
-    if is_gguf_path(checkpoint):
+    if checkpoint.suffix.lower() == ".gguf":
+        if not gguf:
+            raise PlacerError(f"{checkpoint} is a GGUF model: this command reads a checkpoint "
+                              "directory (config.json + *.safetensors); a GGUF model is "
+                              "planned for llama.cpp (placer solve, placer export llamacpp)")
+        from placer.checkpoint.gguf import read_gguf_inventory  # only a GGUF loads gguf
+
         return read_gguf_inventory(checkpoint)
     if checkpoint.exists() and not checkpoint.is_dir():
         raise PlacerError(f"{checkpoint} is not a directory (a checkpoint directory holds "
