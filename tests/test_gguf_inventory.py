@@ -142,13 +142,20 @@ def test_not_a_moe_and_wrong_expert_counts_are_one_line(cli, tmp_path: Path) -> 
 
 
 def test_solve_and_import_take_a_gguf(cli, tmp_path: Path) -> None:
-    """`solve --model m.gguf` plans from the GGUF's sizes; emit refuses a GGUF in one line."""
+    """`traces import --model m.gguf` checks counts against the GGUF's shape, `solve --model
+    m.gguf` plans from its sizes; emit refuses a GGUF in one line."""
     path = tmp_path / "m.gguf"
     write_moe_gguf(path)
     inv = read_inventory(path)
+    np.save(tmp_path / "wrong.npy", np.ones((3, 4), np.int64))
+    assert_one_line_error(cli("traces", "import", tmp_path / "wrong.npy", "--format", "counts",
+                              "--model", path, "--out", tmp_path / "w", ok=False), "wrong.npy")
+    np.save(tmp_path / "counts.npy", np.array([[30, 10, 12, 8], [5, 25, 20, 10]]))
+    cli("traces", "import", tmp_path / "counts.npy", "--format", "counts", "--model", path,
+        "--out", tmp_path / "counts")
     per = int(inv.expert_bytes()[0, 0])
     cli("solve", "--hardware", "1x-rtx4090", "--model", path, "--out", tmp_path / "plan.json",
-        "--budget", str(5 * per), "--solver", "layer", "--cache", "0", "--json")
+        "--budget", str(5 * per), "--traces", tmp_path / "counts", "--cache", "0", "--json")
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["model"]["fingerprint"] == inv.fingerprint
     assert_one_line_error(cli("emit", "--plan", tmp_path / "plan.json", "--model", path, "--out",

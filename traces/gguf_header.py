@@ -142,15 +142,16 @@ class _Cursor:
     def scalar(self, fmt: str, size: int, what: str) -> object:
         return struct.unpack("<" + fmt, self.take(size, what))[0]
 
-    def length(self, what: str) -> int:
-        n = self.scalar("Q", 8, what)
+    def length(self, what: str, unit: str = "bytes") -> int:
+        """A string's or array's uint64 length, at most llama.cpp's 2**30."""
+        n = self.scalar("Q", 8, f"{what}: its length")
         if n > MAX_LENGTH:
-            raise self.error(f"{self.path}: {what} is {n} long, more than the 2**30 that "
-                             "llama.cpp reads")
+            raise self.error(f"{self.path}: {what} claims {n} {unit}, more than the 2**30 "
+                             "that llama.cpp reads")
         return n
 
     def string(self, what: str, *, keep: int = KEEP_STRING) -> str | Skipped:
-        n = self.length(f"{what} (its length)")
+        n = self.length(what)
         self.need(n, what)
         if n > keep:
             self.skip(n, what)
@@ -241,7 +242,7 @@ def _value(cur: _Cursor, key: str) -> object:
     if element == GGUFValueType.ARRAY:
         raise cur.error(f"{cur.path}: {what} is an array of arrays; llama.cpp reads no nested "
                         "arrays")
-    count = cur.length(f"{what} (array of {element.name})")
+    count = cur.length(what, f"{element.name} elements")
     if element == GGUFValueType.STRING:
         return _string_array(cur, what, count)
     fmt, size = _SCALARS[element]
