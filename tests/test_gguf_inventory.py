@@ -221,3 +221,36 @@ def test_a_tiny_model_as_safetensors_and_gguf_is_one_moe_model(tmp_path: Path,
             got = b"".join(file_bytes(tmp_path / r.file, r.offset, r.length)
                            for r in gg.expert(layer, e).tensors)
             assert got == want
+
+
+@pytest.mark.parametrize("dtype", ["q4_k", "q6_k", "iq4_xs", "q8_0", "q2_k", "mxfp4", "f16"])
+def test_config_estimates_in_ggml_types(cli, tmp_path: Path, dtype: str) -> None:
+    """--expert-dtype with a ggml type: each expert is gate, up (moe_intermediate rows of
+    hidden) and down (hidden rows of moe_intermediate) in whole blocks of the type."""
+    hidden, inter = 512, 256
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": hidden,
+        "moe_intermediate_size": inter, "intermediate_size": 1024, "num_experts": 8,
+        "num_experts_per_tok": 2, "vocab_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 128}))
+    d = json.loads(cli("inspect", "--config", config, "--expert-dtype", dtype, "--json").stdout)
+    block, size = GGML_QUANT_SIZES[T[dtype.upper()]]
+    per = 2 * inter * (hidden // block) * size + hidden * (inter // block) * size
+    assert d["bytes_per_expert"] == {"min": per, "max": per}
+    assert d["estimated"]
+    bf16 = json.loads(cli("inspect", "--config", config, "--json").stdout)
+    assert bf16["dense_bytes"] == d["dense_bytes"]  # --expert-dtype leaves dense tensors
+
+
+def test_config_estimate_refuses_rows_that_are_not_whole_blocks(cli, tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "qwen3_moe", "num_hidden_layers": 1, "hidden_size": 512,
+        "moe_intermediate_size": 1408, "num_experts": 4, "num_experts_per_tok": 2,
+        "vocab_size": 64, "num_attention_heads": 4}))
+    assert_one_line_error(cli("inspect", "--config", config, "--expert-dtype", "q4_k",
+                              ok=False), "q4_k stores rows in blocks of 256 elements",
+                          "down_proj has rows of 1408")
+    assert_one_line_error(cli("inspect", "--config", config, "--expert-dtype", "q4_z",
+                              ok=False), "unknown dtype 'q4_z'", "iq4_xs")
