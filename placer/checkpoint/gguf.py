@@ -33,7 +33,15 @@ from pathlib import Path
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
 
 from placer.checkpoint.config import MAX_COUNT
-from placer.checkpoint.experts import DenseTensor, Inventory, SourceFile, TensorRange, assemble
+from placer.checkpoint.experts import (
+    DenseTensor,
+    ExpertRanges,
+    Inventory,
+    SourceFile,
+    TensorRange,
+    assemble,
+    sort_tensors,
+)
 from placer.errors import PlacerError
 from traces.gguf_header import GGUFHeader, Skipped, TensorInfo, read_gguf_header
 
@@ -65,20 +73,10 @@ def read_gguf_inventory(path: Path) -> Inventory:
     if top_k > num_experts:
         raise PlacerError(f"{path}: {arch}.expert_used_count {top_k} is more than "
                           f"{arch}.expert_count {num_experts}")
-    experts: dict[tuple[int, int], list[TensorRange]] = {}
-    dense: list[DenseTensor] = []
-    for part in parts:
-        for t in part.tensors:
-            ranges = _expert_ranges(part.path, t, num_experts, num_layers)
-            if ranges is None:
-                dense.append(DenseTensor(t.name, part.path.name, t.offset, t.nbytes,
-                                         t.type_name, t.shape))
-            for key, r in ranges or ():
-                experts.setdefault(key, []).append(r)
-    moe_layers = tuple(sorted({layer for layer, _ in experts}))
-    if not moe_layers:
-        raise PlacerError(f"not an MoE model: no routed expert tensors (blk.N.ffn_*_exps) in "
-                          f"{path}")
+    moe_layers, experts, dense = sort_tensors(
+        ((DenseTensor(t.name, part.path.name, t.offset, t.nbytes, t.type_name, t.shape),
+          _expert_ranges(part.path, t, num_experts, num_layers))
+         for part in parts for t in part.tensors), f"{path} (blk.N.ffn_*_exps)")
     shared_key = Keys.LLM.EXPERT_SHARED_COUNT.format(arch=arch)
     shared = (_count(path, fields, shared_key, low=0) if shared_key in fields
               else int(any(SHARED_TENSOR.match(d.name) for d in dense)))
@@ -130,7 +128,7 @@ def read_parts(path: Path) -> list[GGUFHeader]:
 
 
 def _expert_ranges(file: Path, t: TensorInfo, num_experts: int, num_layers: int
-                   ) -> list[tuple[tuple[int, int], TensorRange]] | None:
+                   ) -> ExpertRanges | None:
     """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
     m = EXPERT_TENSOR.match(t.name)
     if m is None:
