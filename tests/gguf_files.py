@@ -36,7 +36,8 @@ def write_moe_gguf(path: Path, *, arch: str = "qwen3moe", layers: int = 2, exper
                        GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K,
                        GGMLQuantizationType.Q8_0),
                    dense_layers: tuple[int, ...] = (), shared: bool = False,
-                   biases: bool = False, split_max_tensors: int = 0, seed: int = 0,
+                   biases: bool = False, nextn: int = 0, split_max_tensors: int = 0,
+                   seed: int = 0,
                    ) -> dict[str, np.ndarray]:
     """A tiny MoE GGUF at `path`: gate, up, down experts in `types` (one per projection),
     dense attention/norm/router tensors; {tensor name: its bytes as written}."""
@@ -49,6 +50,8 @@ def write_moe_gguf(path: Path, *, arch: str = "qwen3moe", layers: int = 2, exper
     writer.add_expert_feed_forward_length(ff)
     if shared:
         writer.add_expert_shared_count(1)
+    if nextn:
+        writer.add_nextn_predict_layers(nextn)  # the last `nextn` of `layers` blocks are MTP
     writer.add_token_list([f"tok{i}" for i in range(5000)])  # skipped, not decoded
     F32 = GGMLQuantizationType.F32
     data = {"token_embd.weight": add_tensor(writer, "token_embd.weight", (64, hidden),

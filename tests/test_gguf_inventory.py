@@ -88,6 +88,17 @@ def test_biases_and_shared_experts(cli, tmp_path: Path) -> None:
     assert d["dense_bytes"] == sum(a.nbytes for n, a in data.items() if "_exps." not in n)
 
 
+def test_mtp_blocks_are_left_out(tmp_path: Path) -> None:
+    """The last nextn_predict_layers blocks (multi-token prediction), which llama.cpp does not
+    load by default, are not layers of the model: neither experts nor dense bytes."""
+    path = tmp_path / "m.gguf"
+    data = write_moe_gguf(path, layers=3, nextn=1)
+    inv = read_inventory(path)
+    assert (inv.num_layers, inv.moe_layers) == (2, (0, 1))
+    assert inv.dense_bytes == sum(a.nbytes for n, a in data.items()
+                                  if "_exps." not in n and not n.startswith("blk.2."))
+
+
 def test_split_files_read_as_one_model(cli, tmp_path: Path) -> None:
     """gguf's split writer (llama-gguf-split's layout): the first part reads every part,
     the fingerprint is the whole file's; a missing part and a later part are refused."""

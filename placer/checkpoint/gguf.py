@@ -15,7 +15,11 @@ MODEL_TENSOR / TENSOR_NAMES, Keys.LLM, Keys.Split) spells them:
 - shared experts (`ffn_*_shexp`), chunk experts (`ffn_*_chexps`), routers and the rest are
   dense;
 - `general.architecture` names the architecture; `<arch>.block_count`, `<arch>.expert_count`,
-  `<arch>.expert_used_count` (top-k), `<arch>.expert_shared_count` give the shape;
+  `<arch>.expert_used_count` (top-k), `<arch>.expert_shared_count` give the shape; the last
+  `<arch>.nextn_predict_layers` blocks are multi-token-prediction blocks that llama.cpp does
+  not load unless asked (TENSOR_SKIP, `src/models/glm4-moe.cpp`, `deepseek2.cpp`): they are
+  left out, so the model's layers are the trunk's, as a trace recorded through llama.cpp
+  sees them;
 - split files (`llama-gguf-split`): `split.no`, `split.count`, `split.tensors.count` in every
   part, named `PREFIX-%05d-of-%05d.gguf` (`llama_split_path`, `src/llama.cpp`); the first part
   holds the metadata; tensor offsets are per part.
@@ -45,16 +49,17 @@ from placer.checkpoint.experts import (
 from placer.errors import PlacerError
 from traces.gguf_header import GGUFHeader, Skipped, TensorInfo, read_gguf_header
 
-_BLOCK = "blk.{bid}."
+_PREFIX = "blk.{bid}."
 # Routed expert tensors (fused, the expert outermost), named as gguf-py names them.
-_EXPERT_NAMES = [TENSOR_NAMES[t].removeprefix(_BLOCK) for t in (
+_EXPERT_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP, MODEL_TENSOR.FFN_DOWN_EXP,
     MODEL_TENSOR.FFN_GATE_UP_EXP)]
-_SHARED_NAMES = [TENSOR_NAMES[t].removeprefix(_BLOCK) for t in (
+_SHARED_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP, MODEL_TENSOR.FFN_DOWN_SHEXP)]
 EXPERT_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<base>" + "|".join(_EXPERT_NAMES)
                            + r")\.(?P<suffix>[A-Za-z_]+)$")
 SHARED_TENSOR = re.compile(r"^blk\.\d+\.(?:" + "|".join(_SHARED_NAMES) + r")\.")
+BLOCK = re.compile(r"^blk\.(\d+)\.")
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -65,7 +70,11 @@ def read_gguf_inventory(path: Path) -> Inventory:
     parts = read_parts(path)
     fields = parts[0].fields
     arch = _string(path, fields, Keys.General.ARCHITECTURE)
-    num_layers = _count(path, fields, Keys.LLM.BLOCK_COUNT.format(arch=arch))
+    blocks = _count(path, fields, Keys.LLM.BLOCK_COUNT.format(arch=arch))
+    nextn_key = Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)
+    num_layers = blocks - (_count(path, fields, nextn_key, low=0) if nextn_key in fields else 0)
+    if num_layers < 1:
+        raise PlacerError(f"{path}: {nextn_key} leaves no layer of the {blocks} blocks")
     if fields.get(Keys.LLM.EXPERT_COUNT.format(arch=arch)) in (None, 0):
         raise PlacerError(f"not an MoE model: {path} has no {arch}.expert_count")
     num_experts = _count(path, fields, Keys.LLM.EXPERT_COUNT.format(arch=arch))
@@ -76,7 +85,8 @@ def read_gguf_inventory(path: Path) -> Inventory:
     moe_layers, experts, dense = sort_tensors(
         ((DenseTensor(t.name, part.path.name, t.offset, t.nbytes, t.type_name, t.shape),
           _expert_ranges(part.path, t, num_experts, num_layers))
-         for part in parts for t in part.tensors), f"{path} (blk.N.ffn_*_exps)")
+         for part in parts for t in part.tensors if _trunk(t.name, num_layers)),
+        f"{path} (blk.N.ffn_*_exps)")
     shared_key = Keys.LLM.EXPERT_SHARED_COUNT.format(arch=arch)
     shared = (_count(path, fields, shared_key, low=0) if shared_key in fields
               else int(any(SHARED_TENSOR.match(d.name) for d in dense)))
@@ -127,6 +137,13 @@ def read_parts(path: Path) -> list[GGUFHeader]:
     return parts
 
 
+def _trunk(name: str, num_layers: int) -> bool:
+    """Whether tensor `name` is loaded for decoding: not a block past the trunk's layers (an
+    MTP / nextn block, which llama.cpp skips unless asked to load it)."""
+    block = BLOCK.match(name)
+    return block is None or int(block[1]) < num_layers
+
+
 def _expert_ranges(file: Path, t: TensorInfo, num_experts: int, num_layers: int
                    ) -> ExpertRanges | None:
     """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
@@ -135,8 +152,8 @@ def _expert_ranges(file: Path, t: TensorInfo, num_experts: int, num_layers: int
         return None
     layer = int(m["layer"])
     if layer >= num_layers:
-        raise PlacerError(f"{file}: tensor {t.name!r} is in block {layer} but block_count is "
-                          f"{num_layers}")
+        raise PlacerError(f"{file}: tensor {t.name!r} is in block {layer} but the model has "
+                          f"{num_layers} layers")
     if len(t.ne) < 2 or t.ne[-1] != num_experts:
         raise PlacerError(f"{file}: expert tensor {t.name!r} has ggml ne {list(t.ne)}, "
                           f"expected the outermost (last) to be expert_count {num_experts}")
