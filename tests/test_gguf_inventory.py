@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_errors import assert_one_line_error
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf_files import PROJECTIONS, row_bytes, write_moe_gguf
 from safetensors.numpy import load_file
 
@@ -265,3 +265,42 @@ def test_config_estimate_refuses_rows_that_are_not_whole_blocks(cli, tmp_path: P
                           "down_proj has rows of 1408")
     assert_one_line_error(cli("inspect", "--config", config, "--expert-dtype", "q4_z",
                               ok=False), "unknown dtype 'q4_z'", "iq4_xs")
+
+
+
+def gguf_with(path: Path, keys: dict[str, object], tensors: dict[str, np.ndarray]) -> Path:
+    """A GGUF of arch qwen3moe holding `keys` (typed as GGUFWriter types Python values) and
+    F32 `tensors`."""
+    writer = GGUFWriter(path, "qwen3moe")
+    for key, value in keys.items():
+        writer.add_key_value(key, value, GGUFValueType.get_type(value))
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                 writer.write_tensors_to_file, writer.close):
+        step()
+    return path
+
+
+GOOD = {"qwen3moe.block_count": 1, "qwen3moe.expert_count": 4,
+        "qwen3moe.expert_used_count": 2}
+EXPERTS = {"blk.0.ffn_gate_exps.weight": np.zeros((4, 8, 32), np.float32)}
+
+
+@pytest.mark.parametrize(("keys", "tensors", "needle"), [
+    ({**GOOD, "qwen3moe.expert_count": "4"}, EXPERTS,
+     "qwen3moe.expert_count is '4', expected an integer in [1, 32767]"),
+    ({**GOOD, "qwen3moe.block_count": 10**6}, EXPERTS, "qwen3moe.block_count is 1000000"),
+    ({**GOOD, "qwen3moe.expert_count": 3}, EXPERTS,
+     "expert tensor 'blk.0.ffn_gate_exps.weight' has ggml ne [32, 8, 4], expected the "
+     "outermost (last) to be expert_count 3"),
+    (GOOD, {"blk.0.ffn_gate_exps.weight": np.zeros((4,), np.float32)}, "has ggml ne [4]"),
+    (GOOD, {"blk.3.ffn_gate_exps.weight": np.zeros((4, 8, 32), np.float32)},
+     "is in block 3 but block_count is 1"),
+    ({**GOOD, "split.count": 2, "split.no": 0}, EXPERTS, "but its name is not"),
+    ({**GOOD, "qwen3moe.nextn_predict_layers": 1}, EXPERTS, "leaves no layer of the 1"),
+], ids=["count-type", "blocks", "experts", "1-d", "block", "split-name", "nextn"])
+def test_metadata_that_contradicts_the_tensors_is_one_line(cli, tmp_path: Path, keys: dict,
+                                                            tensors: dict, needle: str) -> None:
+    path = gguf_with(tmp_path / "m.gguf", keys, tensors)
+    assert_one_line_error(cli("inspect", path, ok=False), str(path), needle)

@@ -84,8 +84,9 @@ def read_gguf_inventory(path: Path) -> Inventory:
                           f"{arch}.expert_count {num_experts}")
     moe_layers, experts, dense = sort_tensors(
         ((DenseTensor(t.name, part.path.name, t.offset, t.nbytes, t.type_name, t.shape),
-          _expert_ranges(part.path, t, num_experts, num_layers))
-         for part in parts for t in part.tensors if _trunk(t.name, num_layers)),
+          _expert_ranges(part.path, t, num_experts))
+         for part in parts for t in part.tensors
+         if _trunk(part.path, t.name, num_layers, blocks)),
         f"{path} (blk.N.ffn_*_exps)")
     shared_key = Keys.LLM.EXPERT_SHARED_COUNT.format(arch=arch)
     shared = (_count(path, fields, shared_key, low=0) if shared_key in fields
@@ -137,23 +138,23 @@ def read_parts(path: Path) -> list[GGUFHeader]:
     return parts
 
 
-def _trunk(name: str, num_layers: int) -> bool:
+def _trunk(file: Path, name: str, num_layers: int, blocks: int) -> bool:
     """Whether tensor `name` is loaded for decoding: not a block past the trunk's layers (an
-    MTP / nextn block, which llama.cpp skips unless asked to load it)."""
+    MTP / nextn block, which llama.cpp skips unless asked to load it); PlacerError for a block
+    past block_count."""
     block = BLOCK.match(name)
+    if block is not None and int(block[1]) >= blocks:
+        raise PlacerError(f"{file}: tensor {name!r} is in block {block[1]} but block_count is "
+                          f"{blocks}")
     return block is None or int(block[1]) < num_layers
 
 
-def _expert_ranges(file: Path, t: TensorInfo, num_experts: int, num_layers: int
-                   ) -> ExpertRanges | None:
+def _expert_ranges(file: Path, t: TensorInfo, num_experts: int) -> ExpertRanges | None:
     """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
     m = EXPERT_TENSOR.match(t.name)
     if m is None:
         return None
     layer = int(m["layer"])
-    if layer >= num_layers:
-        raise PlacerError(f"{file}: tensor {t.name!r} is in block {layer} but the model has "
-                          f"{num_layers} layers")
     if len(t.ne) < 2 or t.ne[-1] != num_experts:
         raise PlacerError(f"{file}: expert tensor {t.name!r} has ggml ne {list(t.ne)}, "
                           f"expected the outermost (last) to be expert_count {num_experts}")

@@ -55,7 +55,7 @@ def read_inventory(checkpoint: Path, *, gguf: bool = True) -> Inventory:
         return read_gguf_inventory(checkpoint)
     if checkpoint.exists() and not checkpoint.is_dir():
         raise PlacerError(f"{checkpoint} is not a directory (a checkpoint directory holds "
-                          "config.json and *.safetensors)")
+                          "config.json and *.safetensors; a GGUF model's name ends in .gguf)")
     if not checkpoint.is_dir():
         raise PlacerError(f"checkpoint directory not found: {checkpoint}")
     config = read_config(checkpoint / "config.json")
