@@ -150,7 +150,10 @@ class _Cursor:
                              "that llama.cpp reads")
         return n
 
-    def string(self, what: str, *, keep: int = KEEP_STRING) -> str | Skipped:
+    def string(self, what: str, *, keep: int = KEEP_STRING, name: bool = False
+               ) -> str | Skipped:
+        """A string of at most `keep` bytes (else Skipped). A name (a key, a tensor's) must be
+        UTF-8; a value's bytes that are not are replaced (U+FFFD), as they name nothing."""
         n = self.length(what)
         self.need(n, what)
         if n > keep:
@@ -158,7 +161,7 @@ class _Cursor:
             return Skipped("STRING", n)
         raw = self.take(n, what)
         try:
-            return raw.decode("utf-8")
+            return raw.decode("utf-8", errors="strict" if name else "replace")
         except UnicodeDecodeError:
             raise self.error(f"{self.path}: {what} is not UTF-8") from None
 
@@ -212,7 +215,7 @@ def _check_count(cur: _Cursor, n: int, cap: int, least: int, what: str) -> None:
 def _read_fields(cur: _Cursor, n_kv: int) -> dict[str, object]:
     fields: dict[str, object] = {}
     for i in range(n_kv):
-        key = cur.string(f"key #{i}")
+        key = cur.string(f"key #{i}", name=True)
         if isinstance(key, Skipped) or not key:
             raise cur.error(f"{cur.path}: key #{i} is {key.count if key else 0} bytes long; "
                             f"placer reads keys of 1 to {KEEP_STRING} bytes")
@@ -276,7 +279,7 @@ def _alignment(path: Path, fields: dict, error: type[Exception]) -> int:
 
 
 def _tensor_info(cur: _Cursor, i: int) -> tuple[str, GGMLQuantizationType, tuple, int]:
-    name = cur.string(f"tensor #{i}: its name", keep=MAX_NAME)
+    name = cur.string(f"tensor #{i}: its name", keep=MAX_NAME, name=True)
     length = name.count if isinstance(name, Skipped) else len(name.encode())
     if length >= MAX_NAME:
         raise cur.error(f"{cur.path}: tensor #{i}'s name is {length} bytes; ggml holds at "
