@@ -21,7 +21,7 @@ from gguf_files import write_moe_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.gguf_header import read_gguf_header
+from traces.gguf_header import KEEP_ARRAY, KEEP_TOTAL, read_gguf_header
 
 UINT8, UINT32, STRING, ARRAY, UINT64 = 0, 4, 8, 9, 10
 SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q",
@@ -151,6 +151,21 @@ def test_the_reader_agrees_with_gguf_on_a_real_layout(tmp_path: Path) -> None:
             assert theirs.fields[key].contents() == value, key
     assert str(mine.fields["tokenizer.ggml.tokens"]) == "<5000 x STRING>"
     assert mine.data_start == theirs.data_offset
+
+
+def test_decoded_metadata_is_bounded(tmp_path: Path) -> None:
+    """Gigabytes of metadata would be gigabytes of Python objects: past KEEP_TOTAL bytes,
+    values are counted, not decoded."""
+    items = np.arange(KEEP_ARRAY, dtype="<u8").tobytes()
+    keys = KEEP_TOTAL // (KEEP_ARRAY * 8) + 8
+    path = tmp_path / "wide.gguf"
+    path.write_bytes(header(0, keys) + b"".join(kv(f"k{i}", ARRAY, array(UINT64, KEEP_ARRAY,
+                                                                          items))
+                                                 for i in range(keys)))
+    fields = read_gguf_header(path, ValueError).fields
+    kept = [k for k, v in fields.items() if isinstance(v, list)]
+    assert len(kept) == KEEP_TOTAL // (KEEP_ARRAY * 8) and fields["k0"][-1] == KEEP_ARRAY - 1
+    assert str(fields[f"k{keys - 1}"]) == f"<{KEEP_ARRAY} x UINT64>"
 
 
 def test_a_truncated_imatrix_is_one_line(cli, tmp_path: Path) -> None:

@@ -19,8 +19,10 @@ element count < 2**63, a ggml type of the `gguf` package's GGML_QUANT_SIZES tabl
 whole number of blocks; each tensor's offset is the sum of the padded sizes of the tensors
 before it, and the data ends inside the file.
 
-Beyond llama.cpp, placer caps what it keeps (MAX_KV, MAX_TENSORS, MAX_STRING_ARRAY: far above
-any real model) so that a file of millions of tiny entries is refused in seconds too.
+Beyond llama.cpp, placer caps what it reads (MAX_KV, MAX_TENSORS, MAX_STRING_ARRAY: far above
+any real model) so that a file of millions of tiny entries is refused in seconds too, and what
+it decodes (KEEP_ARRAY, KEEP_STRING, KEEP_TOTAL: values past them are `Skipped`), so that its
+memory stays in megabytes whatever a file of gigabytes of metadata holds.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ MAX_TENSORS = 1 << 17  # real models hold a few thousand tensors
 MAX_STRING_ARRAY = 1 << 21  # elements walked per string array (vocabularies hold < 300k)
 KEEP_ARRAY = 1 << 12  # arrays up to this many elements are decoded, longer ones only counted
 KEEP_STRING = 1 << 20  # string values up to this many bytes are decoded
+KEEP_TOTAL = 1 << 24  # bytes decoded in all (strings over MAX_NAME, arrays at 8 per element)
 _CHUNK = 1 << 20
 
 # Scalar value types: (struct format, bytes).
@@ -111,6 +114,14 @@ class _Cursor:
         self.path, self.size, self.error = path, size, error
         self.pos = 0  # absolute position of buf[at]
         self.buf, self.at = b"", 0
+        self.kept = 0  # bytes decoded so far, against KEEP_TOTAL
+
+    def keep(self, n: int) -> bool:
+        """Whether `n` more bytes may be decoded (KEEP_TOTAL); if so they are counted."""
+        if self.kept + n > KEEP_TOTAL:
+            return False
+        self.kept += n
+        return True
 
     def left(self) -> int:
         return self.size - self.pos
@@ -126,6 +137,8 @@ class _Cursor:
             self.buf = self.buf[self.at:] + self.f.read(max(n, _CHUNK))
             self.at = 0
         out = self.buf[self.at:self.at + n]
+        if len(out) < n:
+            raise self.error(f"{self.path}: {what}: the file ended early (changed while read?)")
         self.at += n
         self.pos += n
         return out
@@ -152,11 +165,12 @@ class _Cursor:
 
     def string(self, what: str, *, keep: int = KEEP_STRING, name: bool = False
                ) -> str | Skipped:
-        """A string of at most `keep` bytes (else Skipped). A name (a key, a tensor's) must be
-        UTF-8; a value's bytes that are not are replaced (U+FFFD), as they name nothing."""
+        """A string of at most `keep` bytes within KEEP_TOTAL (else Skipped; names up to
+        MAX_NAME bytes cost none of it). A name (a key, a tensor's) must be UTF-8; a value's
+        bytes that are not are replaced (U+FFFD), as they name nothing."""
         n = self.length(what)
         self.need(n, what)
-        if n > keep:
+        if n > keep or (n > MAX_NAME and not self.keep(n)):
             self.skip(n, what)
             return Skipped("STRING", n)
         raw = self.take(n, what)
@@ -218,7 +232,8 @@ def _read_fields(cur: _Cursor, n_kv: int) -> dict[str, object]:
         key = cur.string(f"key #{i}", name=True)
         if isinstance(key, Skipped) or not key:
             raise cur.error(f"{cur.path}: key #{i} is {key.count if key else 0} bytes long; "
-                            f"placer reads keys of 1 to {KEEP_STRING} bytes")
+                            f"placer reads keys of 1 to {KEEP_STRING} bytes, and "
+                            f"{KEEP_TOTAL} bytes of metadata in all")
         if key in fields:
             raise cur.error(f"{cur.path}: key {key!r} appears twice")
         fields[key] = _value(cur, key)
@@ -250,7 +265,7 @@ def _value(cur: _Cursor, key: str) -> object:
         return _string_array(cur, what, count)
     fmt, size = _SCALARS[element]
     cur.need(count * size, f"{what} (array of {count} {element.name})")
-    if count > KEEP_ARRAY:
+    if count > KEEP_ARRAY or not cur.keep(count * 8):
         cur.skip(count * size, what)
         return Skipped(element.name, count)
     return np.frombuffer(cur.take(count * size, what), dtype="<" + fmt).tolist()
@@ -263,7 +278,7 @@ def _string_array(cur: _Cursor, what: str, count: int) -> list | Skipped:
         raise cur.error(f"{cur.path}: {what} is longer than the {MAX_STRING_ARRAY} strings "
                         "placer reads in one array")
     cur.need(count * 8, what)
-    if count > KEEP_ARRAY:
+    if count > KEEP_ARRAY or not cur.keep(count * 8):
         for i in range(count):
             cur.skip(cur.length(f"{what} element {i}"), f"{what} element {i}")
         return Skipped("STRING", count)
