@@ -110,6 +110,13 @@ CASES = {
     "a tensor name past GGML_MAX_NAME": (
         header(1, 0) + tensor_info("n" * 64, [4], 0, 0), "name is 64 bytes"),
     "an unknown value type": (header(0, 1) + kv("k", 77, b""), "GGUF value type 77"),
+    "an alignment of another type": (header(0, 1) + kv("general.alignment", UINT64,
+                                                       struct.pack("<Q", 32)),
+                                     "key 'general.alignment' is UINT64; gguf.cpp requires"),
+    "an alignment of 48": (header(0, 1) + kv("general.alignment", UINT32, struct.pack("<I", 48)),
+                           "general.alignment is 48, expected a power of 2"),
+    "an empty key": (header(0, 1) + kv("", UINT8, b"x"), "key #0 is empty"),
+    "a key twice": (header(0, 2) + kv("a", UINT8, b"x") * 2, "key 'a' appears twice"),
     "a key claiming terabytes": (header(0, 1) + gguf_string(b"k", 2**40), "key #0"),
     "the other byte order": (b"GGUF" + struct.pack(">I", 3) + bytes(16), "other byte order"),
 }

@@ -36,6 +36,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32  # gguf.cpp GGUF_DEFAULT_ALIGNMENT
+ALIGNMENT_KEY = "general.alignment"
 MAX_LENGTH = 1 << 30  # gguf.cpp GGUF_MAX_STRING_LENGTH and GGUF_MAX_ARRAY_ELEMENTS
 MAX_NAME = 64  # ggml.h GGML_MAX_NAME (a tensor name holds at most 63 bytes)
 MAX_DIMS = 4  # ggml.h GGML_MAX_DIMS
@@ -230,10 +231,11 @@ def _read_fields(cur: _Cursor, n_kv: int) -> dict[str, object]:
     fields: dict[str, object] = {}
     for i in range(n_kv):
         key = cur.string(f"key #{i}", name=True)
-        if isinstance(key, Skipped) or not key:
-            raise cur.error(f"{cur.path}: key #{i} is {key.count if key else 0} bytes long; "
-                            f"placer reads keys of 1 to {KEEP_STRING} bytes, and "
-                            f"{KEEP_TOTAL} bytes of metadata in all")
+        if not key:
+            raise cur.error(f"{cur.path}: key #{i} is empty")
+        if isinstance(key, Skipped):
+            raise cur.error(f"{cur.path}: key #{i} is {key.count} bytes long; placer reads "
+                            f"keys of up to {KEEP_STRING} bytes, {KEEP_TOTAL} of metadata in all")
         if key in fields:
             raise cur.error(f"{cur.path}: key {key!r} appears twice")
         fields[key] = _value(cur, key)
@@ -252,6 +254,8 @@ def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
 def _value(cur: _Cursor, key: str) -> object:
     what = f"key {key!r}"
     kind = _value_type(cur, what)
+    if key == ALIGNMENT_KEY and kind != GGUFValueType.UINT32:
+        raise cur.error(f"{cur.path}: {what} is {kind.name}; gguf.cpp requires UINT32")
     if kind == GGUFValueType.STRING:
         return cur.string(what)
     if kind != GGUFValueType.ARRAY:
@@ -286,10 +290,9 @@ def _string_array(cur: _Cursor, what: str, count: int) -> list | Skipped:
 
 
 def _alignment(path: Path, fields: dict, error: type[Exception]) -> int:
-    value = fields.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0 \
-            or value & (value - 1) or value >= 1 << 32:
-        raise error(f"{path}: general.alignment is {value!r}, expected a uint32 power of 2")
+    value = fields.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)  # a uint32: _value checked its type
+    if value <= 0 or value & (value - 1):
+        raise error(f"{path}: {ALIGNMENT_KEY} is {value}, expected a power of 2")
     return value
 
 
