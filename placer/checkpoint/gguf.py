@@ -123,11 +123,11 @@ def read_parts(path: Path) -> list[GGUFHeader]:
             if header.fields.get(key) != want:
                 raise PlacerError(f"{part}: {key} is {header.fields.get(key)!r}, expected {want}")
         parts.append(header)
-    total = _count(path, first.fields, Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, low=0)
+    total = first.fields.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
     held = sum(len(p.tensors) for p in parts)
-    if held != total:
-        raise PlacerError(f"{path}: split.tensors.count is {total} but the {count} parts hold "
-                          f"{held} tensors")
+    if total != held:
+        raise PlacerError(f"{path}: split.tensors.count is {_short(total)} but the {count} parts "
+                          f"hold {held} tensors")
     seen: dict[str, Path] = {}
     for p in parts:
         for t in p.tensors:
