@@ -227,7 +227,7 @@ def hostile_file(data: st.DataObject) -> bytes:
                for _ in range(data.draw(st.integers(0, 3)))]
     n_kv = data.draw(st.just(len(entries)) | counts)
     n_tensors = data.draw(st.just(len(tensors)) | counts)
-    version = data.draw(st.sampled_from([3, 3, 3, 2, 1, 0, 4, 3 << 24]))
+    version = data.draw(st.sampled_from([3] * 12 + [2, 1, 0, 4, 3 << 24]))  # mostly past it
     tail = data.draw(st.binary(max_size=64))
     return header(n_tensors, n_kv, version) + b"".join(entries) + b"".join(tensors) + tail
 
