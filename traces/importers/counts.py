@@ -24,22 +24,31 @@ from traces.importers.npfiles import load_npy
 from traces.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, counts_schema
 
 
-def read_count_matrix(path: Path) -> np.ndarray:
-    """[L, E] int64 from a `.npy` or `.csv` file of non-negative integer counts."""
+def read_count_matrix(path: Path, want: tuple[int, int] | None = None) -> np.ndarray:
+    """[L, E] int64 from a `.npy` or `.csv` file of non-negative integer counts; `want`: the
+    model's (MoE layers, experts), checked against a `.npy` header before its data is read."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"count matrix not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        raw = load_npy(path)
+        raw = load_npy(path, lambda headers: _check_shape(path, headers["expert_ids"].shape,
+                                                          want))
     elif suffix == ".csv":
         raw = _read_csv(path)
     else:
         raise TraceError(f"{path}: unknown count format {suffix!r} (use .npy or .csv)")
-    if raw.ndim != 2 or 0 in raw.shape:
-        raise TraceError(f"{path}: expected a 2-D (MoE layers x experts) matrix, got shape "
-                         f"{raw.shape}")
+    _check_shape(path, raw.shape, want)
     return check_counts(raw, str(path))
+
+
+def _check_shape(path: Path, shape: tuple[int, ...], want: tuple[int, int] | None) -> None:
+    if len(shape) != 2 or 0 in shape:
+        raise TraceError(f"{path}: expected a 2-D (MoE layers x experts) matrix, got shape "
+                         f"{tuple(shape)}")
+    if want is not None and tuple(shape) != want:
+        raise TraceError(f"{path}: {shape[0]} MoE layers x {shape[1]} experts, expected the "
+                         f"model's {want[0]} x {want[1]}")
 
 
 def check_counts(counts: np.ndarray, where: str) -> np.ndarray:
@@ -148,12 +157,9 @@ def import_matrix(paths: list[Path], out_dir: Path, request: ImportRequest) -> P
         raise TraceError(f"give one count matrix ({len(paths)} files given)")
     path = Path(paths[0])
     top_k = resolve_top_k(request, path)
-    counts = read_count_matrix(path)
-    if request.identity is not None:
-        want = (len(request.identity.moe_layers), request.identity.experts_per_layer)
-        if counts.shape != want:
-            raise TraceError(f"{path}: {counts.shape[0]} MoE layers x {counts.shape[1]} "
-                             f"experts, expected the model's {want[0]} x {want[1]}")
+    identity = request.identity
+    counts = read_count_matrix(path, None if identity is None
+                               else (len(identity.moe_layers), identity.experts_per_layer))
     return write_counts(counts, out_dir, top_k=top_k,
                         tag=request.tag if request.tag is not None else path.stem,
                         tokens=request.tokens, sources=[path],
