@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
-from traces.jsontext import loads_json
+from traces.jsontext import jsonl_lines, loads_json
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
@@ -155,14 +155,11 @@ def _text_blocks(path: Path) -> Iterator[str]:
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = loads_json(line, f"corpus {path} line {number}")
-            if not isinstance(record, dict):
-                raise TraceError(f"corpus {path} line {number}: not a JSON object")
-            yield number, record
+    for number, line in jsonl_lines(path):
+        record = loads_json(line, f"corpus {path} line {number}")
+        if not isinstance(record, dict):
+            raise TraceError(f"corpus {path} line {number}: not a JSON object")
+        yield number, record
 
 
 def _jsonl_kind(record: dict, text_field: str) -> str | None:

@@ -48,7 +48,7 @@ from traces.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.common import UNKNOWN_TOKEN, ImportRequest, TokenRows, write_rows
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
-from traces.jsontext import MAX_DEPTH, depth, loads_json
+from traces.jsontext import MAX_DEPTH, decode_utf8, depth, loads_json
 from traces.schema import PHASES
 
 FORMAT = "trtllm"
@@ -160,10 +160,14 @@ def read_load_balancer(path: Path, num_slots: int) -> dict[int, np.ndarray]:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise TraceError(f"--load-balancer file not found: {path}") from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: bad UTF-8, 5000-digit integers
+    try:
+        data = yaml.safe_load(decode_utf8(raw, str(path)))
+    except TraceError:
+        raise
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: 5000-digit integers
         raise TraceError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:
         raise TraceError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
