@@ -70,19 +70,23 @@ def listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-def refused(worker: Worker, root: Path, source: Path, *extra: object) -> str:
+def refused(worker: Worker, root: Path, source: Path, *extra: object,
+            must_fail: bool = True) -> str | None:
     """Import `source` (inside `root`) into root/o and check the contract: exit 1, one
     `error:` line naming the source, nothing on stdout, no traceback, within TIME_BOUND, and
-    nothing written. Returns the error line."""
+    nothing written. Returns the error line (None: the import succeeded, where `must_fail`
+    is False: the hostile file was valid after all)."""
     before = listing(root)
     result = worker.run("traces", "import", source, "--out", root / "o", *extra)
     assert result["traceback"] is None, result["traceback"]
+    assert result["seconds"] < TIME_BOUND, result
+    if result["code"] == 0 and not must_fail:
+        return None
     assert result["code"] == 1, result
     lines = result["stderr"].splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result["stderr"]
     assert source.name in lines[0], lines[0]
     assert result["stdout"] == "", result["stdout"]
-    assert result["seconds"] < TIME_BOUND, result
     assert listing(root) == before
     return lines[0]
 
@@ -90,8 +94,9 @@ def refused(worker: Worker, root: Path, source: Path, *extra: object) -> str:
 # --- bytes that are not UTF-8 in a JSONL -------------------------------------------------------
 
 GOOD_LINE = json.dumps(sglang_response(np.random.default_rng(0), 3, 2)).encode() + b"\n"
-NOT_UTF8 = st.sampled_from([b"\xff", b"\xfe", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82",
-                            b"\x80", b"\xf8\x88\x80\x80\x80", b"\xc3"])
+# never UTF-8 whatever surrounds them (a lone \x80 or \xc3 may complete the noise's sequence)
+NOT_UTF8 = st.sampled_from([b"\xff", b"\xfe", b"\xc0\xaf", b"\xc1", b"\xed\xa0\x80", b"\xf5",
+                            b"\xf8\x88\x80\x80\x80"])
 
 
 @SETTINGS
@@ -292,3 +297,45 @@ def test_plain_pickles_as_pt(worker, value: object, how: str, protocol: int,
             path.write_bytes(noise)
         error = refused(worker, root, path, "--config", config)
         assert "not a readable torch.save file" in error and "PyTorch" not in error
+
+
+# --- TensorRT-LLM statistics: safetensors read by the safetensors library -------------------
+
+def rank_file() -> bytes:
+    from safetensors.numpy import save
+
+    return save({f"10_{layer}": np.arange(1, 9, dtype=np.int64) for layer in MOE_LAYERS})
+
+
+RANK = rank_file()
+
+
+@SETTINGS
+@given(fault=st.sampled_from(["length", "truncate", "flip", "header"]),
+       length=st.integers(0, 2**64 - 1), cut=st.integers(0, len(RANK) - 1),
+       flips=st.lists(st.tuples(st.integers(0, len(RANK) - 1), st.integers(1, 255)),
+                      min_size=1, max_size=4),
+       header=st.binary(max_size=200))
+def test_mutated_trtllm_rank_files(worker, fault: str, length: int, cut: int,
+                                   flips: list[tuple[int, int]], header: bytes) -> None:
+    """A rank<r>.safetensors with a lying header length, cut short, bytes flipped or a
+    random header: one line or (where the mutation left it valid) a trace."""
+    raw = bytearray(RANK)
+    if fault == "length":
+        raw[:8] = length.to_bytes(8, "little")
+    elif fault == "flip":
+        for at, mask in flips:
+            raw[at] ^= mask
+    elif fault == "header":
+        raw = bytearray(len(header).to_bytes(8, "little") + header + RANK[-24 * 8:])
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        config = write_config(root / "model")
+        stats = root / "stats"
+        stats.mkdir()
+        (stats / "meta_info.json").write_text(json.dumps({"num_experts": 8,
+                                                          "num_experts_per_token": TOP_K}))
+        (stats / "rank0.safetensors").write_bytes(bytes(raw[:cut] if fault == "truncate"
+                                                        else raw))
+        refused(worker, root, stats, "--config", config, must_fail=fault in (
+            "truncate", "header") or (fault == "length" and raw[:8] != RANK[:8]))

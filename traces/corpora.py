@@ -155,7 +155,7 @@ def _text_blocks(path: Path) -> Iterator[str]:
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    for number, line in jsonl_lines(path):
+    for number, line in jsonl_lines(path, lambda n: f"corpus {path} line {n}"):
         record = loads_json(line, f"corpus {path} line {number}")
         if not isinstance(record, dict):
             raise TraceError(f"corpus {path} line {number}: not a JSON object")

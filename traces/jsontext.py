@@ -64,13 +64,16 @@ def decode_utf8(raw: bytes, where: str, error: type[ValueError] = TraceError,
                     f"{offset + exc.start})") from None
 
 
-def jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
+def jsonl_lines(path: Path, where: Callable[[int], str] | None = None
+                ) -> Iterator[tuple[int, str]]:
     """(line number, text) of every non-blank line of the JSONL file `path`; a TraceError
-    naming the file, the line and the byte offset of the first byte that is not UTF-8."""
+    naming the line (`where(number)`, default PATH:NUMBER) and the byte offset in the file of
+    the first byte that is not UTF-8."""
     offset = 0
     with Path(path).open("rb") as lines:
         for number, raw in enumerate(lines, 1):
-            text = decode_utf8(raw, f"{path}:{number}", offset=offset)
+            name = where(number) if where is not None else f"{path}:{number}"
+            text = decode_utf8(raw, name, offset=offset)
             offset += len(raw)
             if text.strip():
                 yield number, text

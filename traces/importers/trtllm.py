@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from traces.collect import ModelIdentity
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.importers.common import UNKNOWN_TOKEN, ImportRequest, TokenRows, write_rows
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
 from traces.jsontext import MAX_DEPTH, decode_utf8, depth, loads_json
@@ -97,7 +97,8 @@ def _load(path: Path) -> dict[str, np.ndarray]:
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError) as exc:
-        raise TraceError(f"{path}: not a readable safetensors file ({exc})") from None
+        raise TraceError(f"{path}: not a readable safetensors file ({first_line(exc)})"
+                         ) from None
 
 
 def _key(path: Path, key: str) -> tuple[int, int]:
