@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.jsontext import jsonl_lines, loads_json
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -210,8 +211,9 @@ def _jsonl_document(record: dict, kind: str, text_field: str, where: str = "corp
 def _parquet_count(path: Path, text_field: str) -> int:
     try:
         schema = pq.read_schema(path)
-    except OSError as exc:
-        raise TraceError(f"corpus {path}: not a readable Parquet file ({exc})") from None
+    except (OSError, pa.ArrowException) as exc:  # ArrowInvalid: a file cut short, garbage
+        raise TraceError(f"corpus {path}: not a readable Parquet file ({first_line(exc)})"
+                         ) from None
     if text_field not in schema.names:
         raise TraceError(f"corpus {path}: no column {text_field!r} (columns: "
                          f"{', '.join(schema.names)}); choose one with --text-field")
@@ -219,9 +221,13 @@ def _parquet_count(path: Path, text_field: str) -> int:
 
 
 def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
-    for batch in pq.ParquetFile(path).iter_batches(columns=[text_field], batch_size=4096):
-        for text in batch.column(0).to_pylist():
-            if text is not None:
-                if not isinstance(text, str):
-                    raise TraceError(f"corpus {path}: column {text_field!r} is not text")
-                yield text
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(columns=[text_field], batch_size=4096):
+            for text in batch.column(0).to_pylist():
+                if text is not None:
+                    if not isinstance(text, str):
+                        raise TraceError(f"corpus {path}: column {text_field!r} is not text")
+                    yield text
+    except (OSError, pa.ArrowException) as exc:  # a corrupt page, a bad dictionary
+        raise TraceError(f"corpus {path}: not a readable Parquet file ({first_line(exc)})"
+                         ) from None
