@@ -339,3 +339,28 @@ def test_mutated_trtllm_rank_files(worker, fault: str, length: int, cut: int,
                                                         else raw))
         refused(worker, root, stats, "--config", config, must_fail=fault in (
             "truncate", "header") or (fault == "length" and raw[:8] != RANK[:8]))
+
+
+class Unlisted:
+    """A class torch.load(weights_only=True) does not allow."""
+
+
+@pytest.mark.parametrize("how", ["an unlisted global", "a member claiming gigabytes"])
+def test_torch_zips_that_torch_would_refuse_or_inflate(worker, tmp_path: Path,
+                                                       how: str) -> None:
+    """A torch.save zip whose pickle names a global torch refuses gets our words, not torch's
+    multi-line text; one whose member claims gigabytes is refused before torch allocates it."""
+    config = write_config(tmp_path / "model")
+    path = tmp_path / "d.pt"
+    if how == "an unlisted global":
+        torch.save({"logical_count": torch.zeros(2, 3), "x": Unlisted()}, path)
+        needle = "its pickle builds objects other than tensors and plain containers"
+    else:
+        torch.save({"logical_count": torch.zeros(2, 3)}, path)
+        with zipfile.ZipFile(path) as zf:
+            members = [(i.filename, zf.read(i), len(zf.read(i))) for i in zf.infolist()]
+        members[-1] = (*members[-1][:2], 3 << 30)
+        path.write_bytes(forged_npz(members, zipfile.ZIP_STORED))
+        needle = "refused before inflating it"
+    error = refused(worker, tmp_path, path, "--config", config)
+    assert needle in error and "PyTorch" not in error, error
