@@ -9,6 +9,7 @@ It has no fingerprint: `traces.dataset.check_shape` guards its use with a model.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from pathlib import Path
@@ -18,9 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.corpora import check_tag
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.importers.common import ImportRequest, check_empty, sources_sha256
 from traces.importers.npfiles import load_npy
+from traces.jsontext import decode_utf8
 from traces.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, counts_schema
 
 
@@ -69,11 +71,12 @@ def check_counts(counts: np.ndarray, where: str) -> np.ndarray:
 
 
 def _read_csv(path: Path) -> np.ndarray:
+    text = decode_utf8(path.read_bytes(), str(path))  # a count matrix: a few KB
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = [r for r in csv.reader(f) if any(cell.strip() for cell in r)]
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise TraceError(f"{path}: not a UTF-8 CSV file ({exc})") from None
+        rows = [r for r in csv.reader(io.StringIO(text, newline=""))
+                if any(cell.strip() for cell in r)]
+    except csv.Error as exc:
+        raise TraceError(f"{path}: not a CSV file ({first_line(exc)})") from None
     if rows and not _numeric(rows[0]):
         rows = rows[1:]
     if not rows or len({len(r) for r in rows}) != 1:

@@ -169,7 +169,7 @@ def read_load_balancer(path: Path, num_slots: int) -> dict[int, np.ndarray]:
     except TraceError:
         raise
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: 5000-digit integers
-        raise TraceError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise TraceError(f"{path}: not valid YAML ({first_line(exc)})") from None
     except RecursionError:
         raise TraceError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
     if depth(data) > MAX_DEPTH:
