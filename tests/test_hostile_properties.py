@@ -118,7 +118,8 @@ def test_bytes_that_are_not_utf8_in_a_jsonl(worker, before: int, noise: bytes, a
             line.decode("utf-8")
         except UnicodeDecodeError as exc:
             offset, byte = len(GOOD_LINE) * before + exc.start, line[exc.start]
-        error = refused(worker, root, path, "--config", config)
+        # --format: noise starting b"GGUF" is taken for an imatrix (detection by magic)
+        error = refused(worker, root, path, "--format", "sglang-http", "--config", config)
         assert error == (f"error: {path}:{before + 1}: not UTF-8 text (byte 0x{byte:02x} at "
                          f"byte offset {offset})"), error
 
