@@ -384,6 +384,11 @@ def test_bad_inputs_give_one_line_and_exit_1(tmp_path, trace_models, placer_run,
     wrong_field.write_text('{"body": "hello"}\n')
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "a"}\nnot json\n')
+    cut = tmp_path / "cut.parquet"
+    pq.write_table(pa.table({"text": ["hello world"] * 300}), cut, row_group_size=50)
+    cut.write_bytes(cut.read_bytes()[:-20])
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"text": "a"}\n{"text": "caf\xe9"}\n')
     dense = tmp_path / "dense"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps({"model_type": "llama",
@@ -400,6 +405,8 @@ def test_bad_inputs_give_one_line_and_exit_1(tmp_path, trace_models, placer_run,
         (["--corpus", wrong_field], model, "no field 'text'"),
         (["--corpus", wrong_field, "--text-field", "nope"], model, "no field 'nope'"),
         (["--corpus", bad_json], model, "line 2: not valid JSON"),
+        (["--corpus", cut], model, "cut.parquet: not a readable Parquet file (Parquet magic"),
+        (["--corpus", latin], model, "line 2: not UTF-8 text (byte 0xe9 at byte offset 27)"),
         (["--corpus", tmp_path / "p.csv"], model, "corpus not found"),
         (["--corpus", corpus], dense, "not an MoE model"),
         (["--corpus", corpus], tmp_path / "nowhere", "not found"),

@@ -169,7 +169,8 @@ def test_spec_file_not_utf8(cli, tmp_path: Path) -> None:
     path.write_bytes(BOX.encode().replace(b'"box"', b'"b\xffx"'))
     result = cli("hardware", "show", path, ok=False)
     assert result.exit_code == 1
-    assert result.stderr == f"error: hardware spec {path}: not UTF-8 text (byte 9)\n"
+    assert result.stderr == (f"error: hardware spec {path}: not UTF-8 text (byte 0xff at byte "
+                             "offset 9)\n")
 
 
 def test_host_table(cli, tmp_path: Path) -> None:

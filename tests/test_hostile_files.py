@@ -84,7 +84,7 @@ def test_broken_array_files_are_one_line(cli, config: Path, tmp_path: Path) -> N
     (tmp_path / "latin1.csv").write_bytes(b"1,2,3,4\n\xff\xfe,1,1,1\n")
     cases = [("corrupt.npz", ["--config", config], "not a readable .npz file"),
              ("zip.npy", ["--top-k", 2], "not a .npy array (no NumPy header)"),
-             ("latin1.csv", ["--top-k", 2], "not a UTF-8 CSV file")]
+             ("latin1.csv", ["--top-k", 2], "not UTF-8 text (byte 0xff at byte offset 8)")]
     for name, extra, needle in cases:
         assert_one_line_error(imported(cli, tmp_path / name, tmp_path / "o", *extra),
                               str(tmp_path / name), needle)

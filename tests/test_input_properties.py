@@ -272,8 +272,9 @@ def nested(depth: int, opener: str) -> str:
 def readers(root: Path, value: str) -> list[tuple[list, Path]]:
     """(placer argv, file holding `value`) for each JSON or TOML reader placer has: a
     checkpoint's config.json and safetensors header, SGLang responses, vLLM prompt lengths,
-    TensorRT-LLM's meta_info.json, a hardware spec. An integer `value` stands where an
-    integer belongs (a data offset, a count); a nested one where any value may be."""
+    TensorRT-LLM's meta_info.json, a hardware spec, a plan, a placed manifest. An integer
+    `value` stands where an integer belongs (a data offset, a count); a nested one where any
+    value may be."""
     config = importer_config(root)
     out = []
     ckpt = checkpoint(root / "c1")
@@ -299,6 +300,11 @@ def readers(root: Path, value: str) -> list[tuple[list, Path]]:
     toml = f"cards = {value}" if value.isdigit() else f"cards = 1\nextra = {toml_value}"
     (root / "box.toml").write_text(f"name = \"x\"\n{toml}\n")
     out.append((["hardware", "show", root / "box.toml"], root / "box.toml"))
+    (root / "plan.json").write_text('{"format": ' + value + "}")
+    out.append((["export", "llamacpp", root / "plan.json"], root / "plan.json"))
+    (root / "placed").mkdir()
+    (root / "placed" / "manifest.json").write_text('{"format": ' + value + "}")
+    out.append((["verify", root / "placed", "--model", ckpt], root / "placed" / "manifest.json"))
     return out
 
 
@@ -327,3 +333,22 @@ def test_huge_integers_in_every_reader(digits: int) -> None:
             assert_clean(result, must_fail=True)
             assert path.name in result.stderr or "box.toml" in " ".join(map(str, args)), \
                 (args, result.stderr)
+
+
+def test_bytes_that_are_not_utf8_in_every_reader() -> None:
+    """A byte that is never UTF-8 at the start of each reader's text (a safetensors header:
+    after its length) is one line naming the file, the byte and its offset."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for args, path in readers(Path(tmp), "1"):
+            raw = path.read_bytes()
+            if path.suffix == ".safetensors":
+                size = struct.unpack("<Q", raw[:8])[0]
+                raw = struct.pack("<Q", size + 1) + b"\xff" + raw[8:]
+            else:
+                raw = b"\xff" + raw
+            path.write_bytes(raw)
+            result = invoke(*args, "--out", Path(tmp) / "o") if args[0] == "traces" \
+                else invoke(*args)
+            assert_clean(result, must_fail=True)
+            assert path.name in result.stderr and "not UTF-8 text (byte 0xff at byte offset " \
+                "0)" in result.stderr, (args, result.stderr)

@@ -126,6 +126,11 @@ COMPLETION = {"model": "tiny", "prompt": "hi"}
 BAD = [
     ("post", "/v1/completions", b"{not json", 400),
     ("post", "/v1/completions", b"[1, 2]", 400),
+    ("post", "/v1/completions", b'{"model": "tiny", "prompt": "h\xffi"}', 400),  # not UTF-8
+    ("post", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400),
+    ("post", "/v1/completions", b'{"model": "tiny", "prompt": "hi", "max_tokens": '
+     + b"9" * 5000 + b"}", 400),
+    ("post", "/v1/completions", b'{"model": "tiny", "prompt": "hi", "max_tokens": NaN}', 400),
     ("post", "/v1/completions", {"model": "tiny"}, 400),
     ("post", "/v1/completions", {**COMPLETION, "prompt": ""}, 400),
     ("post", "/v1/completions", {**COMPLETION, "prompt": ["a", "b"]}, 400),
@@ -189,3 +194,20 @@ def test_text_stream_holds_back_an_incomplete_character_and_a_stop_prefix():
     assert stream.sent == "a\ufffdbce"
     last = TextStream(Tokenizer(), ["cd"])
     assert last.feed([0, 1, 2], False) == "ab" and last.feed([0, 1, 2], True) == "c"
+
+
+def test_a_body_past_the_limit_is_a_413_before_it_is_read(client):
+    """A body past MAX_BODY is refused by its Content-Length, or, sent chunked without one,
+    as it arrives: a hostile client cannot make the server hold gigabytes."""
+    from placer.serve.app import MAX_BODY
+
+    def chunks():
+        for _ in range(64):
+            yield b" " * (1 << 20)
+
+    for kwargs in ({"content": b" " * (MAX_BODY + 1)}, {"content": chunks()}):
+        response = client.post("/v1/completions", headers={"content-type": "application/json"},
+                               **kwargs)
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["message"].startswith("the request body is")
+    assert client.post("/v1/completions", json=COMPLETION).status_code == 200

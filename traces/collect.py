@@ -30,7 +30,7 @@ import numpy as np
 
 from traces.corpora import Corpus, Document, random_corpus
 from traces.dataset import scan
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.schema import KIND_COUNTS, KIND_TOKENS, PHASES, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
 
@@ -154,8 +154,8 @@ def load_tokenizer(model_dir: Path, tokenizer: Path | None):
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise TraceError(f"cannot load the tokenizer in {path}: "
-                         f"{str(exc).strip().splitlines()[0]}") from None
+        raise TraceError(f"cannot load the tokenizer in {path}: {first_line(exc, 200)}"
+                         ) from None
     return tok
 
 
@@ -172,8 +172,8 @@ def load_model(model_dir: Path, device: str, dtype: str):
             model_dir, local_files_only=True,
             dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError, KeyError) as exc:
-        raise TraceError(f"transformers cannot load {model_dir}: "
-                         f"{str(exc).strip().splitlines()[0]}") from None
+        raise TraceError(f"transformers cannot load {model_dir}: {first_line(exc, 200)}"
+                         ) from None
     finally:
         if bars:
             hf_logging.enable_progress_bar()

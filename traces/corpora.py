@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import TraceError
-from traces.jsontext import loads_json
+from traces.errors import TraceError, first_line
+from traces.jsontext import jsonl_lines, loads_json
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
@@ -155,14 +156,11 @@ def _text_blocks(path: Path) -> Iterator[str]:
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = loads_json(line, f"corpus {path} line {number}")
-            if not isinstance(record, dict):
-                raise TraceError(f"corpus {path} line {number}: not a JSON object")
-            yield number, record
+    for number, line in jsonl_lines(path, lambda n: f"corpus {path} line {n}"):
+        record = loads_json(line, f"corpus {path} line {number}")
+        if not isinstance(record, dict):
+            raise TraceError(f"corpus {path} line {number}: not a JSON object")
+        yield number, record
 
 
 def _jsonl_kind(record: dict, text_field: str) -> str | None:
@@ -213,8 +211,9 @@ def _jsonl_document(record: dict, kind: str, text_field: str, where: str = "corp
 def _parquet_count(path: Path, text_field: str) -> int:
     try:
         schema = pq.read_schema(path)
-    except OSError as exc:
-        raise TraceError(f"corpus {path}: not a readable Parquet file ({exc})") from None
+    except (OSError, pa.ArrowException) as exc:  # ArrowInvalid: a file cut short, garbage
+        raise TraceError(f"corpus {path}: not a readable Parquet file ({first_line(exc)})"
+                         ) from None
     if text_field not in schema.names:
         raise TraceError(f"corpus {path}: no column {text_field!r} (columns: "
                          f"{', '.join(schema.names)}); choose one with --text-field")
@@ -222,9 +221,13 @@ def _parquet_count(path: Path, text_field: str) -> int:
 
 
 def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
-    for batch in pq.ParquetFile(path).iter_batches(columns=[text_field], batch_size=4096):
-        for text in batch.column(0).to_pylist():
-            if text is not None:
-                if not isinstance(text, str):
-                    raise TraceError(f"corpus {path}: column {text_field!r} is not text")
-                yield text
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(columns=[text_field], batch_size=4096):
+            for text in batch.column(0).to_pylist():
+                if text is not None:
+                    if not isinstance(text, str):
+                        raise TraceError(f"corpus {path}: column {text_field!r} is not text")
+                    yield text
+    except (OSError, pa.ArrowException) as exc:  # a corrupt page, a bad dictionary
+        raise TraceError(f"corpus {path}: not a readable Parquet file ({first_line(exc)})"
+                         ) from None

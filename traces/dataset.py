@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.schema import KIND_COUNTS, KIND_TOKENS, MAX_SELECTIONS, read_meta
 
 BATCH_ROWS = 1 << 16
@@ -96,7 +96,7 @@ def _checked_meta(path: Path) -> dict:
     except TraceError:
         raise
     except (ValueError, TypeError, AttributeError) as exc:  # JSON that is not an object
-        raise TraceError(f"{path}: unreadable 'placer' metadata ({exc})") from None
+        raise TraceError(f"{path}: unreadable 'placer' metadata ({first_line(exc)})") from None
     kind = meta.get("kind")
     for key, kind_of in META_TYPES.get(kind, {}).items():
         value = meta.get(key)
@@ -120,7 +120,7 @@ def _check_counts(path: Path, meta: dict) -> None:
         layers = table.column("layer").to_numpy()
         counts = np.array(table.column("counts").to_pylist(), dtype=np.int64)
     except (pa.ArrowException, OSError, KeyError, ValueError, TypeError) as exc:
-        raise TraceError(f"{path}: cannot read its count matrix ({exc})") from None
+        raise TraceError(f"{path}: cannot read its count matrix ({first_line(exc)})") from None
     shape = (meta["num_moe_layers"], meta["num_experts"])
     if counts.shape != shape or sorted(layers.tolist()) != list(range(shape[0])):
         raise TraceError(f"{path}: count matrix of shape {list(counts.shape)}, its metadata says "
@@ -209,7 +209,8 @@ def stream_rows(td: TraceDir, columns: list[str], phase: str | None, tags: list[
         try:
             out = {name: _column(batch.column(name), k) for name in needed}
         except (pa.ArrowException, ValueError, IndexError) as exc:
-            raise TraceError(f"{path}: cannot read its Parquet data ({exc})") from None
+            raise TraceError(f"{path}: cannot read its Parquet data ({first_line(exc)})"
+                             ) from None
         _check_values(path, td, out)
         if allowed is not None:
             keep = np.isin(out["seq_id"], allowed)
@@ -243,8 +244,8 @@ def _batches(td: TraceDir, columns: list[str], expr: ds.Expression | None
             for batch in batches:
                 yield path, batch
         except (pa.ArrowException, OSError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TraceError(f"{path}: cannot read its Parquet data ({first})") from None
+            raise TraceError(f"{path}: cannot read its Parquet data ({first_line(exc)})"
+                             ) from None
 
 
 def _check_values(path: Path, td: TraceDir, batch: dict[str, np.ndarray]) -> None:

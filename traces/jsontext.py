@@ -12,7 +12,8 @@ every reader checks its numbers' types and ranges and names the field that holds
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from traces.errors import TraceError
 
@@ -37,19 +38,45 @@ def loads_json(data: str | bytes, where: str, error: type[ValueError] = TraceErr
     JSON, not UTF-8, nested deeper than MAX_DEPTH, or holds an integer of more than
     MAX_INT_DIGITS digits. Exceptions of `object_pairs_hook` other than ValueError pass
     through."""
+    if isinstance(data, bytes | bytearray):
+        data = decode_utf8(data, where, error)
     try:
         value = json.loads(data, parse_int=_int, object_pairs_hook=object_pairs_hook)
     except _Refused as exc:
         raise error(f"{where}: {exc}") from None
     except RecursionError:
         raise error(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
-    except UnicodeDecodeError as exc:
-        raise error(f"{where}: not valid UTF-8 JSON ({exc})") from None
     except ValueError as exc:  # JSONDecodeError
         raise error(f"{where}: not valid JSON ({exc})") from None
     if depth(value) > MAX_DEPTH:
         raise error(f"{where}: nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def decode_utf8(raw: bytes, where: str, error: type[ValueError] = TraceError,
+                offset: int = 0) -> str:
+    """`raw` as UTF-8 text; `error(f"{where}: ...")` naming the first byte that is not UTF-8
+    and its offset (`offset`: where `raw` starts in its file)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte offset "
+                    f"{offset + exc.start})") from None
+
+
+def jsonl_lines(path: Path, where: Callable[[int], str] | None = None
+                ) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every non-blank line of the JSONL file `path`; a TraceError
+    naming the line (`where(number)`, default PATH:NUMBER) and the byte offset in the file of
+    the first byte that is not UTF-8."""
+    offset = 0
+    with Path(path).open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            name = where(number) if where is not None else f"{path}:{number}"
+            text = decode_utf8(raw, name, offset=offset)
+            offset += len(raw)
+            if text.strip():
+                yield number, text
 
 
 def depth(value: object) -> int:

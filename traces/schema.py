@@ -64,7 +64,7 @@ from importlib.metadata import version
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.jsontext import loads_json
 
 SCHEMA_VERSION = 1
@@ -113,7 +113,7 @@ def read_meta(path) -> dict:
     try:
         raw = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowInvalid) as exc:
-        raise TraceError(f"{path} is not a readable Parquet file: {exc}") from exc
+        raise TraceError(f"{path} is not a readable Parquet file: {first_line(exc)}") from None
     if METADATA_KEY not in raw:
         raise TraceError(f"{path} is not a placer trace (no 'placer' metadata)")
     meta = loads_json(raw[METADATA_KEY], f"{path}: its placer metadata")

@@ -14,7 +14,7 @@ from placer.commands.common import command, model_identity, print_json
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, removed_on_failure, write_bytes_atomic
-from traces.importers import FORMATS, import_routing
+from traces.importers import FORMATS, import_routing, resolve_format
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile
 from traces.schema import PHASES, read_meta
@@ -152,6 +152,10 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                             prompt_start=prompt_start, load_balancer=load_balancer,
                             shared_experts=None if inventory is None
                             else inventory.shared_experts)
+    fmt = resolve_format(sources, fmt)  # first: a source of no known format says so
+    check_apart(out, [*(("the imported", source) for source in sources),
+                      ("--prompt-lens", prompt_lens), ("--load-balancer", load_balancer)],
+                directory=True)
     return import_routing(sources, out, request, fmt)
 
 

@@ -38,6 +38,7 @@ from placer.errors import PlacerError
 from placer.exporters.slots import home_slots
 from placer.files import Inputs, write_json_atomic
 from placer.plan.placement import Plan
+from traces.errors import first_line
 from traces.jsontext import loads_json
 
 
@@ -91,8 +92,11 @@ def read_sglang_location(path: Path) -> np.ndarray:
     try:
         data = loads_json(Path(path).read_bytes(), str(path), PlacerError)
         p2l = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
+    except PlacerError:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PlacerError(f"{path}: not an SGLang expert location file ({exc})") from None
+        raise PlacerError(f"{path}: not an SGLang expert location file ({first_line(exc)})"
+                          ) from None
     if p2l.ndim != 2:
         raise PlacerError(f"{path}: physical_to_logical_map must be [layers, physical experts]")
     return p2l

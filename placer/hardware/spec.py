@@ -62,7 +62,7 @@ from placer.errors import PlacerError
 from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
 from solvers.cpu import OFFLOAD_MIN_BATCH
-from traces.jsontext import MAX_DEPTH, depth
+from traces.jsontext import MAX_DEPTH, decode_utf8, depth
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "latency_us")
@@ -203,11 +203,9 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
             raise PlacerError(f"unknown hardware preset {str(name_or_path)!r}; presets: "
                               f"{', '.join(preset_names())} (or give a .toml path)")
         raw = PRESETS.joinpath(f"{name_or_path}.toml").read_bytes()
+    text = decode_utf8(raw, f"hardware spec {name_or_path}", PlacerError)
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise PlacerError(f"hardware spec {name_or_path}: not UTF-8 text (byte {exc.start})"
-                          ) from None
+        data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: 5000-digit integers
         raise PlacerError(f"hardware spec {name_or_path}: invalid TOML ({exc})") from None
     except RecursionError:

@@ -32,6 +32,7 @@ from placer.placed import digests
 from placer.placed.layout import stream_segments
 from placer.placed.manifest import read_manifest
 from placer.placed.stream import WRITE_BYTES, direct_io, pread_into, set_direct, sha256_file
+from traces.errors import first_line
 
 
 @dataclass
@@ -93,7 +94,8 @@ def check_files(placed: Path, manifest: dict, report: Report) -> None:
             with safe_open(path, "pt") as st:
                 missing = names.get(f["name"], set()) - set(st.keys())
         except Exception as exc:  # safetensors raises its own error types
-            report.problems.append(f"{f['name']}: not a readable safetensors file ({exc})")
+            report.problems.append(f"{f['name']}: not a readable safetensors file "
+                                   f"({first_line(exc)})")
             continue
         for name in sorted(missing):
             report.problems.append(f"{f['name']}: tensor {name} named by the manifest is absent")

@@ -69,9 +69,44 @@ class Job:
     reply: Reply
 
 
+MAX_BODY = 4 << 20  # bytes of a request body; a prompt that fits any context is far smaller
+
+
+class BodyLimit:
+    """ASGI middleware: a request body past MAX_BODY bytes is a 413 before it is all in
+    memory (the JSON parser reads a whole body), by its Content-Length or, for a chunked
+    body, as it arrives."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > MAX_BODY:
+            refusal = ApiError(413, f"the request body is {length.decode(errors='replace')} "
+                                    f"bytes; at most {MAX_BODY}")
+            await JSONResponse(refusal.body(), status_code=413)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY:  # FastAPI passes an HTTPException from reading the body on
+                raise HTTPException(413, f"the request body is past {MAX_BODY} bytes")
+            return message
+
+        await self.app(scope, counted, send)
+
+
 def build_app(served: Served) -> FastAPI:
     app = FastAPI(title="placer serve", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit)
 
     @app.get("/health")
     async def health() -> JSONResponse:

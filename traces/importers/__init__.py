@@ -100,10 +100,8 @@ def expand(sources: list[Path], fmt: str) -> list[Path]:
     return out
 
 
-def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
-                   fmt: str | None = None) -> Path:
-    """Import `sources` in format `fmt` (None: detected; every source must agree) into the
-    empty `out_dir`; returns the written file."""
+def resolve_format(sources: list[Path], fmt: str | None = None) -> str:
+    """The format of `sources`: `fmt` checked, or (None) detected, every source agreeing."""
     if not sources:
         raise TraceError("no source given")
     if fmt is None:
@@ -114,6 +112,14 @@ def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
         fmt = found.pop()
     if fmt not in FORMATS:
         raise TraceError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+def import_routing(sources: list[Path], out_dir: Path, request: ImportRequest,
+                   fmt: str | None = None) -> Path:
+    """Import `sources` in format `fmt` (None: detected; resolve_format) into the empty
+    `out_dir`; returns the written file."""
+    fmt = resolve_format(sources, fmt)
     if request.prompt_lens is not None and fmt != "vllm":
         raise TraceError(f"--prompt-lens is for the vllm format, not {fmt} (which records "
                          "its own phases)")

@@ -9,6 +9,7 @@ It has no fingerprint: `traces.dataset.check_shape` guards its use with a model.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from pathlib import Path
@@ -18,28 +19,38 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.corpora import check_tag
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.importers.common import ImportRequest, check_empty, sources_sha256
 from traces.importers.npfiles import load_npy
+from traces.jsontext import decode_utf8
 from traces.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, counts_schema
 
 
-def read_count_matrix(path: Path) -> np.ndarray:
-    """[L, E] int64 from a `.npy` or `.csv` file of non-negative integer counts."""
+def read_count_matrix(path: Path, want: tuple[int, int] | None = None) -> np.ndarray:
+    """[L, E] int64 from a `.npy` or `.csv` file of non-negative integer counts; `want`: the
+    model's (MoE layers, experts), checked against a `.npy` header before its data is read."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"count matrix not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        raw = load_npy(path)
+        raw = load_npy(path, lambda headers: _check_shape(path, headers["expert_ids"].shape,
+                                                          want))
     elif suffix == ".csv":
         raw = _read_csv(path)
     else:
         raise TraceError(f"{path}: unknown count format {suffix!r} (use .npy or .csv)")
-    if raw.ndim != 2 or 0 in raw.shape:
-        raise TraceError(f"{path}: expected a 2-D (MoE layers x experts) matrix, got shape "
-                         f"{raw.shape}")
+    _check_shape(path, raw.shape, want)
     return check_counts(raw, str(path))
+
+
+def _check_shape(path: Path, shape: tuple[int, ...], want: tuple[int, int] | None) -> None:
+    if len(shape) != 2 or 0 in shape:
+        raise TraceError(f"{path}: expected a 2-D (MoE layers x experts) matrix, got shape "
+                         f"{tuple(shape)}")
+    if want is not None and tuple(shape) != want:
+        raise TraceError(f"{path}: {shape[0]} MoE layers x {shape[1]} experts, expected the "
+                         f"model's {want[0]} x {want[1]}")
 
 
 def check_counts(counts: np.ndarray, where: str) -> np.ndarray:
@@ -60,11 +71,12 @@ def check_counts(counts: np.ndarray, where: str) -> np.ndarray:
 
 
 def _read_csv(path: Path) -> np.ndarray:
+    text = decode_utf8(path.read_bytes(), str(path))  # a count matrix: a few KB
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = [r for r in csv.reader(f) if any(cell.strip() for cell in r)]
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise TraceError(f"{path}: not a UTF-8 CSV file ({exc})") from None
+        rows = [r for r in csv.reader(io.StringIO(text, newline=""))
+                if any(cell.strip() for cell in r)]
+    except csv.Error as exc:
+        raise TraceError(f"{path}: not a CSV file ({first_line(exc)})") from None
     if rows and not _numeric(rows[0]):
         rows = rows[1:]
     if not rows or len({len(r) for r in rows}) != 1:
@@ -148,12 +160,9 @@ def import_matrix(paths: list[Path], out_dir: Path, request: ImportRequest) -> P
         raise TraceError(f"give one count matrix ({len(paths)} files given)")
     path = Path(paths[0])
     top_k = resolve_top_k(request, path)
-    counts = read_count_matrix(path)
-    if request.identity is not None:
-        want = (len(request.identity.moe_layers), request.identity.experts_per_layer)
-        if counts.shape != want:
-            raise TraceError(f"{path}: {counts.shape[0]} MoE layers x {counts.shape[1]} "
-                             f"experts, expected the model's {want[0]} x {want[1]}")
+    identity = request.identity
+    counts = read_count_matrix(path, None if identity is None
+                               else (len(identity.moe_layers), identity.experts_per_layer))
     return write_counts(counts, out_dir, top_k=top_k,
                         tag=request.tag if request.tag is not None else path.stem,
                         tokens=request.tokens, sources=[path],

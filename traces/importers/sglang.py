@@ -40,6 +40,9 @@ Saved /generate responses with routed experts (`sglang-http`) are read by
 
 from __future__ import annotations
 
+import pickle
+import warnings
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from traces.collect import ModelIdentity
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.importers.common import (
     ImportRequest,
     TokenRows,
@@ -56,6 +59,7 @@ from traces.importers.common import (
     write_rows,
 )
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
+from traces.importers.npfiles import check_inflation
 from traces.schema import PHASES
 
 STAT, PER_PASS, PER_TOKEN = "stat", "per_pass", "per_token"
@@ -93,6 +97,21 @@ class SGLangDump:
         return self.counts.shape[1]
 
 
+def check_torch_zip(path: Path) -> None:
+    """A TraceError unless `path` is a zip archive, as torch.save writes (a plain pickle or
+    torch's legacy format is not read), whose members inflate within check_inflation's bound
+    (torch.save stores them uncompressed): torch allocates each member's claimed size."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                check_inflation(info, f"{path}[{info.filename}]")
+    except zipfile.BadZipFile:
+        with path.open("rb") as fp:
+            what = "a plain pickle" if fp.read(1) == b"\x80" else "not a zip archive"
+        raise TraceError(f"{path}: not a readable torch.save file ({what}; torch.save, which "
+                         "writes SGLang's dumps, writes a zip archive)") from None
+
+
 def read_sglang_dump(path: Path) -> SGLangDump:
     """Read one SGLang expert-distribution recorder `.pt` file (format: module docstring)."""
     path = Path(path)
@@ -100,12 +119,18 @@ def read_sglang_dump(path: Path) -> SGLangDump:
         raise TraceError(f"SGLang dump not found: {path}")
     import torch  # here, not at the top: torch takes seconds to import, every CLI run would pay
 
+    check_torch_zip(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises pickle, zip and runtime errors alike
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
-        raise TraceError(f"{path}: not a readable torch.save file ({type(exc).__name__}"
-                         f"{': ' + reason if reason else ''})") from None
+        with warnings.catch_warnings():  # torch warns on stderr of pickle protocols it meets
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's own text runs to many lines: ours instead
+        raise TraceError(f"{path}: its pickle builds objects other than tensors and plain "
+                         "containers, which torch.load(weights_only=True) refuses (an SGLang "
+                         "dump holds only those)") from None
+    except Exception as exc:  # torch raises zip and runtime errors alike
+        raise TraceError(f"{path}: not a readable torch.save file ({type(exc).__name__}: "
+                         f"{first_line(exc)})") from None
     if not isinstance(data, dict):
         raise TraceError(f"{path}: expected a dict, got {type(data).__name__}")
     if "logical_count" in data:

@@ -57,7 +57,7 @@ from traces.importers.common import (
     token_ids,
     write_rows,
 )
-from traces.jsontext import loads_json
+from traces.jsontext import jsonl_lines, loads_json
 from traces.schema import PHASES
 
 HTTP_FORMAT = "sglang-http"
@@ -77,17 +77,14 @@ class RoutedRows:
 def http_responses(path: Path) -> Iterator[tuple[str, dict]]:
     """(where, response) of every response in a JSONL file: one JSON object per line, or a
     list of them (the answer to a batched /generate)."""
-    with Path(path).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            item = loads_json(line, f"{path}:{number}")
-            batch = item if isinstance(item, list) else [item]
-            for index, response in enumerate(batch):
-                where = f"{path}:{number}" + (f"[{index}]" if isinstance(item, list) else "")
-                if not isinstance(response, dict):
-                    raise TraceError(f"{where}: expected a /generate response object")
-                yield where, response
+    for number, line in jsonl_lines(path):
+        item = loads_json(line, f"{path}:{number}")
+        batch = item if isinstance(item, list) else [item]
+        for index, response in enumerate(batch):
+            where = f"{path}:{number}" + (f"[{index}]" if isinstance(item, list) else "")
+            if not isinstance(response, dict):
+                raise TraceError(f"{where}: expected a /generate response object")
+            yield where, response
 
 
 def decode_routed_experts(encoded: str, prompt_tokens: int, completion_tokens: int,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.common import (
     UNKNOWN_TOKEN,
@@ -29,24 +30,41 @@ from traces.importers.common import (
     need_identity,
     write_rows,
 )
-from traces.importers.npfiles import load_arrays
+from traces.importers.npfiles import Check, NpyHeader, load_arrays, npz_keys
 from traces.schema import PHASES
 
 FORMAT = "tokens"
 WEIGHT_KEYS = ("weights", "expert_weights")
+KEYS = ("expert_ids", "seq_lens", *WEIGHT_KEYS)  # the arrays read; others are not inflated
+
+
+def shapes_check(path: Path, identity: ModelIdentity) -> Check:
+    """What the headers of a file's arrays must say before any is read: expert_ids [tokens,
+    the model's MoE layers, its top-k], gate weights floats of the same shape."""
+    want = (len(identity.moe_layers), identity.top_k)
+
+    def check(headers: dict[str, NpyHeader]) -> None:
+        if "expert_ids" not in headers:
+            raise TraceError(f"{path}: no expert_ids array (found {sorted(npz_keys(path))}); "
+                             "expected expert_ids [tokens, moe_layers, k]")
+        experts = headers["expert_ids"]
+        if len(experts.shape) != 3 or experts.shape[1:] != want:
+            raise TraceError(f"{path}: expert_ids has shape {experts.shape}, expected [tokens, "
+                             f"{want[0]} MoE layers, top-k {want[1]}]")
+        weights = next((headers[k] for k in WEIGHT_KEYS if k in headers), None)
+        if weights is not None and (weights.shape != experts.shape
+                                    or weights.dtype.kind != "f"):
+            raise TraceError(f"{path}: weights have shape {weights.shape} ({weights.dtype}), "
+                             f"expected floats of the shape of expert_ids {experts.shape}")
+
+    return check
 
 
 def read_tokens(path: Path, request: ImportRequest) -> TokenRows:
     """One file of the plain form as trace rows (format: module docstring)."""
     identity = need_identity(request, "the tokens format")
-    arrays = load_arrays(path)
-    if "expert_ids" not in arrays:
-        raise TraceError(f"{path}: no expert_ids array (found {sorted(arrays)}); expected "
-                         "expert_ids [tokens, moe_layers, k]")
+    arrays = load_arrays(path, shapes_check(path, identity), names=KEYS.__contains__)
     experts = arrays["expert_ids"]
-    if experts.ndim != 3:
-        raise TraceError(f"{path}: expert_ids has shape {experts.shape}, expected [tokens, "
-                         f"{len(identity.moe_layers)} MoE layers, top-k {identity.top_k}]")
     n = experts.shape[0]
     seq_lens = arrays.get("seq_lens", np.array([n]))
     total = exact_sum(seq_lens)
@@ -55,10 +73,6 @@ def read_tokens(path: Path, request: ImportRequest) -> TokenRows:
                          f"to the {n} tokens of expert_ids (got shape {seq_lens.shape}"
                          + (f", sum {total})" if total is not None else ")"))
     weights = next((arrays[k] for k in WEIGHT_KEYS if k in arrays), None)
-    if weights is not None and (weights.shape != experts.shape
-                                or not np.issubdtype(weights.dtype, np.floating)):
-        raise TraceError(f"{path}: weights have shape {weights.shape} ({weights.dtype}), "
-                         f"expected floats of the shape of expert_ids {experts.shape}")
     lens = seq_lens.astype(np.int64)
     starts = np.repeat(np.cumsum(lens) - lens, lens)
     return TokenRows(source=Path(path), seq=np.repeat(np.arange(len(lens)), lens),

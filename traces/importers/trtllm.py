@@ -45,10 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from traces.collect import ModelIdentity
-from traces.errors import TraceError
+from traces.errors import TraceError, first_line
 from traces.importers.common import UNKNOWN_TOKEN, ImportRequest, TokenRows, write_rows
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
-from traces.jsontext import MAX_DEPTH, depth, loads_json
+from traces.jsontext import MAX_DEPTH, decode_utf8, depth, loads_json
 from traces.schema import PHASES
 
 FORMAT = "trtllm"
@@ -97,7 +97,8 @@ def _load(path: Path) -> dict[str, np.ndarray]:
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError) as exc:
-        raise TraceError(f"{path}: not a readable safetensors file ({exc})") from None
+        raise TraceError(f"{path}: not a readable safetensors file ({first_line(exc)})"
+                         ) from None
 
 
 def _key(path: Path, key: str) -> tuple[int, int]:
@@ -160,11 +161,15 @@ def read_load_balancer(path: Path, num_slots: int) -> dict[int, np.ndarray]:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise TraceError(f"--load-balancer file not found: {path}") from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: bad UTF-8, 5000-digit integers
-        raise TraceError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    try:
+        data = yaml.safe_load(decode_utf8(raw, str(path)))
+    except TraceError:
+        raise
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: 5000-digit integers
+        raise TraceError(f"{path}: not valid YAML ({first_line(exc)})") from None
     except RecursionError:
         raise TraceError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
     if depth(data) > MAX_DEPTH:

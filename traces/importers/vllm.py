@@ -39,7 +39,7 @@ from traces.importers.common import (
     need_identity,
     write_rows,
 )
-from traces.importers.npfiles import load_arrays
+from traces.importers.npfiles import NpyHeader, load_arrays
 from traces.jsontext import loads_json
 from traces.schema import PHASES
 
@@ -106,13 +106,29 @@ def prompt_start(where: str, rows: int, lens: Lens, given: int | None) -> int:
     return start
 
 
-def requests(path: Path) -> Iterator[tuple[str, np.ndarray]]:
-    """(request name, routed experts array) of one `.npy` or `.npz` file."""
-    arrays = load_arrays(path)
+def requests(path: Path, identity: ModelIdentity) -> Iterator[tuple[str, np.ndarray]]:
+    """(request name, routed experts array) of one `.npy` or `.npz` file, every array's
+    shape checked from its header before any is read."""
+    def check(headers: dict[str, NpyHeader]) -> None:
+        for name, header in headers.items():
+            where = f"{path}[{name}]" if Path(path).suffix.lower() == ".npz" else str(path)
+            shape_check(header.shape, identity, where)
+
+    arrays = load_arrays(path, check)
     if Path(path).suffix.lower() == ".npy":
         yield Path(path).stem, arrays["expert_ids"]
         return
     yield from arrays.items()
+
+
+def shape_check(shape: tuple[int, ...], identity: ModelIdentity, where: str,
+                widths: tuple[int, ...] | None = None) -> None:
+    """A TraceError, prefixed `where`, unless `shape` is [tokens, num_hidden_layers, width],
+    width in `widths` (default: top_k)."""
+    want = (identity.num_layers, identity.top_k)
+    if len(shape) != 3 or shape[1] != want[0] or shape[2] not in (widths or (want[1],)):
+        raise TraceError(f"{where}: routed experts of shape {list(shape)}, expected "
+                         f"[tokens, {want[0]} decoder layers, top-k {want[1]}]")
 
 
 def moe_routing(routed: np.ndarray, identity: ModelIdentity, where: str,
@@ -122,11 +138,7 @@ def moe_routing(routed: np.ndarray, identity: ModelIdentity, where: str,
     A TraceError, prefixed `where`, for another shape, a dense layer holding a routed expert
     (vLLM never writes one: its rows stay 0) or ids check_experts refuses. One check for a
     file (request_rows) and for a server's reply (traces.server.VLLMClient)."""
-    want = (identity.num_layers, identity.top_k)
-    if routed.ndim != 3 or routed.shape[1] != want[0] or routed.shape[2] not in (
-            widths or (want[1],)):
-        raise TraceError(f"{where}: routed experts of shape {list(routed.shape)}, expected "
-                         f"[tokens, {want[0]} decoder layers, top-k {want[1]}]")
+    shape_check(routed.shape, identity, where, widths)
     if not np.issubdtype(routed.dtype, np.integer):
         raise TraceError(f"{where}: routed experts of dtype {routed.dtype}, expected integers")
     dense = [layer for layer in range(identity.num_layers) if layer not in identity.moe_layers]
@@ -134,7 +146,7 @@ def moe_routing(routed: np.ndarray, identity: ModelIdentity, where: str,
         stray = [layer for layer in dense if routed[:, layer].any()]
         raise TraceError(f"{where}: decoder layers {stray} hold routed experts, expected "
                          f"none there (the model's MoE layers are {list(identity.moe_layers)})")
-    experts = routed[:, list(identity.moe_layers), :want[1]]
+    experts = routed[:, list(identity.moe_layers), :identity.top_k]
     check_experts(where, "routed experts", experts, identity)
     return experts
 
@@ -162,7 +174,7 @@ def import_vllm(paths: list[Path], out_dir: Path, request: ImportRequest) -> Pat
 
     def parts() -> Iterator[TokenRows]:
         for path in paths:
-            for name, routed in requests(path):
+            for name, routed in requests(path, identity):
                 if name in seen:
                     raise TraceError(f"{path}: request {name!r} appears twice")
                 seen.add(name)
