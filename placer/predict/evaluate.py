@@ -200,7 +200,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                                                opts, seed, mode)
                     rows.append(row)
                     notes += [too_little_note(row)] if row["verdict"] == TOO_LITTLE else []
-                    per_layer.append({"concurrency": b, "execution": mode,
+                    per_layer.append({"traces": name, "concurrency": b, "execution": mode,
                                       "staged_bytes_per_token": staged})
                     bar.advance()
             results += rows
