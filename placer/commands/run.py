@@ -15,6 +15,8 @@ from placer.hardware.devices import check_device
 from placer.units import format_bytes
 
 MAX_CACHE_SLOTS = 1 << 16
+MODEL_HELP = ("The checkpoint directory it was placed from (dense weights, tokenizer); default: "
+              "the one the manifest records (source.dir).")
 
 
 def register(app: typer.Typer) -> None:
@@ -22,9 +24,8 @@ def register(app: typer.Typer) -> None:
     def run(
         placed: Annotated[Path, typer.Argument(
             help="Placed directory written by `placer emit` (manifest.json + shards).")],
-        model: Annotated[Path, typer.Option(
-            help="The checkpoint directory it was placed from (dense weights, tokenizer).")],
         prompt: Annotated[str, typer.Option(help="Text to continue.")],
+        model: Annotated[Path | None, typer.Option(help=MODEL_HELP)] = None,
         max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate (greedy).")] = 32,
         cache_slots: Annotated[int | None, typer.Option(
             help="Cache slots per card for staged experts, instead of the manifest's "
@@ -42,7 +43,8 @@ def register(app: typer.Typer) -> None:
         from placer.runtime.generate import run_prompt
 
         check_run_options(placed, prompt, cache_slots, device)
-        result = run_prompt(placed, model, prompt, max_new_tokens=max_new_tokens,
+        result = run_prompt(placed, source_model(placed, model), prompt,
+                            max_new_tokens=max_new_tokens,
                             cache_slots=cache_slots, device=device)
         if json_out:
             print_json(result)
@@ -63,6 +65,20 @@ def check_placed(placed: Path) -> None:
     """What run, serve and bench refuse as PLACED."""
     if not placed.is_dir():
         raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
+
+
+def source_model(placed: Path, model: Path | None) -> Path:
+    """--model, or the source checkpoint PLACED's manifest records; one line where that
+    directory is gone."""
+    if model is not None:
+        return model
+    from placer.placed.manifest import read_manifest
+
+    recorded = Path(read_manifest(placed)["source"]["dir"])
+    if not recorded.is_dir():
+        raise PlacerError(f"{placed}: the source checkpoint its manifest records, {recorded}, "
+                          "no longer exists: give --model")
+    return recorded
 
 
 def check_cache_slots(cache_slots: int | None) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command
-from placer.commands.run import check_cache_slots, check_placed
+from placer.commands.run import MODEL_HELP, check_cache_slots, check_placed, source_model
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 
@@ -25,8 +25,7 @@ def register(app: typer.Typer) -> None:
     def serve_cmd(
         placed: Annotated[Path, typer.Argument(
             help="Placed directory written by `placer emit` (manifest.json + shards).")],
-        model: Annotated[Path, typer.Option(
-            help="The checkpoint directory it was placed from (dense weights, tokenizer).")],
+        model: Annotated[Path | None, typer.Option(help=MODEL_HELP)] = None,
         host: Annotated[str, typer.Option(
             help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every "
                  "interface).")] = "127.0.0.1",
@@ -64,6 +63,7 @@ def register(app: typer.Typer) -> None:
         if not 0 <= port <= 65535:
             raise PlacerError(f"--port must be in 0..65535, got {port}")
         check_device(device)
-        serve(placed, model, host=host, port=port, device=device, cache_slots=cache_slots,
+        serve(placed, source_model(placed, model), host=host, port=port, device=device,
+              cache_slots=cache_slots,
               batching=batching, kv_tokens=kv_tokens,
               announce=lambda line: typer.echo(line))
