@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from placer.checkpoint.step import monotone
-from placer.commands.common import command, parse_list, print_json, span
+from placer.commands.common import command, parse_list, print_json, print_table, span
 from placer.commands.common import console as rich_console
 from placer.commands.run import MODEL_HELP, check_cache_slots, check_placed, source_model
 from placer.errors import PlacerError
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
         spec_out: Annotated[Path | None, typer.Option(
             help="Write the first arm's hardware spec with the base step this run measured "
-                 "([decode] base_step_ms: its decode step less the predicted stall, by "
+                 "(\\[decode] base_step_ms: its decode step less the predicted stall, by "
                  "concurrency) to this .toml.")] = None,
         plot: Annotated[Path | None, typer.Option(
             help="Write a PNG of measured and predicted tokens/s per arm (a .png path).")
@@ -104,22 +104,27 @@ def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
 
 
 def print_report(report: dict) -> None:
-    """One row per arm and concurrency: measured beside predicted tokens/s, each with its
-    95% interval, and each as a ratio to the first arm."""
+    """Two rows per arm and concurrency: measured and predicted decode tokens/s, each with
+    its 95% interval, and each as a ratio to the first arm; arms by directory name (see
+    --json for the paths)."""
+    from placer.serve.bench_plot import labels
+
     console = rich_console()
-    table = Table(title=f"decode tokens/s, {report['num_prompts']} prompts x "
+    table = Table(title=f"{report['num_prompts']} prompts x "
                         f"{report['trials']} trials, {report['max_new_tokens']} new tokens "
                         f"(95% intervals; ratios to the first arm)")
-    for col in ("placed", "C", "measured tok/s", "predicted tok/s", "measured / first",
-                "predicted / first", "TTFT ms", "steps"):
-        table.add_column(col, justify="left" if col == "placed" else "right")
-    for r in report["arms"]:
-        table.add_row(r["placed"], str(r["concurrency"]),
-                      figure(r, "measured_tokens_per_s"), figure(r, "predicted_tokens_per_s"),
-                      figure(r, "measured_ratio_to_first", "{:.3f}"),
-                      figure(r, "predicted_ratio_to_first", "{:.3f}"),
-                      f"{r['ttft_ms']:.1f}", str(r["decode_steps"]))
-    console.print(table)
+    for col in ("arm", "C", "", "decode tok/s", "/ first arm", "TTFT ms", "steps"):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    names = labels([r["placed"] for r in report["arms"]])
+    for name, r in zip(names, report["arms"], strict=True):
+        for kind in ("measured", "predicted"):
+            first_row = kind == "measured"
+            table.add_row(name if first_row else "", str(r["concurrency"]) if first_row else "",
+                          kind, figure(r, f"{kind}_tokens_per_s"),
+                          figure(r, f"{kind}_ratio_to_first", "{:.3f}"),
+                          f"{r['ttft_ms']:.1f}" if first_row else "",
+                          str(r["decode_steps"]) if first_row else "", end_section=not first_row)
+    print_table(table, console)
     bases = sorted({(r["concurrency"], r["predicted_base_step_ms"]) for r in report["arms"]})
     console.print("predicted with each plan's hardware spec, base step "
                   + ", ".join(f"{ms:.2f} ms at C={c}" for c, ms in bases), highlight=False)
@@ -131,7 +136,7 @@ def print_report(report: dict) -> None:
                   + "; less the predicted stall, base step "
                   + ", ".join(f"{r['measured_base_step_ms']:.2f} ms" for r in measured)
                   + (f": written to {report['spec_out']}" if "spec_out" in report else
-                     ": put it in the spec's [decode] base_step_ms (or run with --spec-out)"),
+                     ": put it in the spec's \\[decode] base_step_ms (or run with --spec-out)"),
                   highlight=False)
     for note in report.get("notes", []):
         console.print(f"note: {note}", highlight=False)

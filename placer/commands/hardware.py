@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from placer.checkpoint.inventory import read_inventory
-from placer.commands.common import command, parse_list, print_json
+from placer.commands.common import command, parse_list, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
             help="With --host: the token counts n each expert is timed at.")
         ] = ",".join(map(str, DEFAULT_TOKENS)),
         step: Annotated[bool, typer.Option(
-            "--step", help="Measure the decode step with every expert resident ([decode] "
+            "--step", help="Measure the decode step with every expert resident (\\[decode] "
             "base_step_ms) of --model: the model with one resident expert's shape per "
             "selection, timed on --device; estimated from memory bandwidth where it cannot "
             "run here (marked estimated).")] = False,
@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
         and print a spec fragment. Exits non-zero where no GPU is visible. With --host,
         measure the host CPU as it runs cold experts and print the spec's host table. With
         --step, measure the decode step of --model and print (or --out: write) the spec's
-        [decode] table."""
+        \\[decode] table."""
         if step:
             probe_step(StepRequest(model, hardware, batch, device, memory_bandwidth, estimate,
                                    out), json_out)
@@ -229,7 +229,7 @@ def print_spec(spec: HardwareSpec) -> None:
                       format_bytes(c.vram - c.free_bytes), format_bytes(c.free_bytes),
                       f"{c.h2d_bandwidth / 1e9:.1f} GB/s", f"{c.latency_s * 1e6:.1f} us")
     console = rich_console()
-    console.print(table)
+    print_table(table, console)
     for link in spec.links:
         console.print(f"link {link.name}: cards {list(link.cards)}, "
                       f"{link.bandwidth / 1e9:.1f} GB/s shared")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, print_json
+from placer.commands.common import command, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
@@ -100,4 +100,4 @@ def print_result(result: dict) -> None:
     for row in [*staging["per_card"], {"card": "total", **staging["total"]}]:
         table.add_row(str(row["card"]), format_bytes(row["bytes"]), str(row["copies"]),
                       str(row["cache_hits"]), f"{row['seconds']:.4f}")
-    console.print(table)
+    print_table(table, console)

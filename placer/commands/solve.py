@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from placer.checkpoint.estimate import EXPERT_DTYPES, estimate_inventory
 from placer.checkpoint.inventory import read_inventory
-from placer.commands.common import command, parse_list, plus_minus, print_json, span
+from placer.commands.common import command, parse_list, plus_minus, print_json, print_table, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, write_json_atomic
@@ -19,6 +20,7 @@ from placer.hardware.spec import load_spec
 from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
 from placer.plan.placement import Plan
 from placer.units import format_bytes, parse_bytes
+from traces.stats import dropped_prefill
 
 
 def register(app: typer.Typer) -> None:
@@ -111,6 +113,10 @@ def register(app: typer.Typer) -> None:
             print_json(plan.to_json())
         else:
             print_plan(plan, out)
+            for trace_dir in traces or []:
+                note = dropped_prefill(trace_dir)
+                if note:
+                    rich_console().print(f"note: {note}", highlight=False)
 
 
 def parse_cache(value: str) -> int | None:
@@ -128,8 +134,7 @@ def print_plan(plan: Plan, out: Path) -> None:
     """The human summary of a plan: solver quality, cards, the cache split, predictions."""
     console = rich_console()
     s = plan.solver
-    bound = ("no bound" if s["bound"] is None else
-             f"bound {s['bound']:.6g}, gap {100 * s['gap']:.2f}%")
+    bound = solver_bound(s)
     console.print(f"solver {s['name']}: objective {s['objective']:.6g} ({s['objective_unit']}), "
                   f"{bound}, {s['seconds']:.2f} s, {s['status']}")
     cards = Table(title="cards")
@@ -142,14 +147,24 @@ def print_plan(plan: Plan, out: Path) -> None:
         cards.add_row(str(c.index), format_bytes(c.budget_bytes), format_bytes(c.staging_bytes),
                       format_bytes(c.resident_bytes), slots, format_bytes(c.homed_bytes),
                       format_bytes(c.homed_bytes - c.resident_bytes))
-    console.print(cards)
+    print_table(cards, console)
     print_cache(plan.cache or {})
-    console.print(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
-                                                   "bootstrap interval over sequences)"))
+    print_table(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
+                                                 "bootstrap interval over sequences)"), console)
     if plan.robust:
         ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
         console.print(f"robust: stall / layer-offload stall per profile and concurrency: {ratios}")
     console.print(f"plan written to {out}")
+
+
+def solver_bound(solver: dict) -> str:
+    """"bound B, gap G%", or "bound n/a" where the solver proved none (None or NaN: greedy,
+    a time limit before any bound), and the gap likewise."""
+    bound, gap = solver.get("bound"), solver.get("gap")
+    if bound is None or not math.isfinite(bound):
+        return "bound n/a"
+    gap_text = "n/a" if gap is None or not math.isfinite(gap) else f"{100 * gap:.2f}%"
+    return f"bound {bound:.6g}, gap {gap_text}"
 
 
 def print_cache(cache: dict) -> None:
@@ -171,7 +186,7 @@ def print_cache(cache: dict) -> None:
     for point in cache["curve"]:
         curve.add_row(f"{point['slots_share']:.2f}", str(point["slots_per_layer"]),
                       f"{point['held_out_stall_ms_per_step']:.4f}")
-    console.print(curve)
+    print_table(curve, console)
     for note in cache.get("notes", []):
         console.print(f"note: {note}")
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from placer.checkpoint.estimate import estimate_inventory
 from placer.checkpoint.inventory import read_inventory
-from placer.commands.common import command, model_identity, print_json
+from placer.commands.common import command, model_identity, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, removed_on_failure, write_bytes_atomic
@@ -163,7 +163,7 @@ def _print_stats(result: dict) -> None:
     tags = Table("tag", "tokens", "sequences", title="per tag")
     for tag, entry in result["tags"].items():
         tags.add_row(tag, str(entry["tokens"]), str(entry["sequences"]))
-    console.print(tags)
+    print_table(tags, console)
     if result["phases"]:
         console.print("phases: " + ", ".join(f"{k} {v}" for k, v in result["phases"].items()))
     layers = Table("layer", "entropy (bits)", "hot 10%", "hot 25%", "hot 50%",
@@ -172,4 +172,4 @@ def _print_stats(result: dict) -> None:
         share = entry["hot_share"]
         layers.add_row(str(entry["layer"]), f"{entry['entropy_bits']:.2f}",
                        f"{share['10%']:.1%}", f"{share['25%']:.1%}", f"{share['50%']:.1%}")
-    console.print(layers)
+    print_table(layers, console)

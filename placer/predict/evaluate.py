@@ -48,6 +48,7 @@ from traces.profile import (
     load_profile,
     sampled_token_steps,
 )
+from traces.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "belady")  # stage execution only
 MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
@@ -184,6 +185,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
+        notes += [n for n in [dropped_prefill(trace_dir)] if n]
     modes = executions(plan, opts.execution)
     with ItemsBar("evaluate", len(trace_dirs) * len(batches) * len(modes), progress) as bar:
         for trace_dir in trace_dirs:
