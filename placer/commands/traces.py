@@ -1,4 +1,5 @@
-"""`placer traces stats|import`: look at a trace directory; import other tools' counts."""
+"""`placer traces stats|split|import`: look at a trace directory, split it in two, import
+other tools' counts."""
 
 from __future__ import annotations
 
@@ -59,6 +60,43 @@ def register(app: typer.Typer) -> None:
         _print_stats(result)
         if plot is not None:
             typer.echo(f"heatmap -> {plot}")
+
+    @command(traces_app, "split")
+    def split(
+        trace_dir: Annotated[Path, typer.Argument(help="Per-token trace directory to split.")],
+        out_a: Annotated[Path, typer.Option(
+            help="New trace directory for the --fraction of sequences (or the --tag rows), "
+                 "e.g. the calibration set.")],
+        out_b: Annotated[Path, typer.Option(
+            help="New trace directory for the rest, e.g. the held-out set.")],
+        fraction: Annotated[float, typer.Option(
+            help="Share of the sequences that goes to --out-a, drawn at random with --seed "
+                 "(at least one sequence each side).")] = 0.5,
+        seed: Annotated[int, typer.Option(help="Seed of the draw.")] = 0,
+        tag: Annotated[list[str] | None, typer.Option(
+            help="Split by tag instead: rows of these tags to --out-a, the rest to --out-b; "
+                 "repeatable.")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
+                            ] = False,
+    ) -> None:
+        """Split a trace into two trace datasets (calibration and held-out traffic from one
+        collection): by sequence, a seeded random --fraction to --out-a, or by --tag. Every
+        sequence goes whole to one side; each output keeps the source's files, schema and
+        metadata (fingerprint, tags), so every command reads it as the same model's trace.
+        Both are written completely or not at all."""
+        from traces.split import split_traces
+
+        for out, what in ((out_a, "--out-a"), (out_b, "--out-b")):
+            check_apart(out, [("the trace directory", trace_dir)], what=what, directory=True)
+        result = split_traces(trace_dir, out_a, out_b, fraction=fraction, seed=seed, tags=tag)
+        if json_out:
+            print_json({"by": result.by, "out_a": str(out_a), "out_b": str(out_b),
+                        "sequences": list(result.sequences), "tokens": list(result.tokens),
+                        "files": list(result.files)})
+            return
+        for out, i in ((out_a, 0), (out_b, 1)):
+            typer.echo(f"{out}: {result.sequences[i]} sequences, {result.tokens[i]} tokens, "
+                       f"{result.files[i]} file{'s' if result.files[i] != 1 else ''}")
 
     @command(traces_app, "import")
     def import_command(
