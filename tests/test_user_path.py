@@ -10,6 +10,7 @@ import math
 import shutil
 from importlib.metadata import version
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,7 +25,10 @@ from placer.commands.solve import solver_bound
 from placer.hardware.spec import Card, Host, load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
 from placer.hardware.timing import ExpertTiming
+from placer.plan.options import SolveOptions
+from placer.plan.solve import solve_plan
 from placer.serve.bench_predict import MIN_TRIALS, t_interval
+from traces.collect import CollectOptions, _Progress
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +189,32 @@ def test_solve_and_evaluate_say_how_many_prefill_tokens_were_left_out(pipe, tmp_
     assert result.exit_code == 0 and want in result.output, result.output
     result = invoke("evaluate", pipe.plan, "--traces", traces, "--concurrency", 1, "--json")
     assert any(want in note for note in json.loads(result.output)["notes"]), result.output
+
+
+def test_solve_tells_its_progress_each_stage_of_the_ilp(pipe):
+    stages: list[str] = []
+    opts = SolveOptions(solver="ilp", offload=0.5, cache=0, time_limit=5, num_steps=16)
+    solve_plan(read_inventory(pipe.model), load_spec(BOX), [pipe.traces], opts, stages.append)
+    assert stages[:2] == ["reading traces", "solver ilp"]
+    ilp_stages = stages[2:-1]
+    assert ilp_stages[0] == "merging patterns" and ilp_stages[-1] == "scoring candidates"
+    assert any(s.startswith(("SCIP, ", "PDLP bound, ")) and s.endswith(" s left")
+               for s in ilp_stages)
+    assert stages[-1] == "predicting on the calibration traffic"
+
+
+def test_the_collect_bar_ends_at_the_true_total():
+    """Generate mode records more tokens than the prompts' budget: the bar's total follows
+    the count and ends at what was recorded (it used to end at "9049/8000")."""
+    corpus = SimpleNamespace(tag="t", random_tokens=None, num_documents=3)
+    progress = _Progress(corpus, CollectOptions(max_tokens=8000, progress=False))
+    advance = progress.__enter__()
+    advance(2, 5000)
+    advance(1, 4049)
+    task = progress.bar.tasks[0]
+    assert task.completed == 9049 == task.total
+    progress.__exit__(None, None, None)
+    short = _Progress(corpus, CollectOptions(max_tokens=8000, progress=False))
+    short.__enter__()(3, 5000)
+    short.__exit__(None, None, None)
+    assert short.bar.tasks[0].completed == 5000 == short.bar.tasks[0].total

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from placer.files import check_apart, write_json_atomic
 from placer.hardware.spec import load_spec
 from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
 from placer.plan.placement import Plan
+from placer.progress import StageSpinner
 from placer.units import format_bytes, parse_bytes
 from traces.stats import dropped_prefill
 
@@ -107,7 +109,10 @@ def register(app: typer.Typer) -> None:
             if page_size is not None else None,
             robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
             execution=execution, cache=parse_cache(cache), cache_policy=cache_policy)
-        plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
+        spec = load_spec(hardware)
+        with StageSpinner("solve:", opts.time_limit if opts.solver == "ilp" or robust else None,
+                          enabled=not json_out and sys.stderr.isatty()) as spinner:
+            plan = solve_plan(inv, spec, list(traces or []), opts, spinner.stage)
         write_json_atomic(plan.to_json(), out, inputs)
         if json_out:
             print_json(plan.to_json())
@@ -192,18 +197,19 @@ def print_cache(cache: dict) -> None:
 
 
 def prediction_table(rows: list[dict], title: str) -> Table:
-    """One row per (profile, concurrency): placement vs layer offload vs uniform, each stall
-    with the half-width of its 95% interval, and the paired ratio with its interval."""
+    """Per (profile, concurrency), one row per line (placement, layer offload, uniform):
+    stall with the half-width of its 95% interval, tokens/s, hit rate; the placement's row
+    gives its paired ratio to layer offload with its interval."""
     table = Table(title=title)
-    for col in ("traffic", "B", "placement stall ms/step", "tok/s", "hit rate",
-                "layer offload ms/step", "tok/s ", "uniform ms/step", "vs layer"):
+    for col in ("line", "stall ms/step", "tok/s", "hit rate", "stall / layer offload"):
         table.add_column(col, justify="right")
     for r in rows:
-        p, lay, uni = r["placement"], r["layer"], r["uniform"]
-        table.add_row(r["profile"], str(r["concurrency"]), plus_minus(p, "stall_ms_per_step"),
-                      f"{p['tokens_per_s']:.2f}", f"{p['hit_rate']:.3f}",
-                      plus_minus(lay, "stall_ms_per_step"), f"{lay['tokens_per_s']:.2f}",
-                      plus_minus(uni, "stall_ms_per_step"),
-                      f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}")
+        table.add_row(f"[bold]{r['profile']}[/bold] B={r['concurrency']}", end_section=True)
+        for i, (key, name) in enumerate((("placement", "placement"),
+                                         ("layer", "layer offload"), ("uniform", "uniform"))):
+            f = r[key]
+            table.add_row(name, plus_minus(f, "stall_ms_per_step"), f"{f['tokens_per_s']:.2f}",
+                          f"{f['hit_rate']:.3f}",
+                          f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}"
+                          if key == "placement" else "", end_section=i == 2)
     return table
-
