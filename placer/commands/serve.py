@@ -46,9 +46,11 @@ def register(app: typer.Typer) -> None:
         `data: [DONE]`), GET /v1/models, /health and /metrics (Prometheus: placer_staged_bytes
         and the other staging counters by card, generated tokens, requests).
 
-        Greedy decoding only (what `placer run` prints for the same prompt): temperature 0
-        or absent, top_p 1 or absent, n 1; stop strings are honoured. A bad request gets a
-        4xx with an OpenAI error body. SIGTERM or Ctrl-C stop taking connections, finish the
+        Greedy by default (what `placer run` prints for the same prompt); temperature,
+        top_p and seed sample through transformers' generation, the same seed giving the
+        same text; temperature 0 is greedy. A completion's prompt may be a list (a choice
+        each); n must be 1; stop strings are honoured. A bad request gets a 4xx with an
+        OpenAI error body. SIGTERM or Ctrl-C stop taking connections, finish the
         requests in flight and exit 0."""
         from placer.serve.engine import BATCHING
         from placer.serve.server import serve
