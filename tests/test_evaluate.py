@@ -365,7 +365,8 @@ def test_real_routing_every_token_with_intervals(tmp_path, cli):
         assert row["interval_over"] == "sequences" and row["interval_units"] >= 2
 
 
-def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypatch, tmp_path):
+def figures_saved(monkeypatch) -> list:
+    """The figures matplotlib saves from now on (still saved), in order."""
     import matplotlib.figure
 
     drawn = []
@@ -376,6 +377,11 @@ def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypat
         return save(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return drawn
+
+
+def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypatch, tmp_path):
+    drawn = figures_saved(monkeypatch)
     png = tmp_path / "e.png"
     cli("evaluate", small["plan"], "--traces", small["held"], "--concurrency", "1",
         "--oracle-time-limit", "1", "--plot", png)
@@ -390,16 +396,7 @@ def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypat
 @pytest.mark.parametrize("sets", [1, 2])
 def test_plot_of_both_executions_draws_each_line_of_each_set(small, cli, monkeypatch, tmp_path,
                                                              sets):
-    import matplotlib.figure
-
-    drawn = []
-    save = matplotlib.figure.Figure.savefig
-
-    def keep(fig, *args, **kwargs):
-        drawn.append(fig)
-        return save(fig, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    drawn = figures_saved(monkeypatch)
     png = tmp_path / "e.png"
     traces = [small["held"], small["calib"]][:sets]
     args = [a for t in traces for a in ("--traces", t)]
