@@ -27,6 +27,7 @@ from placer.hardware.spec_toml import spec_toml
 from placer.hardware.timing import ExpertTiming
 from placer.plan.options import SolveOptions
 from placer.plan.solve import solve_plan
+from placer.serve.bench_plot import error_bars
 from placer.serve.bench_predict import MIN_TRIALS, t_interval
 from traces.collect import CollectOptions, _Progress
 
@@ -218,3 +219,11 @@ def test_the_collect_bar_ends_at_the_true_total():
     short.__enter__()(3, 5000)
     short.__exit__(None, None, None)
     assert short.bar.tasks[0].completed == 5000 == short.bar.tasks[0].total
+
+
+def test_bench_plot_error_bars_are_never_negative():
+    values = np.array([249.36, 10.0, 5.0])
+    bars = error_bars(values, [list(t_interval([249.36 * 4.1, 249.36 / 4.1, 249.36])[1]),
+                               None, [4.0, 7.5]])
+    assert bars.shape == (2, 3) and (bars >= 0).all()
+    assert bars[:, 1].tolist() == [0.0, 0.0] and bars[:, 2].tolist() == [1.0, 2.5]
