@@ -59,10 +59,12 @@ def register(app: typer.Typer) -> None:
         """The paired campaign on this box: each PLACED directory serves the same prompts
         greedily (continuous batching, as `placer serve`) at each concurrency, --trials
         times. Measured: decode tokens/s over the steps in which every sequence decodes (95%
-        interval over trials) and time to first token. The routing those steps served is
-        replayed through `placer evaluate`'s cost model (plan's hardware spec, base step
-        included), so measured and predicted see the same tokens (95% interval over
-        prompts). Each arm's ratio to the first arm is shown for both."""
+        interval over trials, of the log time per token: positive; none under 3 trials),
+        time to first token, and the decode step (printed with the base step it implies;
+        --spec-out writes that into a spec). The routing those steps served is replayed
+        through `placer evaluate`'s cost model (plan's hardware spec, base step included),
+        so measured and predicted see the same tokens (95% interval over prompts). Each
+        arm's ratio to the first arm is shown for both."""
         from placer.serve.bench import BenchOptions, bench
         from placer.serve.bench_plot import plot_bench
 
