@@ -89,6 +89,32 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def version_text() -> str:
+    """"placer VERSION" from the installed package's metadata (pyproject.toml's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"placer {version('placer')}"
+    except PackageNotFoundError:
+        return "placer (not installed: no package metadata; pip install -e . records it)"
+
+
+def show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def placer_main(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=show_version,
+                                 help="Print placer's version and exit."),
+) -> None:
+    """Offline expert-placement optimizer for MoE models on boxes of consumer GPUs."""
+
+
 for module in (inspect, hardware, collect, traces, solve, emit, verify, evaluate, run, serve,
                bench, export, schema):
     module.register(app)

@@ -38,9 +38,12 @@ def parse_rate(value: str | int | float, what: str = "bandwidth") -> float:
     return float(parse_bytes(value, what))
 
 
+BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
 def format_bytes(n: float) -> str:
     """Human form of a byte count, binary units ("1.50 GiB")."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in BYTE_UNITS:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"

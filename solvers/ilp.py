@@ -18,6 +18,7 @@ cost.objective itself and returned with the proven lower bound and the relative 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 from ortools.linear_solver.python import model_builder as mb
@@ -27,6 +28,12 @@ from solvers.lp_bound import dual_bound, pdlp_duals
 from solvers.milp_model import MilpData, MilpModel, milp_data, model_of
 from solvers.patterns import LayerPatterns, problem_patterns
 from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
+
+Progress = Callable[[str], None]  # told each stage's name as it starts
+
+
+def no_progress(stage: str) -> None:
+    """The default `progress`: says nothing."""
 
 BACKEND = "scip"
 SCIP_MAX_TIME_ROWS = 50_000  # above this, the LP bound comes from PDLP (see docstring)
@@ -64,12 +71,17 @@ def rounded_candidates(problem: Problem, patterns: list[LayerPatterns], data: Mi
             for thr in ROUNDING]
 
 
-def solve(problem: Problem, time_limit: float = 60.0, seed: int = 0) -> SolveResult:
-    """Best placement of `problem` found within `time_limit` seconds, with its bound."""
+def solve(problem: Problem, time_limit: float = 60.0, seed: int = 0,
+          progress: Progress = no_progress) -> SolveResult:
+    """Best placement of `problem` found within `time_limit` seconds, with its bound.
+    `progress(stage)` is called as each stage starts (a caller's spinner shows it with the
+    time elapsed; SCIP and PDLP release the GIL, so a display thread keeps running)."""
     validate(problem)
     start = time.perf_counter()
+    progress("merging patterns")
     patterns = problem_patterns(problem)
     data = milp_data(problem, patterns)
+    progress("greedy hint")
     # Where every block folded the MILP is a knapsack over the experts that SCIP solves at
     # once: the greedy (hint and fallback) runs only where time rows remain or SCIP fails.
     hint = greedy.greedy_pages(problem, patterns, seed) if data.num_time_rows else None
@@ -79,18 +91,21 @@ def solve(problem: Problem, time_limit: float = 60.0, seed: int = 0) -> SolveRes
         milp = model_of(data)
         if hint is not None:
             milp.hint(hint)
-        values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start),
-                                           seed)
+        left = time_limit - (time.perf_counter() - start)
+        progress(f"SCIP, {data.num_time_rows:,} time rows, {left:.0f} s left")
+        values, bound_units, optimal = run(milp, left, seed)
         if values is not None:
             candidates.append(milp.pages(values).reshape(problem.expert_bytes.shape))
     else:
         left = time_limit - (time.perf_counter() - start) - RESERVE_S
+        progress(f"PDLP bound, {data.num_time_rows:,} time rows, {left:.0f} s left")
         values, duals, converged = pdlp_duals(data, left, PDLP_ITERATIONS)
         bound_units = dual_bound(data, duals)
         if converged:
             candidates += rounded_candidates(problem, patterns, data, values, seed)
     if hint is None and not candidates:
         hint = greedy.greedy_pages(problem, patterns, seed)
+    progress("scoring candidates")
     best, best_obj = None, np.inf
     for pages in ([hint] if hint is not None else []) + candidates:
         candidate = Placement(pages)

@@ -38,7 +38,15 @@ from ortools.linear_solver.python import model_builder as mb
 
 from solvers import baselines, cost, greedy
 from solvers.errors import SolverError
-from solvers.ilp import PDLP_ITERATIONS, RESERVE_S, SCIP_MAX_TIME_ROWS, rounded_candidates, run
+from solvers.ilp import (
+    PDLP_ITERATIONS,
+    RESERVE_S,
+    SCIP_MAX_TIME_ROWS,
+    Progress,
+    no_progress,
+    rounded_candidates,
+    run,
+)
 from solvers.lp_bound import dual_bound, pdlp_duals
 from solvers.milp_model import MilpData, MilpModel, milp_data, model_of
 from solvers.patterns import LayerPatterns, problem_patterns
@@ -133,13 +141,14 @@ OBJECTIVES = ("regret", "worst")
 
 
 def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
-          objective: str = "regret") -> RobustOutcome:
+          objective: str = "regret", progress: Progress = no_progress) -> RobustOutcome:
     """The robust placement over `problems` (see module docstring). objective "worst"
     minimizes the worst ratio to layer offload instead (placer's former --robust, which the
     benchmarks compare against).
 
     A profile on which layer offload stalls 0 (Z_k = 0) must stall 0 too (which layer offload
     satisfies); a profile whose own best stalls 0 counts its regret in units of Z_k.
+    `progress(stage)` is told each stage as it starts (as ilp.solve's).
     """
     if not problems:
         raise SolverError("robust placement needs at least one traffic profile")
@@ -149,6 +158,7 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
         validate(p)
     _check_same_layout(problems)
     start = time.perf_counter()
+    progress(f"each of {len(problems)} scenarios' own best")
     first = problems[0]
     layer_pl = baselines.layer_offload(first).placement
     layer = [cost.objective(p, layer_pl) for p in problems]
@@ -186,6 +196,7 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
             if plain.num_time_rows <= SCIP_MAX_TIME_ROWS else None)
     small = data is not None and data.num_time_rows <= SCIP_MAX_TIME_ROWS
     left = time_limit - (time.perf_counter() - start)
+    progress(f"PDLP bound, {left:.0f} s left")
     values, duals, converged = pdlp_duals(plain, left / 2 if small else left - RESERVE_S,
                                           PDLP_ITERATIONS)
     bound = dual_bound(plain, duals) * plain.time_scale / len(problems)
@@ -196,8 +207,9 @@ def solve(problems: list[Problem], time_limit: float = 60.0, seed: int = 0,
     if small:
         milp = _regret_model(data, problems, layer, unit, objective)
         milp.hint(candidates[int(np.argmin(scores))])
-        values, bound_units, optimal = run(milp, time_limit - (time.perf_counter() - start),
-                                           seed)
+        left = time_limit - (time.perf_counter() - start)
+        progress(f"SCIP, {data.num_time_rows:,} time rows, {left:.0f} s left")
+        values, bound_units, optimal = run(milp, left, seed)
         if values is not None:
             candidates.append(milp.pages(values).reshape(first.expert_bytes.shape))
         if np.isfinite(bound_units):

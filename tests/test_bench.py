@@ -13,6 +13,7 @@ from test_runtime_placed import placed_model
 
 from placer.checkpoint.inventory import read_inventory
 from placer.commands.bench import print_report
+from placer.hardware.spec import load_spec
 from placer.plan.placement import read_plan
 from placer.predict.evaluate import plan_placement, plan_problem
 from placer.serve.bench_predict import predict_arm
@@ -38,28 +39,41 @@ def test_bench_measures_and_predicts_every_arm(arms, tmp_path, cli, capsys):
     checkpoint, placed = arms
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n\n".join(PROMPTS) + "\n")
-    plot = tmp_path / "bench.png"
+    plot, spec = tmp_path / "bench.png", tmp_path / "measured.toml"
     report = json.loads(cli("bench", *placed, "--model", checkpoint, "--prompts", prompts,
                             "--concurrency", "1,2", "--trials", "2", "--max-new-tokens", "6",
-                            "--device", "cpu", "--plot", plot, "--json").output)
+                            "--device", "cpu", "--plot", plot, "--spec-out", spec, "--json"
+                            ).output)
     rows = report["arms"]
     assert [(r["placed"], r["concurrency"]) for r in rows] == [
         (str(p), c) for p in placed for c in (1, 2)]
     for r in rows:
-        for key in ("measured_tokens_per_s", "predicted_tokens_per_s", "ttft_ms"):
-            low, high = r[f"{key}_ci95"]
-            assert r[key] > 0 and low <= r[key] <= high
+        low, high = r["predicted_tokens_per_s_ci95"]
+        assert 0 < low <= r["predicted_tokens_per_s"] <= high
+        for key in ("measured_tokens_per_s", "ttft_ms", "measured_ratio_to_first"):
+            assert r[key] > 0 and r[f"{key}_ci95"] is None  # 2 trials: too few, a note says
+        assert r["measured_step_ms"] > 0 and 0 < r["measured_base_step_ms"] <= r[
+            "measured_step_ms"]
         assert len(r["measured_tokens_per_s_trials"]) == 2 and r["decode_steps"] > 0
         assert r["batching"] == "continuous" and r["predicted_interval_over"] == "prompts"
+    assert report["notes"] == ["2 trials per arm and concurrency: too few for an interval of "
+                               "the measured figures (give --trials 3 or more)"]
     first = [r for r in rows if r["placed"] == str(placed[0])]
     assert all(r["measured_ratio_to_first"] == 1 == r["predicted_ratio_to_first"] for r in first)
     layer = [r for r in rows if r["placed"] == str(placed[1])]
     assert all(r["predicted_staged_bytes_per_token"] > 0 for r in layer)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    measured = load_spec(spec)
+    bases = [float(f"{r['measured_base_step_ms']:.4g}") for r in first]  # C = 1, 2
+    assert measured.base_step_ms == ((1, bases[0]), (2, max(bases)))  # never falling
+    assert report["spec_out"] == str(spec) and "measured by placer bench" in spec.read_text()
     capsys.readouterr()
     print_report(report)
     table = capsys.readouterr().out
-    assert "measured tok/s" in table and "predicted tok/s" in table
+    assert "decode tok/s" in table and "measured" in table and "predicted" in table
+    assert max(map(len, table.splitlines()[:-3])) <= 100  # the table; notes and paths after
+    assert "(no interval)" in table and "note: 2 trials" in table
+    assert f"{rows[0]['measured_step_ms']:.2f} ms at C=1" in table
     assert f"{layer[0]['predicted_ratio_to_first']:.3f}" in table
 
 

@@ -13,6 +13,7 @@ from real_routing import ESFT, ESFT_CONFIG, esft_trace
 from placer.plan.placement import read_plan
 from placer.predict.drift import calibration_counts, js_divergence, js_replicates
 from placer.predict.evaluate import (
+    CACHED_LINES,
     EvalOptions,
     evaluate,
     plan_placement,
@@ -364,7 +365,8 @@ def test_real_routing_every_token_with_intervals(tmp_path, cli):
         assert row["interval_over"] == "sequences" and row["interval_units"] >= 2
 
 
-def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypatch, tmp_path):
+def figures_saved(monkeypatch) -> list:
+    """The figures matplotlib saves from now on (still saved), in order."""
     import matplotlib.figure
 
     drawn = []
@@ -375,6 +377,11 @@ def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypat
         return save(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return drawn
+
+
+def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypatch, tmp_path):
+    drawn = figures_saved(monkeypatch)
     png = tmp_path / "e.png"
     cli("evaluate", small["plan"], "--traces", small["held"], "--concurrency", "1",
         "--oracle-time-limit", "1", "--plot", png)
@@ -384,3 +391,22 @@ def test_plot_labels_layers_and_experts_with_integer_ticks(small, cli, monkeypat
     for axis in ticks:
         locs = axis.get_majorticklocs()
         assert len(locs) >= 2 and all(float(v).is_integer() for v in locs), locs
+
+
+@pytest.mark.parametrize("sets", [1, 2])
+def test_plot_of_both_executions_draws_each_line_of_each_set(small, cli, monkeypatch, tmp_path,
+                                                             sets):
+    drawn = figures_saved(monkeypatch)
+    png = tmp_path / "e.png"
+    traces = [small["held"], small["calib"]][:sets]
+    args = [a for t in traces for a in ("--traces", t)]
+    cli("evaluate", small["plan"], *args, "--concurrency", "1", "--oracle-time-limit", "1",
+        "--execution", "both", "--plot", png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    left = [ax for ax in drawn[0].axes if ax.get_xlabel() == "MoE layer"]
+    assert [ax.get_title().split(":")[0] for ax in left] == [str(t) for t in traces]
+    static = ("placement", "layer", "uniform", "oracle")
+    want = {f"cpu: {line}" for line in static} | {f"stage: {line}"
+                                                   for line in (*static, *CACHED_LINES)}
+    for ax in left:
+        assert sorted(h.get_label() for h in ax.get_lines()) == sorted(want)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,41 @@ def test_robust_over_two_traffic_kinds_and_random_tokens(tmp_path: Path) -> None
                                      ("shakespeare_head", "vicuna_bench_questions", "random")}
     assert 0 < robust["worst_ratio"] <= 1.0
     assert text.count("$ placer evaluate") == 2
+
+
+def quickstart_block(readme: Path) -> list[str]:
+    """The lines of the README's quickstart block (after its marker, inside the sh fence)."""
+    text = readme.read_text()
+    start = text.index("```sh\n", text.index("<!-- quickstart")) + len("```sh\n")
+    return text[start:text.index("```", start)].splitlines()
+
+
+def test_readme_quickstart_from_no_spec_to_a_measured_spec_and_a_plan(tmp_path: Path) -> None:
+    """The README's quickstart, its very lines, on a tiny model: the MODEL line pointed at it,
+    `placer` the CLI of this checkout, a chat corpus as chat.jsonl; everything but `placer
+    serve` (it serves until stopped)."""
+    from placer.checkpoint.tiny import build_tiny_model
+    from placer.hardware.spec import load_spec
+
+    lines = quickstart_block(EXAMPLES.parent / "README.md")
+    assert lines[0].startswith("MODEL=") and any("placer serve" in x for x in lines)
+    prose = (EXAMPLES / "data" / "shakespeare_head.txt").read_text().split("\n\n")
+    model = build_tiny_model("qwen3_moe", tmp_path / "model", texts=prose[:200])
+    chats = (EXAMPLES / "data" / "vicuna_bench_questions.jsonl").read_text().splitlines()
+    (tmp_path / "chat.jsonl").write_text("\n".join(chats[:24]) + "\n")  # 12 + 12 at B = 8
+    script = "\n".join([
+        "set -euo pipefail",
+        f'placer() {{ "{sys.executable}" -m placer "$@"; }}',
+        f'MODEL="{model}"',
+        *[x for x in lines[1:] if not x.lstrip().startswith("placer serve")]])
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    measured, preset = load_spec(tmp_path / "box.toml"), load_spec("1x-rtx4090")
+    assert measured.base_step_ms != preset.base_step_ms
+    assert "measured on cpu" in (tmp_path / "box.toml").read_text()
+    plan = read_plan(tmp_path / "plan.json")
+    assert plan.hardware == measured
+    assert verify_placed(tmp_path / "placed", model).ok
+    assert "# layer offload at this plan's budget" in done.stdout  # export llamacpp's args
+    assert any(flag in done.stdout for flag in ("--cpu-moe", "--n-cpu-moe", "-ot "))

@@ -165,3 +165,36 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(placed):
     assert status == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health", timeout=5)
+
+
+def test_seeded_sampling_is_reproducible_and_temperature_0_is_greedy(server, placed, cli):
+    """Real clients sample: the same seed gives the same text, other seeds other texts, and
+    temperature 0 is the greedy completion (`placer run`'s), whatever top_p says."""
+    client = openai_client(server)
+
+    def complete(**sampling) -> str:
+        return client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=8,
+                                         **sampling).choices[0].text
+
+    greedy = complete()
+    assert complete(temperature=0, top_p=0.5, seed=1) == greedy
+    sampled = {seed: complete(temperature=1.5, top_p=0.95, seed=seed) for seed in range(4)}
+    assert all(complete(temperature=1.5, top_p=0.95, seed=seed) == text
+               for seed, text in sampled.items())
+    assert len(set(sampled.values()) | {greedy}) > 1  # it does sample
+    chat = client.chat.completions.create(model=server.model, max_tokens=6, seed=7,
+                                          temperature=1.2,
+                                          messages=[{"role": "user", "content": PROMPTS[1]}])
+    again = client.chat.completions.create(model=server.model, max_tokens=6, seed=7,
+                                           temperature=1.2,
+                                           messages=[{"role": "user", "content": PROMPTS[1]}])
+    assert chat.choices[0].message.content == again.choices[0].message.content
+
+
+def test_a_list_of_prompts_is_each_prompts_completion(server):
+    client = openai_client(server)
+    alone = [client.completions.create(model=server.model, prompt=p, max_tokens=5)
+             .choices[0].text for p in PROMPTS[:3]]
+    reply = client.completions.create(model=server.model, prompt=PROMPTS[:3], max_tokens=5)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.text for c in reply.choices] == alone

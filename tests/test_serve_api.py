@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from placer.runtime.counters import StagingCounters
 from placer.serve.app import Served, build_app
-from placer.serve.engine import Update
+from placer.serve.engine import Sampling, Update
 from placer.serve.metrics import ServerMetrics
 from placer.serve.openai_api import TextStream
 
@@ -39,12 +39,14 @@ class Engine:
     def __init__(self, healthy: bool = True) -> None:
         self.up = healthy
         self.left: list[str] = []
+        self.asked: list[tuple[list[int], Sampling | None]] = []
 
     def healthy(self) -> bool:
         return self.up
 
-    async def generate(self, prompt_ids, max_new_tokens, request_id):
-        n = min(max_new_tokens, len(TOKENS))
+    async def generate(self, prompt_ids, max_new_tokens, request_id, sampling=None):
+        self.asked.append((prompt_ids, sampling))
+        n = min(max_new_tokens, len(TOKENS) - len(prompt_ids) % 2)  # prompts end apart
         done = False
         try:
             for i in range(1, n + 1):
@@ -133,9 +135,12 @@ BAD = [
     ("post", "/v1/completions", b'{"model": "tiny", "prompt": "hi", "max_tokens": NaN}', 400),
     ("post", "/v1/completions", {"model": "tiny"}, 400),
     ("post", "/v1/completions", {**COMPLETION, "prompt": ""}, 400),
-    ("post", "/v1/completions", {**COMPLETION, "prompt": ["a", "b"]}, 400),
-    ("post", "/v1/completions", {**COMPLETION, "temperature": 0.7}, 400),
-    ("post", "/v1/completions", {**COMPLETION, "top_p": 0.9}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "prompt": ["a", ""]}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "prompt": []}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "prompt": ["a"] * 65}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "temperature": -0.5}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "top_p": 0}, 400),
+    ("post", "/v1/completions", {**COMPLETION, "seed": 2**64}, 400),
     ("post", "/v1/completions", {**COMPLETION, "n": 2}, 400),
     ("post", "/v1/completions", {**COMPLETION, "max_tokens": 0}, 400),
     ("post", "/v1/completions", {**COMPLETION, "max_tokens": 63}, 400),
@@ -211,3 +216,46 @@ def test_a_body_past_the_limit_is_a_413_before_it_is_read(client):
         assert response.status_code == 413, response.text
         assert response.json()["error"]["message"].startswith("the request body is")
     assert client.post("/v1/completions", json=COMPLETION).status_code == 200
+
+
+def test_a_list_of_prompts_gets_one_choice_each_whole_and_streamed():
+    engine = Engine()
+    client = TestClient(build_app(served(engine)))
+    body = client.post("/v1/completions", json={"model": "tiny", "prompt": ["hi", "hey"],
+                                                "max_tokens": 6}).json()
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "abcdef", "length"), (1, "abcde", "stop")]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 11, "total_tokens": 16}
+    assert [ids for ids, _ in engine.asked] == [[4, 5], [4, 1, 1]]
+    streamed = client.post("/v1/completions", json={
+        "model": "tiny", "prompt": ["hi", "hey"], "max_tokens": 6, "stream": True,
+        "stream_options": {"include_usage": True}})
+    chunks = [json.loads(c) for c in events(streamed)[:-1]]
+    texts = {0: "", 1: ""}
+    for c in chunks[:-1]:
+        texts[c["choices"][0]["index"]] += c["choices"][0]["text"]
+    assert texts == {0: "abcdef", 1: "abcde"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 11
+
+
+@pytest.mark.parametrize(("asked", "sampling"), [
+    ({}, None), ({"temperature": 0}, None), ({"temperature": 0, "top_p": 0.5}, None),
+    ({"temperature": 0.7, "seed": 5}, Sampling(0.7, 1.0, 5)),
+    ({"top_p": 0.9, "seed": -3}, Sampling(1.0, 0.9, -3)),
+    ({"temperature": 1.3, "top_p": 0.8, "seed": 0}, Sampling(1.3, 0.8, 0))])
+def test_sampling_reaches_the_engine_and_temperature_0_is_greedy(asked, sampling):
+    engine = Engine()
+    client = TestClient(build_app(served(engine)))
+    for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}]})):
+        assert client.post(path, json={**body, **asked, "max_tokens": 2}).status_code == 200
+    assert [s for _, s in engine.asked] == [sampling, sampling]
+
+
+def test_sampling_without_a_seed_draws_one():
+    engine = Engine()
+    client = TestClient(build_app(served(engine)))
+    for _ in range(2):
+        client.post("/v1/completions", json={**COMPLETION, "temperature": 0.5})
+    seeds = [s.seed for _, s in engine.asked]
+    assert seeds[0] != seeds[1] and all(s.temperature == 0.5 for _, s in engine.asked)

@@ -76,6 +76,12 @@ WRITERS = {
     "bench --plot CKPT/x.png": lambda p, c: [
         "bench", p.placed, "--model", p.model, "--prompts", p.root / "prompts.txt",
         "--plot", c / "x.png"],
+    "bench --spec-out CKPT/x.toml": lambda p, c: [
+        "bench", p.placed, "--prompts", p.root / "prompts.txt", "--spec-out", c / "x.toml"],
+    "probe --step --out CKPT/x.toml": lambda p, c: [
+        "probe", "--step", "--model", p.model, "--hardware", BOX, "--out", c / "x.toml"],
+    "traces split --out-a CKPT/a": lambda p, c: [
+        "traces", "split", p.traces, "--out-a", c / "a", "--out-b", p.root / "split-b"],
 }
 
 

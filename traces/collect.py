@@ -443,7 +443,9 @@ def _generate(model, capture: RouterCapture, batch: list[list[int]], seq_ids: np
 class _Progress:
     """A rich progress bar on stderr (tokens/s, ETA); yields `advance(documents, tokens)`.
 
-    It counts tokens when the total is known (`max_tokens`, random tokens), else documents."""
+    It counts tokens when the total is known (`max_tokens`, random tokens), else documents;
+    the total grows to the count where the count passes it (generate mode records generated
+    tokens beyond the prompts' budget), and the bar ends at the true total."""
 
     def __init__(self, corpus: Corpus, options: CollectOptions) -> None:
         self.corpus, self.options = corpus, options
@@ -479,6 +481,12 @@ class _Progress:
         rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
         self.bar.update(self.task, advance=tokens if self.by_tokens else documents,
                         rate=f"{self.tokens} tok, {rate:,.0f} tok/s")
+        task = self.bar.tasks[0]
+        if task.total is not None and task.completed > task.total:
+            # generate mode: the budget counts prompts, the rows add generated tokens too
+            self.bar.update(self.task, total=task.completed)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        if exc_type is None:  # done: the bar ends at what was recorded, not at the estimate
+            self.bar.update(self.task, total=self.bar.tasks[0].completed)
         self.bar.stop()

@@ -143,3 +143,23 @@ def heatmap_png(profile: Profile) -> bytes:
     finally:
         plt.close(fig)
     return buffer.getvalue()
+
+
+def dropped_prefill(trace_dir: Path) -> str | None:
+    """A note when the per-token trace in `trace_dir` has both phases: the solver and the
+    evaluator replay its decode tokens only, and leave its prefill tokens out (a prefill is one
+    step over a whole prompt, not a decode step per token: its routing is not the traffic a
+    decode step sees). None where nothing is left out (one phase only, or imported counts)."""
+    td = open_traces(trace_dir)
+    if td.kind == KIND_COUNTS:
+        return None
+    per_phase = dict.fromkeys(PHASES, 0)
+    for b in stream_rows(td, ["phase"], None, None, None, first_layer_only=True):
+        for name in PHASES:
+            per_phase[name] += int((b["phase"] == name).sum())
+    prefill, decode = per_phase["prefill"], per_phase["decode"]
+    if not (prefill and decode):
+        return None
+    return (f"{td.root}: {prefill:,} prefill tokens of {prefill + decode:,} left out (decode "
+            f"steps only: a prefill step computes a whole prompt at once, so its routing is not "
+            f"what a decode step stages); {decode:,} decode tokens used")

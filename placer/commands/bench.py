@@ -3,6 +3,7 @@ what `placer evaluate`'s cost model predicts for the same tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,11 +11,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, parse_list, print_json, span
+from placer.checkpoint.step import monotone
+from placer.commands.common import command, parse_list, print_json, print_table, span
 from placer.commands.common import console as rich_console
-from placer.commands.run import check_cache_slots, check_placed
+from placer.commands.run import MODEL_HELP, check_cache_slots, check_placed, source_model
 from placer.errors import PlacerError
-from placer.files import check_apart
+from placer.files import check_apart, write_text_atomic
 from placer.hardware.devices import check_device
 from placer.progress import ItemsBar
 
@@ -25,11 +27,11 @@ def register(app: typer.Typer) -> None:
         placed: Annotated[list[Path], typer.Argument(
             help="Placed directories to compare (the first is the reference of the ratios), "
                  "e.g. a plan and its --solver layer twin at the same budget.")],
-        model: Annotated[Path, typer.Option(
-            help="The checkpoint directory they were placed from.")],
         prompts: Annotated[Path, typer.Option(
             help="Prompts: .txt (blank-line-separated blocks), .jsonl (text, messages or "
                  "turns: the first turn) or .parquet; at least the largest concurrency.")],
+        model: Annotated[Path | None, typer.Option(help=MODEL_HELP.replace(
+            "it was", "they were").replace("the manifest", "the first manifest"))] = None,
         concurrency: Annotated[str, typer.Option(
             help="Requests kept in flight, e.g. 1,8.")] = "1,8",
         trials: Annotated[int, typer.Option(help="Runs of every prompt per arm and "
@@ -42,6 +44,10 @@ def register(app: typer.Typer) -> None:
             help="Cache slots per card instead of each manifest's (default: its cards' slots per "
                  "layer and policy as placed); the prediction replays the same cache.")] = None,
         seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
+        spec_out: Annotated[Path | None, typer.Option(
+            help="Write the first arm's hardware spec with the base step this run measured "
+                 "(\\[decode] base_step_ms: its decode step less the predicted stall, by "
+                 "concurrency) to this .toml.")] = None,
         plot: Annotated[Path | None, typer.Option(
             help="Write a PNG of measured and predicted tokens/s per arm (a .png path).")
         ] = None,
@@ -53,10 +59,12 @@ def register(app: typer.Typer) -> None:
         """The paired campaign on this box: each PLACED directory serves the same prompts
         greedily (continuous batching, as `placer serve`) at each concurrency, --trials
         times. Measured: decode tokens/s over the steps in which every sequence decodes (95%
-        interval over trials) and time to first token. The routing those steps served is
-        replayed through `placer evaluate`'s cost model (plan's hardware spec, base step
-        included), so measured and predicted see the same tokens (95% interval over
-        prompts). Each arm's ratio to the first arm is shown for both."""
+        interval over trials, of the log time per token: positive; none under 3 trials),
+        time to first token, and the decode step (printed with the base step it implies;
+        --spec-out writes that into a spec). The routing those steps served is replayed
+        through `placer evaluate`'s cost model (plan's hardware spec, base step included),
+        so measured and predicted see the same tokens (95% interval over prompts). Each
+        arm's ratio to the first arm is shown for both."""
         from placer.serve.bench import BenchOptions, bench
         from placer.serve.bench_plot import plot_bench
 
@@ -64,11 +72,18 @@ def register(app: typer.Typer) -> None:
                             trials=trials, max_new_tokens=max_new_tokens, device=device,
                             cache_slots=cache_slots, seed=seed)
         check_bench_options(placed, prompts, plot, cache_slots, device)
+        model = source_model(placed[0], model)
+        if spec_out is not None and spec_out.suffix != ".toml":
+            raise PlacerError(f"--spec-out writes a TOML spec: give a .toml path, not {spec_out}")
+        if spec_out is not None:
+            check_apart(spec_out, [("the checkpoint", model)], what="--spec-out")
         total = len(placed) * len(opts.concurrency) * trials
         with ItemsBar("bench", total, enabled=not json_out and sys.stderr.isatty()) as bar:
             report = bench(placed, model, prompts, opts, bar)
         if plot is not None:
             report["plot"] = str(plot_bench(report, plot))
+        if spec_out is not None:
+            write_measured_spec(report, placed[0], model, spec_out)
         if json_out:
             print_json(report)
         else:
@@ -91,29 +106,60 @@ def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
 
 
 def print_report(report: dict) -> None:
-    """One row per arm and concurrency: measured beside predicted tokens/s, each with its
-    95% interval, and each as a ratio to the first arm."""
+    """Two rows per arm and concurrency: measured and predicted decode tokens/s, each with
+    its 95% interval, and each as a ratio to the first arm; arms by directory name (see
+    --json for the paths)."""
+    from placer.serve.bench_plot import labels
+
     console = rich_console()
-    table = Table(title=f"decode tokens/s, {report['num_prompts']} prompts x "
+    table = Table(title=f"{report['num_prompts']} prompts x "
                         f"{report['trials']} trials, {report['max_new_tokens']} new tokens "
                         f"(95% intervals; ratios to the first arm)")
-    for col in ("placed", "C", "measured tok/s", "predicted tok/s", "measured / first",
-                "predicted / first", "TTFT ms", "steps"):
-        table.add_column(col, justify="left" if col == "placed" else "right")
-    for r in report["arms"]:
-        table.add_row(r["placed"], str(r["concurrency"]),
-                      figure(r, "measured_tokens_per_s"), figure(r, "predicted_tokens_per_s"),
-                      figure(r, "measured_ratio_to_first", "{:.3f}"),
-                      figure(r, "predicted_ratio_to_first", "{:.3f}"),
-                      f"{r['ttft_ms']:.1f}", str(r["decode_steps"]))
-    console.print(table)
+    for col in ("arm", "C", "", "decode tok/s", "/ first arm", "TTFT ms", "steps"):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    names = labels([r["placed"] for r in report["arms"]])
+    for name, r in zip(names, report["arms"], strict=True):
+        for kind in ("measured", "predicted"):
+            first_row = kind == "measured"
+            table.add_row(name if first_row else "", str(r["concurrency"]) if first_row else "",
+                          kind, figure(r, f"{kind}_tokens_per_s"),
+                          figure(r, f"{kind}_ratio_to_first", "{:.3f}"),
+                          f"{r['ttft_ms']:.1f}" if first_row else "",
+                          str(r["decode_steps"]) if first_row else "", end_section=not first_row)
+    print_table(table, console)
     bases = sorted({(r["concurrency"], r["predicted_base_step_ms"]) for r in report["arms"]})
     console.print("predicted with each plan's hardware spec, base step "
-                  + ", ".join(f"{ms:.2f} ms at C={c}" for c, ms in bases)
-                  + ": give the spec this box's decode step (decode.base_step_ms) for absolute "
-                    "figures", highlight=False)
+                  + ", ".join(f"{ms:.2f} ms at C={c}" for c, ms in bases), highlight=False)
+    first = report["arms"][0]["placed"]
+    measured = [r for r in report["arms"] if r["placed"] == first]
+    console.print(f"measured on this box ({first}): decode step "
+                  + ", ".join(f"{r['measured_step_ms']:.2f} ms at C={r['concurrency']}"
+                              for r in measured)
+                  + "; less the predicted stall, base step "
+                  + ", ".join(f"{r['measured_base_step_ms']:.2f} ms" for r in measured)
+                  + (f": written to {report['spec_out']}" if "spec_out" in report else
+                     ": put it in the spec's \\[decode] base_step_ms (or run with --spec-out)"),
+                  highlight=False)
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", highlight=False)
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
+
+
+def write_measured_spec(report: dict, placed: Path, model: Path, out: Path) -> None:
+    """The first arm's plan's hardware spec with the base step its run measured, at `out`;
+    the report records where."""
+    from placer.hardware.spec_toml import spec_toml
+    from placer.plan.placement import read_plan
+
+    spec = read_plan(placed / "manifest.json").hardware
+    rows = [r for r in report["arms"] if r["placed"] == str(placed)]
+    steps = monotone(sorted((r["concurrency"], float(f"{r['measured_base_step_ms']:.4g}"))
+                            for r in rows))
+    text = spec_toml(dataclasses.replace(spec, base_step_ms=steps),
+                     f"measured by placer bench {placed} (decode step less predicted stall)")
+    write_text_atomic(text, out, [("the checkpoint", model)], what="--spec-out")
+    report["spec_out"] = str(out)
 
 
 def figure(row: dict, key: str, fmt: str = "{:.2f}") -> str:

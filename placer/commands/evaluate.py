@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, parse_list, plus_minus, print_json, span
+from placer.commands.common import (
+    bytes_plus_minus,
+    command,
+    parse_list,
+    plus_minus,
+    print_json,
+    print_table,
+    span,
+)
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart
@@ -103,21 +111,21 @@ def print_report(report: dict) -> None:
            f"{report['groupings']} orders)" if report["steps"] is None else report["replay"])
     table = Table(title=f"predicted on {how}, seed {report['seed']}; ± 95% bootstrap "
                         f"interval ({report['replicates']} replicates)")
-    for col in ("traffic", "B", "execution", "", "hit rate", "cold KiB/token",
-                "cold experts/token", "stall ms/step", "tok/s"):
+    for col in ("line", "hit rate", "cold bytes/token", "cold experts/token", "stall ms/step",
+                "tok/s"):
         table.add_column(col, justify="right")
     for r in report["results"]:
+        table.add_row(f"[bold]{r['traces']}[/bold] B={r['concurrency']} {r['execution']}",
+                      end_section=True)
         lines = [line for line in LINE_NAMES if line in r]
         for i, line in enumerate(lines):
             f = r[line]
-            table.add_row(r["traces"] if i == 0 else "", str(r["concurrency"]) if i == 0 else "",
-                          r["execution"] if i == 0 else "", line_name(r, line),
-                          plus_minus(f, "hit_rate", "{:.3f}"),
-                          plus_minus(f, "staged_bytes_per_token", "{:.1f}", 1 / 1024),
+            table.add_row(line_name(r, line), plus_minus(f, "hit_rate", "{:.3f}"),
+                          bytes_plus_minus(f, "staged_bytes_per_token"),
                           plus_minus(f, "transfers_per_token", "{:.2f}"),
                           plus_minus(f, "stall_ms_per_step", "{:.4f}"),
                           plus_minus(f, "tokens_per_s", "{:.2f}"), end_section=i == len(lines) - 1)
-    console.print(table)
+    print_table(table, console)
     for r in report["results"]:
         others = "".join(f", / {LINE_NAMES[k]} {r[f'ratio_to_{k}']:.3f} "
                          f"{span(r[f'ratio_to_{k}_ci95'])}" for k in ("lru", "belady")
@@ -144,7 +152,7 @@ def print_report(report: dict) -> None:
                           f"{row['tokens']:.0f}" if "tokens" in row else "",
                           plus_minus(row, "hit_rate", "{:.3f}"),
                           plus_minus(row, "stall_ms_per_step", "{:.4f}"))
-        console.print(curve)
+        print_table(curve, console)
     for v in report["verdicts"]:
         console.print(v["message"], style={"worse": "bold red", "better": "green"}.get(
             v["verdict"], "yellow"))

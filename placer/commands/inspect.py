@@ -10,8 +10,7 @@ from rich.table import Table
 
 from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
 from placer.checkpoint.inventory import Inventory, read_inventory
-from placer.commands.common import command, print_json
-from placer.commands.common import console as rich_console
+from placer.commands.common import command, print_json, print_table
 from placer.errors import PlacerError
 from placer.units import format_bytes
 
@@ -72,7 +71,7 @@ def print_summary(inv: Inventory) -> None:
     ]
     for k, v in rows:
         table.add_row(k, v)
-    rich_console().print(table)
+    print_table(table)
     first = inv.experts[0]
     sample = Table(title=f"layer {first.layer}, expert {first.expert}")
     columns = ("tensor", "dtype", "shape", "length") if inv.estimated else (
@@ -82,4 +81,4 @@ def print_summary(inv: Inventory) -> None:
     for t in first.tensors:
         where = () if inv.estimated else (str(t.file), str(t.offset))
         sample.add_row(t.name, t.dtype, str(list(t.shape)), *where, str(t.length))
-    rich_console().print(sample)
+    print_table(sample)

@@ -8,13 +8,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, print_json
+from placer.commands.common import command, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 from placer.units import format_bytes
 
 MAX_CACHE_SLOTS = 1 << 16
+MODEL_HELP = ("The checkpoint directory it was placed from (dense weights, tokenizer); default: "
+              "the one the manifest records (source.dir).")
 
 
 def register(app: typer.Typer) -> None:
@@ -22,9 +24,8 @@ def register(app: typer.Typer) -> None:
     def run(
         placed: Annotated[Path, typer.Argument(
             help="Placed directory written by `placer emit` (manifest.json + shards).")],
-        model: Annotated[Path, typer.Option(
-            help="The checkpoint directory it was placed from (dense weights, tokenizer).")],
         prompt: Annotated[str, typer.Option(help="Text to continue.")],
+        model: Annotated[Path | None, typer.Option(help=MODEL_HELP)] = None,
         max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate (greedy).")] = 32,
         cache_slots: Annotated[int | None, typer.Option(
             help="Cache slots per card for staged experts, instead of the manifest's "
@@ -42,7 +43,8 @@ def register(app: typer.Typer) -> None:
         from placer.runtime.generate import run_prompt
 
         check_run_options(placed, prompt, cache_slots, device)
-        result = run_prompt(placed, model, prompt, max_new_tokens=max_new_tokens,
+        result = run_prompt(placed, source_model(placed, model), prompt,
+                            max_new_tokens=max_new_tokens,
                             cache_slots=cache_slots, device=device)
         if json_out:
             print_json(result)
@@ -65,6 +67,20 @@ def check_placed(placed: Path) -> None:
         raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
 
 
+def source_model(placed: Path, model: Path | None) -> Path:
+    """--model, or the source checkpoint PLACED's manifest records; one line where that
+    directory is gone."""
+    if model is not None:
+        return model
+    from placer.placed.manifest import read_manifest
+
+    recorded = Path(read_manifest(placed)["source"]["dir"])
+    if not recorded.is_dir():
+        raise PlacerError(f"{placed}: the source checkpoint its manifest records, {recorded}, "
+                          "no longer exists: give --model")
+    return recorded
+
+
 def check_cache_slots(cache_slots: int | None) -> None:
     """What run, serve and bench refuse as --cache-slots."""
     if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
@@ -84,4 +100,4 @@ def print_result(result: dict) -> None:
     for row in [*staging["per_card"], {"card": "total", **staging["total"]}]:
         table.add_row(str(row["card"]), format_bytes(row["bytes"]), str(row["copies"]),
                       str(row["cache_hits"]), f"{row['seconds']:.4f}")
-    console.print(table)
+    print_table(table, console)

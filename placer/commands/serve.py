@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command
-from placer.commands.run import check_cache_slots, check_placed
+from placer.commands.run import MODEL_HELP, check_cache_slots, check_placed, source_model
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 
@@ -25,8 +25,7 @@ def register(app: typer.Typer) -> None:
     def serve_cmd(
         placed: Annotated[Path, typer.Argument(
             help="Placed directory written by `placer emit` (manifest.json + shards).")],
-        model: Annotated[Path, typer.Option(
-            help="The checkpoint directory it was placed from (dense weights, tokenizer).")],
+        model: Annotated[Path | None, typer.Option(help=MODEL_HELP)] = None,
         host: Annotated[str, typer.Option(
             help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every "
                  "interface).")] = "127.0.0.1",
@@ -47,9 +46,11 @@ def register(app: typer.Typer) -> None:
         `data: [DONE]`), GET /v1/models, /health and /metrics (Prometheus: placer_staged_bytes
         and the other staging counters by card, generated tokens, requests).
 
-        Greedy decoding only (what `placer run` prints for the same prompt): temperature 0
-        or absent, top_p 1 or absent, n 1; stop strings are honoured. A bad request gets a
-        4xx with an OpenAI error body. SIGTERM or Ctrl-C stop taking connections, finish the
+        Greedy by default (what `placer run` prints for the same prompt); temperature,
+        top_p and seed sample through transformers' generation, the same seed giving the
+        same text; temperature 0 is greedy. A completion's prompt may be a list (a choice
+        each); n must be 1; stop strings are honoured. A bad request gets a 4xx with an
+        OpenAI error body. SIGTERM or Ctrl-C stop taking connections, finish the
         requests in flight and exit 0."""
         from placer.serve.engine import BATCHING
         from placer.serve.server import serve
@@ -64,6 +65,7 @@ def register(app: typer.Typer) -> None:
         if not 0 <= port <= 65535:
             raise PlacerError(f"--port must be in 0..65535, got {port}")
         check_device(device)
-        serve(placed, model, host=host, port=port, device=device, cache_slots=cache_slots,
+        serve(placed, source_model(placed, model), host=host, port=port, device=device,
+              cache_slots=cache_slots,
               batching=batching, kv_tokens=kv_tokens,
               announce=lambda line: typer.echo(line))

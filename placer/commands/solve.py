@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,14 +13,16 @@ from rich.table import Table
 
 from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
 from placer.checkpoint.inventory import read_inventory
-from placer.commands.common import command, parse_list, plus_minus, print_json, span
+from placer.commands.common import command, parse_list, plus_minus, print_json, print_table, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, write_json_atomic
 from placer.hardware.spec import load_spec
 from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
 from placer.plan.placement import Plan
+from placer.progress import StageSpinner
 from placer.units import format_bytes, parse_bytes
+from traces.stats import dropped_prefill
 
 
 def register(app: typer.Typer) -> None:
@@ -107,12 +111,19 @@ def register(app: typer.Typer) -> None:
             if page_size is not None else None,
             robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
             execution=execution, cache=parse_cache(cache), cache_policy=cache_policy)
-        plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
+        spec = load_spec(hardware)
+        with StageSpinner("solve:", opts.time_limit if opts.solver == "ilp" or robust else None,
+                          enabled=not json_out and sys.stderr.isatty()) as spinner:
+            plan = solve_plan(inv, spec, list(traces or []), opts, spinner.stage)
         write_json_atomic(plan.to_json(), out, inputs)
         if json_out:
             print_json(plan.to_json())
         else:
             print_plan(plan, out)
+            for trace_dir in traces or []:
+                note = dropped_prefill(trace_dir)
+                if note:
+                    rich_console().print(f"note: {note}", highlight=False)
 
 
 def parse_cache(value: str) -> int | None:
@@ -130,8 +141,7 @@ def print_plan(plan: Plan, out: Path) -> None:
     """The human summary of a plan: solver quality, cards, the cache split, predictions."""
     console = rich_console()
     s = plan.solver
-    bound = ("no bound" if s["bound"] is None else
-             f"bound {s['bound']:.6g}, gap {100 * s['gap']:.2f}%")
+    bound = solver_bound(s)
     console.print(f"solver {s['name']}: objective {s['objective']:.6g} ({s['objective_unit']}), "
                   f"{bound}, {s['seconds']:.2f} s, {s['status']}")
     cards = Table(title="cards")
@@ -144,14 +154,24 @@ def print_plan(plan: Plan, out: Path) -> None:
         cards.add_row(str(c.index), format_bytes(c.budget_bytes), format_bytes(c.staging_bytes),
                       format_bytes(c.resident_bytes), slots, format_bytes(c.homed_bytes),
                       format_bytes(c.homed_bytes - c.resident_bytes))
-    console.print(cards)
+    print_table(cards, console)
     print_cache(plan.cache or {})
-    console.print(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
-                                                   "bootstrap interval over sequences)"))
+    print_table(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
+                                                 "bootstrap interval over sequences)"), console)
     if plan.robust:
         ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
         console.print(f"robust: stall / layer-offload stall per profile and concurrency: {ratios}")
     console.print(f"plan written to {out}")
+
+
+def solver_bound(solver: dict) -> str:
+    """"bound B, gap G%", or "bound n/a" where the solver proved none (None or NaN: greedy,
+    a time limit before any bound), and the gap likewise."""
+    bound, gap = solver.get("bound"), solver.get("gap")
+    if bound is None or not math.isfinite(bound):
+        return "bound n/a"
+    gap_text = "n/a" if gap is None or not math.isfinite(gap) else f"{100 * gap:.2f}%"
+    return f"bound {bound:.6g}, gap {gap_text}"
 
 
 def print_cache(cache: dict) -> None:
@@ -173,24 +193,25 @@ def print_cache(cache: dict) -> None:
     for point in cache["curve"]:
         curve.add_row(f"{point['slots_share']:.2f}", str(point["slots_per_layer"]),
                       f"{point['held_out_stall_ms_per_step']:.4f}")
-    console.print(curve)
+    print_table(curve, console)
     for note in cache.get("notes", []):
         console.print(f"note: {note}")
 
 
 def prediction_table(rows: list[dict], title: str) -> Table:
-    """One row per (profile, concurrency): placement vs layer offload vs uniform, each stall
-    with the half-width of its 95% interval, and the paired ratio with its interval."""
+    """Per (profile, concurrency), one row per line (placement, layer offload, uniform):
+    stall with the half-width of its 95% interval, tokens/s, hit rate; the placement's row
+    gives its paired ratio to layer offload with its interval."""
     table = Table(title=title)
-    for col in ("traffic", "B", "placement stall ms/step", "tok/s", "hit rate",
-                "layer offload ms/step", "tok/s ", "uniform ms/step", "vs layer"):
+    for col in ("line", "stall ms/step", "tok/s", "hit rate", "stall / layer offload"):
         table.add_column(col, justify="right")
     for r in rows:
-        p, lay, uni = r["placement"], r["layer"], r["uniform"]
-        table.add_row(r["profile"], str(r["concurrency"]), plus_minus(p, "stall_ms_per_step"),
-                      f"{p['tokens_per_s']:.2f}", f"{p['hit_rate']:.3f}",
-                      plus_minus(lay, "stall_ms_per_step"), f"{lay['tokens_per_s']:.2f}",
-                      plus_minus(uni, "stall_ms_per_step"),
-                      f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}")
+        table.add_row(f"[bold]{r['profile']}[/bold] B={r['concurrency']}", end_section=True)
+        for i, (key, name) in enumerate((("placement", "placement"),
+                                         ("layer", "layer offload"), ("uniform", "uniform"))):
+            f = r[key]
+            table.add_row(name, plus_minus(f, "stall_ms_per_step"), f"{f['tokens_per_s']:.2f}",
+                          f"{f['hit_rate']:.3f}",
+                          f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}"
+                          if key == "placement" else "", end_section=i == 2)
     return table
-

@@ -1,4 +1,5 @@
-"""`placer traces stats|import`: look at a trace directory; import other tools' counts."""
+"""`placer traces stats|split|import`: look at a trace directory, split it in two, import
+other tools' counts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from placer.checkpoint.estimate import estimate_inventory
 from placer.checkpoint.inventory import read_inventory
-from placer.commands.common import command, model_identity, print_json
+from placer.commands.common import command, model_identity, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, removed_on_failure, write_bytes_atomic
@@ -59,6 +60,43 @@ def register(app: typer.Typer) -> None:
         _print_stats(result)
         if plot is not None:
             typer.echo(f"heatmap -> {plot}")
+
+    @command(traces_app, "split")
+    def split(
+        trace_dir: Annotated[Path, typer.Argument(help="Per-token trace directory to split.")],
+        out_a: Annotated[Path, typer.Option(
+            help="New trace directory for the --fraction of sequences (or the --tag rows), "
+                 "e.g. the calibration set.")],
+        out_b: Annotated[Path, typer.Option(
+            help="New trace directory for the rest, e.g. the held-out set.")],
+        fraction: Annotated[float, typer.Option(
+            help="Share of the sequences that goes to --out-a, drawn at random with --seed "
+                 "(at least one sequence each side).")] = 0.5,
+        seed: Annotated[int, typer.Option(help="Seed of the draw.")] = 0,
+        tag: Annotated[list[str] | None, typer.Option(
+            help="Split by tag instead: rows of these tags to --out-a, the rest to --out-b; "
+                 "repeatable.")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
+                            ] = False,
+    ) -> None:
+        """Split a trace into two trace datasets (calibration and held-out traffic from one
+        collection): by sequence, a seeded random --fraction to --out-a, or by --tag. Every
+        sequence goes whole to one side; each output keeps the source's files, schema and
+        metadata (fingerprint, tags), so every command reads it as the same model's trace.
+        Both are written completely or not at all."""
+        from traces.split import split_traces
+
+        for out, what in ((out_a, "--out-a"), (out_b, "--out-b")):
+            check_apart(out, [("the trace directory", trace_dir)], what=what, directory=True)
+        result = split_traces(trace_dir, out_a, out_b, fraction=fraction, seed=seed, tags=tag)
+        if json_out:
+            print_json({"by": result.by, "out_a": str(out_a), "out_b": str(out_b),
+                        "sequences": list(result.sequences), "tokens": list(result.tokens),
+                        "files": list(result.files)})
+            return
+        for out, i in ((out_a, 0), (out_b, 1)):
+            typer.echo(f"{out}: {result.sequences[i]} sequences, {result.tokens[i]} tokens, "
+                       f"{result.files[i]} file{'s' if result.files[i] != 1 else ''}")
 
     @command(traces_app, "import")
     def import_command(
@@ -167,7 +205,7 @@ def _print_stats(result: dict) -> None:
     tags = Table("tag", "tokens", "sequences", title="per tag")
     for tag, entry in result["tags"].items():
         tags.add_row(tag, str(entry["tokens"]), str(entry["sequences"]))
-    console.print(tags)
+    print_table(tags, console)
     if result["phases"]:
         console.print("phases: " + ", ".join(f"{k} {v}" for k, v in result["phases"].items()))
     layers = Table("layer", "entropy (bits)", "hot 10%", "hot 25%", "hot 50%",
@@ -176,4 +214,4 @@ def _print_stats(result: dict) -> None:
         share = entry["hot_share"]
         layers.add_row(str(entry["layer"]), f"{entry['entropy_bits']:.2f}",
                        f"{share['10%']:.1%}", f"{share['25%']:.1%}", f"{share['50%']:.1%}")
-    console.print(layers)
+    print_table(layers, console)

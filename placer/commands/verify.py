@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command, print_json
+from placer.commands.run import MODEL_HELP, source_model
 from placer.units import format_bytes
 
 
@@ -15,7 +16,7 @@ def register(app: typer.Typer) -> None:
     @command(app, "verify")
     def verify(
         placed: Annotated[Path, typer.Argument(help="Placed directory written by `placer emit`.")],
-        model: Annotated[Path, typer.Option(help="The checkpoint directory it was placed from.")],
+        model: Annotated[Path | None, typer.Option(help=MODEL_HELP)] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
                             ] = False,
     ) -> None:
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
         manifest validates. Exit 1 on any difference, naming the tensor, expert and file."""
         from placer.placed.verify import verify_placed
 
-        report = verify_placed(placed, model)
+        report = verify_placed(placed, source_model(placed, model))
         if json_out:
             print_json(report.to_json())
         else:

@@ -24,6 +24,7 @@ from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
 from solvers.cost import replay
 from solvers.cpu import ExpertCurve, Host
+from solvers.ilp import Progress, no_progress
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
 from solvers.replay import Line, make_steps, replay_with_intervals
 from solvers.staging import slot_unit, staging_bytes
@@ -161,12 +162,15 @@ def robust_scenarios(inv: Inventory, spec: HardwareSpec, home: np.ndarray,
             for t in traffic for b in opts.concurrency]
 
 
-def run_solver(name: str, problem: Problem, opts: SolveOptions, top_k: int) -> SolveResult:
-    """Solve `problem` with solver `name` (ilp, greedy, layer, uniform)."""
+def run_solver(name: str, problem: Problem, opts: SolveOptions, top_k: int,
+               progress: Progress = no_progress) -> SolveResult:
+    """Solve `problem` with solver `name` (ilp, greedy, layer, uniform); the ILP tells
+    `progress` its stages."""
     if name == "greedy":
         return greedy.solve(problem, seed=opts.seed)
     if name == "ilp":
-        return ilp.solve(problem, time_limit=opts.time_limit, seed=opts.seed)
+        return ilp.solve(problem, time_limit=opts.time_limit, seed=opts.seed,
+                         progress=progress)
     if name == "layer":
         return baselines.layer_offload(problem)
     if name == "uniform":
@@ -184,11 +188,12 @@ def figures(problem: Problem, placement: Placement, steps: Steps) -> dict[str, f
             "stall_ms_per_step": s["stall_s_per_step"] * 1e3, "tokens_per_s": s["tokens_per_s"]}
 
 
-def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts: SolveOptions
-               ) -> Plan:
+def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts: SolveOptions,
+               progress: Progress = no_progress) -> Plan:
     """Solve a placement for `inv` on `spec` from the traces in `trace_dirs`: pinned experts
     and per-layer cache slots together (`opts.cache`: None picks the split, N slots per card,
-    0 none), or with no cache, the static placement of `opts.solver`."""
+    0 none), or with no cache, the static placement of `opts.solver`. `progress(stage)` is
+    told each stage as it starts (the solvers' own stages included)."""
     check_options(opts)
     if opts.solver in ("ilp", "greedy") and not trace_dirs:
         raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
@@ -201,6 +206,7 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     if execution.mode == "cpu" and opts.page_size is not None:
         raise PlacerError("--execution cpu computes whole experts on the host: --page-size "
                           "is for staging")
+    progress("reading traces")
     traffic = [load_traffic(d, inv, opts.concurrency, opts.num_steps, opts.seed)
                for d in trace_dirs]
     home = choose_homes(inv, spec, opts.ep, traffic)
@@ -209,15 +215,17 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     check_cache_options(opts, reason)
     problem = make_problem(inv, spec, home, budget - staging, traffic, opts, execution)
     if reason is None and opts.cache != 0:
+        progress("splitting pins and cache slots (held-out folds)")
         plan, lines = _cached_plan(inv, spec, home, budget, traffic, opts)
     else:
         plan, lines = _static_plan(inv, spec, home, budget, staging, traffic, opts, problem,
-                                   execution)
+                                   execution, progress)
         plan.cache = {"mode": "off", "reason": reason if opts.cache != 0 else "--cache 0"}
     plan.calibration = [calibration_json(t) for t in traffic]
     baselines_at = {name: run_solver(name, problem, opts, inv.top_k).placement
                     for name in ("layer", "uniform")}
     plan.predicted = []
+    progress("predicting on the calibration traffic")
     for t in traffic:
         for b in opts.concurrency:
             replayed = replay_with_intervals(problem, {**lines, **baselines_at}, t.steps[b],
@@ -241,17 +249,19 @@ def _budget_json(opts: SolveOptions) -> dict:
 
 def _static_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np.ndarray,
                  staging: np.ndarray, traffic: list[Traffic], opts: SolveOptions,
-                 problem: Problem, execution: Execution) -> tuple[Plan, dict[str, Line]]:
+                 problem: Problem, execution: Execution, progress: Progress
+                 ) -> tuple[Plan, dict[str, Line]]:
     """The static placement of `opts.solver` (or `--robust`), with no cache."""
     robust_info = None
     if opts.robust:
         outcome = robust.solve(robust_scenarios(inv, spec, home, budget - staging, traffic,
                                                 opts, execution),
-                               time_limit=opts.time_limit, seed=opts.seed)
+                               time_limit=opts.time_limit, seed=opts.seed, progress=progress)
         result, robust_info = outcome.result, {"ratios": dict(outcome.ratios),
                                                "worst_ratio": max(outcome.ratios.values())}
     else:
-        result = run_solver(opts.solver, problem, opts, inv.top_k)
+        progress(f"solver {opts.solver}")
+        result = run_solver(opts.solver, problem, opts, inv.top_k, progress)
     plan = build_plan(inv, spec, home=home, resident_pages=result.placement.resident_pages,
                       page_size=opts.page_size, budget_bytes=budget, staging_bytes=staging,
                       budget=_budget_json(opts), ep=opts.ep, solver=solver_json(result, opts),

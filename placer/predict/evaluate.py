@@ -36,6 +36,7 @@ from placer.predict.drift import calibration_counts, drift_of
 from placer.progress import ItemsBar
 from solvers import baselines, ilp
 from solvers.cache import even_quotas
+from solvers.ilp import Progress, no_progress
 from solvers.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
 from solvers.problem import Placement, Problem, SolveResult, Steps
 from solvers.replay import BELADY, Line, make_steps, replay_with_intervals
@@ -48,6 +49,7 @@ from traces.profile import (
     load_profile,
     sampled_token_steps,
 )
+from traces.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "belady")  # stage execution only
 MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
@@ -146,9 +148,10 @@ def check_traces(plan: Plan, trace_dir: Path) -> None:
                          plan.experts_per_layer)
 
 
-def oracle(problem: Problem, time_limit: float, seed: int) -> SolveResult:
+def oracle(problem: Problem, time_limit: float, seed: int, progress: Progress = no_progress
+           ) -> SolveResult:
     """The best placement for this very traffic: the ILP (greedy-hinted), within a limit."""
-    return ilp.solve(problem, time_limit=time_limit, seed=seed)
+    return ilp.solve(problem, time_limit=time_limit, seed=seed, progress=progress)
 
 
 def replay_steps(trace_dir: Path, profile: Profile, batch: int, num_steps: int | None,
@@ -184,6 +187,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
+        notes += [n for n in [dropped_prefill(trace_dir)] if n]
     modes = executions(plan, opts.execution)
     with ItemsBar("evaluate", len(trace_dirs) * len(batches) * len(modes), progress) as bar:
         for trace_dir in trace_dirs:
@@ -195,12 +199,14 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                                            groupings=opts.groupings, fallback_steps=fallback)
                 notes += [note] if note else []
                 for mode in modes:
-                    bar.show(f"{trace_dir.name} B={b} {mode}")
-                    row, staged = evaluate_row(plan, name, steps, plan_placement(plan, mode),
-                                               opts, seed, mode)
+                    item = f"{trace_dir.name} B={b} {mode}"
+                    bar.show(item)
+                    row, staged = evaluate_row(
+                        plan, name, steps, plan_placement(plan, mode), opts, seed, mode,
+                        lambda stage, item=item: bar.show(f"{item}: oracle ILP, {stage}"))
                     rows.append(row)
                     notes += [too_little_note(row)] if row["verdict"] == TOO_LITTLE else []
-                    per_layer.append({"concurrency": b, "execution": mode,
+                    per_layer.append({"traces": name, "concurrency": b, "execution": mode,
                                       "staged_bytes_per_token": staged})
                     bar.advance()
             results += rows
@@ -225,14 +231,15 @@ def executions(plan: Plan, asked: str | None) -> tuple[str, ...]:
 
 
 def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
-                 opts: EvalOptions, seed: int, execution: str
-                 ) -> tuple[dict, dict[str, list[float]]]:
+                 opts: EvalOptions, seed: int, execution: str,
+                 progress: Progress = no_progress) -> tuple[dict, dict[str, list[float]]]:
     """One (traffic, B, execution) row with intervals, and each line's staged bytes (cpu
-    execution: bytes the host computes) per token by layer."""
+    execution: bytes the host computes) per token by layer; the oracle's ILP tells
+    `progress` its stages."""
     batch = steps.batch
     base = plan.hardware.base_step_s(batch)
     best = oracle(traffic_problem(plan, name, steps, base, execution), opts.oracle_time_limit,
-                  seed)
+                  seed, progress)
     problem = plan_problem(plan, [], execution)
     lines: dict[str, Line] = {
         "placement": Line(placement),

@@ -15,7 +15,8 @@ from traces.profile import load_profile
 
 def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path) -> Path:
     """For each trace set: per-layer staged bytes per token of every line (placement vs
-    layer offload, uniform, oracle, and the cache lines) at the first concurrency, and
+    layer offload, uniform, oracle, and the cache lines) at the first concurrency, under each
+    execution model replayed (`--execution both`: both, labelled), and
     traffic minus calibration frequency; a PNG written to `out` by the atomic writer."""
     import matplotlib
 
@@ -27,16 +28,21 @@ def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path)
     fig, axes = plt.subplots(len(trace_dirs), 2, figsize=(13, 3.6 * len(trace_dirs)),
                              squeeze=False)
     first_b = report["results"][0]["concurrency"]
-    per_layer = [p for p in report["per_layer"] if p["concurrency"] == first_b]
-    for row, (trace_dir, staged) in enumerate(zip(trace_dirs, per_layer, strict=True)):
+    modes = {p["execution"] for p in report["per_layer"]}
+    for row, trace_dir in enumerate(trace_dirs):
         ax = axes[row][0]
-        for line, values in staged["staged_bytes_per_token"].items():
-            ax.plot(plan.moe_layers, np.array(values) / 2**20, marker="o", label=line)
+        for staged in report["per_layer"]:
+            if staged["traces"] != str(trace_dir) or staged["concurrency"] != first_b:
+                continue
+            prefix = f"{staged['execution']}: " if len(modes) > 1 else ""
+            for line, values in staged["staged_bytes_per_token"].items():
+                ax.plot(plan.moe_layers, np.array(values) / 2**20, marker="o",
+                        label=prefix + line)
         ax.set_title(f"{trace_dir}: staged MiB per token by layer (B={first_b})")
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("MiB / token")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend()
+        ax.legend(fontsize="small")
         ax = axes[row][1]
         traffic = load_profile(trace_dir).counts.astype(np.float64)
         diff = _share(traffic) - (_share(calib) if calib is not None else 0.0)

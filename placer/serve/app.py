@@ -1,7 +1,9 @@
 """The HTTP face of `placer serve`: an OpenAI-compatible FastAPI app over an engine.
 
-    POST /v1/completions        {"model", "prompt", "max_tokens", "stop", "stream"}
-    POST /v1/chat/completions   {"model", "messages", "max_tokens", "stop", "stream"}
+    POST /v1/completions        {"model", "prompt" (one or a list), "max_tokens", "stop",
+                                 "stream", "temperature", "top_p", "seed"}
+    POST /v1/chat/completions   {"model", "messages", "max_tokens", "stop", "stream",
+                                 "temperature", "top_p", "seed"}
     GET  /v1/models             the one model served
     GET  /health                200 while the engine generates, 503 once it cannot
     GET  /metrics               Prometheus text (placer.serve.metrics)
@@ -9,13 +11,14 @@
 Streams are server-sent events, `data: <chunk JSON>` each, the last `data: [DONE]`. Every
 refusal is a 4xx with an OpenAI error body, `{"error": {"message", "type", "param",
 "code"}}`: a body that is not JSON or not the schema, an unknown model, a prompt that does
-not fit the context, sampling the server does not do (see placer.serve.openai_api); an
+not fit the context, more than one choice per prompt (see placer.serve.openai_api); an
 unknown path is a 404 and a wrong method a 405, in the same shape. A client that leaves
 mid-stream cancels its request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -29,7 +32,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from placer.serve.engine import Engine, EngineClosed
+from placer.serve.engine import Engine, EngineClosed, Sampling
 from placer.serve.metrics import ServerMetrics
 from placer.serve.openai_api import (
     DEFAULT_MAX_TOKENS,
@@ -60,13 +63,17 @@ class Served:
 
 @dataclass(frozen=True)
 class Job:
-    """One accepted request: its prompt, its limit, its stop strings, its reply envelope."""
+    """One accepted prompt of a request: its tokens, its limit, its stop strings, how it
+    samples (None: greedily), its reply envelope (shared by a request's prompts) and its
+    choice's index there."""
 
     endpoint: str
     prompt_ids: list[int]
     max_tokens: int
     stops: list[str]
     reply: Reply
+    sampling: Sampling | None = None
+    index: int = 0
 
 
 MAX_BODY = 4 << 20  # bytes of a request body; a prompt that fits any context is far smaller
@@ -127,16 +134,17 @@ def build_app(served: Served) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest) -> Response:
-        job = accept(served, body, "completions", encode_text(served.tokenizer, body.text()),
-                     body.max_tokens)
-        return await answer(served, job, body)
+        jobs = accept(served, body, "completions",
+                      [encode_text(served.tokenizer, text) for text in body.texts()],
+                      body.max_tokens)
+        return await answer(served, jobs, body)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest) -> Response:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        job = accept(served, body, "chat", encode_messages(served.tokenizer, messages),
-                     body.limit())
-        return await answer(served, job, body)
+        jobs = accept(served, body, "chat", [encode_messages(served.tokenizer, messages)],
+                      body.limit())
+        return await answer(served, jobs, body)
 
     return app
 
@@ -163,12 +171,25 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def accept(served: Served, body: ChatRequest | CompletionRequest, endpoint: str,
-           prompt_ids: list[int], max_tokens: int | None) -> Job:
-    """The request as a job, or an ApiError saying why it cannot be served."""
-    body.check_greedy()
+           prompts: list[list[int]], max_tokens: int | None) -> list[Job]:
+    """The request as one job per prompt, or an ApiError saying why it cannot be served."""
+    body.check_choices()
     if body.model != served.model_id:
         raise ApiError(404, f"model {body.model!r} is not served here (GET /v1/models: "
                             f"{served.model_id!r})", param="model")
+    reply, sampling = Reply(chat=endpoint == "chat", model=served.model_id), body.sampling()
+    jobs = [accept_prompt(served, endpoint, prompt_ids, max_tokens)
+            for prompt_ids in prompts]
+    if not served.engine.healthy():
+        raise ApiError(503, "the engine is not generating (see GET /health)",
+                       kind="server_error")
+    return [Job(endpoint, prompt_ids, limit, body.stops(), reply, sampling, index)
+            for index, (prompt_ids, limit) in enumerate(jobs)]
+
+
+def accept_prompt(served: Served, endpoint: str, prompt_ids: list[int],
+                  max_tokens: int | None) -> tuple[list[int], int]:
+    """A prompt and its token limit, or an ApiError: it must fit the context."""
     room = served.max_context - len(prompt_ids)
     if room < 1:
         raise ApiError(400, f"the prompt is {len(prompt_ids)} tokens: the context holds "
@@ -180,30 +201,35 @@ def accept(served: Served, body: ChatRequest | CompletionRequest, endpoint: str,
         raise ApiError(400, f"{len(prompt_ids)} prompt tokens + max_tokens {max_tokens} "
                             f"exceed the context of {served.max_context} tokens",
                        param="max_tokens")
-    if not served.engine.healthy():
-        raise ApiError(503, "the engine is not generating (see GET /health)",
-                       kind="server_error")
-    return Job(endpoint, prompt_ids, max_tokens, body.stops(),
-               Reply(chat=endpoint == "chat", model=served.model_id))
+    return prompt_ids, max_tokens
 
 
-async def answer(served: Served, job: Job, body: ChatRequest | CompletionRequest
+async def answer(served: Served, jobs: list[Job], body: ChatRequest | CompletionRequest
                  ) -> Response:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(events(served, job, include_usage),
+        return StreamingResponse(events(served, jobs, include_usage),
                                  media_type="text/event-stream")
-    stream = TextStream(served.tokenizer, job.stops)
-    text = []
+    streams = [TextStream(served.tokenizer, job.stops) for job in jobs]
+
+    async def text_of(job: Job, stream: TextStream) -> str:
+        return "".join([piece async for piece in generate(served, job, stream)])
+
     try:
-        async for piece in generate(served, job, stream):
-            text.append(piece)
+        texts = await asyncio.gather(*(text_of(j, s) for j, s in zip(jobs, streams,
+                                                                    strict=True)))
     except EngineClosed as exc:
         raise ApiError(503, str(exc), kind="server_error") from None
     except RuntimeError as exc:
         raise ApiError(500, str(exc), kind="server_error") from None
-    return JSONResponse(job.reply.whole("".join(text), finish_reason(stream, job.max_tokens),
-                                        usage(len(job.prompt_ids), len(stream.tokens))))
+    choices = [(text, finish_reason(s, j.max_tokens))
+               for text, s, j in zip(texts, streams, jobs, strict=True)]
+    return JSONResponse(jobs[0].reply.whole(choices, used(jobs, streams)))
+
+
+def used(jobs: list[Job], streams: list[TextStream]) -> dict:
+    """The usage of a request: its prompts' tokens and its completions', summed."""
+    return usage(sum(len(j.prompt_ids) for j in jobs), sum(len(s.tokens) for s in streams))
 
 
 async def generate(served: Served, job: Job, stream: TextStream) -> AsyncIterator[str]:
@@ -213,7 +239,8 @@ async def generate(served: Served, job: Job, stream: TextStream) -> AsyncIterato
     metrics.running.inc()
     status = "error"
     try:
-        updates = served.engine.generate(job.prompt_ids, job.max_tokens, uuid.uuid4().hex)
+        updates = served.engine.generate(job.prompt_ids, job.max_tokens, uuid.uuid4().hex,
+                                         job.sampling)
         async with aclosing(updates):  # leaving early cancels the request in the engine
             async for update in updates:
                 if update.error:
@@ -235,19 +262,37 @@ def sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def events(served: Served, job: Job, include_usage: bool) -> AsyncIterator[str]:
-    """The server-sent events of a streamed reply; a failure after the first event is an
+async def events(served: Served, jobs: list[Job], include_usage: bool
+                 ) -> AsyncIterator[str]:
+    """The server-sent events of a streamed reply, the prompts' choices interleaved as their
+    text comes (each chunk names its choice's index); a failure after the first event is an
     error event (the status line is sent), then [DONE]."""
-    stream = TextStream(served.tokenizer, job.stops)
-    reply = job.reply
+    streams = [TextStream(served.tokenizer, job.stops) for job in jobs]
+    reply = jobs[0].reply
     if reply.chat:
         yield sse(reply.chunk(None, role=True))
+    chunks: asyncio.Queue = asyncio.Queue()
+
+    async def produce(job: Job, stream: TextStream) -> None:
+        """The job's chunks into `chunks`, as (chunk, whether it is the job's last)."""
+        try:
+            async for piece in generate(served, job, stream):
+                await chunks.put((reply.chunk(piece, index=job.index), False))
+            await chunks.put((reply.chunk(None, finish_reason(stream, job.max_tokens),
+                                          index=job.index), True))
+        except (EngineClosed, RuntimeError) as exc:
+            await chunks.put((ApiError(500, str(exc), kind="server_error").body(), True))
+
+    tasks = [asyncio.create_task(produce(j, s)) for j, s in zip(jobs, streams, strict=True)]
     try:
-        async for piece in generate(served, job, stream):
-            yield sse(reply.chunk(piece))
-        yield sse(reply.chunk(None, finish_reason(stream, job.max_tokens)))
+        finished = 0
+        while finished < len(jobs):
+            chunk, last = await chunks.get()
+            finished += last
+            yield sse(chunk)
         if include_usage:
-            yield sse(reply.usage_chunk(usage(len(job.prompt_ids), len(stream.tokens))))
-    except (EngineClosed, RuntimeError) as exc:
-        yield sse(ApiError(500, str(exc), kind="server_error").body())
+            yield sse(reply.usage_chunk(used(jobs, streams)))
+    finally:
+        for task in tasks:
+            task.cancel()
     yield sse("[DONE]")

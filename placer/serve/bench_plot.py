@@ -12,7 +12,8 @@ from placer.predict.plots import write_figure
 def plot_bench(report: dict, out: Path) -> Path:
     """One column per concurrency: above, each arm's measured and predicted tokens/s; below,
     each arm's ratio to the first arm, measured and predicted; every bar with its 95%
-    interval. A PNG, written by the atomic writer (placer.files)."""
+    interval (none where too few trials gave none). A PNG, written by the atomic writer
+    (placer.files)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,14 +31,22 @@ def plot_bench(report: dict, out: Path) -> Path:
             x = np.arange(len(arms))
             for offset, kind in ((-0.2, "measured"), (0.2, "predicted")):
                 values = np.array([rows[i][f"{kind}_{key}"] for i in arms])
-                ci = np.array([rows[i][f"{kind}_{key}_ci95"] for i in arms])
-                ax.bar(x + offset, values, 0.4, yerr=np.abs(ci.T - values), capsize=4,
-                       label=kind)
+                ax.bar(x + offset, values, 0.4, yerr=error_bars(
+                    values, [rows[i][f"{kind}_{key}_ci95"] for i in arms]), capsize=4,
+                    label=kind)
             ax.set_xticks(x, [names[i] for i in arms], rotation=15)
             ax.set_title(f"concurrency {level}")
             ax.set_ylabel(ylabel)
             ax.legend()
     return write_figure(fig, out)
+
+
+def error_bars(values: np.ndarray, cis: list[list[float] | None]) -> np.ndarray:
+    """[2, n] distances below and above each value to its interval's ends (0 where a figure
+    has no interval: too few trials); never negative, as the intervals hold their points."""
+    ends = np.array([ci if ci is not None else [v, v] for v, ci in zip(values, cis,
+                                                                        strict=True)])
+    return np.clip(np.stack([values - ends[:, 0], ends[:, 1] - values]), 0.0, None)
 
 
 def labels(paths: list[str]) -> list[str]:

@@ -62,18 +62,26 @@ def predict_arm(plan: Plan, steps: TokenSteps, num_prompts: int, cache_slots: in
                                  batch / (base + stall_estimate.replicates))}
 
 
-def t_interval(values: list[float]) -> tuple[float, list[float]]:
-    """The mean of `values` and its 95% Student's t interval (a point for one value)."""
-    mean = float(np.mean(values))
-    if len(values) < 2:
-        return mean, [mean, mean]
-    half = float(stats.t.ppf(0.975, len(values) - 1) * stats.sem(values))
-    return mean, [mean - half, mean + half]
+MIN_TRIALS = 3  # fewer trials give no interval worth printing: a note says so
+
+
+def t_interval(values: list[float]) -> tuple[float, list[float] | None]:
+    """The geometric mean of positive `values` (rates, times, ratios) and its 95% Student's t
+    interval, taken on their logarithms and mapped back: for a rate, the interval of the log
+    time per unit, inverted. Both ends stay positive however few and scattered the values are
+    (two trials of 249 tok/s on average no longer give [-1015, 1514]). Null with fewer than
+    MIN_TRIALS values: one degree of freedom is no interval (t = 12.7)."""
+    logs = np.log(np.asarray(values, dtype=np.float64))
+    mean = float(np.exp(logs.mean()))
+    if len(values) < MIN_TRIALS:
+        return mean, None
+    half = float(stats.t.ppf(0.975, len(values) - 1) * stats.sem(logs))
+    return mean, [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))]
 
 
 def ratio_to(row: dict, first: dict) -> dict:
     """`row`'s tokens/s over `first`'s at the same concurrency: measured (trial by trial,
-    Student's t) and predicted (paired bootstrap)."""
+    Student's t on the log ratios) and predicted (paired bootstrap)."""
     measured = [a / b for a, b in zip(row["measured_tokens_per_s_trials"],
                                       first["measured_tokens_per_s_trials"], strict=True)]
     point, ci = t_interval(measured)

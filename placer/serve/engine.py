@@ -1,4 +1,5 @@
-"""What generates for `placer serve` and `placer bench`: requests in, tokens out, greedily.
+"""What generates for `placer serve` and `placer bench`: requests in, tokens out, greedily
+unless a request samples.
 
 Two engines with one asyncio interface (`Engine.generate` yields every update of a request):
 
@@ -14,6 +15,14 @@ Two engines with one asyncio interface (`Engine.generate` yields every update of
 `start_engine("auto")` starts continuous batching and checks it on a short probe: it must
 generate, and greedily the same tokens as `model.generate` (what `placer run` prints). If it
 fails either way the serial engine serves instead, and the reason is kept for `/health`.
+
+A request that samples (`Sampling`: temperature, top-p, seed) runs through `model.generate`
+with do_sample, its temperature and top-p warpers, after `torch.manual_seed(seed)`: the same
+seed gives the same tokens. Continuous batching has no per-request seed (its draws share one
+generator across the batch), so under it sampled requests go to a serial worker beside it;
+the two never compute at once (a gate around every forward of the model), and where
+continuous batching switched the attention implementation to its paged form, the worker's
+forwards run with the model's own. `placer bench` and the exactness tests stay greedy.
 """
 
 from __future__ import annotations
@@ -44,6 +53,15 @@ class EngineClosed(Exception):
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How a request samples: temperature > 0, top-p in (0, 1], the seed of its draws."""
+
+    temperature: float
+    top_p: float
+    seed: int
+
+
+@dataclass(frozen=True)
 class Update:
     """A request's progress: every token generated so far; `finished` once it ends."""
 
@@ -61,8 +79,8 @@ class Engine(Protocol):
 
     def healthy(self) -> bool: ...
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, request_id: str
-                 ) -> AsyncIterator[Update]: ...
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, request_id: str,
+                 sampling: Sampling | None = None) -> AsyncIterator[Update]: ...
 
     def batch_request_ids(self) -> list[str] | None: ...
 
@@ -74,17 +92,21 @@ def context_of(model: Any, kv_tokens: int) -> int:
     return min(positions, kv_tokens) if model.device.type == "cpu" else positions
 
 
-def generation_config(model: Any, max_new_tokens: int = 16) -> Any:
-    """The model's own generation config (its eos tokens), made greedy."""
+def generation_config(model: Any, max_new_tokens: int = 16,
+                      sampling: Sampling | None = None) -> Any:
+    """The model's own generation config (its eos tokens), made greedy, or sampling with
+    `sampling`'s temperature and top-p only (no top-k, whatever the model's config says)."""
     import copy
 
     config = copy.deepcopy(model.generation_config)
-    config.do_sample = False
+    config.do_sample = sampling is not None
     config.max_new_tokens = max_new_tokens
     if config.pad_token_id is None:
         config.pad_token_id = model.config.pad_token_id
     for name in ("temperature", "top_p", "top_k"):
         setattr(config, name, None)
+    if sampling is not None:
+        config.temperature, config.top_p, config.top_k = sampling.temperature, sampling.top_p, 0
     return config
 
 
@@ -97,9 +119,13 @@ class ContinuousEngine:
         self.model = model
         self.kv_tokens = kv_tokens
         self.manager: Any = None
+        self.sampler: SerialEngine | None = None
 
     def start(self) -> None:
         from transformers import ContinuousBatchingConfig
+
+        self.sampler = SerialEngine(self.model)  # before batching switches the attention
+        self.sampler.start()
 
         if self.model.device.type == "cpu":  # transformers sizes the cache from GPU memory
             logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # psutil
@@ -118,12 +144,19 @@ class ContinuousEngine:
     def stop(self, timeout: float | None = None) -> None:
         if self.manager is not None and self.manager.is_running():
             self.manager.stop(block=True, timeout=timeout)
+        if self.sampler is not None:
+            self.sampler.stop(timeout)
 
     def healthy(self) -> bool:
         return self.manager is not None and self.manager.is_running()
 
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int, request_id: str
-                       ) -> AsyncIterator[Update]:
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int, request_id: str,
+                       sampling: Sampling | None = None) -> AsyncIterator[Update]:
+        if sampling is not None and self.sampler is not None:
+            async for update in self.sampler.generate(prompt_ids, max_new_tokens, request_id,
+                                                      sampling):
+                yield update
+            return
         updates: asyncio.Queue = asyncio.Queue()
         self.manager.register_result_handler(request_id, updates.put_nowait)
         if not self.healthy() or self.manager.add_request(
@@ -165,6 +198,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     updates: asyncio.Queue
     cancelled: threading.Event
+    sampling: Sampling | None = None
 
 
 class SerialEngine:
@@ -178,9 +212,12 @@ class SerialEngine:
         self.worker: threading.Thread | None = None
         self.closed = False
         self.current: str | None = None
+        self.gate: OwnAttention | None = None
 
     def start(self) -> None:
+        self.gate = OwnAttention(self.model)
         self.worker = threading.Thread(target=self._run, name="placer-serial", daemon=True)
+        self.gate.worker = self.worker
         self.worker.start()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -188,16 +225,18 @@ class SerialEngine:
         self.jobs.put(None)
         if self.worker is not None:
             self.worker.join(timeout)
+        if self.gate is not None:
+            self.gate.close()
 
     def healthy(self) -> bool:
         return not self.closed and self.worker is not None and self.worker.is_alive()
 
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int, request_id: str
-                       ) -> AsyncIterator[Update]:
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int, request_id: str,
+                       sampling: Sampling | None = None) -> AsyncIterator[Update]:
         if not self.healthy():
             raise EngineClosed("the engine is stopping")
         job = _Job(prompt_ids, max_new_tokens, asyncio.get_running_loop(), asyncio.Queue(),
-                   threading.Event())
+                   threading.Event(), sampling)
         self.jobs.put(job)
         done = False
         try:
@@ -243,13 +282,49 @@ class SerialEngine:
 
         try:
             with torch.no_grad():
+                if job.sampling is not None:  # this worker is the only one drawing
+                    torch.manual_seed(job.sampling.seed)
                 self.model.generate(
                     torch.tensor([job.prompt_ids], device=self.model.device),
-                    generation_config=generation_config(self.model, job.max_new_tokens),
+                    generation_config=generation_config(self.model, job.max_new_tokens,
+                                                        job.sampling),
                     streamer=Streamer(), stopping_criteria=StoppingCriteriaList([Cancelled()]))
             send(Update(list(tokens), True))
         except Exception as exc:  # the request fails, the engine goes on
             send(Update(list(tokens), True, f"{type(exc).__name__}: {exc}"))
+
+
+class OwnAttention:
+    """One forward of the model at a time (hooks around its forward), and the forwards of
+    `worker` (a serial engine beside continuous batching) with the attention implementation
+    the model had when this was made: continuous batching switches eager to its paged form,
+    which `model.generate` cannot run."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.own = model.config._attn_implementation
+        self.worker: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self.switched: str | None = None
+        self._handles = [model.register_forward_pre_hook(self._begin),
+                         model.register_forward_hook(self._end, always_call=True)]
+
+    def _begin(self, *_: Any) -> None:
+        self.lock.acquire()
+        current = self.model.config._attn_implementation
+        if threading.current_thread() is self.worker and current != self.own:
+            self.switched = current
+            self.model.set_attn_implementation(self.own)
+
+    def _end(self, *_: Any) -> None:
+        if self.switched is not None:
+            self.model.set_attn_implementation(self.switched)
+            self.switched = None
+        self.lock.release()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 _probe_ids = itertools.count()

@@ -1,14 +1,19 @@
 """The OpenAI API as `placer serve` speaks it: requests checked, prompts encoded, replies and
 stream chunks built, text decoded as tokens arrive.
 
-Only greedy decoding is served (what `placer run` does, and what the placement's cost model
-replays): `temperature` must be 0 or absent, `top_p` 1 or absent, `n` 1. `stop` strings end
-a completion (finish_reason "stop"); reaching `max_tokens` ends it with "length".
-Everything else a client may send (`user`, `seed`, `logprobs` ...) is accepted and ignored.
+Decoding is greedy (what `placer run` does, and what the placement's cost model replays)
+unless a request samples: `temperature` above 0 (or absent with `top_p` below 1, OpenAI's
+default temperature being 1) samples through transformers' generation (its temperature and
+top-p logits warpers), reproducibly for a given `seed` (a fresh one where none is given);
+`temperature` 0 is greedy whatever `top_p` says. `n` must be 1. A completion's `prompt` may
+be a list of prompts (at most MAX_PROMPTS): one choice each, by index. `stop` strings end a
+completion (finish_reason "stop"); reaching `max_tokens` ends it with "length". Everything
+else a client may send (`user`, `logprobs` ...) is accepted and ignored.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -16,10 +21,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from placer.serve.engine import Sampling
 from traces.collect import encode_document
 from traces.corpora import Document
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+MAX_PROMPTS = 64  # prompts in one completion request
+MAX_SEED = 2**63 - 1
 
 
 class ApiError(Exception):
@@ -47,6 +55,7 @@ class _Request(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1)
+    seed: int | None = Field(default=None, ge=-MAX_SEED, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -61,28 +70,34 @@ class _Request(BaseModel):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def check_greedy(self) -> None:
-        """ApiError unless the request asks for what the server does: greedy, one choice."""
-        if self.temperature not in (None, 0):
-            raise ApiError(400, "placer serve decodes greedily: temperature must be 0 or "
-                                "absent", param="temperature")
-        if self.top_p not in (None, 1):
-            raise ApiError(400, "placer serve decodes greedily: top_p must be 1 or absent",
-                           param="top_p")
+    def check_choices(self) -> None:
+        """ApiError unless the request asks for one choice (per prompt)."""
         if self.n != 1:
-            raise ApiError(400, "placer serve returns one choice: n must be 1", param="n")
+            raise ApiError(400, "placer serve returns one choice per prompt: n must be 1",
+                           param="n")
+
+    def sampling(self) -> Sampling | None:
+        """How to sample (see module docstring); None: greedily."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        top_p = 1.0 if self.top_p is None else self.top_p
+        if temperature == 0 or (self.temperature is None and top_p == 1):
+            return None
+        return Sampling(temperature, top_p,
+                        secrets.randbits(63) if self.seed is None else self.seed)
 
 
 class CompletionRequest(_Request):
     prompt: str | list[str]
 
-    def text(self) -> str:
+    def texts(self) -> list[str]:
+        """The prompts, one choice each (a list of 1..MAX_PROMPTS, none empty)."""
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
-        if len(prompts) != 1:
-            raise ApiError(400, "one prompt per request", param="prompt")
-        if not prompts[0]:
-            raise ApiError(400, "the prompt is empty", param="prompt")
-        return prompts[0]
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise ApiError(400, f"give 1 to {MAX_PROMPTS} prompts, not {len(prompts)}",
+                           param="prompt")
+        if not all(prompts):
+            raise ApiError(400, "a prompt is empty", param="prompt")
+        return prompts
 
 
 class Message(BaseModel):
@@ -175,18 +190,23 @@ class Reply:
                 "object": f"{kind}.chunk" if chunk and self.chat else kind,
                 "created": self.created, "model": self.model}
 
-    def whole(self, text: str, reason: str, used: dict) -> dict:
-        choice: dict = {"index": 0, "finish_reason": reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice |= {"text": text, "logprobs": None}
-        return {**self._envelope(False), "choices": [choice], "usage": used}
+    def whole(self, choices: list[tuple[str, str]], used: dict) -> dict:
+        """The reply: one choice per (text, finish reason), indexed in order."""
+        out = []
+        for index, (text, reason) in enumerate(choices):
+            choice: dict = {"index": index, "finish_reason": reason}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice |= {"text": text, "logprobs": None}
+            out.append(choice)
+        return {**self._envelope(False), "choices": out, "usage": used}
 
-    def chunk(self, text: str | None, reason: str | None = None, *, role: bool = False
-              ) -> dict:
-        """A stream chunk: new text (or, first in a chat, the role), or the finish."""
-        choice: dict = {"index": 0, "finish_reason": reason}
+    def chunk(self, text: str | None, reason: str | None = None, *, role: bool = False,
+              index: int = 0) -> dict:
+        """A stream chunk of choice `index`: new text (or, first in a chat, the role), or
+        the finish."""
+        choice: dict = {"index": index, "finish_reason": reason}
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": ""} if role else \
                 ({} if text is None else {"content": text})
