@@ -1,0 +1,207 @@
+"""`placer solve --engine llamacpp`: which MoE layers llama.cpp keeps in host memory and how
+big its expert cache is, from an inventory, a one-card spec and calibration traffic.
+
+The search and its cost are in solvers/llamacpp_search.py and solvers/llamacpp.py; the cache
+is llama.cpp's own (solvers/cache/llamacpp.py, ggml-org/llama.cpp @4b060f27). The plan it
+writes is a cpu-execution plan (the GPU layers' experts resident, the host layers' cold) with
+an `engine` section: {"name": "llamacpp", "host_layers": decoder layers, "moe_cache_mib": N,
+"slots": per group, "n_cpu_moe": N where the host layers are the first N decoder layers,
+"alignment", "options": the table solve prints}. `placer export llamacpp` turns it into
+llama-server flags; `placer evaluate` replays it (placer/predict/llamacpp.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from placer.checkpoint.flops import expert_flops
+from placer.checkpoint.inventory import Inventory
+from placer.errors import PlacerError
+from placer.hardware.spec import HardwareSpec
+from placer.plan.options import SolveOptions
+from placer.plan.placement import Plan, build_plan
+from placer.plan.solve import host_of
+from placer.plan.traffic import Traffic, load_traffic, traffic_steps
+from solvers.cache.llamacpp import CUDA_ALIGNMENT
+from solvers.llamacpp import Machine, Setup, judge
+from solvers.llamacpp_search import (
+    SHARES,
+    Scenario,
+    fewest_host,
+    search,
+    setup_of,
+)
+from traces.errors import TraceError
+from traces.profile import split_sequences
+
+ENGINE = "llamacpp"
+SOURCE = "ggml-org/llama.cpp@4b060f27 src/llama-moe-cache.cpp"
+_NUMBERS = re.compile(r"\d+")
+
+
+def expert_layout(inv: Inventory) -> tuple:
+    """[L] (key, nb2) of each MoE layer as llama.cpp's cache compares layouts: its expert
+    matrices (biases left out, a quantized matrix's blocks and scales together), their
+    dtypes and shapes (layer and expert numbers taken out of the names), and the bytes of
+    one expert of each."""
+    out = []
+    for layer in range(len(inv.moe_layers)):
+        ex = inv.experts[layer * inv.experts_per_layer]
+        parts: dict[str, list] = {}
+        for t in ex.tensors:
+            if t.name.endswith(("bias", "_bias")):
+                continue
+            base = re.sub(r"(_blocks|_scales|\.weight_scale_inv|\.weight)$", "", t.name)
+            parts.setdefault(_NUMBERS.sub("#", base), []).append(t)
+        key = tuple((name, tuple((t.dtype, t.shape) for t in ts)) for name, ts in parts.items())
+        out.append((key, tuple(sum(t.length for t in ts) for ts in parts.values())))
+    return tuple(out)
+
+
+def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machine:
+    """The model and the one card as the search needs them."""
+    if len(spec.cards) != 1:
+        raise PlacerError(f"--engine llamacpp plans one card; {spec.name!r} has "
+                          f"{len(spec.cards)} (several GPUs: solve each card's layers apart)")
+    hidden = inv.config.get("hidden_size")
+    if spec.host is None or not hidden:
+        raise PlacerError(f"--engine llamacpp computes host layers on the CPU: hardware spec "
+                          f"{spec.name!r} needs a [host] table and the model a hidden_size")
+    card = spec.cards[0]
+    capacity = opts.budget if opts.budget is not None else card.free_bytes
+    if capacity > card.free_bytes:
+        raise PlacerError(f"--budget {capacity} exceeds the card's free VRAM {card.free_bytes}")
+    return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
+                   int(capacity), card.h2d_bandwidth, card.latency_s, CUDA_ALIGNMENT,
+                   host_of(spec, hidden))
+
+
+def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scenario], int]:
+    """Every (traffic, concurrency) with its folds over sequences, and the fold count (0:
+    too few sequences, judged in sample)."""
+    weights = opts.weights or tuple(1.0 / len(opts.concurrency) for _ in opts.concurrency)
+    out, counts = [], []
+    for t in traffic:
+        for b, w in zip(opts.concurrency, weights, strict=True):
+            k = min(opts.folds, t.profile.sequences // b)
+            steps = t.steps[b]
+            folds = []
+            if k >= 2:
+                try:
+                    sets = split_sequences(t.path, k, opts.seed)
+                    every = set().union(*sets)
+                    folds = [tuple(traffic_steps(t.path, t.profile, b, None, opts.seed,
+                                                 ids).tokens for ids in (every - held, held))
+                             for held in sets]
+                except TraceError:
+                    folds = []
+            counts.append(len(folds))
+            out.append(Scenario(f"{t.name} B={b}", steps.tokens, steps.seqs,
+                                folds or [(steps.tokens, steps.tokens)], w / len(traffic),
+                                0.0))
+    return out, min(counts)
+
+
+def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: SolveOptions
+                   ) -> Plan:
+    """The llama.cpp plan (module docstring)."""
+    if not trace_dirs:
+        raise PlacerError("--engine llamacpp learns from traffic: give --traces DIR")
+    if opts.num_steps is not None:
+        raise PlacerError("--engine llamacpp replays the calibration tokens in order (the "
+                          "cache is an LRU): leave --steps out")
+    machine = machine_of(inv, spec, opts)
+    if fewest_host(machine, np.arange(len(inv.moe_layers))) == 0:
+        raise PlacerError("the card holds every expert: nothing needs to stay on the host")
+    traffic = [load_traffic(d, inv, opts.concurrency, None, opts.seed) for d in trace_dirs]
+    if any(not t.profile.per_token for t in traffic):
+        raise PlacerError("--engine llamacpp needs per-token traces (imported counts have no "
+                          "order for the cache to replay)")
+    scenarios, folds = scenarios_of(traffic, opts)
+    scenarios = [Scenario(s.name, s.tokens, s.seqs, s.folds, s.weight,
+                          spec.base_step_s(s.tokens.shape[1])) for s in scenarios]
+    result = search(machine, scenarios)
+    best = result.best
+    chosen = setup_of(machine, "chosen", result.orders[best.rank], best.count, best.share)
+    setups = option_setups(machine, result, chosen)
+    options = [option_json(inv, s) for s in setups]
+    predicted = []
+    for t in traffic:
+        for b in opts.concurrency:
+            judged = judge(machine, setups, t.steps[b].tokens, t.steps[b].seqs,
+                           spec.base_step_s(b), seed=opts.seed)
+            row = {"profile": t.name, "concurrency": b, "options": judged.figures}
+            for s in setups:
+                ratio, ci = judged.ratio(s.name, "ncmoe")
+                row["options"][s.name]["ratio_to_ncmoe"] = ratio
+                row["options"][s.name]["ratio_to_ncmoe_ci95"] = ci
+            predicted.append(row)
+    return plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result)
+
+
+def option_setups(machine: Machine, result, chosen: Setup) -> list[Setup]:
+    """The options solve shows: the choice, the best host set with no cache, `-ncmoe N`
+    alone, and the chosen host set with each share of its freed VRAM as the cache."""
+    best = result.best
+    ncmoe = result.orders["ncmoe"]
+    out = [chosen,
+           setup_of(machine, "no cache", result.orders["cpu"],
+                    fewest_host(machine, result.orders["cpu"]), 0.0),
+           setup_of(machine, "ncmoe", ncmoe, fewest_host(machine, ncmoe), 0.0)]
+    for share in SHARES[1:]:
+        if best.share == share:
+            continue
+        s = setup_of(machine, f"cache {share:g}", result.orders[best.rank], best.count, share)
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def option_json(inv: Inventory, setup: Setup) -> dict:
+    layers = [inv.moe_layers[i] for i in setup.host_layers]
+    return {"name": setup.name, "host_layers": layers, "moe_cache_mib": setup.cache_mib,
+            "slots": list(setup.slots), "n_cpu_moe": n_cpu_moe(layers)}
+
+
+def n_cpu_moe(layers: list[int]) -> int | None:
+    """N where the host layers are exactly decoder layers 0 .. N - 1 (`-ncmoe N`)."""
+    return (max(layers) + 1) if layers and layers == list(range(max(layers) + 1)) else None
+
+
+def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
+            opts: SolveOptions, options: list[dict], predicted: list[dict], folds: int,
+            result) -> Plan:
+    resident = np.repeat(~chosen.host[:, None], inv.experts_per_layer, axis=1).astype(np.int64)
+    num_cards = 1
+    solver = {"name": "llamacpp", "objective": result.scores[result.best],
+              "bound": None, "gap": None, "seconds": 0.0,
+              "status": "cross-validated" if folds else "in sample", "seed": opts.seed,
+              "time_limit": None, "steps": None,
+              "objective_unit": "predicted decode tokens/s on held-out folds of the "
+                                "calibration sequences (weighted over concurrency)"}
+    plan = build_plan(inv, spec, home=np.zeros(resident.shape, dtype=np.int64),
+                      resident_pages=resident, page_size=None,
+                      budget_bytes=np.array([machine.capacity]),
+                      staging_bytes=np.zeros(num_cards, dtype=np.int64),
+                      budget={"mode": "budget" if opts.budget is not None else "free_vram",
+                              "value": opts.budget, "concurrency": list(opts.concurrency),
+                              "weights": list(opts.weights) if opts.weights else None},
+                      ep="contiguous", solver=solver, execution="cpu")
+    plan.engine = {**option_json(inv, chosen), "name": ENGINE, "source": SOURCE,
+                   "alignment": machine.alignment, "folds": folds,
+                   "choice": result.best.label, "options": options,
+                   "search": [{"candidate": c.label, "held_out_tokens_per_s": v}
+                              for c, v in result.scores.items()]}
+    plan.predicted = predicted
+    return plan
+
+
+def engine_setup(plan: Plan) -> Setup:
+    """The Setup a llama.cpp plan records."""
+    engine = plan.engine or {}
+    host = np.isin(plan.moe_layers, engine.get("host_layers", []))
+    return Setup("placement", host, int(engine.get("moe_cache_mib", 0)),
+                 tuple(engine.get("slots", ())))
+
