@@ -31,6 +31,7 @@ from solvers.cpu import Host, cpu_loads, step_tokens
 from solvers.intervals import (
     REPLICATES,
     Estimate,
+    Units,
     attribute,
     estimable,
     line_figures,
@@ -168,12 +169,17 @@ def cache_stall(machine: Machine, setup: Setup, fetches: Fetches) -> np.ndarray:
 @dataclass(frozen=True)
 class Judged:
     """Setups replayed on one set of steps at concurrency `batch`: each setup's figures with
-    95% intervals (solvers.intervals.line_figures) and its stall estimate."""
+    95% intervals (solvers.intervals.line_figures) and its stall estimate; the resampling
+    units (solvers.intervals.Units) and the tokens replayed."""
 
     batch: int
     figures: dict[str, dict]
     stall: dict[str, Estimate]
-    estimable: bool
+    units: Units
+
+    @property
+    def estimable(self) -> bool:
+        return estimable(self.units)
 
     def ratio(self, name: str, other: str) -> tuple[float, list[float] | None]:
         """Stall of `name` over `other`'s, with its paired 95% interval."""
@@ -195,5 +201,5 @@ def judge(machine: Machine, setups: list[Setup], tokens: np.ndarray, seqs: np.nd
             sums, units.tokens(), weights, tokens.shape[1], base_step_s)
         if not estimable(units):
             figures[setup.name] = without_intervals(figures[setup.name])
-    return Judged(tokens.shape[1], figures, stall, estimable(units))
+    return Judged(tokens.shape[1], figures, stall, units)
 

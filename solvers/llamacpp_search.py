@@ -25,7 +25,15 @@ import numpy as np
 from solvers.cache import even_quotas, make_policy
 from solvers.cache.replay import Requests
 from solvers.errors import SolverError
-from solvers.llamacpp import MIB, Machine, Setup, host_costs, step_costs, with_cache
+from solvers.llamacpp import (
+    MIB,
+    HostCosts,
+    Machine,
+    Setup,
+    host_costs,
+    step_costs,
+    with_cache,
+)
 from traces.profile import step_mask
 
 SHARES = (0.0, 0.25, 0.5, 1.0)  # of the VRAM the host layers free, given to the cache
@@ -121,13 +129,15 @@ def candidates(machine: Machine, orders: dict[str, np.ndarray]) -> list[Candidat
     return list(dict.fromkeys(out))
 
 
-def objective(machine: Machine, setup: Setup, scenario_steps: list[tuple[np.ndarray, int,
+def objective(machine: Machine, setup: Setup, held: list[tuple[np.ndarray, HostCosts,
               float, float]]) -> float:
-    """Predicted tok/s, weighted: sum of weight x B / (base + mean stall)."""
+    """Predicted tok/s, weighted: sum of weight x B / (base + mean stall) over `held`
+    [(tokens, their HostCosts, weight, base step seconds)]."""
     total = 0.0
-    for tokens, batch, weight, base in scenario_steps:
-        stall = float(step_costs(machine, setup, tokens)[:, 0].mean()) if len(tokens) else 0.0
-        total += weight * batch / (base + stall)
+    for tokens, costs, weight, base in held:
+        stall = (float(step_costs(machine, setup, tokens, costs)[:, 0].mean())
+                 if len(tokens) else 0.0)
+        total += weight * tokens.shape[1] / (base + stall)
     return total
 
 
@@ -148,8 +158,8 @@ def search(machine: Machine, scenarios: list[Scenario]) -> SearchResult:
     for f in range(folds):
         train = [(sc.folds[f][0], sc.weight) for sc in scenarios]
         orders = {r: rank_layers(machine, r, train) for r in (*RANKINGS, "ncmoe")}
-        held = [(sc.folds[f][1], sc.tokens.shape[1], sc.weight, sc.base_step_s)
-                for sc in scenarios]
+        held = [(sc.folds[f][1], host_costs(machine, sc.folds[f][1]), sc.weight,
+                 sc.base_step_s) for sc in scenarios]
         for cand in candidates(machine, orders):
             setup = setup_of(machine, cand.label, orders[cand.rank], cand.count, cand.share)
             if setup is None:

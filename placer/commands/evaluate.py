@@ -120,14 +120,14 @@ def print_report(report: dict) -> None:
     console.print(table)
     for r in report["results"]:
         others = "".join(f", / {LINE_NAMES[k]} {r[f'ratio_to_{k}']:.3f} "
-                         f"{span(r[f'ratio_to_{k}_ci95'])}" for k in ("lru", "belady")
+                         f"{span(r[f'ratio_to_{k}_ci95'])}" for k in ("oracle", "lru", "belady",
+                                                                      "nocache")
                          if f"ratio_to_{k}" in r)
         console.print(f"{r['traces']} B={r['concurrency']} {r['execution']}: {r['tokens']} "
                       f"tokens in "
                       f"{r['steps']} steps, interval over {r['interval_units']} "
                       f"{r['interval_over']}; stall / layer offload {r['ratio_to_layer']:.3f} "
-                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / static oracle "
-                      f"{r['ratio_to_oracle']:.3f} {span(r['ratio_to_oracle_ci95'])}{others}")
+                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}){others}")
     for note in report["notes"]:
         console.print(f"note: {note}")
     for d in report["drift"]:
@@ -153,7 +153,8 @@ def print_report(report: dict) -> None:
 
 
 LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",
-              "oracle": "static oracle", "lru": "lru", "belady": "belady"}
+              "oracle": "static oracle", "lru": "lru", "belady": "belady",
+              "nocache": "no cache"}  # nocache: a llama.cpp plan's host layers, no cache
 
 
 def line_name(row: dict, line: str) -> str:

@@ -186,7 +186,7 @@ def _engine_export(p, model: str, out: Path | None, inputs: tuple, json_out: boo
                     "slots": engine["slots"], "choice": engine["choice"]})
         return
     typer.echo(f"# {engine['choice']}: experts of decoder layers {engine['host_layers']} in "
-               f"host memory, cache {engine['moe_cache_mib']} MiB ({engine['slots'] or 'none'} "
+               f"host memory, cache {engine['moe_cache_mib']} MiB ({engine['slots'] or 'no'} "
                "slots per group)")
     typer.echo(line)
 

@@ -354,6 +354,16 @@ def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int]) -> N
             mib > 0) != bool(slots):
         w.fail("engine.slots", f"expected one slot count per cache group (none without a "
                                f"cache), got {slots!r}")
+    layouts = engine.get("layouts")
+    if not isinstance(layouts, list) or len(layouts) != len(layers) or any(
+            not isinstance(x, list) or len(x) != 2 or not isinstance(x[0], str)
+            or not isinstance(x[1], list) or not x[1]
+            or any(not _int_in(b, 1, MAX_BYTES) for b in x[1]) for x in layouts):
+        w.fail("engine.layouts", f"expected [layout key, [bytes of one expert per expert "
+                                 f"tensor]] for each of the {len(layers)} MoE layers")
+    if not _int_in(engine.get("alignment"), 1, 1 << 20):
+        w.fail("engine.alignment", f"expected a positive integer, got "
+                                   f"{engine.get('alignment')!r}")
     for i, e in enumerate(experts):
         if (e["resident_bytes"] > 0) == (e["layer"] in host):
             w.fail(f"experts[{i}].resident_bytes", f"layer {e['layer']} is "

@@ -27,8 +27,8 @@ from placer.plan.traffic import Traffic, load_traffic, traffic_steps
 from solvers.cache.llamacpp import CUDA_ALIGNMENT
 from solvers.llamacpp import Machine, Setup, judge
 from solvers.llamacpp_search import (
-    SHARES,
     Scenario,
+    SearchResult,
     fewest_host,
     search,
     setup_of,
@@ -79,29 +79,29 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machin
 
 
 def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scenario], int]:
-    """Every (traffic, concurrency) with its folds over sequences, and the fold count (0:
-    too few sequences, judged in sample)."""
+    """Every (traffic, concurrency) with the same number of folds over sequences (a fold needs
+    B sequences for a step of B), and that number (0: too few sequences anywhere, every
+    scenario judged in sample)."""
     weights = opts.weights or tuple(1.0 / len(opts.concurrency) for _ in opts.concurrency)
-    out, counts = [], []
+    k = min(min(opts.folds, t.profile.sequences // b) for t in traffic for b in opts.concurrency)
+    out = []
     for t in traffic:
+        sets = split_sequences(t.path, k, opts.seed) if k >= 2 else []
+        every = set().union(*sets)
         for b, w in zip(opts.concurrency, weights, strict=True):
-            k = min(opts.folds, t.profile.sequences // b)
             steps = t.steps[b]
-            folds = []
-            if k >= 2:
-                try:
-                    sets = split_sequences(t.path, k, opts.seed)
-                    every = set().union(*sets)
-                    folds = [tuple(traffic_steps(t.path, t.profile, b, None, opts.seed,
-                                                 ids).tokens for ids in (every - held, held))
-                             for held in sets]
-                except TraceError:
-                    folds = []
-            counts.append(len(folds))
+            try:
+                folds = [tuple(traffic_steps(t.path, t.profile, b, None, opts.seed, ids).tokens
+                               for ids in (every - held, held)) for held in sets]
+            except TraceError:  # a fold's sequences too few for B after all
+                k, folds = 0, []
             out.append(Scenario(f"{t.name} B={b}", steps.tokens, steps.seqs,
                                 folds or [(steps.tokens, steps.tokens)], w / len(traffic),
                                 0.0))
-    return out, min(counts)
+    if k < 2:
+        out = [Scenario(s.name, s.tokens, s.seqs, [(s.tokens, s.tokens)], s.weight, 0.0)
+               for s in out]
+    return out, max(k, 0) if k >= 2 else 0
 
 
 def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: SolveOptions
@@ -141,22 +141,25 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
     return plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result)
 
 
-def option_setups(machine: Machine, result, chosen: Setup) -> list[Setup]:
-    """The options solve shows: the choice, the best host set with no cache, `-ncmoe N`
-    alone, and the chosen host set with each share of its freed VRAM as the cache."""
-    best = result.best
-    ncmoe = result.orders["ncmoe"]
+def option_setups(machine: Machine, result: SearchResult, chosen: Setup) -> list[Setup]:
+    """The options solve shows: the choice; the best host set with no cache; `-ncmoe N`
+    alone (the baseline); the best cached candidate of the search when the choice has no
+    cache; every MoE layer on the host with all the VRAM they free as the cache (`-cmoe
+    --moe-cache-mib`, what users try first)."""
+    orders = result.orders
     out = [chosen,
-           setup_of(machine, "no cache", result.orders["cpu"],
-                    fewest_host(machine, result.orders["cpu"]), 0.0),
-           setup_of(machine, "ncmoe", ncmoe, fewest_host(machine, ncmoe), 0.0)]
-    for share in SHARES[1:]:
-        if best.share == share:
-            continue
-        s = setup_of(machine, f"cache {share:g}", result.orders[best.rank], best.count, share)
-        if s is not None:
-            out.append(s)
-    return out
+           setup_of(machine, "no cache", orders["cpu"], fewest_host(machine, orders["cpu"]),
+                    0.0),
+           setup_of(machine, "ncmoe", orders["ncmoe"], fewest_host(machine, orders["ncmoe"]),
+                    0.0)]
+    cached = {c: v for c, v in result.scores.items() if c.share > 0 and v is not None}
+    if chosen.cache_mib == 0 and cached:
+        best = max(cached, key=cached.get)
+        out.append(setup_of(machine, "best cache", orders[best.rank], best.count, best.share))
+    every = len(orders["ncmoe"])
+    if not (chosen.cache_mib and chosen.host.all()):
+        out.append(setup_of(machine, "cmoe + cache", orders["ncmoe"], every, 1.0))
+    return [s for s in out if s is not None]
 
 
 def option_json(inv: Inventory, setup: Setup) -> dict:
@@ -190,6 +193,7 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
                               "weights": list(opts.weights) if opts.weights else None},
                       ep="contiguous", solver=solver, execution="cpu")
     plan.engine = {**option_json(inv, chosen), "name": ENGINE, "source": SOURCE,
+                   "layouts": [[repr(key), list(nb2)] for key, nb2 in machine.layout],
                    "alignment": machine.alignment, "folds": folds,
                    "choice": result.best.label, "options": options,
                    "search": [{"candidate": c.label, "held_out_tokens_per_s": v}
@@ -198,10 +202,26 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
     return plan
 
 
-def engine_setup(plan: Plan) -> Setup:
+def engine_setup(plan: Plan, name: str = "placement") -> Setup:
     """The Setup a llama.cpp plan records."""
     engine = plan.engine or {}
     host = np.isin(plan.moe_layers, engine.get("host_layers", []))
-    return Setup("placement", host, int(engine.get("moe_cache_mib", 0)),
+    return Setup(name, host, int(engine.get("moe_cache_mib", 0)),
                  tuple(engine.get("slots", ())))
+
+
+def plan_machine(plan: Plan) -> Machine:
+    """The Machine a llama.cpp plan was solved for (from its experts, hardware and engine
+    section)."""
+    engine = plan.engine
+    card = plan.hardware.cards[0]
+    flops = plan.model.get("expert_flops")
+    if plan.hardware.host is None or flops is None or not plan.model.get("hidden_size"):
+        raise PlacerError("this llama.cpp plan lacks the host, expert FLOPs or hidden size "
+                          "its replay needs: solve it again")
+    return Machine(plan.matrix("bytes"), np.asarray(flops, dtype=np.float64),
+                   tuple((key, tuple(nb2)) for key, nb2 in engine["layouts"]),
+                   int(plan.model["top_k"]), int(plan.cards[0].budget_bytes),
+                   card.h2d_bandwidth, card.latency_s, int(engine["alignment"]),
+                   host_of(plan.hardware, int(plan.model["hidden_size"])))
 
