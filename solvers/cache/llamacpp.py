@@ -316,10 +316,16 @@ def _fetch(state, g, il, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
         if s >= 0:
             _touch(prev, nxt, head, tail, g, base, s)
             n_hit += 1
-    order = np.sort(uniq[:nu])
+    for j in range(1, nu):  # ascending ids, in place (a fetch has a few dozen at most)
+        e = uniq[j]
+        i = j - 1
+        while i >= 0 and uniq[i] > e:
+            uniq[i + 1] = uniq[i]
+            i -= 1
+        uniq[i + 1] = e
     n_fill = 0
     for j in range(nu):
-        e = order[j]
+        e = uniq[j]
         if slot_map[il, e] >= 0:
             continue
         s = head[g]
