@@ -134,7 +134,8 @@ def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
     host = np.asarray(setup.host, dtype=bool)
     stall, moved, experts = costs.stall.copy(), costs.moved.copy(), costs.experts.copy()
     if setup.cache_mib:
-        fetches = LlamaCppCache(machine.groups(host), setup.slots, machine.top_k).replay(tokens)
+        fetches = LlamaCppCache(machine.groups(host), setup.slots, machine.top_k).replay(
+            tokens, held=True)
         held = (fetches.held * eb[None]).sum(axis=2)
         copied = (moved - held) / machine.host.h2d_bandwidth
         stall = np.where(costs.offloaded[:, None], copied, stall)
