@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.checkpoint.estimate import EXPERT_DTYPES, estimate_inventory
+from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
 from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.commands.common import command, print_json
 from placer.commands.common import console as rich_console
@@ -20,24 +20,27 @@ def register(app: typer.Typer) -> None:
     @command(app, "inspect")
     def inspect(
         checkpoint: Annotated[Path | None, typer.Argument(
-            help="Checkpoint directory (config.json + *.safetensors).")] = None,
+            help="Checkpoint directory (config.json + *.safetensors), or a GGUF model file "
+                 "(the first part of a split one).")] = None,
         config: Annotated[Path | None, typer.Option(
             help="Estimate the inventory from a config.json alone (plan before download).")
         ] = None,
         expert_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: expert weight dtype ({', '.join(EXPERT_DTYPES)}; default: "
+            help=f"With --config: expert weight dtype ({DTYPE_HELP}; default: "
                  "the config's quantization method, else its torch_dtype, else bf16).")
         ] = None,
         dense_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: dense weight dtype ({', '.join(EXPERT_DTYPES)}; default: "
+            help=f"With --config: dense weight dtype ({DTYPE_HELP}; default: "
                  "the config's torch_dtype, else bf16).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the inventory as JSON.")
                             ] = False,
     ) -> None:
-        """Read a checkpoint's config and safetensors headers (never tensor bytes) and list
-        its MoE layers, routed experts and their exact byte ranges."""
+        """Read a checkpoint's config and safetensors headers, or a GGUF's metadata and tensor
+        infos (never tensor bytes), and list its MoE layers, routed experts and their exact
+        byte ranges."""
         if (checkpoint is None) == (config is None):
-            raise PlacerError("give a CHECKPOINT directory or --config config.json (not both)")
+            raise PlacerError("give a CHECKPOINT directory or GGUF file, or --config config.json "
+                              "(not both)")
         inv = (read_inventory(checkpoint) if checkpoint is not None
                else estimate_inventory(config, expert_dtype, dense_dtype))
         if json_out:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.checkpoint.estimate import EXPERT_DTYPES, estimate_inventory
+from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
 from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
@@ -28,14 +28,15 @@ def register(app: typer.Typer) -> None:
             help="Hardware spec: a preset name (placer hardware list) or a .toml file.")],
         out: Annotated[Path, typer.Option(help="Where to write the plan (plan.json).")],
         model: Annotated[Path | None, typer.Option(
-            help="Checkpoint directory (reads its headers only).")] = None,
+            help="Checkpoint directory, or a GGUF model file (reads its headers only).")
+        ] = None,
         config: Annotated[Path | None, typer.Option(
             help="Plan from a config.json alone, before downloading the weights.")] = None,
         expert_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: expert dtype ({', '.join(EXPERT_DTYPES)}; default: the "
+            help=f"With --config: expert dtype ({DTYPE_HELP}; default: the "
                  "config's quantization method, else its torch_dtype, else bf16).")] = None,
         dense_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: dense dtype ({', '.join(EXPERT_DTYPES)}; default: the "
+            help=f"With --config: dense dtype ({DTYPE_HELP}; default: the "
                  "config's torch_dtype, else bf16).")] = None,
         traces: Annotated[list[Path] | None, typer.Option(
             help="Trace directory to learn from (repeat for several profiles).")] = None,
@@ -95,7 +96,8 @@ def register(app: typer.Typer) -> None:
         from placer.plan.solve import solve_plan
 
         if (model is None) == (config is None):
-            raise PlacerError("give --model CHECKPOINT_DIR or --config config.json (not both)")
+            raise PlacerError("give --model CHECKPOINT_DIR (or MODEL.gguf) or --config config.json "
+                              "(not both)")
         inputs = [("the checkpoint", model), ("the config", config),
                   ("the hardware spec", Path(hardware) if os.path.isfile(hardware) else None)]
         check_apart(out, inputs)
