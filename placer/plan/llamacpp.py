@@ -13,6 +13,7 @@ llama-server flags; `placer evaluate` replays it (placer/predict/llamacpp.py).
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 
@@ -122,7 +123,9 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
     scenarios, folds = scenarios_of(traffic, opts)
     scenarios = [Scenario(s.name, s.tokens, s.seqs, s.folds, s.weight,
                           spec.base_step_s(s.tokens.shape[1])) for s in scenarios]
+    began = time.perf_counter()
     result = search(machine, scenarios)
+    seconds = time.perf_counter() - began
     best = result.best
     chosen = setup_of(machine, "chosen", result.orders[best.rank], best.count, best.share)
     setups = option_setups(machine, result, chosen)
@@ -138,7 +141,9 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
                 row["options"][s.name]["ratio_to_ncmoe"] = ratio
                 row["options"][s.name]["ratio_to_ncmoe_ci95"] = ci
             predicted.append(row)
-    return plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result)
+    plan = plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result)
+    plan.solver["seconds"] = seconds
+    return plan
 
 
 def option_setups(machine: Machine, result: SearchResult, chosen: Setup) -> list[Setup]:
