@@ -152,3 +152,50 @@ def test_gptoss_12gb_card_plan_exports_its_cache_and_is_checked(tmp_path):
     bad = CliRunner().invoke(app, ["export", "llamacpp", str(path)])
     assert bad.exit_code == 1
     assert bad.output.startswith(f"error: {path}: experts[") and "GPU layer" in bad.output
+
+
+def test_a_gguf_plans_with_its_own_expert_tensors(tmp_path):
+    from gguf import GGMLQuantizationType as T
+    from gguf_files import row_bytes, write_moe_gguf
+
+    from placer.checkpoint.inventory import read_inventory
+    from placer.plan.llamacpp import expert_layout
+
+    model = tmp_path / "tiny.gguf"
+    write_moe_gguf(model, layers=4, experts=4, top_k=2, hidden=256, ff=512, biases=True)
+    # one expert of each fused tensor: gate and up are ff rows of hidden, down hidden rows
+    # of ff (Q4_K, Q6_K, Q8_0); the biases are not the cache's
+    nb2 = (512 * row_bytes(T.Q4_K, 256), 512 * row_bytes(T.Q6_K, 256),
+           256 * row_bytes(T.Q8_0, 512))
+    layout = expert_layout(read_inventory(model))
+    assert [n for _, n in layout] == [nb2] * 4 and len({k for k, _ in layout}) == 1
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.permutation(4)[:2] for _ in range(600 * 4)]).reshape(600, 4, 2)
+    np.savez(tmp_path / "t.npz", expert_ids=ids.astype(np.int16),
+             seq_lens=np.full(12, 50, dtype=np.int64))
+    runner = CliRunner()
+    done = runner.invoke(app, ["traces", "import", str(tmp_path / "t.npz"), "--format", "tokens",
+                               "--model", str(model), "--out", str(tmp_path / "tr")])
+    assert done.exit_code == 0, done.output
+    expert = sum(nb2)
+    spec = tmp_path / "box.toml"  # room for the experts of 2 of the 4 layers
+    spec.write_text(f'name = "tiny"\ndescription = "tiny"\nhost_ram = "1GiB"\ncards = 1\n'
+                    f'[card]\nmodel = "t"\nvram = "{8 * expert + 1000}B"\nreserved_dense = "0B"\n'
+                    f'reserved_kv = "0B"\nreserved_activations = "0B"\nh2d_bandwidth = "10GB/s"\n'
+                    f'latency_us = 5.0\n[decode]\nbase_step_ms = {{ 1 = 5.0, 4 = 6.0 }}\n'
+                    f'[host]\nmemory_bandwidth = "50GB/s"\nflops = "1TFLOPS"\nsync_us = 20.0\n')
+    plan = tmp_path / "plan.json"
+    done = runner.invoke(app, ["solve", "--engine", "llamacpp", "--model", str(model),
+                               "--hardware", str(spec), "--traces", str(tmp_path / "tr"),
+                               "--concurrency", "1,4", "--out", str(plan)])
+    assert done.exit_code == 0, done.output
+    engine = json.loads(plan.read_text())["engine"]
+    assert engine["layouts"][0][1] == list(nb2) and len(engine["host_layers"]) >= 2
+    line = runner.invoke(app, ["export", "llamacpp", str(plan), "--model", str(model)])
+    flags = (["-ncmoe", str(engine["n_cpu_moe"])] if engine["n_cpu_moe"] else
+             ["-ot", "blk\\.(" + "|".join(map(str, engine["host_layers"]))
+              + ")\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU"])
+    flags += ["--moe-cache-mib", str(engine["moe_cache_mib"])] if engine["moe_cache_mib"] else []
+    assert line.output.strip().splitlines()[-1].split() == [
+        "llama-server", "-m", str(model), "-ngl", "all",
+        *[f"'{f}'" if "|" in f else f for f in flags]]

@@ -44,8 +44,8 @@ _NUMBERS = re.compile(r"\d+")
 
 def expert_layout(inv: Inventory) -> tuple:
     """[L] (key, nb2) of each MoE layer as llama.cpp's cache compares layouts: its expert
-    matrices (biases left out, a quantized matrix's blocks and scales together), their
-    dtypes and shapes (layer and expert numbers taken out of the names), and the bytes of
+    matrices in llama.cpp's order (biases left out, a quantized matrix's blocks and scales
+    together), their dtypes and shapes (layer and expert numbers taken out of the names), and the bytes of
     one expert of each."""
     out = []
     for layer in range(len(inv.moe_layers)):
@@ -56,9 +56,17 @@ def expert_layout(inv: Inventory) -> tuple:
                 continue
             base = re.sub(r"(_blocks|_scales|\.weight_scale_inv|\.weight)$", "", t.name)
             parts.setdefault(_NUMBERS.sub("#", base), []).append(t)
-        key = tuple((name, tuple((t.dtype, t.shape) for t in ts)) for name, ts in parts.items())
-        out.append((key, tuple(sum(t.length for t in ts) for ts in parts.values())))
+        names = sorted(parts, key=_bank_order)
+        key = tuple((name, tuple((t.dtype, t.shape) for t in parts[name])) for name in names)
+        out.append((key, tuple(sum(t.length for t in parts[name]) for name in names)))
     return tuple(out)
+
+
+def _bank_order(name: str) -> tuple[int, str]:
+    """llama.cpp's order of a layer's expert tensors: gate_up, gate, up, down."""
+    rank = next((i for i, part in enumerate(("gate_up", "gate", "up", "down")) if part in name),
+                4)
+    return rank, name
 
 
 def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machine:
