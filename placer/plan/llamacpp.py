@@ -45,8 +45,8 @@ _NUMBERS = re.compile(r"\d+")
 def expert_layout(inv: Inventory) -> tuple:
     """[L] (key, nb2) of each MoE layer as llama.cpp's cache compares layouts: its expert
     matrices in llama.cpp's order (biases left out, a quantized matrix's blocks and scales
-    together), their dtypes and shapes (layer and expert numbers taken out of the names), and the bytes of
-    one expert of each."""
+    together), their dtypes and shapes (layer and expert numbers taken out of the names), and
+    the bytes of one expert of each."""
     out = []
     for layer in range(len(inv.moe_layers)):
         ex = inv.experts[layer * inv.experts_per_layer]
