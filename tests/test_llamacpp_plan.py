@@ -199,3 +199,13 @@ def test_a_gguf_plans_with_its_own_expert_tensors(tmp_path):
     assert line.output.strip().splitlines()[-1].split() == [
         "llama-server", "-m", str(model), "-ngl", "all",
         *[f"'{f}'" if "|" in f else f for f in flags]]
+
+
+@needs_routing
+def test_emit_refuses_a_llamacpp_plan(tmp_path):
+    calib = routing_trace(GPTOSS, "mmlu_dev", tmp_path / "calib", 2500)
+    solve(tmp_path, "1x-8gb-pcie3x4", calib)
+    out = CliRunner().invoke(app, ["emit", "--plan", str(tmp_path / "1x-8gb-pcie3x4.json"),
+                                   "--model", str(tmp_path), "--out", str(tmp_path / "placed")])
+    assert out.exit_code == 1 and "--engine llamacpp" in out.output
+    assert not (tmp_path / "placed").exists()
