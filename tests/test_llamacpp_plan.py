@@ -209,3 +209,18 @@ def test_emit_refuses_a_llamacpp_plan(tmp_path):
                                    "--model", str(tmp_path), "--out", str(tmp_path / "placed")])
     assert out.exit_code == 1 and "--engine llamacpp" in out.output
     assert not (tmp_path / "placed").exists()
+
+
+def test_options_of_placers_runtime_are_refused(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 2,
+                                  "hidden_size": 64, "moe_intermediate_size": 32,
+                                  "num_experts": 4, "num_experts_per_tok": 2,
+                                  "intermediate_size": 64, "vocab_size": 100,
+                                  "num_attention_heads": 2, "num_key_value_heads": 2}))
+    for extra in (["--robust"], ["--page-size", "1KiB"], ["--cache", "4"], ["--ep", "balanced"]):
+        out = CliRunner().invoke(app, ["solve", "--engine", "llamacpp", "--config", str(config),
+                                       "--hardware", "1x-12gb-pcie4", "--traces", str(tmp_path),
+                                       "--out", str(tmp_path / "p.json"), *extra])
+        assert out.exit_code == 1 and out.output.startswith(f"error: {extra[0]} is for placer"), \
+            out.output

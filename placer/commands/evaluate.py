@@ -66,7 +66,11 @@ def register(app: typer.Typer) -> None:
         sequences, continuous batching over 4 seeded orders); each figure has a 95%
         bootstrap interval over sequences, and the verdict against layer offload (better,
         worse or within noise) reads the interval of the stall ratio; fewer than 5 held-out
-        sequences give no interval and the verdict too little traffic."""
+        sequences give no interval and the verdict too little traffic.
+
+        A plan solved with --engine llamacpp is replayed as llama.cpp runs it (its host
+        layers on the CPU or through its --moe-cache-mib cache): layer offload is then
+        -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache."""
         from placer.predict.curve import calibration_curve
         from placer.predict.evaluate import EvalOptions, evaluate
         from placer.predict.plots import plot_evaluation

@@ -85,7 +85,7 @@ def check_plan(d: Any, source: str) -> None:
                    f"card {c} hold {homed}")
     _check_calibration(w, d.get("calibration", []), len(layers), experts_per_layer)
     if d.get("engine") is not None:
-        _check_engine(w, d["engine"], d["experts"], layers)
+        _check_engine(w, d["engine"], d["experts"], layers, cards)
     if not isinstance(d.get("predicted", []), list):
         w.fail("predicted", f"expected a list, got {_kind(d['predicted'])}")
     for key in ("robust", "cache"):
@@ -337,9 +337,11 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {str(value)[:40]!r}"
 
 
-def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int]) -> None:
+def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int], cards: list[dict]
+                  ) -> None:
     """An engine section (placer.plan.llamacpp): llama.cpp's host layers (MoE layers, whose
-    experts the plan keeps cold, every other layer's resident), its cache MiB and slots."""
+    experts the plan keeps cold, every other layer's resident), its cache MiB (beside the
+    resident experts within the one card's budget) and slots."""
     if not isinstance(engine, dict) or engine.get("name") != "llamacpp":
         w.fail("engine", "expected an object with name \"llamacpp\"")
     host = engine.get("host_layers")
@@ -354,6 +356,9 @@ def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int]) -> N
             mib > 0) != bool(slots):
         w.fail("engine.slots", f"expected one slot count per cache group (none without a "
                                f"cache), got {slots!r}")
+    if len(cards) != 1 or cards[0]["resident_bytes"] + (mib << 20) > cards[0]["budget_bytes"]:
+        w.fail("engine.moe_cache_mib", f"{mib} MiB of cache beside the resident experts "
+                                       f"exceed the budget of the plan's one card")
     layouts = engine.get("layouts")
     if not isinstance(layouts, list) or len(layouts) != len(layers) or any(
             not isinstance(x, list) or len(x) != 2 or not isinstance(x[0], str)

@@ -118,6 +118,12 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
     """The llama.cpp plan (module docstring)."""
     if not trace_dirs:
         raise PlacerError("--engine llamacpp learns from traffic: give --traces DIR")
+    for flag, given in (("--robust", opts.robust), ("--page-size", opts.page_size is not None),
+                        ("--offload", opts.offload is not None),
+                        ("--cache", opts.cache is not None), ("--ep", opts.ep != "contiguous")):
+        if given:
+            raise PlacerError(f"{flag} is for placer's own runtime; --engine llamacpp chooses "
+                              "llama.cpp's host layers and cache (--budget caps the VRAM)")
     if opts.num_steps is not None:
         raise PlacerError("--engine llamacpp replays the calibration tokens in order (the "
                           "cache is an LRU): leave --steps out")
@@ -208,11 +214,22 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
     plan.engine = {**option_json(inv, chosen), "name": ENGINE, "source": SOURCE,
                    "layouts": [[repr(key), list(nb2)] for key, nb2 in machine.layout],
                    "alignment": machine.alignment, "folds": folds,
-                   "choice": result.best.label, "options": options,
+                   "choice": choice_label(result, len(inv.moe_layers)), "options": options,
                    "search": [{"candidate": c.label, "held_out_tokens_per_s": v}
                               for c, v in result.scores.items()]}
     plan.predicted = predicted
     return plan
+
+
+def choice_label(result: SearchResult, layers: int) -> str:
+    """How the choice reads: its host layers and cache."""
+    best = result.best
+    host = ("every MoE layer on the host" if best.count == layers else
+            f"{best.count} of {layers} MoE layers on the host (ranked by {best.rank})")
+    cache = ("no cache" if best.share == 0 else
+             f"{'all' if best.share == 1 else f'{best.share:g}'} of the VRAM they free as "
+             "--moe-cache-mib")
+    return f"{host}, {cache}"
 
 
 def engine_setup(plan: Plan, name: str = "placement") -> Setup:

@@ -37,6 +37,12 @@ No code of it is here; what it does:
   for ubatches of at most 8 tokens, `ubatch  > 8` for the rest; uploaded bytes are the
   misses' nb[2] summed over the expert tensors.
 
+Use: `groups = cache_groups(device, layout, E)`, `slots = group_slots(N * MIB, groups, k)`,
+`fetches = LlamaCppCache(groups, slots, k).replay(tokens)` with tokens [S, B, L, k] the ids
+of each ubatch in the order llama.cpp's selection tensor holds them, then
+`log_stats(fetches, tokens_per_ubatch, groups)` gives the (hits, misses, uploaded bytes) of
+llama.cpp's two exit log lines, to compare with a real run's.
+
 The replay is compiled (numba; its kernels call only each other, all in this module, so
 numba's per-file cache stays right: solvers/cache/kernels.py says why that matters).
 """
