@@ -169,17 +169,31 @@ def _layers(option: dict) -> str:
 
 
 def cache_losses(plan: Plan) -> list[str]:
-    """Where every cached option is slower than the best one without a cache."""
+    """Where every cached option is slower than the best one without a cache, and why: too
+    few slots for a step at that concurrency (llama.cpp then leaves the cache unused), or
+    the misses' uploads over the link."""
     notes = []
-    cached = {o["name"] for o in plan.engine["options"] if o["moe_cache_mib"]}
+    options = {o["name"]: o for o in plan.engine["options"]}
+    cached = {name for name, o in options.items() if o["moe_cache_mib"]}
+    need_of = min(int(plan.model["top_k"]), plan.experts_per_layer)
     for row in plan.predicted:
-        figs = row["options"]
+        figs, b = row["options"], row["concurrency"]
         plain = max(v["tokens_per_s"] for k, v in figs.items() if k not in cached)
-        best = max((v["tokens_per_s"] for k, v in figs.items() if k in cached), default=None)
-        if best is not None and best < plain:
-            notes.append(f"{row['profile']} B={row['concurrency']}: the cache loses: its best "
-                         f"option {best:.2f} tok/s against {plain:.2f} without it (every miss "
-                         f"crosses the link; one LRU per group is shared by its layers)")
+        mine = [k for k in figs if k in cached]
+        if not mine or max(figs[k]["tokens_per_s"] for k in mine) >= plain:
+            continue
+        best = max(mine, key=lambda k: figs[k]["tokens_per_s"])
+        slots = min(options[best]["slots"])
+        need = min(b * need_of, plan.experts_per_layer)
+        why = (f"its {slots} slots are fewer than the {need} experts a step of {b} needs per "
+               f"layer, so llama.cpp leaves the cache unused at B={b}" if slots < need or b > 32
+               else f"it serves {100 * figs[best]['hit_rate']:.0f}% of the selected bytes from "
+                    f"VRAM and every miss crosses the link ({len(options[best]['host_layers'])}"
+                    f" host layers share {len(options[best]['slots'])} LRU)")
+        notes.append(f"{row['profile']} B={b}: the cache loses: its best option "
+                     f"({best}, {options[best]['moe_cache_mib']} MiB) "
+                     f"{figs[best]['tokens_per_s']:.2f} tok/s against {plain:.2f} without it: "
+                     f"{why}")
     return notes
 
 
