@@ -126,6 +126,7 @@ def test_gptoss_slow_8gb_card_keeps_the_cache_off(tmp_path):
                                  "--traces", str(held), "--json"])
     assert report.exit_code == 0, report.output
     rows = json.loads(report.output)["results"]
+    assert len(json.loads(report.output)["drift"]) == 1  # against the plan's calibration
     assert [(r["concurrency"], r["execution"]) for r in rows] == [(1, "llamacpp"),
                                                                  (8, "llamacpp")]
     assert all({"placement", "layer", "nocache", "ratio_to_layer_ci95"} <= set(r) for r in rows)

@@ -23,7 +23,7 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions
 from placer.plan.placement import Plan, build_plan
-from placer.plan.solve import host_of
+from placer.plan.solve import calibration_json, host_of
 from placer.plan.traffic import Traffic, load_traffic, traffic_steps
 from solvers.cache.llamacpp import CUDA_ALIGNMENT
 from solvers.llamacpp import Machine, Setup, judge
@@ -155,7 +155,8 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
                 row["options"][s.name]["ratio_to_ncmoe"] = ratio
                 row["options"][s.name]["ratio_to_ncmoe_ci95"] = ci
             predicted.append(row)
-    plan = plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result)
+    plan = plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result,
+                   traffic)
     plan.solver["seconds"] = seconds
     return plan
 
@@ -194,7 +195,7 @@ def n_cpu_moe(layers: list[int]) -> int | None:
 
 def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
             opts: SolveOptions, options: list[dict], predicted: list[dict], folds: int,
-            result) -> Plan:
+            result: SearchResult, traffic: list[Traffic]) -> Plan:
     resident = np.repeat(~chosen.host[:, None], inv.experts_per_layer, axis=1).astype(np.int64)
     num_cards = 1
     solver = {"name": "llamacpp", "objective": result.scores[result.best],
@@ -211,6 +212,7 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
                               "value": opts.budget, "concurrency": list(opts.concurrency),
                               "weights": list(opts.weights) if opts.weights else None},
                       ep="contiguous", solver=solver, execution="cpu")
+    plan.calibration = [calibration_json(t) for t in traffic]
     plan.engine = {**option_json(inv, chosen), "name": ENGINE, "source": SOURCE,
                    "layouts": [[repr(key), list(nb2)] for key, nb2 in machine.layout],
                    "alignment": machine.alignment, "folds": folds,
