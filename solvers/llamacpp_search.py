@@ -167,7 +167,9 @@ def search(machine: Machine, scenarios: list[Scenario]) -> SearchResult:
             elif totals.get(cand, 0.0) is not None:
                 totals[cand] = totals.get(cand, 0.0) + objective(machine, setup, held) / folds
     scored = {c: v for c, v in totals.items() if v is not None}
-    best = max(scored, key=lambda c: (scored[c], -c.share, c.rank != "ncmoe"))
+    top = max(scored.values())
+    # ties (to 1e-9, float sums in another order) go to no cache, then to plain -ncmoe N
+    best = max(scored, key=lambda c: (round(scored[c] / top, 9), -c.share, c.rank == "ncmoe"))
     whole = [(sc.tokens, sc.weight) for sc in scenarios]
     orders = {r: rank_layers(machine, r, whole) for r in (*RANKINGS, "ncmoe")}
     return SearchResult(best, orders, totals)

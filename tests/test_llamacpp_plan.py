@@ -225,3 +225,32 @@ def test_options_of_placers_runtime_are_refused(tmp_path):
                                        "--out", str(tmp_path / "p.json"), *extra])
         assert out.exit_code == 1 and out.output.startswith(f"error: {extra[0]} is for placer"), \
             out.output
+
+
+def mib_machine(bandwidth: float) -> Machine:
+    """2 layers x 4 experts of 1 MiB (two tensors of 512 KiB), top-1; room for one layer's
+    experts and 1 KiB; a CPU that takes 10.5 ms an expert (1 MiB at 100 MB/s) plus 1 ms."""
+    host = Host(memory_bandwidth=1e8, flops=1e15, sync_s=MS, activation_bytes=0.0,
+                h2d_bandwidth=bandwidth, offload_min_batch=32)
+    return Machine(np.full((2, 4), 1 << 20), np.ones((2, 4)), (("a", (1 << 19,) * 2),) * 2, 1,
+                   (4 << 20) + 1024, bandwidth, 0.0, 1, host)
+
+
+def test_the_search_takes_the_cache_where_it_hits_and_not_where_it_thrashes():
+    from solvers.llamacpp_search import Candidate, Scenario, search
+
+    def scenario(experts):
+        tokens = np.array(experts).reshape(-1, 1, 1, 1).repeat(2, axis=2)  # both layers
+        return Scenario("s", tokens, np.zeros((len(tokens), 1), dtype=np.int64),
+                        [(tokens, tokens)], 1.0, 10 * MS)
+
+    # one expert again and again: both layers on the host with the 4 MiB they free as
+    # cache (3 slots: 2 banks of 512 KiB x 4 fit 4 MiB) pay the sync only, 2 ms a step,
+    # against 11.5 ms for one layer on the CPU
+    found = search(mib_machine(1e9), [scenario([0] * 50)])
+    assert found.best == Candidate("cpu", 2, 1.0)
+    assert found.scores[Candidate("cpu", 2, 0.25)] is None  # 1 MiB: no slot, refused
+    # experts 0 1 2 3 in turn: 3 slots shared by 2 layers miss every time; at 1 MB/s a
+    # miss costs a second, so no cache (one host layer on the CPU)
+    cycled = search(mib_machine(1e6), [scenario([0, 1, 2, 3] * 12)])
+    assert cycled.best.share == 0 and cycled.best.count == 1
