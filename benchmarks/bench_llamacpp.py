@@ -67,7 +67,7 @@ def planner_section(limit: int | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         calib, held = (write_half(h, Path(tmp), limit) for h in (0, 1))
         print("1. planner's choice vs the best -ncmoe N alone, held-out mmlu_dev half")
-        print(f"{'card':>16} {'B':>2} {'choice':>44} {'tok/s':>8} {'-ncmoe':>12} "
+        print(f"{'card':>16} {'B':>2} {'choice':>34} {'tok/s':>8} {'-ncmoe':>12} "
               f"{'tok/s':>8} {'ratio':>6} {'stall ratio [95%]':>22} {'solve s':>8}")
         for card in CARDS:
             began = time.perf_counter()
@@ -76,10 +76,12 @@ def planner_section(limit: int | None) -> None:
             seconds = time.perf_counter() - began
             report = evaluate(plan, [held], EvalOptions())
             ncmoe = next(o for o in plan.engine["options"] if o["name"] == "ncmoe")
+            choice = (f"{len(plan.engine['host_layers'])} host layers, cache "
+                      f"{plan.engine['moe_cache_mib']} MiB")
             for row in report["results"]:
                 mine, base = row["placement"]["tokens_per_s"], row["layer"]["tokens_per_s"]
                 low, high = row["ratio_to_layer_ci95"] or (float("nan"),) * 2
-                print(f"{card:>16} {row['concurrency']:>2} {plan.engine['choice']:>44} "
+                print(f"{card:>16} {row['concurrency']:>2} {choice:>34} "
                       f"{mine:8.2f} {'-ncmoe ' + str(ncmoe['n_cpu_moe']):>12} {base:8.2f} "
                       f"{mine / base:6.3f} {row['ratio_to_layer']:8.3f} [{low:.3f}, "
                       f"{high:.3f}] {seconds:8.1f}")
