@@ -22,6 +22,7 @@ intervals here are over sequences like evaluate's, with equal shares per token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,39 +44,89 @@ from solvers.intervals import (
 MIB = 1024 * 1024
 
 
+def layer_devices(n_layer: int, tensor_split: Sequence[float]) -> np.ndarray:
+    """[n_layer + 1] the GPU of each decoder layer and, last, of the output layer under
+    `-ngl all -ts a,b,...`, as ggml-org/llama.cpp `src/llama-model.cpp` (load_tensors; read
+    at 00342301d01add50835550e8a916f12097d94517, the same lines as around the cache's
+    4b060f27) assigns them: the splits summed in float into cumulative points and divided by
+    their sum; with every layer on the GPUs (i_gpu_start 0, act_gpu_layers n_layer + 1) layer
+    il goes to device upper_bound(points, float(il) / (n_layer + 1)), and the output layer is
+    il = n_layer of the same rule (so the last device with a share). The input embeddings stay
+    on the CPU. E.g. 24 layers, -ts 1,1: points 0.5, 1; il / 25 >= 0.5 from il = 13, so
+    layers 0-12 go to device 0, 13-23 and the output to device 1."""
+    split = np.asarray(tensor_split, dtype=np.float32)
+    if split.ndim != 1 or not len(split) or (split < 0).any() or not split.sum() > 0:
+        raise ValueError(f"tensor_split must be >= 0 with a positive sum, got {tensor_split!r}")
+    points = np.cumsum(split, dtype=np.float32)  # float split_sum, accumulated in order
+    points = points / points[-1]
+    where = np.arange(n_layer + 1, dtype=np.float32) / np.float32(n_layer + 1)
+    return np.searchsorted(points, where, side="right").astype(np.int64)
+
+
 @dataclass(frozen=True)
 class Machine:
     """The model and the box as the cost needs them.
 
     expert_bytes, expert_flops: [L, E] of each routed expert; layout: [L] (key, nb2) of each
     MoE layer's expert tensors (solvers.cache.llamacpp.cache_groups); top_k: the router's k;
-    capacity: VRAM bytes for expert layers and the cache's banks on the one card;
-    bandwidth, latency_s: the card's host-to-device copies; alignment: its buffer alignment;
-    host: the CPU (solvers.cpu.Host)."""
+    capacity: VRAM bytes for expert layers and the cache's banks, per GPU ([D], or one number
+    for one card); bandwidth, latency_s: each GPU's host-to-device copies (likewise);
+    alignment: the buffer alignment; host: the one CPU (solvers.cpu.Host) that computes every
+    GPU's host layers; device: [L] the GPU of each MoE layer (layer_devices; empty: all on
+    GPU 0); tensor_split: the `-ts` proportions that also split the cache over the GPUs
+    (None: one GPU)."""
 
     expert_bytes: np.ndarray
     expert_flops: np.ndarray
     layout: tuple
     top_k: int
-    capacity: int
-    bandwidth: float
-    latency_s: float
+    capacity: int | tuple[int, ...]
+    bandwidth: float | tuple[float, ...]
+    latency_s: float | tuple[float, ...]
     alignment: int
     host: Host
+    device: tuple[int, ...] = ()
+    tensor_split: tuple[float, ...] | None = None
 
     @property
     def layer_bytes(self) -> np.ndarray:
         """[L] expert bytes of each MoE layer."""
         return np.asarray(self.expert_bytes, dtype=np.int64).sum(axis=1)
 
+    @property
+    def layer_device(self) -> np.ndarray:
+        """[L] the GPU of each MoE layer."""
+        if self.device:
+            return np.asarray(self.device, dtype=np.int64)
+        return np.zeros(len(self.layer_bytes), dtype=np.int64)
+
+    def per_device(self, value: float | tuple[float, ...]) -> np.ndarray:
+        """[D] of a per-GPU field (one number: the same on every GPU)."""
+        count = max(int(self.layer_device.max(initial=0)) + 1,
+                    len(self.tensor_split or ()), np.size(self.capacity))
+        return np.broadcast_to(np.asarray(value, dtype=np.float64), (count,))
+
     def groups(self, host_layers: np.ndarray) -> Groups:
         """The cache's groups when `host_layers` ([L] bool) keep their experts on the host."""
-        return cache_groups(np.where(host_layers, 0, -1), self.layout,
+        return cache_groups(np.where(host_layers, self.layer_device, -1), self.layout,
                             self.expert_bytes.shape[1])
 
+    def gpu_bytes(self, host_layers: np.ndarray) -> np.ndarray:
+        """[D] expert bytes each GPU holds for its layers that are not host layers."""
+        gpu = ~np.asarray(host_layers, dtype=bool)
+        return np.bincount(self.layer_device[gpu], weights=self.layer_bytes[gpu],
+                           minlength=len(self.per_device(self.capacity)))
+
     def bank_room(self, host_layers: np.ndarray) -> int:
-        """VRAM left for the cache's banks beside the experts of the GPU layers."""
-        return int(self.capacity - self.layer_bytes[~np.asarray(host_layers)].sum())
+        """The largest cache (bytes) whose banks fit beside the experts of the GPU layers:
+        llama.cpp gives each GPU with host layers its -ts share of the cache."""
+        host = np.asarray(host_layers, dtype=bool)
+        room = self.per_device(self.capacity) - self.gpu_bytes(host)
+        cached = np.bincount(self.layer_device[host], minlength=len(room)) > 0
+        if not cached.any():
+            return int(room.min())
+        split = self.per_device(self.tensor_split or 1.0)[cached]
+        return int(np.floor((room[cached] * split.sum() / split).min()))
 
 
 @dataclass(frozen=True)
@@ -98,7 +149,8 @@ def with_cache(machine: Machine, name: str, host: np.ndarray, cache_mib: int) ->
     if cache_mib == 0:
         return Setup(name, np.asarray(host, dtype=bool))
     groups = machine.groups(host)
-    slots = group_slots(cache_mib * MIB, groups, machine.top_k, alignment=machine.alignment)
+    slots = group_slots(cache_mib * MIB, groups, machine.top_k,
+                        tensor_split=machine.tensor_split, alignment=machine.alignment)
     return Setup(name, np.asarray(host, dtype=bool), int(cache_mib), tuple(map(int, slots)))
 
 
@@ -157,14 +209,16 @@ def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
 
 def cache_stall(machine: Machine, setup: Setup, fetches: Fetches) -> np.ndarray:
     """[S, L] seconds of the fetches that went through the cache: the selection's read-back
-    (sync_s), `runs` uploads per expert tensor at the card's latency, the misses' bytes at its
-    bandwidth."""
+    (sync_s), `runs` uploads per expert tensor at the latency of the layer's GPU, the misses'
+    bytes at its bandwidth."""
     groups = machine.groups(setup.host)
     tensors = np.array([len(groups.expert_bytes[g]) if g >= 0 else 0
                         for g in groups.layer_group])
     per_miss = np.array([groups.slot_bytes(g) if g >= 0 else 0 for g in groups.layer_group])
-    return (machine.host.sync_s + fetches.runs * tensors[None] * machine.latency_s
-            + fetches.misses * per_miss[None] / machine.bandwidth)
+    latency = machine.per_device(machine.latency_s)[machine.layer_device]
+    bandwidth = machine.per_device(machine.bandwidth)[machine.layer_device]
+    return (machine.host.sync_s + fetches.runs * tensors[None] * latency[None]
+            + fetches.misses * per_miss[None] / bandwidth[None])
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 to give to `--moe-cache-mib`: a search judged by the replay (solvers/llamacpp.py).
 
 Candidates: the host layers are the first `count` of a ranking, for `count` from the fewest
-that let the other layers' experts fit the card up to every layer, and the cache takes a share
+that let the other layers' experts fit their cards up to every layer, and the cache takes a share
 (0, 1/4, 1/2, all) of the VRAM those layers free. Two rankings, each fitted on the steps it
 is given: `cpu` (host first the layers whose selected experts cost the CPU least per byte:
 the right set without a cache) and `cache` (host first the layers a per-layer LRU of a
@@ -92,10 +92,13 @@ def rank_layers(machine: Machine, rank: str, steps: list[tuple[np.ndarray, float
 
 
 def fewest_host(machine: Machine, order: np.ndarray) -> int:
-    """The fewest leading layers of `order` on the host that let the rest fit the card."""
-    sizes = machine.layer_bytes[order]
-    gpu = sizes.sum() - np.concatenate([[0], np.cumsum(sizes)])
-    return int(np.flatnonzero(gpu <= machine.capacity)[0])
+    """The fewest leading layers of `order` on the host that let the rest fit their GPUs
+    (each GPU its own layers: Machine.layer_device)."""
+    capacity = machine.per_device(machine.capacity)
+    sizes = np.zeros((len(order), len(capacity)))
+    sizes[np.arange(len(order)), machine.layer_device[order]] = machine.layer_bytes[order]
+    gpu = sizes.sum(axis=0) - np.vstack([np.zeros(len(capacity)), np.cumsum(sizes, axis=0)])
+    return int(np.flatnonzero((gpu <= capacity).all(axis=1))[0])
 
 
 def host_mask(order: np.ndarray, count: int) -> np.ndarray:

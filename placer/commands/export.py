@@ -183,11 +183,19 @@ def _engine_export(p, model: str, out: Path | None, inputs: tuple, json_out: boo
     if json_out:
         print_json({"command": line, "host_layers": engine["host_layers"],
                     "n_cpu_moe": engine["n_cpu_moe"], "moe_cache_mib": engine["moe_cache_mib"],
-                    "slots": engine["slots"], "choice": engine["choice"]})
+                    "slots": engine["slots"], "choice": engine["choice"],
+                    "tensor_split": engine.get("tensor_split"),
+                    "devices": engine.get("devices")})
         return
     typer.echo(f"# {engine['choice']}: experts of decoder layers {engine['host_layers']} in "
                f"host memory, cache {engine['moe_cache_mib']} MiB ({engine['slots'] or 'no'} "
                "slots per group)")
+    if engine.get("tensor_split"):
+        host = set(engine["host_layers"])
+        for c in range(len(engine["tensor_split"])):
+            mine = [x for x, d in zip(p.moe_layers, engine["devices"], strict=True) if d == c]
+            typer.echo(f"# card {c} (-ts {engine['tensor_split'][c]:g}): MoE layers {mine}, "
+                       f"host {[x for x in mine if x in host]}")
     typer.echo(line)
 
 

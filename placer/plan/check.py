@@ -340,8 +340,8 @@ def _kind(value: Any) -> str:
 def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int], cards: list[dict]
                   ) -> None:
     """An engine section (placer.plan.llamacpp): llama.cpp's host layers (MoE layers, whose
-    experts the plan keeps cold, every other layer's resident), its cache MiB (beside the
-    resident experts within the one card's budget) and slots."""
+    experts the plan keeps cold, every other layer's resident), its cache MiB (each card's
+    -ts share beside its resident experts within its budget), slots, -ts and cards."""
     if not isinstance(engine, dict) or engine.get("name") != "llamacpp":
         w.fail("engine", "expected an object with name \"llamacpp\"")
     host = engine.get("host_layers")
@@ -356,9 +356,20 @@ def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int], card
             mib > 0) != bool(slots):
         w.fail("engine.slots", f"expected one slot count per cache group (none without a "
                                f"cache), got {slots!r}")
-    if len(cards) != 1 or cards[0]["resident_bytes"] + (mib << 20) > cards[0]["budget_bytes"]:
-        w.fail("engine.moe_cache_mib", f"{mib} MiB of cache beside the resident experts "
-                                       f"exceed the budget of the plan's one card")
+    split = engine.get("tensor_split") or [1.0]
+    devices = engine.get("devices") or [0] * len(layers)
+    if (len(split) != len(cards) or any(not isinstance(x, int | float) or x < 0 for x in split)
+            or len(devices) != len(layers) or any(not _int_in(d, 0, len(cards) - 1)
+                                                  for d in devices)):
+        w.fail("engine.tensor_split", f"expected a -ts proportion per card ({len(cards)}) and "
+                                      f"a card per MoE layer in engine.devices")
+    cached = {d for d, layer in zip(devices, layers, strict=True) if layer in host}
+    total = sum(split[d] for d in cached)
+    for d, card in enumerate(cards):
+        share = (mib << 20) * split[d] / total if d in cached else 0
+        if card["resident_bytes"] + share > card["budget_bytes"]:
+            w.fail("engine.moe_cache_mib", f"{mib} MiB of cache (card {d}'s -ts share) beside "
+                                           f"the resident experts exceed card {d}'s budget")
     layouts = engine.get("layouts")
     if not isinstance(layouts, list) or len(layouts) != len(layers) or any(
             not isinstance(x, list) or len(x) != 2 or not isinstance(x[0], str)

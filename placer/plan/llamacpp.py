@@ -1,19 +1,25 @@
 """`placer solve --engine llamacpp`: which MoE layers llama.cpp keeps in host memory and how
-big its expert cache is, from an inventory, a one-card spec and calibration traffic.
+big its expert cache is, from an inventory, a spec of one or more cards and calibration
+traffic. With several cards every layer runs on the GPUs (`-ngl all`) split by `-ts` in
+proportion to each card's VRAM for experts (machine_of); each card's host layers use its
+own link, and the one CPU computes every card's host layers.
 
 The search and its cost are in solvers/llamacpp_search.py and solvers/llamacpp.py; the cache
 is llama.cpp's own (solvers/cache/llamacpp.py, ggml-org/llama.cpp @4b060f27). The plan it
 writes is a cpu-execution plan (the GPU layers' experts resident, the host layers' cold) with
 an `engine` section: {"name": "llamacpp", "host_layers": decoder layers, "moe_cache_mib": N,
 "slots": per group, "n_cpu_moe": N where the host layers are the first N decoder layers,
-"alignment", "options": the table solve prints}. `placer export llamacpp` turns it into
+"alignment", "tensor_split": the -ts proportions (None: one card), "devices": the card of
+each MoE layer, "options": the table solve prints}. `placer export llamacpp` turns it into
 llama-server flags; `placer evaluate` replays it (placer/predict/llamacpp.py).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
+from functools import reduce
 
 import numpy as np
 
@@ -26,7 +32,7 @@ from placer.plan.placement import Plan, build_plan
 from placer.plan.solve import calibration_json, host_of
 from placer.plan.traffic import Traffic, load_traffic, traffic_steps
 from solvers.cache.llamacpp import CUDA_ALIGNMENT
-from solvers.llamacpp import Machine, Setup, judge
+from solvers.llamacpp import Machine, Setup, judge, layer_devices
 from solvers.llamacpp_search import (
     Scenario,
     SearchResult,
@@ -70,21 +76,37 @@ def _bank_order(name: str) -> tuple[int, str]:
 
 
 def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machine:
-    """The model and the one card as the search needs them."""
-    if len(spec.cards) != 1:
-        raise PlacerError(f"--engine llamacpp plans one card; {spec.name!r} has "
-                          f"{len(spec.cards)} (several GPUs: solve each card's layers apart)")
+    """The model and the cards as the search needs them: each card's VRAM for experts and
+    cache (its free VRAM, or --budget), and with several cards `-ts` in proportion to that
+    VRAM (MiB, reduced by their gcd), which decides each layer's card (layer_devices)."""
     hidden = inv.config.get("hidden_size")
     if spec.host is None or not hidden:
         raise PlacerError(f"--engine llamacpp computes host layers on the CPU: hardware spec "
                           f"{spec.name!r} needs a [host] table and the model a hidden_size")
-    card = spec.cards[0]
-    capacity = opts.budget if opts.budget is not None else card.free_bytes
-    if capacity > card.free_bytes:
-        raise PlacerError(f"--budget {capacity} exceeds the card's free VRAM {card.free_bytes}")
+    capacity = [opts.budget if opts.budget is not None else c.free_bytes for c in spec.cards]
+    for card, cap in zip(spec.cards, capacity, strict=True):
+        if cap > card.free_bytes:
+            raise PlacerError(f"--budget {cap} exceeds card {card.index}'s free VRAM "
+                              f"{card.free_bytes}")
+    split, device = None, ()
+    if len(spec.cards) > 1:
+        mib = [max(1, c >> 20) for c in capacity]
+        split = tuple(float(m // reduce(math.gcd, mib)) for m in mib)
+        n_layer = int(inv.config.get("num_hidden_layers") or max(inv.moe_layers) + 1)
+        device = tuple(int(d) for d in layer_devices(n_layer, split)[list(inv.moe_layers)])
+    bandwidth, latency = card_links(spec)
     return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
-                   int(capacity), card.h2d_bandwidth, card.latency_s, CUDA_ALIGNMENT,
-                   host_of(spec, hidden))
+                   tuple(int(c) for c in capacity), bandwidth, latency, CUDA_ALIGNMENT,
+                   host_of(spec, hidden), device, split)
+
+
+def card_links(spec: HardwareSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each card's host-to-device bandwidth (at most its [[link]]'s: llama.cpp runs the
+    layers one after another, so two cards' copies never share the link at once) and
+    per-copy latency."""
+    link = {c: lk.bandwidth for lk in spec.links for c in lk.cards}
+    return (tuple(min(c.h2d_bandwidth, link.get(c.index, c.h2d_bandwidth)) for c in spec.cards),
+            tuple(c.latency_s for c in spec.cards))
 
 
 def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scenario], int]:
@@ -197,17 +219,16 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
             opts: SolveOptions, options: list[dict], predicted: list[dict], folds: int,
             result: SearchResult, traffic: list[Traffic]) -> Plan:
     resident = np.repeat(~chosen.host[:, None], inv.experts_per_layer, axis=1).astype(np.int64)
-    num_cards = 1
+    capacity = machine.per_device(machine.capacity).astype(np.int64)
     solver = {"name": "llamacpp", "objective": result.scores[result.best],
               "bound": None, "gap": None, "seconds": 0.0,
               "status": "cross-validated" if folds else "in sample", "seed": opts.seed,
               "time_limit": None, "steps": None,
               "objective_unit": "predicted decode tokens/s on held-out folds of the "
                                 "calibration sequences (weighted over concurrency)"}
-    plan = build_plan(inv, spec, home=np.zeros(resident.shape, dtype=np.int64),
-                      resident_pages=resident, page_size=None,
-                      budget_bytes=np.array([machine.capacity]),
-                      staging_bytes=np.zeros(num_cards, dtype=np.int64),
+    home = np.repeat(machine.layer_device[:, None], inv.experts_per_layer, axis=1)
+    plan = build_plan(inv, spec, home=home, resident_pages=resident, page_size=None,
+                      budget_bytes=capacity, staging_bytes=np.zeros_like(capacity),
                       budget={"mode": "budget" if opts.budget is not None else "free_vram",
                               "value": opts.budget, "concurrency": list(opts.concurrency),
                               "weights": list(opts.weights) if opts.weights else None},
@@ -216,6 +237,8 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
     plan.engine = {**option_json(inv, chosen), "name": ENGINE, "source": SOURCE,
                    "layouts": [[repr(key), list(nb2)] for key, nb2 in machine.layout],
                    "alignment": machine.alignment, "folds": folds,
+                   "tensor_split": list(machine.tensor_split) if machine.tensor_split else None,
+                   "devices": machine.layer_device.tolist(),
                    "choice": choice_label(result, len(inv.moe_layers)), "options": options,
                    "search": [{"candidate": c.label, "held_out_tokens_per_s": v}
                               for c, v in result.scores.items()]}
@@ -246,14 +269,15 @@ def plan_machine(plan: Plan) -> Machine:
     """The Machine a llama.cpp plan was solved for (from its experts, hardware and engine
     section)."""
     engine = plan.engine
-    card = plan.hardware.cards[0]
     flops = plan.model.get("expert_flops")
     if plan.hardware.host is None or flops is None or not plan.model.get("hidden_size"):
         raise PlacerError("this llama.cpp plan lacks the host, expert FLOPs or hidden size "
                           "its replay needs: solve it again")
+    bandwidth, latency = card_links(plan.hardware)
+    split = engine.get("tensor_split")
     return Machine(plan.matrix("bytes"), np.asarray(flops, dtype=np.float64),
                    tuple((key, tuple(nb2)) for key, nb2 in engine["layouts"]),
-                   int(plan.model["top_k"]), int(plan.cards[0].budget_bytes),
-                   card.h2d_bandwidth, card.latency_s, int(engine["alignment"]),
-                   host_of(plan.hardware, int(plan.model["hidden_size"])))
-
+                   int(plan.model["top_k"]), tuple(int(c.budget_bytes) for c in plan.cards),
+                   bandwidth, latency, int(engine["alignment"]),
+                   host_of(plan.hardware, int(plan.model["hidden_size"])),
+                   tuple(engine.get("devices") or ()), tuple(split) if split else None)
