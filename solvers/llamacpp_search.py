@@ -7,7 +7,9 @@ that let the other layers' experts fit their cards up to every layer, and the ca
 is given: `cpu` (host first the layers whose selected experts cost the CPU least per byte:
 the right set without a cache) and `cache` (host first the layers a per-layer LRU of a
 quarter of their experts misses least: locality, which is what the cache lives on; the
-real cache is one LRU per group, shared by its layers, and the replay judges that). The
+real cache is one LRU per group, shared by its layers, and the replay judges that). With
+several GPUs a ranking first puts on the host, per GPU, the fewest of that GPU's layers in
+its order that let the rest fit (fit_first), then goes on in its order. The
 `-ncmoe N` baseline is the first N MoE layers, N the fewest that fit.
 
 Every candidate is judged on held-out folds of the calibration sequences: for each fold the
@@ -88,7 +90,23 @@ def rank_layers(machine: Machine, rank: str, steps: list[tuple[np.ndarray, float
                                      np.zeros((num_layers, experts), dtype=np.int64))
             cost += weight * misses.sum(axis=1) / max(1, len(tokens))
     per_byte = cost / np.maximum(machine.layer_bytes, 1)
-    return np.lexsort((np.arange(num_layers), per_byte))
+    return fit_first(machine, np.lexsort((np.arange(num_layers), per_byte)))
+
+
+def fit_first(machine: Machine, order: np.ndarray) -> np.ndarray:
+    """`order` with, first, each GPU's leading layers in it that must go to the host for the
+    rest of that GPU's layers to fit it (in their order), then the others: so the fewest host
+    layers of the ranking are the fewest per GPU, not a prefix that takes layers from a GPU
+    with room while another still overflows. One GPU: `order` itself."""
+    capacity = machine.per_device(machine.capacity)
+    device = machine.layer_device[order]
+    sizes = machine.layer_bytes[order]
+    first = np.zeros(len(order), dtype=bool)
+    for d in range(len(capacity)):
+        mine = np.flatnonzero(device == d)
+        left = sizes[mine].sum() - np.concatenate([[0], np.cumsum(sizes[mine])])
+        first[mine[:int(np.flatnonzero(left <= capacity[d])[0])]] = True
+    return np.concatenate([order[first], order[~first]])
 
 
 def fewest_host(machine: Machine, order: np.ndarray) -> int:

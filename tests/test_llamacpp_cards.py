@@ -19,7 +19,7 @@ from placer.exporters.llamacpp import server_command
 from placer.plan.placement import read_plan
 from solvers.cpu import Host
 from solvers.llamacpp import MIB, Machine, Setup, layer_devices, step_costs, with_cache
-from solvers.llamacpp_search import fewest_host
+from solvers.llamacpp_search import fewest_host, fit_first
 
 
 @pytest.mark.parametrize(("n_layer", "split", "expected"), [
@@ -55,6 +55,9 @@ def test_each_card_fits_its_own_layers():
     assert fewest_host(machine, np.array([1, 0])) == 1
     assert fewest_host(machine, np.array([0, 1])) == 2  # layer 0 first frees the wrong card
     assert fewest_host(two_cards((8000, 0)), np.array([0, 1])) == 2  # not a shared pool
+    # a ranking puts first what each card must give up, then goes on in its order
+    assert fit_first(machine, np.array([0, 1])).tolist() == [1, 0]
+    assert fit_first(two_cards(), np.array([0, 1])).tolist() == [0, 1]
 
 
 def test_the_cache_splits_by_ts_and_each_card_fetches_over_its_own_link():
