@@ -46,14 +46,16 @@ MIB = 1024 * 1024
 
 def layer_devices(n_layer: int, tensor_split: Sequence[float]) -> np.ndarray:
     """[n_layer + 1] the GPU of each decoder layer and, last, of the output layer under
-    `-ngl all -ts a,b,...`, as ggml-org/llama.cpp `src/llama-model.cpp` (load_tensors; read
-    at 00342301d01add50835550e8a916f12097d94517, the same lines as around the cache's
-    4b060f27) assigns them: the splits summed in float into cumulative points and divided by
-    their sum; with every layer on the GPUs (i_gpu_start 0, act_gpu_layers n_layer + 1) layer
-    il goes to device upper_bound(points, float(il) / (n_layer + 1)), and the output layer is
-    il = n_layer of the same rule (so the last device with a share). The input embeddings stay
-    on the CPU. E.g. 24 layers, -ts 1,1: points 0.5, 1; il / 25 >= 0.5 from il = 13, so
-    layers 0-12 go to device 0, 13-23 and the output to device 1."""
+    `-ngl all -ts a,b,...`, as ggml-org/llama.cpp `src/llama-model.cpp` `load_tensors` assigns
+    them (read at 00342301d01add50835550e8a916f12097d94517; newer builds write i_gpu_start as
+    max(n_layer + 1 - ngl, 0), the same 0 with every layer on the GPUs): the `-ts` values
+    summed in float into cumulative points, each divided by the sum; with i_gpu_start 0 and
+    act_gpu_layers n_layer + 1, layer il goes to device upper_bound(points,
+    float(il) / (n_layer + 1)), and the output layer is il = n_layer of the same rule (so the
+    last device with a share); the input embeddings stay on the CPU. A layer's tensors then
+    take its device's buffer types unless an `-ot` pattern matches first. E.g. 24 layers,
+    -ts 1,1: points 0.5, 1; il / 25 >= 0.5 from il = 13, so layers 0-12 go to device 0,
+    13-23 and the output to device 1."""
     split = np.asarray(tensor_split, dtype=np.float32)
     if split.ndim != 1 or not len(split) or (split < 0).any() or not split.sum() > 0:
         raise ValueError(f"tensor_split must be >= 0 with a positive sum, got {tensor_split!r}")
