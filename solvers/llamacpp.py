@@ -8,13 +8,17 @@ the layer's experts:
 - a host layer whose ubatch goes through the cache (`Fetches.used`): the host reads the
   selection back before the layer can go on (`ggml_backend_synchronize` in the cache's
   `copy`, and the graph split the lookup starts: the spec's per-layer `sync_s`), plus its
-  uploads, `runs` copies per expert tensor at the card's latency each and the missed experts'
-  bytes at its host-to-device bandwidth; hits cost nothing;
+  uploads, `runs` copies per expert tensor at the latency of the card the layer runs on
+  and the missed experts' bytes at that card's host-to-device bandwidth; hits cost nothing;
 - any other host layer: the `cpu` execution model (solvers/cpu.py `cpu_loads`: the CPU
   computes its selected experts, measured curve or roofline, plus the hand-off and the
   activations' round trip), or, at `offload_min_batch` tokens or more, the copy of its
   selected experts over the link (op offload), less the experts the cache holds (llama.cpp's
   `copy_experts` takes those from the banks).
+
+With several GPUs (`-ts`) the layers run one after another, so the step's stall is still the
+sum over layers: each card's cached layers over its own link, every host layer without the
+cache on the one CPU.
 
 A step's cost is split among its tokens equally (solvers.intervals.attribute), so the
 intervals here are over sequences like evaluate's, with equal shares per token.

@@ -85,8 +85,8 @@ def register(app: typer.Typer) -> None:
         engine: Annotated[str, typer.Option(
             help="Whose runtime the plan is for: placer (pinned experts, staging and "
                  "placer's cache) or llamacpp (which MoE layers llama.cpp keeps in host "
-                 "memory, -ot / -ncmoe, and how big its --moe-cache-mib cache is; one card, "
-                 "needs the spec's \\[host] table; docs/llamacpp.md).")] = "placer",
+                 "memory, -ot / -ncmoe, and how big its --moe-cache-mib cache is; several "
+                 "cards by -ts; needs the spec's \\[host] table; docs/llamacpp.md).")] = "placer",
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
     ) -> None:
