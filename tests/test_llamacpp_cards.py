@@ -124,3 +124,15 @@ def test_two_cards_plan_exports_ts_and_overrides_and_evaluates(tmp_path):
     assert bad.exit_code == 1, bad.output
     assert bad.output.startswith(f"error: {path}: engine.moe_cache_mib") and (
         f"card {card}'s budget" in bad.output)
+
+
+def test_a_card_copies_at_most_at_its_links_bandwidth():
+    from placer.hardware.spec import load_spec, parse_spec
+    from placer.plan.llamacpp import card_links
+
+    two = load_spec("2x-8gb-pcie4")
+    assert card_links(two) == ((25e9, 6.5e9), (10e-6, 15e-6))
+    shared = parse_spec({"cards": 2, "card": {"vram": "8GiB", "h2d_bandwidth": "25GB/s"},
+                         "link": [{"cards": [1], "bandwidth": "4GB/s"}],
+                         "decode": {"base_step_ms": {"1": 9.0}}})
+    assert card_links(shared)[0] == (25e9, 4e9)
