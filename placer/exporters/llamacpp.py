@@ -201,7 +201,7 @@ def engine_args(plan: Plan) -> list[str]:
     host = list(engine["host_layers"])
     args = ["-ngl", "all"]
     if engine.get("tensor_split"):
-        args += ["-ts", ",".join(f"{x:g}" for x in engine["tensor_split"])]
+        args += ["-ts", ",".join(f"{x:.10g}" for x in engine["tensor_split"])]
     if engine.get("n_cpu_moe") is not None:
         args += ["-ncmoe", str(engine["n_cpu_moe"])]
     elif host:
