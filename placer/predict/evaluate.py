@@ -33,6 +33,7 @@ from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
 from placer.plan.placement import Plan, plan_caches
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
+from placer.predict.llamacpp import llamacpp_row
 from placer.progress import ItemsBar
 from solvers import baselines, ilp
 from solvers.cache import even_quotas
@@ -188,6 +189,9 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
         notes += [n for n in [dropped_prefill(trace_dir)] if n]
+    if plan.engine is not None and opts.execution is not None:
+        raise PlacerError("--execution: a plan solved with --engine llamacpp runs as llama.cpp "
+                          "does (host layers on the CPU or through its cache); leave it out")
     modes = executions(plan, opts.execution)
     with ItemsBar("evaluate", len(trace_dirs) * len(batches) * len(modes), progress) as bar:
         for trace_dir in trace_dirs:
@@ -201,9 +205,12 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                 for mode in modes:
                     item = f"{trace_dir.name} B={b} {mode}"
                     bar.show(item)
-                    row, staged = evaluate_row(
-                        plan, name, steps, plan_placement(plan, mode), opts, seed, mode,
-                        lambda stage, item=item: bar.show(f"{item}: oracle ILP, {stage}"))
+                    row, staged = (
+                        (llamacpp_row(plan, name, steps, seed, opts.replicates), {})
+                        if plan.engine is not None else
+                        evaluate_row(
+                            plan, name, steps, plan_placement(plan, mode), opts, seed, mode,
+                            lambda stage, item=item: bar.show(f"{item}: oracle ILP, {stage}")))
                     rows.append(row)
                     notes += [too_little_note(row)] if row["verdict"] == TOO_LITTLE else []
                     per_layer.append({"traces": name, "concurrency": b, "execution": mode,

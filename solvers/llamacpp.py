@@ -1,0 +1,266 @@
+"""What a llama.cpp setup costs at decode: which MoE layers keep their experts in host memory
+(`-ot` / `-ncmoe`) and the `--moe-cache-mib` cache for them (solvers/cache/llamacpp.py).
+
+Per decode step s (one ubatch of its B tokens) and MoE layer l, the seconds the step waits on
+the layer's experts:
+
+- a layer whose experts are on the GPU: 0 (its compute is in the base step time);
+- a host layer whose ubatch goes through the cache (`Fetches.used`): the host reads the
+  selection back before the layer can go on (`ggml_backend_synchronize` in the cache's
+  `copy`, and the graph split the lookup starts: the spec's per-layer `sync_s`), plus its
+  uploads, `runs` copies per expert tensor at the latency of the card the layer runs on
+  and the missed experts' bytes at that card's host-to-device bandwidth; hits cost nothing;
+- any other host layer: the `cpu` execution model (solvers/cpu.py `cpu_loads`: the CPU
+  computes its selected experts, measured curve or roofline, plus the hand-off and the
+  activations' round trip), or, at `offload_min_batch` tokens or more, the copy of its
+  selected experts over the link (op offload), less the experts the cache holds (llama.cpp's
+  `copy_experts` takes those from the banks).
+
+With several GPUs (`-ts`) the layers run one after another, so the step's stall is still the
+sum over layers: each card's cached layers over its own link, every host layer without the
+cache on the one CPU.
+
+A step's cost is split among its tokens equally (solvers.intervals.attribute), so the
+intervals here are over sequences like evaluate's, with equal shares per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.cache.llamacpp import Fetches, Groups, LlamaCppCache, cache_groups, group_slots
+from solvers.cpu import Host, cpu_loads, step_tokens
+from solvers.intervals import (
+    REPLICATES,
+    Estimate,
+    Units,
+    attribute,
+    estimable,
+    line_figures,
+    replicate_weights,
+    units_of,
+    without_intervals,
+)
+
+MIB = 1024 * 1024
+
+
+def layer_devices(n_layer: int, tensor_split: Sequence[float]) -> np.ndarray:
+    """[n_layer + 1] the GPU of each decoder layer and, last, of the output layer under
+    `-ngl all -ts a,b,...`, as ggml-org/llama.cpp `src/llama-model.cpp` `load_tensors` assigns
+    them (read at 00342301d01add50835550e8a916f12097d94517; newer builds write i_gpu_start as
+    max(n_layer + 1 - ngl, 0), the same 0 with every layer on the GPUs): the `-ts` values
+    summed in float into cumulative points, each divided by the sum; with i_gpu_start 0 and
+    act_gpu_layers n_layer + 1, layer il goes to device upper_bound(points,
+    float(il) / (n_layer + 1)), and the output layer is il = n_layer of the same rule (so the
+    last device with a share); the input embeddings stay on the CPU. A layer's tensors then
+    take its device's buffer types unless an `-ot` pattern matches first. E.g. 24 layers,
+    -ts 1,1: points 0.5, 1; il / 25 >= 0.5 from il = 13, so layers 0-12 go to device 0,
+    13-23 and the output to device 1."""
+    split = np.asarray(tensor_split, dtype=np.float32)
+    if split.ndim != 1 or not len(split) or (split < 0).any() or not split.sum() > 0:
+        raise ValueError(f"tensor_split must be >= 0 with a positive sum, got {tensor_split!r}")
+    points = np.cumsum(split, dtype=np.float32)  # float split_sum, accumulated in order
+    points = points / points[-1]
+    where = np.arange(n_layer + 1, dtype=np.float32) / np.float32(n_layer + 1)
+    return np.searchsorted(points, where, side="right").astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The model and the box as the cost needs them.
+
+    expert_bytes, expert_flops: [L, E] of each routed expert; layout: [L] (key, nb2) of each
+    MoE layer's expert tensors (solvers.cache.llamacpp.cache_groups); top_k: the router's k;
+    capacity: VRAM bytes for expert layers and the cache's banks, per GPU ([D], or one number
+    for one card); bandwidth, latency_s: each GPU's host-to-device copies (likewise);
+    alignment: the buffer alignment; host: the one CPU (solvers.cpu.Host) that computes every
+    GPU's host layers; device: [L] the GPU of each MoE layer (layer_devices; empty: all on
+    GPU 0); tensor_split: the `-ts` proportions that also split the cache over the GPUs
+    (None: one GPU)."""
+
+    expert_bytes: np.ndarray
+    expert_flops: np.ndarray
+    layout: tuple
+    top_k: int
+    capacity: int | tuple[int, ...]
+    bandwidth: float | tuple[float, ...]
+    latency_s: float | tuple[float, ...]
+    alignment: int
+    host: Host
+    device: tuple[int, ...] = ()
+    tensor_split: tuple[float, ...] | None = None
+
+    @property
+    def layer_bytes(self) -> np.ndarray:
+        """[L] expert bytes of each MoE layer."""
+        return np.asarray(self.expert_bytes, dtype=np.int64).sum(axis=1)
+
+    @property
+    def layer_device(self) -> np.ndarray:
+        """[L] the GPU of each MoE layer."""
+        if self.device:
+            return np.asarray(self.device, dtype=np.int64)
+        return np.zeros(len(self.layer_bytes), dtype=np.int64)
+
+    def per_device(self, value: float | tuple[float, ...]) -> np.ndarray:
+        """[D] of a per-GPU field (one number: the same on every GPU)."""
+        count = max(int(self.layer_device.max(initial=0)) + 1,
+                    len(self.tensor_split or ()), np.size(self.capacity))
+        return np.broadcast_to(np.asarray(value, dtype=np.float64), (count,))
+
+    def groups(self, host_layers: np.ndarray) -> Groups:
+        """The cache's groups when `host_layers` ([L] bool) keep their experts on the host."""
+        return cache_groups(np.where(host_layers, self.layer_device, -1), self.layout,
+                            self.expert_bytes.shape[1])
+
+    def gpu_bytes(self, host_layers: np.ndarray) -> np.ndarray:
+        """[D] expert bytes each GPU holds for its layers that are not host layers."""
+        gpu = ~np.asarray(host_layers, dtype=bool)
+        return np.bincount(self.layer_device[gpu], weights=self.layer_bytes[gpu],
+                           minlength=len(self.per_device(self.capacity)))
+
+    def bank_room(self, host_layers: np.ndarray) -> int:
+        """The largest cache (bytes) whose banks fit beside the experts of the GPU layers:
+        llama.cpp gives each GPU with host layers its -ts share of the cache."""
+        host = np.asarray(host_layers, dtype=bool)
+        room = self.per_device(self.capacity) - self.gpu_bytes(host)
+        cached = np.bincount(self.layer_device[host], minlength=len(room)) > 0
+        if not cached.any():
+            return int(room.min())
+        split = self.per_device(self.tensor_split or 1.0)[cached]
+        return int(np.floor((room[cached] * split.sum() / split).min()))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One way to run llama.cpp: `host` [L] bool, the MoE layers whose experts stay in host
+    memory, and `cache_mib` (0: no --moe-cache-mib); `slots` [G] of its groups."""
+
+    name: str
+    host: np.ndarray
+    cache_mib: int = 0
+    slots: tuple[int, ...] = ()
+
+    @property
+    def host_layers(self) -> list[int]:
+        return [int(i) for i in np.flatnonzero(self.host)]
+
+
+def with_cache(machine: Machine, name: str, host: np.ndarray, cache_mib: int) -> Setup:
+    """A Setup with its slot counts (SolverError where llama.cpp refuses the cache)."""
+    if cache_mib == 0:
+        return Setup(name, np.asarray(host, dtype=bool))
+    groups = machine.groups(host)
+    slots = group_slots(cache_mib * MIB, groups, machine.top_k,
+                        tensor_split=machine.tensor_split, alignment=machine.alignment)
+    return Setup(name, np.asarray(host, dtype=bool), int(cache_mib), tuple(map(int, slots)))
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """The cpu model's figures of every MoE layer as if it were a host layer, for one set of
+    steps ([S, L] each): stall, bytes the CPU reads or copies, experts it computes or
+    copies; offloaded: [S] whether a step is op-offloaded."""
+
+    stall: np.ndarray
+    moved: np.ndarray
+    experts: np.ndarray
+    offloaded: np.ndarray
+
+
+def host_costs(machine: Machine, tokens: np.ndarray) -> HostCosts:
+    """HostCosts of `tokens` ([S, B, L, k] expert ids, -1: none). Layers are independent
+    under the cpu model, so a host set's cost without a cache is a column sum of these."""
+    eb = np.asarray(machine.expert_bytes)
+    loads = cpu_loads(eb, machine.expert_flops, machine.host, np.ones(eb.shape, dtype=bool),
+                      tokens)
+    return HostCosts(loads.layer_stall, loads.cold_bytes, loads.cold_experts,
+                     machine.host.offloads(step_tokens(tokens)))
+
+
+def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
+               costs: HostCosts | None = None) -> np.ndarray:
+    """[S, 4] FIELDS of each step under `setup`: stall seconds, bytes staged or read by the
+    CPU, experts staged or computed on the CPU, bytes of the selected experts."""
+    tokens = np.asarray(tokens)
+    costs = costs or host_costs(machine, tokens)
+    eb = np.asarray(machine.expert_bytes, dtype=np.float64)
+    host = np.asarray(setup.host, dtype=bool)
+    stall, moved, experts = costs.stall.copy(), costs.moved.copy(), costs.experts.copy()
+    if setup.cache_mib:
+        fetches = LlamaCppCache(machine.groups(host), setup.slots, machine.top_k).replay(
+            tokens, held=True)
+        held = (fetches.held * eb[None]).sum(axis=2)
+        copied = (moved - held) / machine.host.h2d_bandwidth
+        stall = np.where(costs.offloaded[:, None], copied, stall)
+        moved = np.where(costs.offloaded[:, None], moved - held, moved)
+        cached = cache_stall(machine, setup, fetches)
+        stall = np.where(fetches.used, cached, stall)
+        moved = np.where(fetches.used, fetches.misses * eb.max(axis=1)[None], moved)
+        experts = np.where(fetches.used, fetches.misses, experts)
+    selected = np.zeros(len(tokens))
+    for layer in range(tokens.shape[2]):
+        ids = tokens[:, :, layer, :]
+        mask = np.zeros((len(tokens), eb.shape[1]), dtype=bool)
+        step, _, _ = np.nonzero(ids >= 0)
+        mask[step, ids[ids >= 0]] = True
+        selected += mask @ eb[layer]
+    return np.stack([stall[:, host].sum(axis=1), moved[:, host].sum(axis=1),
+                     experts[:, host].sum(axis=1), selected], axis=1)
+
+
+def cache_stall(machine: Machine, setup: Setup, fetches: Fetches) -> np.ndarray:
+    """[S, L] seconds of the fetches that went through the cache: the selection's read-back
+    (sync_s), `runs` uploads per expert tensor at the latency of the layer's GPU, the misses'
+    bytes at its bandwidth."""
+    groups = machine.groups(setup.host)
+    tensors = np.array([len(groups.expert_bytes[g]) if g >= 0 else 0
+                        for g in groups.layer_group])
+    per_miss = np.array([groups.slot_bytes(g) if g >= 0 else 0 for g in groups.layer_group])
+    latency = machine.per_device(machine.latency_s)[machine.layer_device]
+    bandwidth = machine.per_device(machine.bandwidth)[machine.layer_device]
+    return (machine.host.sync_s + fetches.runs * tensors[None] * latency[None]
+            + fetches.misses * per_miss[None] / bandwidth[None])
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Setups replayed on one set of steps at concurrency `batch`: each setup's figures with
+    95% intervals (solvers.intervals.line_figures) and its stall estimate; the resampling
+    units (solvers.intervals.Units) and the tokens replayed."""
+
+    batch: int
+    figures: dict[str, dict]
+    stall: dict[str, Estimate]
+    units: Units
+
+    @property
+    def estimable(self) -> bool:
+        return estimable(self.units)
+
+    def ratio(self, name: str, other: str) -> tuple[float, list[float] | None]:
+        """Stall of `name` over `other`'s, with its paired 95% interval."""
+        r = self.stall[name].ratio_to(self.stall[other])
+        return r.point, r.ci95() if self.estimable else None
+
+
+def judge(machine: Machine, setups: list[Setup], tokens: np.ndarray, seqs: np.ndarray,
+          base_step_s: float, replicates: int = REPLICATES, seed: int = 0) -> Judged:
+    """Replay `tokens` ([S, B, L, k]; seqs [S, B] sequence ids) under every setup, with
+    paired bootstrap intervals over sequences."""
+    units = units_of(seqs)
+    weights = replicate_weights(units.count, replicates, seed)
+    costs = host_costs(machine, tokens)
+    figures, stall = {}, {}
+    for setup in setups:
+        sums = attribute(units.unit_of, step_costs(machine, setup, tokens, costs), units.count)
+        figures[setup.name], stall[setup.name] = line_figures(
+            sums, units.tokens(), weights, tokens.shape[1], base_step_s)
+        if not estimable(units):
+            figures[setup.name] = without_intervals(figures[setup.name])
+    return Judged(tokens.shape[1], figures, stall, units)
+
