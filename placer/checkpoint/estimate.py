@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 from placer.checkpoint.config import EXPERT_COUNT_KEYS, config_moe_layers, moe_shape, read_config
+from placer.checkpoint.experts import DenseTensor, Inventory, TensorRange, assemble
 from placer.checkpoint.header import tensor_bytes
-from placer.checkpoint.inventory import DenseTensor, Inventory, TensorRange, assemble
 from placer.errors import PlacerError
 
 EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")

@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
     @command(app, "inspect")
     def inspect(
         checkpoint: Annotated[Path | None, typer.Argument(
-            help="Checkpoint directory (config.json + *.safetensors).")] = None,
+            help="Checkpoint directory (config.json + *.safetensors), or a GGUF model file "
+                 "(the first part of a split one).")] = None,
         config: Annotated[Path | None, typer.Option(
             help="Estimate the inventory from a config.json alone (plan before download).")
         ] = None,
@@ -34,10 +35,12 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option("--json", help="Print the inventory as JSON.")
                             ] = False,
     ) -> None:
-        """Read a checkpoint's config and safetensors headers (never tensor bytes) and list
-        its MoE layers, routed experts and their exact byte ranges."""
+        """Read a checkpoint's config and safetensors headers, or a GGUF's metadata and tensor
+        infos (never tensor bytes), and list its MoE layers, routed experts and their exact
+        byte ranges."""
         if (checkpoint is None) == (config is None):
-            raise PlacerError("give a CHECKPOINT directory or --config config.json (not both)")
+            raise PlacerError("give a CHECKPOINT directory or GGUF file, or --config config.json "
+                              "(not both)")
         inv = (read_inventory(checkpoint) if checkpoint is not None
                else estimate_inventory(config, expert_dtype, dense_dtype))
         if json_out:

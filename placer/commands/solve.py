@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
             help="Hardware spec: a preset name (placer hardware list) or a .toml file.")],
         out: Annotated[Path, typer.Option(help="Where to write the plan (plan.json).")],
         model: Annotated[Path | None, typer.Option(
-            help="Checkpoint directory (reads its headers only).")] = None,
+            help="Checkpoint directory, or a GGUF model file (reads its headers only).")
+        ] = None,
         config: Annotated[Path | None, typer.Option(
             help="Plan from a config.json alone, before downloading the weights.")] = None,
         expert_dtype: Annotated[str | None, typer.Option(
@@ -90,7 +91,8 @@ def register(app: typer.Typer) -> None:
         from placer.plan.solve import solve_plan
 
         if (model is None) == (config is None):
-            raise PlacerError("give --model CHECKPOINT_DIR or --config config.json (not both)")
+            raise PlacerError("give --model CHECKPOINT_DIR (or MODEL.gguf) or --config config.json "
+                              "(not both)")
         inputs = [("the checkpoint", model), ("the config", config),
                   ("the hardware spec", Path(hardware) if os.path.isfile(hardware) else None)]
         check_apart(out, inputs)

@@ -72,9 +72,9 @@ def register(app: typer.Typer) -> None:
                              ".npy/.csv counts, a directory with meta_info.json + "
                              "rank*.safetensors trtllm).")] = None,
         model: Annotated[Path | None, typer.Option(
-            help="Checkpoint the routing came from: its layers, experts and top-k are checked "
-                 "against the file; per-token sources become trace rows with its "
-                 "fingerprint.")] = None,
+            help="Checkpoint (directory or GGUF file) the routing came from: its layers, "
+                 "experts and top-k are checked against the file; per-token sources become "
+                 "trace rows with its fingerprint.")] = None,
         config: Annotated[Path | None, typer.Option(
             help="The model's config.json instead of --model (before downloading it): the "
                  "trace is marked estimated and checked by shape.")] = None,

@@ -56,7 +56,7 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
     if plan.model.get("estimated"):
         raise PlacerError("this plan was solved from a config alone (no checkpoint bytes): "
                           "solve it against the downloaded checkpoint to emit")
-    inv = read_inventory(model_dir)
+    inv = read_inventory(model_dir, gguf=False)
     if inv.fingerprint != plan.model["fingerprint"]:
         raise PlacerError(f"the plan is for model {plan.model['fingerprint']}, but {model_dir} "
                           f"is model {inv.fingerprint} (another model, or its headers changed)")

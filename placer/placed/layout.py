@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from placer.checkpoint.inventory import Expert, Inventory
+from placer.checkpoint.experts import Expert, Inventory
 from placer.plan.placement import Plan
 
 

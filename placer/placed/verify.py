@@ -59,7 +59,7 @@ def verify_placed(placed: Path, model_dir: Path) -> Report:
         raise PlacerError(f"{placed} is not a directory (give the directory placer emit wrote)")
     manifest = read_manifest(placed)
     report = Report(str(placed))
-    inv = read_inventory(model_dir)
+    inv = read_inventory(model_dir, gguf=False)
     if inv.fingerprint != manifest["model"]["fingerprint"]:
         raise PlacerError(f"{placed} was placed from model {manifest['model']['fingerprint']}, "
                           f"but {model_dir} is model {inv.fingerprint}")

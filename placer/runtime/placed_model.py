@@ -68,7 +68,7 @@ def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
     hf_logging.disable_progress_bar()  # stdout/stderr stay the command's own (--json)
     torch_device = resolve_device(device)
     manifest = read_manifest(placed)
-    fingerprint = read_inventory(checkpoint).fingerprint
+    fingerprint = read_inventory(checkpoint, gguf=False).fingerprint
     if fingerprint != manifest["model"]["fingerprint"]:
         raise PlacerError(f"{placed} was placed for model {manifest['model']['fingerprint']}, "
                           f"but {checkpoint} is model {fingerprint}")

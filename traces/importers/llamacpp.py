@@ -90,24 +90,27 @@ def read_imatrix(path: Path) -> tuple[dict[int, np.ndarray], dict]:
             raise TraceError(f"{path} {LEGACY}")
         raise TraceError(f"{path}: not a GGUF file (no GGUF magic) nor a legacy imatrix; "
                          "expected llama-imatrix output")
-    from gguf import GGUFReader  # here: only an imatrix import pays for it
+    from traces.gguf_header import Skipped, read_gguf_header  # only an imatrix loads gguf
 
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, OSError, IndexError) as exc:
-        raise TraceError(f"{path}: not a readable GGUF file ({exc})") from None
-    fields = {name: field.contents() for name, field in reader.fields.items()}
+    header = read_gguf_header(path, TraceError)
+    fields = header.fields
     if fields.get("general.type") != "imatrix":
         raise TraceError(f"{path}: general.type is {fields.get('general.type')!r}, expected "
                          "'imatrix' (a llama-imatrix GGUF output)")
     found: dict[int, dict[str, np.ndarray]] = {}
-    for tensor in reader.tensors:
-        match = _COUNTS.match(tensor.name)
-        if match:
-            if int(tensor.shape[0]) != 1:
-                raise TraceError(f"{path}: {tensor.name} has ggml ne {list(tensor.shape)}, "
-                                 "expected [1, n_expert]")
-            found.setdefault(int(match[1]), {})[match[2]] = np.asarray(tensor.data)
+    with path.open("rb") as f:
+        for tensor in header.tensors:
+            match = _COUNTS.match(tensor.name)
+            if match:
+                if tensor.ne[:1] != (1,):
+                    raise TraceError(f"{path}: {tensor.name} has ggml ne {list(tensor.ne)}, "
+                                     "expected [1, n_expert]")
+                if tensor.type_name != "F32":
+                    raise TraceError(f"{path}: {tensor.name} is {tensor.type_name}, expected "
+                                     "F32 counts")
+                f.seek(tensor.offset)  # inside the file: read_gguf_header checked it
+                counts = np.frombuffer(f.read(tensor.nbytes), dtype="<f4")
+                found.setdefault(int(match[1]), {})[match[2]] = counts
     if not found:
         raise TraceError(f"{path}: no blk.L.ffn_*_exps.weight.counts tensor (expected the "
                          "expert tensors of a MoE model)")
@@ -122,8 +125,8 @@ def read_imatrix(path: Path) -> tuple[dict[int, np.ndarray], dict]:
                              "per expert (a single count comes from a legacy .dat converted "
                              "or merged with --in-file)")
         layers[layer] = counts.astype(np.int64)
-    info = {key.split(".")[1]: fields.get(key) for key in
-            ("imatrix.chunk_count", "imatrix.chunk_size", "imatrix.datasets")}
+    info = {key.split(".")[1]: str(v) if isinstance(v := fields.get(key), Skipped) else v
+            for key in ("imatrix.chunk_count", "imatrix.chunk_size", "imatrix.datasets")}
     return layers, info
 
 

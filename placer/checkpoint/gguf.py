@@ -1,0 +1,184 @@
+"""The inventory of a GGUF model (llama.cpp): read from its tensor infos, never the data.
+
+Tensor and key names are llama.cpp's, as the `gguf` package (gguf-py 0.19.0, `constants.py`:
+MODEL_TENSOR / TENSOR_NAMES, Keys.LLM, Keys.Split) spells them:
+
+- routed experts are fused, one tensor per projection and layer: `blk.N.ffn_gate_exps`,
+  `ffn_up_exps`, `ffn_down_exps` or `ffn_gate_up_exps`, with suffix `.weight` (and `.bias`,
+  `.scale`, `.input_scale` where an architecture has them, e.g. gpt-oss's biases). ggml's
+  ne[] lists dimensions innermost first and every model file of llama.cpp creates these with
+  the expert outermost (`{n_embd, n_ff_exp, n_expert}`, `src/models/*.cpp` at
+  ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f), so the row-major shape is ne
+  reversed, (n_expert, ...), and expert E is the contiguous byte range
+  [E * n, (E + 1) * n) of the tensor's n * n_expert bytes, whatever its ggml type: a quant
+  block never crosses a row, since a row is a whole number of blocks;
+- shared experts (`ffn_*_shexp`), chunk experts (`ffn_*_chexps`), routers and the rest are
+  dense;
+- `general.architecture` names the architecture; `<arch>.block_count`, `<arch>.expert_count`,
+  `<arch>.expert_used_count` (top-k), `<arch>.expert_shared_count` give the shape;
+- split files (`llama-gguf-split`): `split.no`, `split.count`, `split.tensors.count` in every
+  part, named `PREFIX-%05d-of-%05d.gguf` (`llama_split_path`, `src/llama.cpp`); the first part
+  holds the metadata; tensor offsets are per part.
+
+The fingerprint hashes `general.architecture`, every `<arch>.*` key and every tensor's name,
+ggml type and shape, so a model split into parts keeps the fingerprint of the whole file, and
+a trace recorded from the GGUF (`placer collect --gguf`) carries the GGUF's fingerprint.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
+
+from placer.checkpoint.config import MAX_COUNT
+from placer.checkpoint.experts import DenseTensor, Inventory, SourceFile, TensorRange, assemble
+from placer.errors import PlacerError
+from traces.gguf_header import GGUFHeader, Skipped, TensorInfo, read_gguf_header
+
+_BLOCK = "blk.{bid}."
+# Routed expert tensors (fused, the expert outermost), named as gguf-py names them.
+_EXPERT_NAMES = [TENSOR_NAMES[t].removeprefix(_BLOCK) for t in (
+    MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP, MODEL_TENSOR.FFN_DOWN_EXP,
+    MODEL_TENSOR.FFN_GATE_UP_EXP)]
+_SHARED_NAMES = [TENSOR_NAMES[t].removeprefix(_BLOCK) for t in (
+    MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP, MODEL_TENSOR.FFN_DOWN_SHEXP)]
+EXPERT_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<base>" + "|".join(_EXPERT_NAMES)
+                           + r")\.(?P<suffix>[A-Za-z_]+)$")
+SHARED_TENSOR = re.compile(r"^blk\.\d+\.(?:" + "|".join(_SHARED_NAMES) + r")\.")
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def read_gguf_inventory(path: Path) -> Inventory:
+    """The inventory of the GGUF model at `path` (the first part of a split model reads all
+    of its parts)."""
+    path = Path(path)
+    parts = read_parts(path)
+    fields = parts[0].fields
+    arch = _string(path, fields, Keys.General.ARCHITECTURE)
+    num_layers = _count(path, fields, Keys.LLM.BLOCK_COUNT.format(arch=arch))
+    if fields.get(Keys.LLM.EXPERT_COUNT.format(arch=arch)) in (None, 0):
+        raise PlacerError(f"not an MoE model: {path} has no {arch}.expert_count")
+    num_experts = _count(path, fields, Keys.LLM.EXPERT_COUNT.format(arch=arch))
+    top_k = _count(path, fields, Keys.LLM.EXPERT_USED_COUNT.format(arch=arch))
+    if top_k > num_experts:
+        raise PlacerError(f"{path}: {arch}.expert_used_count {top_k} is more than "
+                          f"{arch}.expert_count {num_experts}")
+    experts: dict[tuple[int, int], list[TensorRange]] = {}
+    dense: list[DenseTensor] = []
+    for part in parts:
+        for t in part.tensors:
+            ranges = _expert_ranges(part.path, t, num_experts, num_layers)
+            if ranges is None:
+                dense.append(DenseTensor(t.name, part.path.name, t.offset, t.nbytes,
+                                         t.type_name, t.shape))
+            for key, r in ranges or ():
+                experts.setdefault(key, []).append(r)
+    moe_layers = tuple(sorted({layer for layer, _ in experts}))
+    if not moe_layers:
+        raise PlacerError(f"not an MoE model: no routed expert tensors (blk.N.ffn_*_exps) in "
+                          f"{path}")
+    shared_key = Keys.LLM.EXPERT_SHARED_COUNT.format(arch=arch)
+    shared = (_count(path, fields, shared_key, low=0) if shared_key in fields
+              else int(any(SHARED_TENSOR.match(d.name) for d in dense)))
+    config = _config(arch, fields, num_layers, num_experts, top_k)
+    return assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
+                    tuple(SourceFile(p.path.name, p.size) for p in parts), estimated=False)
+
+
+def read_parts(path: Path) -> list[GGUFHeader]:
+    """The headers of every part of the GGUF model whose first (or only) part is `path`."""
+    first = read_gguf_header(path, PlacerError)
+    count = first.fields.get(Keys.Split.LLM_KV_SPLIT_COUNT)
+    if count is None:
+        return [first]
+    count = _count(path, first.fields, Keys.Split.LLM_KV_SPLIT_COUNT)
+    if count == 1:
+        return [first]
+    number = _count(path, first.fields, Keys.Split.LLM_KV_SPLIT_NO, low=0)
+    name = SPLIT_NAME.match(path.name)
+    if name is None or int(name["no"]) != number + 1 or int(name["count"]) != count:
+        raise PlacerError(f"{path}: split.no {number} of split.count {count}, but its name is "
+                          f"not PREFIX-{number + 1:05d}-of-{count:05d}.gguf")
+    if number != 0:
+        raise PlacerError(f"{path} is part {number + 1} of {count}: give the first part, "
+                          f"{name['prefix']}-00001-of-{count:05d}.gguf")
+    parts = [first]
+    for i in range(1, count):
+        part = path.with_name(f"{name['prefix']}-{i + 1:05d}-of-{count:05d}.gguf")
+        if not part.is_file():
+            raise PlacerError(f"{path}: split part {i + 1} of {count} is missing: {part}")
+        header = read_gguf_header(part, PlacerError)
+        for key, want in ((Keys.Split.LLM_KV_SPLIT_NO, i), (Keys.Split.LLM_KV_SPLIT_COUNT, count)):
+            if header.fields.get(key) != want:
+                raise PlacerError(f"{part}: {key} is {header.fields.get(key)!r}, expected {want}")
+        parts.append(header)
+    total = _count(path, first.fields, Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, low=0)
+    held = sum(len(p.tensors) for p in parts)
+    if held != total:
+        raise PlacerError(f"{path}: split.tensors.count is {total} but the {count} parts hold "
+                          f"{held} tensors")
+    seen: dict[str, Path] = {}
+    for p in parts:
+        for t in p.tensors:
+            if t.name in seen:
+                raise PlacerError(f"tensor {t.name!r} is in both {seen[t.name].name} and "
+                                  f"{p.path.name}")
+            seen[t.name] = p.path
+    return parts
+
+
+def _expert_ranges(file: Path, t: TensorInfo, num_experts: int, num_layers: int
+                   ) -> list[tuple[tuple[int, int], TensorRange]] | None:
+    """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
+    m = EXPERT_TENSOR.match(t.name)
+    if m is None:
+        return None
+    layer = int(m["layer"])
+    if layer >= num_layers:
+        raise PlacerError(f"{file}: tensor {t.name!r} is in block {layer} but block_count is "
+                          f"{num_layers}")
+    if len(t.ne) < 2 or t.ne[-1] != num_experts:
+        raise PlacerError(f"{file}: expert tensor {t.name!r} has ggml ne {list(t.ne)}, "
+                          f"expected the outermost (last) to be expert_count {num_experts}")
+    per = t.nbytes // num_experts
+    return [((layer, e), TensorRange(t.name, file.name, t.offset + e * per, per, t.type_name,
+                                     t.shape[1:], t.shape, e * per))
+            for e in range(num_experts)]
+
+
+def _string(path: Path, fields: dict, key: str) -> str:
+    value = fields.get(key)
+    if not isinstance(value, str) or not value:
+        raise PlacerError(f"{path}: {key} is {_short(value)}, expected a string")
+    return value
+
+
+def _count(path: Path, fields: dict, key: str, *, low: int = 1) -> int:
+    """An integer key at least `low` and at most MAX_COUNT (the trace schema's int16)."""
+    value = fields.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_COUNT:
+        raise PlacerError(f"{path}: {key} is {_short(value)}, expected an integer in "
+                          f"[{low}, {MAX_COUNT}]")
+    return value
+
+
+def _short(value: object) -> str:
+    text = "missing" if value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _config(arch: str, fields: dict, num_layers: int, num_experts: int, top_k: int) -> dict:
+    """The inventory's config: the keys placer's planners read, in config.json's names, and
+    the architecture's GGUF metadata (what the fingerprint hashes besides the tensors)."""
+    config: dict = {"model_type": arch, "num_hidden_layers": num_layers,
+                    "num_experts": num_experts, "num_experts_per_tok": top_k}
+    for name, key in (("hidden_size", Keys.LLM.EMBEDDING_LENGTH),
+                      ("moe_intermediate_size", Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)):
+        value = fields.get(key.format(arch=arch))
+        if isinstance(value, int) and not isinstance(value, bool):
+            config[name] = value
+    config["gguf"] = {k: str(v) if isinstance(v, Skipped) else v for k, v in fields.items()
+                      if k == Keys.General.ARCHITECTURE or k.startswith(arch + ".")}
+    return config
