@@ -1,0 +1,383 @@
+"""llama.cpp's own expert cache (`--moe-cache-mib N`), replayed as its code runs.
+
+Read from ggml-org/llama.cpp @4b060f27a806dab2072a66007607f0e98b6b9b40,
+`src/llama-moe-cache.cpp` (`moe_cache_lru::plan`, `llama_moe_cache::impl::impl`,
+`get_slot_map`, `copy`, `log_stats`); the flag (`common/arg.cpp`) gives N * 1024 * 1024 bytes.
+No code of it is here; what it does:
+
+- Which layers: those whose expert tensors (`ffn_gate_up_exps` or `ffn_gate_exps` and
+  `ffn_up_exps`, and `ffn_down_exps`; not their biases) all live in host memory while the
+  layer is assigned to a GPU. Layers of one device whose expert tensors have the same type,
+  shape and per-expert stride (`nb[2]`) form a group, in the order of their first layer;
+  a group shares one set of device banks and ONE LRU (keyed layer * E + expert). So the
+  layers of a group evict each other: at concurrency 8 gpt-oss's 24 layers touch about 480
+  keys a step, a scan longer than most such caches.
+- Slots (`group_slots`): the budget goes to the devices with host experts in proportion to
+  `--tensor-split`, or by default to their free memory (1 each when none reports it); a
+  device's share goes to its groups in proportion to their host bytes, computed in double
+  precision in that order and truncated. A group takes the most slots n (at most its layers x
+  E) whose banks fit: sum over its expert tensors of GGML_PAD(nb[2] * (n + 1), alignment),
+  one slot more than it uses (CUDA's MMQ may read past the last expert), each bank padded
+  to the buffer type's alignment (CUDA 128 bytes). A group with fewer than n_expert_used
+  slots is not cached (a warning); when no group is left, the context fails ("MoE cache is
+  too small to hold the experts of one token"); with no host layer at all the cache is off.
+- A fetch (`copy`: one ubatch at one layer of a cached group): the ubatch's selected ids, in
+  the order of the selection tensor (token by token, the top-k in router order), deduplicated
+  in order of first appearance; every hit moves to the LRU's tail in that order; then the
+  misses, in ascending expert id, each take the head slot (evicting whatever expert of any
+  layer of the group it held) and move to the tail. The hits went to the tail first, so a
+  fetch never evicts an expert it uses. The misses are uploaded per expert tensor in runs of
+  consecutive experts going to consecutive slots (one copy per run and tensor), after the
+  host has synchronized on the selection (one round trip per cached layer and ubatch).
+- Which ubatches use it (`get_slot_map`): those of 1 .. 32 tokens with
+  min(tokens * n_expert_used, E) <= the group's slots. Other ubatches leave the LRU as it is:
+  they run the layer on the host experts (on the CPU, or op-offloaded at 32+ tokens, where
+  `copy_experts` takes the experts the cache holds from its banks instead of over the link).
+- Its log (`log_stats`): hits and misses count distinct experts per fetch, `ubatch <= 8`
+  for ubatches of at most 8 tokens, `ubatch  > 8` for the rest; uploaded bytes are the
+  misses' nb[2] summed over the expert tensors.
+
+The replay is compiled (numba; its kernels call only each other, all in this module, so
+numba's per-file cache stays right: solvers/cache/kernels.py says why that matters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from solvers.errors import SolverError
+
+MIB = 1024 * 1024          # --moe-cache-mib N reserves N * MIB bytes
+MAX_BATCH = 32             # impl::max_batch: larger ubatches only read the cache
+SMALL_UBATCH = 8           # log_stats' "ubatch <= 8" line
+CUDA_ALIGNMENT = 128       # ggml-cuda's buffer type alignment
+TOO_SMALL = "MoE cache is too small to hold the experts of one token"
+
+
+def ggml_pad(x: int, n: int) -> int:
+    """GGML_PAD: x rounded up to a multiple of n."""
+    return (x + n - 1) // n * n
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The cache's groups of layers, in llama.cpp's order (that of their first layer).
+
+    layer_group:  [L] group of each MoE layer (ordinal), -1 where the layer is not cached.
+    device:       [G] GPU (index among the cache's GPU devices) of each group.
+    expert_bytes: [G][P] nb[2] of each expert tensor of the group (bytes of one expert).
+    num_layers:   [G] layers of each group.
+    num_experts:  experts per layer (E; every layer of a group has the same).
+    """
+
+    layer_group: np.ndarray
+    device: tuple[int, ...]
+    expert_bytes: tuple[tuple[int, ...], ...]
+    num_layers: tuple[int, ...]
+    num_experts: int
+
+    @property
+    def host_bytes(self) -> list[int]:
+        """[G] bytes of each group's host experts (ggml_nbytes of its contiguous tensors)."""
+        return [n * self.num_experts * sum(b)
+                for n, b in zip(self.num_layers, self.expert_bytes, strict=True)]
+
+    def slot_bytes(self, group: int) -> int:
+        """Bytes one expert uploads into group `group` (its tensors' nb[2] summed)."""
+        return sum(self.expert_bytes[group])
+
+
+def cache_groups(device: Sequence[int], layout: Sequence[tuple[Hashable, tuple[int, ...]]],
+                 num_experts: int) -> Groups:
+    """Group MoE layers as llama.cpp does.
+
+    device: [L] the GPU each layer is assigned to, -1 where its experts are not all in host
+    memory (or the layer runs on the CPU): such a layer is not cached.
+    layout: [L] (key, nb2) of each layer: `key` anything equal exactly where llama.cpp's
+    layouts are the same (the expert tensors' types and shapes, in order), `nb2` the bytes
+    of one expert of each of its expert tensors (gate, up, down or gate_up, down)."""
+    layer_group = np.full(len(device), -1, dtype=np.int64)
+    keys: list[tuple[int, Hashable, tuple[int, ...]]] = []
+    layers: list[int] = []
+    for il, (d, (key, nb2)) in enumerate(zip(device, layout, strict=True)):
+        if d < 0:
+            continue
+        me = (int(d), key, tuple(int(b) for b in nb2))
+        if me not in keys:
+            keys.append(me)
+            layers.append(0)
+        g = keys.index(me)
+        layer_group[il] = g
+        layers[g] += 1
+    return Groups(layer_group, tuple(k[0] for k in keys), tuple(k[2] for k in keys),
+                  tuple(layers), int(num_experts))
+
+
+def group_budgets(cache_bytes: int, groups: Groups, free_bytes: Sequence[float] | None = None,
+                  tensor_split: Sequence[float] | None = None) -> np.ndarray:
+    """[G] bytes of a cache of `cache_bytes` (N MiB: N * MIB) each group may fill.
+
+    free_bytes: [D] free memory each GPU reports when the context is made (used when
+    tensor_split is None or all 0; None or all 0: the devices report none, 1 each);
+    tensor_split: [D] `--tensor-split` proportions."""
+    num_devices = max(groups.device, default=-1) + 1
+    for arr in (free_bytes, tensor_split):
+        if arr is not None:
+            num_devices = max(num_devices, len(arr))
+    host = [0] * num_devices
+    for g, b in enumerate(groups.host_bytes):
+        host[groups.device[g]] += b
+    by_free = tensor_split is None or all(x == 0.0 for x in tensor_split)
+    weights = free_bytes if by_free else tensor_split
+    split = [float(weights[d]) if host[d] > 0 and weights is not None and d < len(weights)
+             else 0.0 for d in range(num_devices)]
+    split_sum = sum(split)
+    if split_sum == 0.0:
+        split = [1.0 if h > 0 else 0.0 for h in host]
+        split_sum = sum(split)
+    return np.array([int(float(cache_bytes) * split[d] / split_sum * float(gb) / float(host[d]))
+                     for d, gb in zip(groups.device, groups.host_bytes, strict=True)],
+                    dtype=np.int64)
+
+
+def group_slots(cache_bytes: int, groups: Groups, n_expert_used: int,
+                free_bytes: Sequence[float] | None = None,
+                tensor_split: Sequence[float] | None = None,
+                alignment: Sequence[int] | int = CUDA_ALIGNMENT) -> np.ndarray:
+    """[G] slots of each group for a cache of `cache_bytes`, 0 where a group is refused
+    (fewer slots than n_expert_used). free_bytes, tensor_split: as group_budgets;
+    alignment: [D] (or one for all) the devices' buffer alignment. SolverError when groups
+    exist but every one is refused (llama.cpp then fails to make the context)."""
+    if not groups.device:
+        return np.zeros(0, dtype=np.int64)
+    budgets = group_budgets(cache_bytes, groups, free_bytes, tensor_split)
+    out = np.zeros(len(budgets), dtype=np.int64)
+    for g, budget in enumerate(budgets):
+        d = groups.device[g]
+        align = int(alignment) if isinstance(alignment, int | np.integer) else alignment[d]
+        n = fitting_slots(int(budget), groups.expert_bytes[g], int(align),
+                          groups.num_layers[g] * groups.num_experts)
+        out[g] = n if n >= n_expert_used else 0
+    if not out.any():
+        raise SolverError(f"{TOO_SMALL}: {cache_bytes / MIB:g} MiB give no group of host "
+                          f"layers {n_expert_used} slots")
+    return out
+
+
+def bank_bytes(nb2: Sequence[int], slots: int, alignment: int) -> int:
+    """Device bytes of a group's banks with `slots` slots (alloc_size: one slot extra)."""
+    return sum(ggml_pad(b * (slots + 1), alignment) for b in nb2)
+
+
+def fitting_slots(budget: int, nb2: Sequence[int], alignment: int, max_slots: int) -> int:
+    """The most slots n <= max_slots with bank_bytes(n) <= budget (the constructor counts up
+    one at a time; bank_bytes only grows, so start near the answer)."""
+    n = max(0, min(max_slots, budget // max(1, sum(nb2)) - 1))
+    while n > 0 and bank_bytes(nb2, n, alignment) > budget:
+        n -= 1
+    while n < max_slots and bank_bytes(nb2, n + 1, alignment) <= budget:
+        n += 1
+    return n
+
+
+def cache_mib_for_slots(groups: Groups, slots: int, group: int = 0,
+                        alignment: int = CUDA_ALIGNMENT) -> int:
+    """The smallest --moe-cache-mib that gives `group` of a one-device cache `slots` slots
+    (every group then holds about the same share of its experts)."""
+    if not 0 < slots <= groups.num_layers[group] * groups.num_experts:
+        raise ValueError(f"group {group} holds 1 .. {groups.num_layers[group]} x "
+                         f"{groups.num_experts} slots, not {slots}")
+    need = bank_bytes(groups.expert_bytes[group], slots, alignment)
+    total = sum(groups.host_bytes)
+    mib = max(1, need * total // (groups.host_bytes[group] * MIB))
+    while fitting_slots(int(group_budgets(mib * MIB, groups)[group]),
+                        groups.expert_bytes[group], alignment,
+                        groups.num_layers[group] * groups.num_experts) < slots:
+        mib += 1
+    return int(mib)
+
+
+@dataclass(frozen=True)
+class Fetches:
+    """What the cache did with S ubatches (steps), per MoE layer (ordinal) l.
+
+    used:  [S, L] bool: the ubatch went through the layer's cache (LRU updated, misses
+           uploaded); False where the layer is not cached or the ubatch may not use it.
+    hits:  [S, L] int: distinct selected experts the cache held (used fetches only).
+    misses:[S, L] int: distinct selected experts uploaded (used fetches only).
+    runs:  [S, L] int: upload copies per expert tensor (runs of consecutive experts to
+           consecutive slots).
+    held:  [S, L, E] bool: the selected experts the cache held when the fetch came (for a
+           fetch that did not use it: what copy_experts would find there, unchanged).
+    """
+
+    used: np.ndarray
+    hits: np.ndarray
+    misses: np.ndarray
+    runs: np.ndarray
+    held: np.ndarray
+
+
+class LlamaCppCache:
+    """The LRUs of one llama.cpp MoE cache: `groups` with `slots` [G] slots each (0: not
+    cached), E experts per layer, `n_expert_used` the graph's top-k. State carries across
+    `replay` calls, so long traffic can go in chunks."""
+
+    def __init__(self, groups: Groups, slots: Sequence[int], n_expert_used: int) -> None:
+        self.groups = groups
+        self.slots = np.asarray(slots, dtype=np.int64)
+        if self.slots.shape != (len(groups.device),) or (self.slots < 0).any():
+            raise ValueError(f"slots must be one count >= 0 per group, got {slots!r}")
+        self.n_expert_used = int(n_expert_used)
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty every LRU (a new context)."""
+        num_layers, experts = len(self.groups.layer_group), self.groups.num_experts
+        base = np.zeros(len(self.slots) + 1, dtype=np.int64)
+        np.cumsum(self.slots, out=base[1:])
+        total = int(base[-1])
+        local = np.arange(total) - np.repeat(base[:-1], self.slots)
+        size = np.repeat(self.slots, self.slots)
+        self.state = (base, np.full(total, -1, dtype=np.int64), local - 1,
+                      np.where(local + 1 < size, local + 1, -1),
+                      np.zeros(len(self.slots), dtype=np.int64), self.slots - 1,
+                      np.full((num_layers, experts), -1, dtype=np.int64))
+
+    def holds(self, layer: int, expert: int) -> bool:
+        """Whether the cache holds `expert` of MoE layer `layer` now."""
+        return bool(self.state[6][layer, expert] >= 0)
+
+    def replay(self, tokens: np.ndarray) -> Fetches:
+        """Walk ubatches through the cache, in order. tokens: [S, B, L, k] int expert ids of
+        each ubatch's B tokens (-1: none; a token with no id at any layer is not in the
+        ubatch), in router order."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        num_steps, _, num_layers, _ = tokens.shape
+        experts = self.groups.num_experts
+        used = np.zeros((num_steps, num_layers), dtype=np.bool_)
+        counts = np.zeros((3, num_steps, num_layers), dtype=np.int64)
+        held = np.zeros((num_steps, num_layers, experts), dtype=np.bool_)
+        _replay(self.state, self.slots, np.asarray(self.groups.layer_group, dtype=np.int64),
+                tokens, self.n_expert_used, experts, used, counts, held)
+        return Fetches(used, counts[0], counts[1], counts[2], held)
+
+
+def log_stats(fetches: Fetches, tokens_per_step: np.ndarray, groups: Groups) -> dict:
+    """What llama.cpp logs at exit for these fetches: {"ubatch <= 8": (hits, misses,
+    uploaded bytes), "ubatch  > 8": (...)}. tokens_per_step: [S] tokens of each ubatch."""
+    per_expert = np.array([groups.slot_bytes(g) for g in range(len(groups.device))] + [0])
+    uploaded = fetches.misses * per_expert[np.asarray(groups.layer_group)][None, :]
+    small = (np.asarray(tokens_per_step) <= SMALL_UBATCH)[:, None] & fetches.used
+    large = ~small & fetches.used
+    return {name: (int(fetches.hits[m].sum()), int(fetches.misses[m].sum()),
+                   int(uploaded[m].sum()))
+            for name, m in (("ubatch <= 8", small), ("ubatch  > 8", large))}
+
+
+@njit(cache=True, nogil=True)
+def _touch(prev, nxt, head, tail, g, base, s):
+    """Move local slot s of group g to the tail of its list (most recently used)."""
+    if s == tail[g]:
+        return
+    p, n = prev[base + s], nxt[base + s]
+    if p >= 0:
+        nxt[base + p] = n
+    else:
+        head[g] = n
+    prev[base + n] = p
+    prev[base + s] = tail[g]
+    nxt[base + s] = -1
+    nxt[base + tail[g]] = s
+    tail[g] = s
+
+
+@njit(cache=True, nogil=True)
+def _fetch(state, g, il, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
+    """moe_cache_lru::plan for layer il of group g over ids[:n_ids]; returns (hits, fills)
+    with the fills' experts and slots in fill_e, fill_s."""
+    base_all, key_of, prev, nxt, head, tail, slot_map = state
+    base = base_all[g]
+    nu = 0
+    for i in range(n_ids):
+        e = ids[i]
+        if not mark[e]:
+            mark[e] = True
+            uniq[nu] = e
+            nu += 1
+    n_hit = 0
+    for j in range(nu):
+        mark[uniq[j]] = False
+        s = slot_map[il, uniq[j]]
+        if s >= 0:
+            _touch(prev, nxt, head, tail, g, base, s)
+            n_hit += 1
+    order = np.sort(uniq[:nu])
+    n_fill = 0
+    for j in range(nu):
+        e = order[j]
+        if slot_map[il, e] >= 0:
+            continue
+        s = head[g]
+        old = key_of[base + s]
+        if old >= 0:
+            slot_map[old // experts, old % experts] = -1
+        key_of[base + s] = il * experts + e
+        slot_map[il, e] = s
+        _touch(prev, nxt, head, tail, g, base, s)
+        fill_e[n_fill] = e
+        fill_s[n_fill] = s
+        n_fill += 1
+    return n_hit, n_fill
+
+
+@njit(cache=True, nogil=True)
+def _replay(state, slots, layer_group, tokens, n_expert_used, experts, used, counts, held):
+    num_steps, batch, num_layers, k = tokens.shape
+    slot_map = state[6]
+    ids = np.empty(batch * k, dtype=np.int64)
+    uniq = np.empty(experts, dtype=np.int64)
+    mark = np.zeros(experts, dtype=np.bool_)
+    fill_e = np.empty(experts, dtype=np.int64)
+    fill_s = np.empty(experts, dtype=np.int64)
+    for s in range(num_steps):
+        n_tokens = 0
+        for b in range(batch):
+            present = False
+            for il in range(num_layers):
+                for j in range(k):
+                    if tokens[s, b, il, j] >= 0:
+                        present = True
+            if present:
+                n_tokens += 1
+        for il in range(num_layers):
+            n = 0
+            for b in range(batch):
+                for j in range(k):
+                    e = tokens[s, b, il, j]
+                    if e >= 0:
+                        ids[n] = e
+                        n += 1
+            g = layer_group[il]
+            for i in range(n):
+                held[s, il, ids[i]] = g >= 0 and slot_map[il, ids[i]] >= 0
+            if g < 0 or slots[g] == 0 or n_tokens == 0 or n_tokens > MAX_BATCH:
+                continue
+            if min(n_tokens * n_expert_used, experts) > slots[g]:
+                continue
+            n_hit, n_fill = _fetch(state, g, il, ids, n, experts, uniq, mark, fill_e, fill_s)
+            used[s, il] = True
+            counts[0, s, il] = n_hit
+            counts[1, s, il] = n_fill
+            i = 0
+            while i < n_fill:
+                r = 1
+                while (i + r < n_fill and fill_e[i + r] == fill_e[i] + r
+                       and fill_s[i + r] == fill_s[i] + r):
+                    r += 1
+                counts[2, s, il] += 1
+                i += r
