@@ -155,6 +155,7 @@ def declare(libs: dict[str, ctypes.CDLL]) -> None:
         (L, "llama_model_get_vocab"): (c_void_p, [c_void_p]),
         (L, "llama_model_chat_template"): (c_char_p, [c_void_p, c_char_p]),
         (L, "llama_vocab_is_eog"): (c_bool, [c_void_p, c_int32]),
+        (L, "llama_vocab_n_tokens"): (c_int32, [c_void_p]),
         (L, "llama_tokenize"): (c_int32, [c_void_p, c_char_p, c_int32, POINTER(c_int32),
                                           c_int32, c_bool, c_bool]),
         (L, "llama_chat_apply_template"): (c_int32, [c_char_p, c_void_p, c_size_t, c_bool,
@@ -172,6 +173,11 @@ def declare(libs: dict[str, ctypes.CDLL]) -> None:
         (B, "ggml_op_name"): (c_char_p, [c_int]),
         (B, "ggml_backend_tensor_get"): (None, [c_void_p, c_void_p, c_size_t, c_size_t]),
         (C, "ggml_backend_cpu_buffer_type"): (c_void_p, []),
+        (G, "ggml_backend_dev_count"): (c_size_t, []),
+        (G, "ggml_backend_dev_get"): (c_void_p, [c_size_t]),
+        (G, "ggml_backend_dev_type"): (c_int, [c_void_p]),
+        (G, "ggml_backend_dev_buffer_type"): (c_void_p, [c_void_p]),
+        (B, "ggml_backend_buft_get_alignment"): (c_size_t, [c_void_p]),
     }
     for (lib, name), (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -211,7 +217,7 @@ class Runner:
         L.llama_log_set(self._log_cb, None)
         self.libs["base"].ggml_log_set(self._log_cb, None)
         L.llama_backend_init()
-        self.gpu = int(opts.get("n_gpu_layers", 0)) != 0 or bool(opts.get("moe_cache_mib"))
+        self.gpu = int(opts.get("n_gpu_layers", 0)) != 0 or bool(opts.get("moe_cache_bytes"))
         for key in ("cpu", "vulkan") if self.gpu else ("cpu",):
             if not self.libs["ggml"].ggml_backend_load(self.libs["paths"][key].encode()):
                 fail(f"ggml cannot load its {key} backend: " + self._last_error())
@@ -232,13 +238,14 @@ class Runner:
         cp.n_ctx = int(opts.get("n_ctx", 4096))
         cp.n_batch = cp.n_ubatch = int(opts.get("n_batch", 512))
         cp.n_threads = cp.n_threads_batch = int(opts.get("threads", os.cpu_count() or 1))
-        cp.moe_cache_size = int(opts.get("moe_cache_mib", 0)) << 20
+        cp.moe_cache_size = int(opts.get("moe_cache_bytes", 0))
         self._eval_cb = EVAL_CB(self._on_eval)
         cp.cb_eval = self._eval_cb
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             fail("llama.cpp cannot create a context: " + self._last_error())
         self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_expert_used = int(opts.get("n_expert_used", 1))
         self.sampler = L.llama_sampler_init_greedy()
         self.topk: dict[int, list[list[int]]] = {}
         self.fetches: list[dict] = []
@@ -277,17 +284,18 @@ class Runner:
         return True
 
     def _on_fetch(self, layer: int, lookup: int) -> None:
-        """Record one cache fetch of `layer`: its selected experts and their hits."""
-        sel = TensorHead.from_address(lookup).src[1]
-        experts = sorted({e for row in read_i32(self.libs["base"], sel) for e in row})
-        slots = read_i32(self.libs["base"], lookup)
-        ids = [e for row in read_i32(self.libs["base"], sel) for e in row]
-        flat = [s for row in slots for s in row]
-        slot_of = dict(zip(ids, flat, strict=True))
+        """Record one cache fetch of `layer`: its distinct selected experts (ascending), the
+        slot each got, and which were hits (their slot last held this same layer's expert).
+        The lookup is GET_ROWS(slot map, selected ids): both [n_tokens][n_expert_used]."""
+        base = self.libs["base"]
+        ids = [e for row in read_i32(base, TensorHead.from_address(lookup).src[1]) for e in row]
+        slots = [s for row in read_i32(base, lookup) for s in row]
+        slot_of = dict(zip(ids, slots, strict=True))
+        experts = sorted(slot_of)
         hits = [e for e in experts if self.slot_keys.get(slot_of[e]) == (layer, e)]
         for e in experts:
             self.slot_keys[slot_of[e]] = (layer, e)
-        self.fetches.append({"layer": layer, "tokens": len(slots) if False else None,
+        self.fetches.append({"layer": layer, "tokens": len(ids) // max(1, self.n_expert_used),
                              "experts": experts, "hits": hits,
                              "slots": [slot_of[e] for e in experts]})
 
@@ -356,18 +364,35 @@ class Runner:
         return {"tokens": fed, "prompt": len(tokens), "generated": generated,
                 "layers": layers, "experts": experts, "fetches": self.fetches}
 
+    def gpu_alignment(self) -> int | None:
+        """The buffer alignment of the first GPU device (the cache pads its banks to it)."""
+        G = self.libs["ggml"]
+        for i in range(G.ggml_backend_dev_count()):
+            dev = G.ggml_backend_dev_get(i)
+            if G.ggml_backend_dev_type(dev) == 1:  # GGML_BACKEND_DEVICE_TYPE_GPU
+                return int(self.libs["base"].ggml_backend_buft_get_alignment(
+                    G.ggml_backend_dev_buffer_type(dev)))
+        return None
+
     def close(self) -> dict:
+        """Free the context (the cache logs its totals then) and the model; the log lines of
+        the cache (its size, slots per group, hits and misses)."""
         L = self.libs["llama"]
+        alignment = self.gpu_alignment()
         L.llama_sampler_free(self.sampler)
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
-        return {"log": [x for x in self.log if "moe_cache" in x or "MoE cache" in x]}
+        start = next((i for i, x in enumerate(self.log) if "MoE cache size" in x), len(self.log))
+        return {"alignment": alignment,
+                "log": [x for x in self.log[start:] if "moe_cache" in x or " slots (" in x
+                        or "MoE cache" in x]}
 
 
 def main() -> None:
     runner = Runner(json.loads(sys.argv[1]))
     out = sys.stdout
-    out.write(json.dumps({"ready": True}) + "\n")
+    n_vocab = runner.libs["llama"].llama_vocab_n_tokens(runner.vocab)
+    out.write(json.dumps({"ready": True, "n_vocab": n_vocab}) + "\n")
     out.flush()
     for line in sys.stdin:
         req = json.loads(line)
