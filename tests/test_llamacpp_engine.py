@@ -6,10 +6,13 @@ and misses the real cache makes and logs (Vulkan; Mesa's software device here)."
 from __future__ import annotations
 
 import glob
+import tomllib
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from placer.hardware.spec import parse_spec
+from placer.plan.solve import host_of
 from solvers.cache.llamacpp import LlamaCppCache, cache_groups, group_slots, log_stats
 from traces.llamacpp.cache import run_cache
 
@@ -148,3 +151,35 @@ def test_replay_equals_the_real_llama_cpp_cache(gguf_pair, trace_data):
         if hits + misses:
             assert run.totals[name][:2] == (hits, misses), name
             assert run.totals[name][2] == round(uploaded / 2**20, 2)
+
+
+# a fast host probe: an 8 MiB copy, a 64-row matmul, one Q4_K-sized expert at three counts
+PROBE = ("probe", "--host", "--mb", "8", "--tokens", "64", "--expert", "256x512",
+         "--expert-tokens", "1,4,16")
+
+
+def test_probe_host_times_gguf_experts_with_llama_cpp_kernels(cli):
+    """`probe --host --gguf-type Q4_K`: the curve of llama.cpp's own CPU kernels for Q4_K
+    experts, a valid `[[host.expert]]` table the spec and the cpu model read back (at Q4_K's
+    bytes: 144 bytes a block of 256 weights)."""
+    text = cli(*PROBE, "--gguf-type", "Q4_K").stdout
+    assert "llama.cpp b11669 CPU kernels" in text
+    data = {"name": "box", "cards": 1,
+            "card": {"vram": "24GiB", "h2d_bandwidth": "25GB/s", "latency_us": 10},
+            "decode": {"base_step_ms": {"1": 10.0}}, **tomllib.loads(text)}
+    (timing,) = parse_spec(data).host.expert
+    assert (timing.hidden, timing.inter, timing.dtype, timing.tokens) == (256, 512, "Q4_K",
+                                                                           (1, 4, 16))
+    assert all(b >= a > 0 for a, b in zip(timing.seconds, timing.seconds[1:], strict=False))
+    assert timing.expert_bytes == 3 * 256 * 512 // 256 * 144
+    assert host_of(parse_spec(data), 64).curves[0].expert_bytes == timing.expert_bytes
+
+
+def test_probe_host_gguf_type_refusals_are_one_line(cli):
+    for args, says in (((*PROBE, "--gguf-type", "Q9_Z"), "expected a GGUF type"),
+                       (("probe", "--host", "--mb", "8", "--tokens", "64", "--expert", "64x32",
+                         "--gguf-type", "Q4_K"), "multiples of 256"),
+                       (("probe", "--gguf-type", "Q4_K"), "goes with --host")):
+        result = cli(*args, ok=False)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1 and says in lines[0], result.output

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from placer.commands.common import command, parse_list, print_json
 from placer.commands.common import console as rich_console
+from placer.errors import PlacerError
 from placer.hardware.expert_probe import DEFAULT_SHAPE, DEFAULT_TOKENS
 from placer.hardware.probe import host_fragment, parse_shape, probe_host, spec_fragment
 from placer.hardware.probe import probe as run_probe
@@ -64,15 +65,23 @@ def register(app: typer.Typer) -> None:
         expert_tokens: Annotated[str, typer.Option(
             help="With --host: the token counts n each expert is timed at.")
         ] = ",".join(map(str, DEFAULT_TOKENS)),
+        gguf_type: Annotated[str | None, typer.Option(
+            help="With --host: time the experts with llama.cpp's own CPU kernels in this GGUF "
+                 "type (Q4_K, Q6_K, MXFP4, F16...: the model's expert type), as llama.cpp runs "
+                 "a host layer, instead of torch (`make llama-env` installs llama.cpp).")
+        ] = None,
     ) -> None:
         """Measure each visible GPU's pinned host-to-device bandwidth and per-copy latency,
         and print a spec fragment. Exits non-zero where no GPU is visible. With --host,
         measure the host CPU as it runs cold experts and print the spec's host table."""
+        if gguf_type is not None and not host:
+            raise PlacerError("--gguf-type goes with --host")
         if host:
             shapes = tuple(parse_shape(e) for e in expert) if expert else (DEFAULT_SHAPE,)
             result = probe_host(dtype, None if mb is None else mb * 2**20, tokens,
                                 experts=shapes, expert_tokens=tuple(
-                                    parse_list(expert_tokens, int, "--expert-tokens")))
+                                    parse_list(expert_tokens, int, "--expert-tokens")),
+                                gguf_type=gguf_type)
             if json_out:
                 print_json(dataclasses.asdict(result))
             else:

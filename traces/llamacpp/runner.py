@@ -22,6 +22,7 @@ from traces.errors import TraceError
 REPO = Path(__file__).resolve().parents[2]
 SIDE_PYTHON = REPO / ".venv-llama" / "bin" / "python"
 WORKER = Path(__file__).with_name("worker.py")
+KERNELS = Path(__file__).with_name("kernels.py")
 
 
 @dataclass(frozen=True)
@@ -127,3 +128,23 @@ class LlamaCpp:
         reply = self._ask({"op": "close"})
         self.proc.wait()
         return reply
+
+
+def time_expert(hidden: int, inter: int, ggml_type: str, tokens: tuple[int, ...], pool: int,
+                threads: int, rounds: int, min_calls: int, min_s: float,
+                budget_s: float) -> list[list[float]]:
+    """Wall seconds of one cold expert (`kernels.py`) in `ggml_type` over each token count of
+    `tokens`, computed by llama.cpp's CPU kernels: [len(tokens)][rounds] seconds."""
+    args = {"hidden": hidden, "inter": inter, "type": ggml_type, "tokens": list(tokens),
+            "pool": pool, "threads": threads, "rounds": rounds, "min_calls": min_calls,
+            "min_s": min_s, "budget_s": budget_s}
+    done = subprocess.run([str(side_python()), str(KERNELS), json.dumps(args)],
+                          capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    reply = json.loads(lines[-1]) if lines else {}
+    if "seconds" not in reply:
+        err = reply.get("error") or next(
+            (x for x in reversed(done.stderr.splitlines()) if x.strip()), "no message")
+        raise TraceError(f"llama.cpp's expert timing ({ggml_type} {hidden}x{inter}) failed: "
+                         f"{err}")
+    return reply["seconds"]
