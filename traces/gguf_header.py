@@ -19,8 +19,10 @@ element count < 2**63, a ggml type of the `gguf` package's GGML_QUANT_SIZES tabl
 whole number of blocks; each tensor's offset is the sum of the padded sizes of the tensors
 before it, and the data ends inside the file.
 
-Beyond llama.cpp, placer caps what it keeps (MAX_KV, MAX_TENSORS, MAX_STRING_ARRAY: far above
-any real model) so that a file of millions of tiny entries is refused in seconds too.
+Beyond llama.cpp, placer caps what it reads (MAX_KV, MAX_TENSORS, MAX_STRING_ARRAY: far above
+any real model) so that a file of millions of tiny entries is refused in seconds too, and what
+it decodes (KEEP_ARRAY, KEEP_STRING, KEEP_TOTAL: values past them are `Skipped`), so that its
+memory stays in megabytes whatever a file of gigabytes of metadata holds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32  # gguf.cpp GGUF_DEFAULT_ALIGNMENT
+ALIGNMENT_KEY = "general.alignment"
 MAX_LENGTH = 1 << 30  # gguf.cpp GGUF_MAX_STRING_LENGTH and GGUF_MAX_ARRAY_ELEMENTS
 MAX_NAME = 64  # ggml.h GGML_MAX_NAME (a tensor name holds at most 63 bytes)
 MAX_DIMS = 4  # ggml.h GGML_MAX_DIMS
@@ -42,6 +45,7 @@ MAX_TENSORS = 1 << 17  # real models hold a few thousand tensors
 MAX_STRING_ARRAY = 1 << 21  # elements walked per string array (vocabularies hold < 300k)
 KEEP_ARRAY = 1 << 12  # arrays up to this many elements are decoded, longer ones only counted
 KEEP_STRING = 1 << 20  # string values up to this many bytes are decoded
+KEEP_TOTAL = 1 << 24  # bytes decoded in all (strings over MAX_NAME, arrays at 8 per element)
 _CHUNK = 1 << 20
 
 # Scalar value types: (struct format, bytes).
@@ -111,6 +115,14 @@ class _Cursor:
         self.path, self.size, self.error = path, size, error
         self.pos = 0  # absolute position of buf[at]
         self.buf, self.at = b"", 0
+        self.kept = 0  # bytes decoded so far, against KEEP_TOTAL
+
+    def keep(self, n: int) -> bool:
+        """Whether `n` more bytes may be decoded (KEEP_TOTAL); if so they are counted."""
+        if self.kept + n > KEEP_TOTAL:
+            return False
+        self.kept += n
+        return True
 
     def left(self) -> int:
         return self.size - self.pos
@@ -126,6 +138,8 @@ class _Cursor:
             self.buf = self.buf[self.at:] + self.f.read(max(n, _CHUNK))
             self.at = 0
         out = self.buf[self.at:self.at + n]
+        if len(out) < n:
+            raise self.error(f"{self.path}: {what}: the file ended early (changed while read?)")
         self.at += n
         self.pos += n
         return out
@@ -142,22 +156,27 @@ class _Cursor:
     def scalar(self, fmt: str, size: int, what: str) -> object:
         return struct.unpack("<" + fmt, self.take(size, what))[0]
 
-    def length(self, what: str) -> int:
-        n = self.scalar("Q", 8, what)
+    def length(self, what: str, unit: str = "bytes") -> int:
+        """A string's or array's uint64 length, at most llama.cpp's 2**30."""
+        n = self.scalar("Q", 8, f"{what}: its length")
         if n > MAX_LENGTH:
-            raise self.error(f"{self.path}: {what} is {n} long, more than the 2**30 that "
-                             "llama.cpp reads")
+            raise self.error(f"{self.path}: {what} claims {n} {unit}, more than the 2**30 "
+                             "that llama.cpp reads")
         return n
 
-    def string(self, what: str, *, keep: int = KEEP_STRING) -> str | Skipped:
-        n = self.length(f"{what} (its length)")
+    def string(self, what: str, *, keep: int = KEEP_STRING, name: bool = False
+               ) -> str | Skipped:
+        """A string of at most `keep` bytes within KEEP_TOTAL (else Skipped; names up to
+        MAX_NAME bytes cost none of it). A name (a key, a tensor's) must be UTF-8; a value's
+        bytes that are not are replaced (U+FFFD), as they name nothing."""
+        n = self.length(what)
         self.need(n, what)
-        if n > keep:
+        if n > keep or (n > MAX_NAME and not self.keep(n)):
             self.skip(n, what)
             return Skipped("STRING", n)
         raw = self.take(n, what)
         try:
-            return raw.decode("utf-8")
+            return raw.decode("utf-8", errors="strict" if name else "replace")
         except UnicodeDecodeError:
             raise self.error(f"{self.path}: {what} is not UTF-8") from None
 
@@ -211,10 +230,12 @@ def _check_count(cur: _Cursor, n: int, cap: int, least: int, what: str) -> None:
 def _read_fields(cur: _Cursor, n_kv: int) -> dict[str, object]:
     fields: dict[str, object] = {}
     for i in range(n_kv):
-        key = cur.string(f"key #{i}")
-        if isinstance(key, Skipped) or not key:
-            raise cur.error(f"{cur.path}: key #{i} is {key.count if key else 0} bytes long; "
-                            f"placer reads keys of 1 to {KEEP_STRING} bytes")
+        key = cur.string(f"key #{i}", name=True)
+        if not key:
+            raise cur.error(f"{cur.path}: key #{i} is empty")
+        if isinstance(key, Skipped):
+            raise cur.error(f"{cur.path}: key #{i} is {key.count} bytes long; placer reads "
+                            f"keys of up to {KEEP_STRING} bytes, {KEEP_TOTAL} of metadata in all")
         if key in fields:
             raise cur.error(f"{cur.path}: key {key!r} appears twice")
         fields[key] = _value(cur, key)
@@ -233,6 +254,8 @@ def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
 def _value(cur: _Cursor, key: str) -> object:
     what = f"key {key!r}"
     kind = _value_type(cur, what)
+    if key == ALIGNMENT_KEY and kind != GGUFValueType.UINT32:
+        raise cur.error(f"{cur.path}: {what} is {kind.name}; gguf.cpp requires UINT32")
     if kind == GGUFValueType.STRING:
         return cur.string(what)
     if kind != GGUFValueType.ARRAY:
@@ -241,12 +264,12 @@ def _value(cur: _Cursor, key: str) -> object:
     if element == GGUFValueType.ARRAY:
         raise cur.error(f"{cur.path}: {what} is an array of arrays; llama.cpp reads no nested "
                         "arrays")
-    count = cur.length(f"{what} (array of {element.name})")
+    count = cur.length(what, f"{element.name} elements")
     if element == GGUFValueType.STRING:
         return _string_array(cur, what, count)
     fmt, size = _SCALARS[element]
     cur.need(count * size, f"{what} (array of {count} {element.name})")
-    if count > KEEP_ARRAY:
+    if count > KEEP_ARRAY or not cur.keep(count * 8):
         cur.skip(count * size, what)
         return Skipped(element.name, count)
     return np.frombuffer(cur.take(count * size, what), dtype="<" + fmt).tolist()
@@ -259,7 +282,7 @@ def _string_array(cur: _Cursor, what: str, count: int) -> list | Skipped:
         raise cur.error(f"{cur.path}: {what} is longer than the {MAX_STRING_ARRAY} strings "
                         "placer reads in one array")
     cur.need(count * 8, what)
-    if count > KEEP_ARRAY:
+    if count > KEEP_ARRAY or not cur.keep(count * 8):
         for i in range(count):
             cur.skip(cur.length(f"{what} element {i}"), f"{what} element {i}")
         return Skipped("STRING", count)
@@ -267,15 +290,14 @@ def _string_array(cur: _Cursor, what: str, count: int) -> list | Skipped:
 
 
 def _alignment(path: Path, fields: dict, error: type[Exception]) -> int:
-    value = fields.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0 \
-            or value & (value - 1) or value >= 1 << 32:
-        raise error(f"{path}: general.alignment is {value!r}, expected a uint32 power of 2")
+    value = fields.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)  # a uint32: _value checked its type
+    if value <= 0 or value & (value - 1):
+        raise error(f"{path}: {ALIGNMENT_KEY} is {value}, expected a power of 2")
     return value
 
 
 def _tensor_info(cur: _Cursor, i: int) -> tuple[str, GGMLQuantizationType, tuple, int]:
-    name = cur.string(f"tensor #{i}: its name", keep=MAX_NAME)
+    name = cur.string(f"tensor #{i}: its name", keep=MAX_NAME, name=True)
     length = name.count if isinstance(name, Skipped) else len(name.encode())
     if length >= MAX_NAME:
         raise cur.error(f"{cur.path}: tensor #{i}'s name is {length} bytes; ggml holds at "

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
 from placer.checkpoint.config import EXPERT_COUNT_KEYS, config_moe_layers, moe_shape, read_config
 from placer.checkpoint.experts import DenseTensor, Inventory, TensorRange, assemble
-from placer.checkpoint.header import tensor_bytes
+from placer.checkpoint.header import DTYPE_BITS, tensor_bytes
 from placer.errors import PlacerError
 
-EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")
+EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")  # as safetensors stores them
+DTYPE_HELP = f"{', '.join(EXPERT_DTYPES)}, or a GGUF ggml type: q4_k, q6_k, iq4_xs, q8_0, ..."
 FLOAT_DTYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}  # unquantized: one tensor each
 TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4"}  # quantization_config.quant_method
@@ -25,8 +27,42 @@ def _need(config: dict, key: str) -> int:
     return value
 
 
+@functools.cache
+def ggml_types() -> dict[str, tuple[str, int, int]]:
+    """{ggml type name in lower case: (its name, block size, bytes per block)}, from the
+    `gguf` package's GGML_QUANT_SIZES (loaded here: only a GGUF dtype pays for it)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    return {t.name.lower(): (t.name, block, size) for t, (block, size) in
+            GGML_QUANT_SIZES.items()}
+
+
+def dtype_bytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor of `shape` in the safetensors dtype or ggml type `dtype` (a ggml
+    type's rows are whole blocks: `_matrix` checked it)."""
+    ggml = ggml_types().get(dtype.lower()) if dtype not in DTYPE_BITS else None
+    if ggml is None:
+        return tensor_bytes(dtype, shape)
+    _, block, size = ggml
+    return math.prod(shape) // block * size
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in EXPERT_DTYPES and dtype not in ggml_types():
+        raise PlacerError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPERT_DTYPES)} "
+                          f"or a ggml type ({', '.join(ggml_types())})")
+
+
 def _matrix(name: str, rows: int, cols: int, dtype: str) -> list[tuple[str, str, tuple]]:
-    """The tensors one weight matrix is stored as in `dtype` (with its quantization scales)."""
+    """The tensors one weight matrix is stored as in `dtype` (with its quantization scales).
+    A ggml type quantizes each row (`cols` elements, ggml's ne[0]) in whole blocks."""
+    if dtype not in EXPERT_DTYPES:
+        type_name, block, _ = ggml_types()[dtype]
+        if cols % block:
+            raise PlacerError(f"{dtype} stores rows in blocks of {block} elements, but {name} "
+                              f"has rows of {cols}; choose another --expert-dtype / "
+                              "--dense-dtype")
+        return [(f"{name}.weight", type_name, (rows, cols))]
     if dtype in FLOAT_DTYPES:
         return [(f"{name}.weight", FLOAT_DTYPES[dtype], (rows, cols))]
     if dtype == "fp8":  # DeepSeek-V3 style: 128 x 128 block scales in fp32
@@ -80,8 +116,7 @@ def estimate_inventory(config_path: Path, expert_dtype: str | None = None,
     hidden = _need(config, "hidden_size")
     inter = config.get("moe_intermediate_size") or _need(config, "intermediate_size")
     for dtype in (expert_dtype, dense_dtype):
-        if dtype not in EXPERT_DTYPES:
-            raise PlacerError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPERT_DTYPES)}")
+        _check_dtype(dtype)
     moe_layers = config_moe_layers(config)
     if not moe_layers:
         raise PlacerError(f"{config_path}: no decoder layer has routed experts "
@@ -96,10 +131,10 @@ def estimate_inventory(config_path: Path, expert_dtype: str | None = None,
             tensors = (_matrix(f"{prefix}.gate_proj", inter, hidden, expert_dtype)
                        + _matrix(f"{prefix}.up_proj", inter, hidden, expert_dtype)
                        + _matrix(f"{prefix}.down_proj", hidden, inter, expert_dtype))
-            experts[(layer, e)] = [TensorRange(n, None, None, tensor_bytes(dt, s), dt, s)
+            experts[(layer, e)] = [TensorRange(n, None, None, dtype_bytes(dt, s), dt, s)
                                    for n, dt, s in tensors]
     vector = FLOAT_DTYPES.get(config_dtype(config, quantized=False) or dense_dtype, "BF16")
-    dense = [DenseTensor(n, None, None, tensor_bytes(dt, s), dt, s)
+    dense = [DenseTensor(n, None, None, dtype_bytes(dt, s), dt, s)
              for n, dt, s in _dense_tensors(config, moe_layers, shared, dense_dtype, vector)]
     return assemble(config, num_layers, num_experts, top_k, shared, moe_layers, experts, dense,
                      (), estimated=True)

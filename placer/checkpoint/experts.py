@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +89,9 @@ class SourceFile:
     size: int
 
 
+ExpertRanges = list[tuple[tuple[int, int], TensorRange]]  # [((layer, expert), its range)]
+
+
 @dataclass(frozen=True)
 class Inventory:
     """What a checkpoint holds, as the solver, emitter and runtime need it.
@@ -155,6 +159,25 @@ class Inventory:
             d["experts"] = [e.to_json() for e in self.experts]
         return d
 
+
+
+def sort_tensors(tensors: Iterable[tuple[DenseTensor, ExpertRanges | None]], where: str
+                 ) -> tuple[tuple[int, ...], dict[tuple[int, int], list[TensorRange]],
+                            list[DenseTensor]]:
+    """Every tensor of a checkpoint (as a DenseTensor, with its routed experts' ranges or None
+    when it is dense) sorted into (MoE layers, {(layer, expert): ranges}, dense tensors);
+    PlacerError when no tensor is a routed expert's (`where`: the checkpoint, as named)."""
+    experts: dict[tuple[int, int], list[TensorRange]] = {}
+    dense: list[DenseTensor] = []
+    for tensor, ranges in tensors:
+        if ranges is None:
+            dense.append(tensor)
+        for key, r in ranges or ():
+            experts.setdefault(key, []).append(r)
+    moe_layers = tuple(sorted({layer for layer, _ in experts}))
+    if not moe_layers:
+        raise PlacerError(f"not an MoE model: no routed expert tensors in {where}")
+    return moe_layers, experts, dense
 
 
 def assemble(config: dict, num_layers: int, num_experts: int, top_k: int, shared: int,

@@ -15,7 +15,11 @@ MODEL_TENSOR / TENSOR_NAMES, Keys.LLM, Keys.Split) spells them:
 - shared experts (`ffn_*_shexp`), chunk experts (`ffn_*_chexps`), routers and the rest are
   dense;
 - `general.architecture` names the architecture; `<arch>.block_count`, `<arch>.expert_count`,
-  `<arch>.expert_used_count` (top-k), `<arch>.expert_shared_count` give the shape;
+  `<arch>.expert_used_count` (top-k), `<arch>.expert_shared_count` give the shape; the last
+  `<arch>.nextn_predict_layers` blocks are multi-token-prediction blocks that llama.cpp does
+  not load unless asked (TENSOR_SKIP, `src/models/glm4-moe.cpp`, `deepseek2.cpp`): they are
+  left out, so the model's layers are the trunk's, as a trace recorded through llama.cpp
+  sees them;
 - split files (`llama-gguf-split`): `split.no`, `split.count`, `split.tensors.count` in every
   part, named `PREFIX-%05d-of-%05d.gguf` (`llama_split_path`, `src/llama.cpp`); the first part
   holds the metadata; tensor offsets are per part.
@@ -33,20 +37,29 @@ from pathlib import Path
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
 
 from placer.checkpoint.config import MAX_COUNT
-from placer.checkpoint.experts import DenseTensor, Inventory, SourceFile, TensorRange, assemble
+from placer.checkpoint.experts import (
+    DenseTensor,
+    ExpertRanges,
+    Inventory,
+    SourceFile,
+    TensorRange,
+    assemble,
+    sort_tensors,
+)
 from placer.errors import PlacerError
 from traces.gguf_header import GGUFHeader, Skipped, TensorInfo, read_gguf_header
 
-_BLOCK = "blk.{bid}."
+_PREFIX = "blk.{bid}."
 # Routed expert tensors (fused, the expert outermost), named as gguf-py names them.
-_EXPERT_NAMES = [TENSOR_NAMES[t].removeprefix(_BLOCK) for t in (
+_EXPERT_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP, MODEL_TENSOR.FFN_DOWN_EXP,
     MODEL_TENSOR.FFN_GATE_UP_EXP)]
-_SHARED_NAMES = [TENSOR_NAMES[t].removeprefix(_BLOCK) for t in (
+_SHARED_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP, MODEL_TENSOR.FFN_DOWN_SHEXP)]
 EXPERT_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<base>" + "|".join(_EXPERT_NAMES)
                            + r")\.(?P<suffix>[A-Za-z_]+)$")
 SHARED_TENSOR = re.compile(r"^blk\.\d+\.(?:" + "|".join(_SHARED_NAMES) + r")\.")
+BLOCK = re.compile(r"^blk\.(\d+)\.")
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -57,7 +70,11 @@ def read_gguf_inventory(path: Path) -> Inventory:
     parts = read_parts(path)
     fields = parts[0].fields
     arch = _string(path, fields, Keys.General.ARCHITECTURE)
-    num_layers = _count(path, fields, Keys.LLM.BLOCK_COUNT.format(arch=arch))
+    blocks = _count(path, fields, Keys.LLM.BLOCK_COUNT.format(arch=arch))
+    nextn_key = Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)
+    num_layers = blocks - (_count(path, fields, nextn_key, low=0) if nextn_key in fields else 0)
+    if num_layers < 1:
+        raise PlacerError(f"{path}: {nextn_key} leaves no layer of the {blocks} blocks")
     if fields.get(Keys.LLM.EXPERT_COUNT.format(arch=arch)) in (None, 0):
         raise PlacerError(f"not an MoE model: {path} has no {arch}.expert_count")
     num_experts = _count(path, fields, Keys.LLM.EXPERT_COUNT.format(arch=arch))
@@ -65,20 +82,12 @@ def read_gguf_inventory(path: Path) -> Inventory:
     if top_k > num_experts:
         raise PlacerError(f"{path}: {arch}.expert_used_count {top_k} is more than "
                           f"{arch}.expert_count {num_experts}")
-    experts: dict[tuple[int, int], list[TensorRange]] = {}
-    dense: list[DenseTensor] = []
-    for part in parts:
-        for t in part.tensors:
-            ranges = _expert_ranges(part.path, t, num_experts, num_layers)
-            if ranges is None:
-                dense.append(DenseTensor(t.name, part.path.name, t.offset, t.nbytes,
-                                         t.type_name, t.shape))
-            for key, r in ranges or ():
-                experts.setdefault(key, []).append(r)
-    moe_layers = tuple(sorted({layer for layer, _ in experts}))
-    if not moe_layers:
-        raise PlacerError(f"not an MoE model: no routed expert tensors (blk.N.ffn_*_exps) in "
-                          f"{path}")
+    moe_layers, experts, dense = sort_tensors(
+        ((DenseTensor(t.name, part.path.name, t.offset, t.nbytes, t.type_name, t.shape),
+          _expert_ranges(part.path, t, num_experts))
+         for part in parts for t in part.tensors
+         if _trunk(part.path, t.name, num_layers, blocks)),
+        f"{path} (blk.N.ffn_*_exps)")
     shared_key = Keys.LLM.EXPERT_SHARED_COUNT.format(arch=arch)
     shared = (_count(path, fields, shared_key, low=0) if shared_key in fields
               else int(any(SHARED_TENSOR.match(d.name) for d in dense)))
@@ -114,11 +123,11 @@ def read_parts(path: Path) -> list[GGUFHeader]:
             if header.fields.get(key) != want:
                 raise PlacerError(f"{part}: {key} is {header.fields.get(key)!r}, expected {want}")
         parts.append(header)
-    total = _count(path, first.fields, Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, low=0)
+    total = first.fields.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
     held = sum(len(p.tensors) for p in parts)
-    if held != total:
-        raise PlacerError(f"{path}: split.tensors.count is {total} but the {count} parts hold "
-                          f"{held} tensors")
+    if total != held:
+        raise PlacerError(f"{path}: split.tensors.count is {_short(total)} but the {count} parts "
+                          f"hold {held} tensors")
     seen: dict[str, Path] = {}
     for p in parts:
         for t in p.tensors:
@@ -129,16 +138,23 @@ def read_parts(path: Path) -> list[GGUFHeader]:
     return parts
 
 
-def _expert_ranges(file: Path, t: TensorInfo, num_experts: int, num_layers: int
-                   ) -> list[tuple[tuple[int, int], TensorRange]] | None:
+def _trunk(file: Path, name: str, num_layers: int, blocks: int) -> bool:
+    """Whether tensor `name` is loaded for decoding: not a block past the trunk's layers (an
+    MTP / nextn block, which llama.cpp skips unless asked to load it); PlacerError for a block
+    past block_count."""
+    block = BLOCK.match(name)
+    if block is not None and int(block[1]) >= blocks:
+        raise PlacerError(f"{file}: tensor {name!r} is in block {block[1]} but block_count is "
+                          f"{blocks}")
+    return block is None or int(block[1]) < num_layers
+
+
+def _expert_ranges(file: Path, t: TensorInfo, num_experts: int) -> ExpertRanges | None:
     """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
     m = EXPERT_TENSOR.match(t.name)
     if m is None:
         return None
     layer = int(m["layer"])
-    if layer >= num_layers:
-        raise PlacerError(f"{file}: tensor {t.name!r} is in block {layer} but block_count is "
-                          f"{num_layers}")
     if len(t.ne) < 2 or t.ne[-1] != num_experts:
         raise PlacerError(f"{file}: expert tensor {t.name!r} has ggml ne {list(t.ne)}, "
                           f"expected the outermost (last) to be expert_count {num_experts}")

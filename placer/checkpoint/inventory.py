@@ -20,7 +20,15 @@ import re
 from pathlib import Path
 
 from placer.checkpoint.config import config_moe_layers, moe_shape, read_config
-from placer.checkpoint.experts import DenseTensor, Inventory, SourceFile, TensorRange, assemble
+from placer.checkpoint.experts import (
+    DenseTensor,
+    ExpertRanges,
+    Inventory,
+    SourceFile,
+    TensorRange,
+    assemble,
+    sort_tensors,
+)
 from placer.checkpoint.header import FileHeader, TensorHeader, read_header
 from placer.errors import PlacerError
 from placer.files import plain_file_name
@@ -47,7 +55,7 @@ def read_inventory(checkpoint: Path, *, gguf: bool = True) -> Inventory:
         return read_gguf_inventory(checkpoint)
     if checkpoint.exists() and not checkpoint.is_dir():
         raise PlacerError(f"{checkpoint} is not a directory (a checkpoint directory holds "
-                          "config.json and *.safetensors)")
+                          "config.json and *.safetensors; a GGUF model's name ends in .gguf)")
     if not checkpoint.is_dir():
         raise PlacerError(f"checkpoint directory not found: {checkpoint}")
     config = read_config(checkpoint / "config.json")
@@ -55,18 +63,10 @@ def read_inventory(checkpoint: Path, *, gguf: bool = True) -> Inventory:
     weight_map = read_index(checkpoint)
     names = sorted(set(weight_map.values())) if weight_map is not None else _shard_files(checkpoint)
     headers = [read_header(checkpoint / name) for name in names]
-    experts: dict[tuple[int, int], list[TensorRange]] = {}
-    dense: list[DenseTensor] = []
-    for header, t in _authoritative(headers, weight_map):
-        ranges = _expert_ranges(header, t, num_experts)
-        if ranges is None:
-            dense.append(DenseTensor(t.name, header.path.name, t.offset, t.length,
-                                     t.dtype, t.shape))
-        for key, r in ranges or ():
-            experts.setdefault(key, []).append(r)
-    moe_layers = tuple(sorted({layer for layer, _ in experts}))
-    if not moe_layers:
-        raise PlacerError(f"not an MoE model: no routed expert tensors in {checkpoint}")
+    moe_layers, experts, dense = sort_tensors(
+        ((DenseTensor(t.name, header.path.name, t.offset, t.length, t.dtype, t.shape),
+          _expert_ranges(header, t, num_experts))
+         for header, t in _authoritative(headers, weight_map)), str(checkpoint))
     expected = config_moe_layers(config)
     if moe_layers != expected:
         raise PlacerError(f"config.json says MoE layers {list(expected)} but the checkpoint has "
@@ -129,7 +129,7 @@ def _authoritative(headers: list[FileHeader], weight_map: dict[str, str] | None
 
 
 def _expert_ranges(header: FileHeader, t: TensorHeader, num_experts: int
-                   ) -> list[tuple[tuple[int, int], TensorRange]] | None:
+                   ) -> ExpertRanges | None:
     """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
     file = header.path.name
     m = PER_EXPERT.search(t.name)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.checkpoint.estimate import EXPERT_DTYPES, estimate_inventory
+from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
 from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.commands.common import command, print_json
 from placer.commands.common import console as rich_console
@@ -26,11 +26,11 @@ def register(app: typer.Typer) -> None:
             help="Estimate the inventory from a config.json alone (plan before download).")
         ] = None,
         expert_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: expert weight dtype ({', '.join(EXPERT_DTYPES)}; default: "
+            help=f"With --config: expert weight dtype ({DTYPE_HELP}; default: "
                  "the config's quantization method, else its torch_dtype, else bf16).")
         ] = None,
         dense_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: dense weight dtype ({', '.join(EXPERT_DTYPES)}; default: "
+            help=f"With --config: dense weight dtype ({DTYPE_HELP}; default: "
                  "the config's torch_dtype, else bf16).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the inventory as JSON.")
                             ] = False,

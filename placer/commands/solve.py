@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.checkpoint.estimate import EXPERT_DTYPES, estimate_inventory
+from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
 from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, parse_list, plus_minus, print_json, span
 from placer.commands.common import console as rich_console
@@ -33,10 +33,10 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option(
             help="Plan from a config.json alone, before downloading the weights.")] = None,
         expert_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: expert dtype ({', '.join(EXPERT_DTYPES)}; default: the "
+            help=f"With --config: expert dtype ({DTYPE_HELP}; default: the "
                  "config's quantization method, else its torch_dtype, else bf16).")] = None,
         dense_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: dense dtype ({', '.join(EXPERT_DTYPES)}; default: the "
+            help=f"With --config: dense dtype ({DTYPE_HELP}; default: the "
                  "config's torch_dtype, else bf16).")] = None,
         traces: Annotated[list[Path] | None, typer.Option(
             help="Trace directory to learn from (repeat for several profiles).")] = None,

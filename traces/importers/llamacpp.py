@@ -51,6 +51,7 @@ GGUF_MAGIC = b"GGUF"
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_gate_up_exps", "ffn_up_exps", "ffn_down_exps")
 _COUNTS = re.compile(r"^blk\.(\d+)\.(" + "|".join(EXPERT_TENSORS) + r")\.weight\.counts$")
 _SNAPSHOT = re.compile(r"\.at_\d+$")
+MAX_COUNTS = 4 << 15  # bytes of one counts tensor: 2**15 experts (traces' int16 ids), F32
 NOTE = "llama-imatrix counts come from prompt processing only (prefill), never decode"
 LEGACY = ("is a legacy llama-imatrix .dat file: it keeps one call count per tensor and no "
           "per-expert counts; re-run llama-imatrix with -o FILE.gguf (or --output-format "
@@ -102,9 +103,9 @@ def read_imatrix(path: Path) -> tuple[dict[int, np.ndarray], dict]:
         for tensor in header.tensors:
             match = _COUNTS.match(tensor.name)
             if match:
-                if tensor.ne[:1] != (1,):
+                if tensor.ne[:1] != (1,) or len(tensor.ne) > 2 or tensor.nbytes > MAX_COUNTS:
                     raise TraceError(f"{path}: {tensor.name} has ggml ne {list(tensor.ne)}, "
-                                     "expected [1, n_expert]")
+                                     f"expected [1, n_expert] (at most {MAX_COUNTS // 4})")
                 if tensor.type_name != "F32":
                     raise TraceError(f"{path}: {tensor.name} is {tensor.type_name}, expected "
                                      "F32 counts")
