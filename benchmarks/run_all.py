@@ -26,6 +26,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_routing.py": ["--quick"],
     "bench_cache.py": ["--quick"],
     "bench_gguf.py": ["--quick"],
+    "bench_llamacpp.py": ["--quick"],
 }
 
 

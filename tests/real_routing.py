@@ -20,13 +20,20 @@ from placer.cli import app
 ROUTING = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing"
 ESFT = ROUTING / "esft-deepseek-v2-lite"
 ESFT_CONFIG = ESFT / "config.json"
+GPTOSS = ROUTING / "gptoss20b-decode"  # gpt-oss-20b decode routing: 24 layers x 32, top-4
 
 
 def esft_trace(task: str, out: Path, max_tokens: int = 2000,
                first_sequence: int = 0) -> Path:
     """out/: the sequences of ESFT `task` from `first_sequence` on, up to `max_tokens` tokens
     (the last sequence cut there), imported as a per-token trace directory."""
-    data = np.load(ESFT / f"{task}.npz")
+    return routing_trace(ESFT, task, out, max_tokens, first_sequence)
+
+
+def routing_trace(folder: Path, task: str, out: Path, max_tokens: int = 2000,
+                  first_sequence: int = 0) -> Path:
+    """esft_trace of any folder of the same npz format (its config.json)."""
+    data = np.load(folder / f"{task}.npz")
     ids, lengths = data["expert_ids"], data["seq_lens"]
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     rows, lens = [], []
@@ -39,7 +46,7 @@ def esft_trace(task: str, out: Path, max_tokens: int = 2000,
     source = out.parent / f"{out.name}.npz"
     np.savez(source, expert_ids=np.concatenate(rows), seq_lens=np.array(lens, dtype=np.int64))
     result = CliRunner().invoke(app, ["traces", "import", str(source), "--format", "tokens",
-                                      "--config", str(ESFT_CONFIG), "--out", str(out),
+                                      "--config", str(folder / "config.json"), "--out", str(out),
                                       "--tag", task])
     assert result.exit_code == 0, result.output
     return out

@@ -109,7 +109,7 @@ def test_one_lru_per_group_and_its_layers_evict_each_other():
     # layer 1 ids [3, 1]: 3 hits (slot 0: LRU 1 2 0); 1 misses -> slot 1, evicting layer
     #   0's expert 2 (LRU 2 0 1)
     tokens = np.array([[[[2, 0], [1, 3]]], [[[2, 0], [3, 1]]]])
-    f = cache.replay(tokens)
+    f = cache.replay(tokens, held=True)
     assert f.used.all()
     assert f.hits.tolist() == [[0, 0], [1, 1]]
     assert f.misses.tolist() == [[2, 2], [1, 1]]
@@ -144,11 +144,11 @@ def test_misses_fill_in_ascending_expert_order_and_merge_uploads():
 def test_only_ubatches_of_at_most_32_tokens_that_fit_use_the_cache():
     cache = LlamaCppCache(one_group(1, (1,), 64), [64], 1)
     big = np.arange(33).reshape(1, 33, 1, 1)
-    f = cache.replay(big)
+    f = cache.replay(big, held=True)
     assert not f.used.any() and not f.held.any() and not cache.holds(0, 0)
     f = cache.replay(big[:, :32])
     assert f.used.all() and f.misses[0, 0] == 32
-    f = cache.replay(big)  # read only: it finds 32 of its experts and changes nothing
+    f = cache.replay(big, held=True)  # read only: it finds 32 of its experts and changes nothing
     assert not f.used.any() and f.held[0, 0].sum() == 32 and not cache.holds(0, 32)
     # min(tokens x n_expert_used, E) <= slots: 4 slots, top-2 of 8 experts
     small = LlamaCppCache(one_group(1, (1,), 8), [4], 2)

@@ -66,7 +66,11 @@ def register(app: typer.Typer) -> None:
         sequences, continuous batching over 4 seeded orders); each figure has a 95%
         bootstrap interval over sequences, and the verdict against layer offload (better,
         worse or within noise) reads the interval of the stall ratio; fewer than 5 held-out
-        sequences give no interval and the verdict too little traffic."""
+        sequences give no interval and the verdict too little traffic.
+
+        A plan solved with --engine llamacpp is replayed as llama.cpp runs it (its host
+        layers on the CPU or through its --moe-cache-mib cache): layer offload is then
+        -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache."""
         from placer.predict.curve import calibration_curve
         from placer.predict.evaluate import EvalOptions, evaluate
         from placer.predict.plots import plot_evaluation
@@ -120,14 +124,14 @@ def print_report(report: dict) -> None:
     console.print(table)
     for r in report["results"]:
         others = "".join(f", / {LINE_NAMES[k]} {r[f'ratio_to_{k}']:.3f} "
-                         f"{span(r[f'ratio_to_{k}_ci95'])}" for k in ("lru", "belady")
+                         f"{span(r[f'ratio_to_{k}_ci95'])}" for k in ("oracle", "lru", "belady",
+                                                                      "nocache")
                          if f"ratio_to_{k}" in r)
         console.print(f"{r['traces']} B={r['concurrency']} {r['execution']}: {r['tokens']} "
                       f"tokens in "
                       f"{r['steps']} steps, interval over {r['interval_units']} "
                       f"{r['interval_over']}; stall / layer offload {r['ratio_to_layer']:.3f} "
-                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}), / static oracle "
-                      f"{r['ratio_to_oracle']:.3f} {span(r['ratio_to_oracle_ci95'])}{others}")
+                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}){others}")
     for note in report["notes"]:
         console.print(f"note: {note}")
     for d in report["drift"]:
@@ -153,7 +157,8 @@ def print_report(report: dict) -> None:
 
 
 LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",
-              "oracle": "static oracle", "lru": "lru", "belady": "belady"}
+              "oracle": "static oracle", "lru": "lru", "belady": "belady",
+              "nocache": "no cache"}  # nocache: a llama.cpp plan's host layers, no cache
 
 
 def line_name(row: dict, line: str) -> str:

@@ -10,7 +10,7 @@ import typer
 from placer.checkpoint.config import read_config
 from placer.commands.common import command, print_json
 from placer.exporters.ktransformers import write_kt_export
-from placer.exporters.llamacpp import LlamaCppOffload, llamacpp_offload
+from placer.exporters.llamacpp import LlamaCppOffload, llamacpp_offload, server_command
 from placer.exporters.output import check_out
 from placer.exporters.sglang import (
     EPLB_WARNING,
@@ -131,14 +131,22 @@ def register(app: typer.Typer) -> None:
         devices: Annotated[str | None, typer.Option(
             help="Buffer type of each card, comma-separated, as llama.cpp --list-devices names "
                  "them (default CUDA0,CUDA1,...; ROCm0,... on HIP builds).")] = None,
+        model: Annotated[str, typer.Option(
+            help="The GGUF path to put in the llama-server command (plans solved with "
+                 "--engine llamacpp).")] = "model.gguf",
         json_out: JsonOpt = False,
     ) -> None:
-        """llama.cpp arguments for the layer-offload baseline at the plan's budget: the
+        """For a plan solved with --engine llamacpp: the llama-server command (-ngl all, the
+        host layers as -ncmoe N or -ot, --moe-cache-mib N). For any other plan, llama.cpp
+        arguments for the layer-offload baseline at the plan's budget: the
         expert tensors of the first MoE layers to CPU (-ot, or --cpu-moe when every MoE layer
         is cold), the equivalent --n-cpu-moe, and on several cards each device's layers
         (-ot ...=CUDAi) and the dense split (-ngl all -ts)."""
         inputs = check_out(plan, out) if out is not None else ()
         p = read_plan(plan)
+        if p.engine is not None:
+            _engine_export(p, model, out, inputs, json_out)
+            return
         offload = llamacpp_offload(p, None if devices is None
                                    else [d.strip() for d in devices.split(",")])
         if out is not None:
@@ -164,6 +172,23 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"# {name}: experts of decoder layers {layers or 'none'}")
         for warning in offload.warnings:
             typer.echo(f"# warning: {warning}")
+
+
+def _engine_export(p, model: str, out: Path | None, inputs: tuple, json_out: bool) -> None:
+    """Print (and with --out write) the llama-server command of an --engine llamacpp plan."""
+    engine = p.engine
+    line = server_command(p, model)
+    if out is not None:
+        write_text_atomic(line + "\n", out, inputs)
+    if json_out:
+        print_json({"command": line, "host_layers": engine["host_layers"],
+                    "n_cpu_moe": engine["n_cpu_moe"], "moe_cache_mib": engine["moe_cache_mib"],
+                    "slots": engine["slots"], "choice": engine["choice"]})
+        return
+    typer.echo(f"# {engine['choice']}: experts of decoder layers {engine['host_layers']} in "
+               f"host memory, cache {engine['moe_cache_mib']} MiB ({engine['slots'] or 'no'} "
+               "slots per group)")
+    typer.echo(line)
 
 
 def _echo_tensors(offload: LlamaCppOffload) -> None:

@@ -82,6 +82,11 @@ def register(app: typer.Typer) -> None:
                  "are copied to its GPU, which computes it (placer's runtime); cpu: the host "
                  "CPU computes it from host RAM (llama.cpp -ot / --n-cpu-moe, KTransformers; "
                  "needs the spec's \\[host] table).")] = "stage",
+        engine: Annotated[str, typer.Option(
+            help="Whose runtime the plan is for: placer (pinned experts, staging and "
+                 "placer's cache) or llamacpp (which MoE layers llama.cpp keeps in host "
+                 "memory, -ot / -ncmoe, and how big its --moe-cache-mib cache is; one card, "
+                 "needs the spec's \\[host] table; docs/llamacpp.md).")] = "placer",
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
     ) -> None:
@@ -107,12 +112,89 @@ def register(app: typer.Typer) -> None:
             if page_size is not None else None,
             robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
             execution=execution, cache=parse_cache(cache), cache_policy=cache_policy)
-        plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
+        if engine not in ENGINES:
+            raise PlacerError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        if engine == "llamacpp":
+            from placer.plan.llamacpp import solve_llamacpp
+            plan = solve_llamacpp(inv, load_spec(hardware), list(traces or []), opts)
+        else:
+            plan = solve_plan(inv, load_spec(hardware), list(traces or []), opts)
         write_json_atomic(plan.to_json(), out, inputs)
         if json_out:
             print_json(plan.to_json())
+        elif plan.engine is not None:
+            print_llamacpp(plan, out)
         else:
             print_plan(plan, out)
+
+
+ENGINES = ("placer", "llamacpp")
+
+
+def print_llamacpp(plan: Plan, out: Path) -> None:
+    """The llama.cpp options side by side, per traffic and concurrency, with 95% intervals;
+    where the cache loses; the choice."""
+    console = rich_console()
+    engine = plan.engine
+    judged = ("on held-out folds of the calibration sequences" if engine["folds"]
+              else "in sample (too few sequences for folds)")
+    console.print(f"llama.cpp ({engine['source']}): choice judged {judged}: "
+                  f"{engine['choice']}")
+    options = {o["name"]: o for o in engine["options"]}
+    for row in plan.predicted:
+        table = Table(title=f"{row['profile']} B={row['concurrency']}: predicted decode "
+                            "(± 95% bootstrap interval over sequences)")
+        for col in ("option", "host layers", "--moe-cache-mib", "slots", "tok/s",
+                    "stall ms/step", "vs -ncmoe"):
+            table.add_column(col, justify="right")
+        for name, fig in row["options"].items():
+            o = options[name]
+            low, high = fig["tokens_per_s_ci95"] or (None, None)
+            tok = (f"{fig['tokens_per_s']:.2f}" if low is None
+                   else f"{fig['tokens_per_s']:.2f} [{low:.2f}, {high:.2f}]")
+            table.add_row(name, _layers(o), str(o["moe_cache_mib"]),
+                          ",".join(map(str, o["slots"])) or "-", tok,
+                          plus_minus(fig, "stall_ms_per_step"),
+                          f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}")
+        console.print(table)
+    for note in cache_losses(plan):
+        console.print(f"note: {note}")
+    console.print(f"plan written to {out}; placer export llamacpp {out} prints the command")
+
+
+def _layers(option: dict) -> str:
+    if option["n_cpu_moe"] is not None:
+        return f"-ncmoe {option['n_cpu_moe']}"
+    return f"{len(option['host_layers'])}: {','.join(map(str, option['host_layers']))}"
+
+
+def cache_losses(plan: Plan) -> list[str]:
+    """Where every cached option is slower than the best one without a cache, and why: too
+    few slots for a step at that concurrency (llama.cpp then leaves the cache unused), or
+    the misses' uploads over the link."""
+    notes = []
+    options = {o["name"]: o for o in plan.engine["options"]}
+    cached = {name for name, o in options.items() if o["moe_cache_mib"]}
+    need_of = min(int(plan.model["top_k"]), plan.experts_per_layer)
+    for row in plan.predicted:
+        figs, b = row["options"], row["concurrency"]
+        plain = max(v["tokens_per_s"] for k, v in figs.items() if k not in cached)
+        mine = [k for k in figs if k in cached]
+        if not mine or max(figs[k]["tokens_per_s"] for k in mine) >= plain:
+            continue
+        best = max(mine, key=lambda k: figs[k]["tokens_per_s"])
+        slots = min(options[best]["slots"])
+        need = min(b * need_of, plan.experts_per_layer)
+        why = (f"its {slots} slots are fewer than the {need} experts a step of {b} needs per "
+               f"layer, so llama.cpp leaves the cache unused at B={b}" if slots < need or b > 32
+               else f"it serves {100 * figs[best]['hit_rate']:.0f}% of the selected bytes from "
+                    f"VRAM and every miss crosses the link ({len(options[best]['host_layers'])}"
+                    f" host layers share {len(options[best]['slots'])} LRU)")
+        notes.append(f"{row['profile']} B={b}: the cache loses: its best option "
+                     f"({best}, {options[best]['moe_cache_mib']} MiB) "
+                     f"{figs[best]['tokens_per_s']:.2f} tok/s against {plain:.2f} without it: "
+                     f"{why}")
+    return notes
 
 
 def parse_cache(value: str) -> int | None:

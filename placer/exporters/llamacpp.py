@@ -185,3 +185,28 @@ def stage_warning(plan: Plan) -> list[str]:
     return [f"the plan was solved with --execution stage: its budget holds a staging buffer "
             f"({format_bytes(staging)} per card at most) that llama.cpp does not use; solve "
             "with --execution cpu for llama.cpp"]
+
+
+def engine_args(plan: Plan) -> list[str]:
+    """The llama-server flags of a plan solved with `--engine llamacpp` (placer.plan.llamacpp):
+    every layer on the GPU (`-ngl all`: llama.cpp caches only the host experts of layers
+    assigned to a GPU), the host layers' expert tensors on the CPU (`-ncmoe N` where they are
+    decoder layers 0 .. N - 1, else one `-ot` override), and `--moe-cache-mib N` when the plan
+    gives the cache VRAM (ggml-org/llama.cpp @4b060f27 `common/arg.cpp`: N MiB)."""
+    engine = plan.engine or {}
+    if engine.get("name") != "llamacpp":
+        raise PlacerError("this plan was not solved with --engine llamacpp")
+    host = list(engine["host_layers"])
+    args = ["-ngl", "all"]
+    if engine.get("n_cpu_moe") is not None:
+        args += ["-ncmoe", str(engine["n_cpu_moe"])]
+    elif host:
+        args += ["-ot", override(host, "CPU")]
+    if engine.get("moe_cache_mib"):
+        args += ["--moe-cache-mib", str(engine["moe_cache_mib"])]
+    return args
+
+
+def server_command(plan: Plan, model: str = "model.gguf") -> str:
+    """The llama-server command line of an `--engine llamacpp` plan."""
+    return " ".join(shlex.quote(a) for a in ["llama-server", "-m", model, *engine_args(plan)])

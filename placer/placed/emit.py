@@ -53,6 +53,10 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if align < 8 or align & (align - 1):
         raise PlacerError(f"--align must be a power of two >= 8, not {align}")
+    if plan.engine is not None:
+        raise PlacerError(f"this plan was solved with --engine {plan.engine.get('name')}: that "
+                          "engine reads its own model files (placer export llamacpp prints "
+                          "its command); emit is for placer's runtime")
     if plan.model.get("estimated"):
         raise PlacerError("this plan was solved from a config alone (no checkpoint bytes): "
                           "solve it against the downloaded checkpoint to emit")

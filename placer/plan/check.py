@@ -84,6 +84,8 @@ def check_plan(d: Any, source: str) -> None:
             w.fail(f"cards[{c}].homed_bytes", f"{card['homed_bytes']} but the experts homed on "
                    f"card {c} hold {homed}")
     _check_calibration(w, d.get("calibration", []), len(layers), experts_per_layer)
+    if d.get("engine") is not None:
+        _check_engine(w, d["engine"], d["experts"], layers, cards)
     if not isinstance(d.get("predicted", []), list):
         w.fail("predicted", f"expected a list, got {_kind(d['predicted'])}")
     for key in ("robust", "cache"):
@@ -333,3 +335,42 @@ def _kind(value: Any) -> str:
     if value is None:
         return "null"
     return f"{type(value).__name__} {str(value)[:40]!r}"
+
+
+def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int], cards: list[dict]
+                  ) -> None:
+    """An engine section (placer.plan.llamacpp): llama.cpp's host layers (MoE layers, whose
+    experts the plan keeps cold, every other layer's resident), its cache MiB (beside the
+    resident experts within the one card's budget) and slots."""
+    if not isinstance(engine, dict) or engine.get("name") != "llamacpp":
+        w.fail("engine", "expected an object with name \"llamacpp\"")
+    host = engine.get("host_layers")
+    if not isinstance(host, list) or any(not _int_in(x, 0, MAX_BYTES) or x not in layers
+                                         for x in host) or len(set(host)) != len(host):
+        w.fail("engine.host_layers", f"expected distinct MoE layers of the plan, got {host!r}")
+    mib = engine.get("moe_cache_mib")
+    if not _int_in(mib, 0, MAX_BYTES >> 20):
+        w.fail("engine.moe_cache_mib", f"expected an integer >= 0, got {mib!r}")
+    slots = engine.get("slots")
+    if not isinstance(slots, list) or any(not _int_in(x, 0, MAX_SLOTS) for x in slots) or (
+            mib > 0) != bool(slots):
+        w.fail("engine.slots", f"expected one slot count per cache group (none without a "
+                               f"cache), got {slots!r}")
+    if len(cards) != 1 or cards[0]["resident_bytes"] + (mib << 20) > cards[0]["budget_bytes"]:
+        w.fail("engine.moe_cache_mib", f"{mib} MiB of cache beside the resident experts "
+                                       f"exceed the budget of the plan's one card")
+    layouts = engine.get("layouts")
+    if not isinstance(layouts, list) or len(layouts) != len(layers) or any(
+            not isinstance(x, list) or len(x) != 2 or not isinstance(x[0], str)
+            or not isinstance(x[1], list) or not x[1]
+            or any(not _int_in(b, 1, MAX_BYTES) for b in x[1]) for x in layouts):
+        w.fail("engine.layouts", f"expected [layout key, [bytes of one expert per expert "
+                                 f"tensor]] for each of the {len(layers)} MoE layers")
+    if not _int_in(engine.get("alignment"), 1, 1 << 20):
+        w.fail("engine.alignment", f"expected a positive integer, got "
+                                   f"{engine.get('alignment')!r}")
+    for i, e in enumerate(experts):
+        if (e["resident_bytes"] > 0) == (e["layer"] in host):
+            w.fail(f"experts[{i}].resident_bytes", f"layer {e['layer']} is "
+                   f"{'a host' if e['layer'] in host else 'a GPU'} layer of engine.host_layers"
+                   f" but this expert is {'resident' if e['resident_bytes'] else 'cold'}")

@@ -91,6 +91,7 @@ class Plan:
     robust: dict | None = None
     execution: str = "stage"    # how cold experts run: staged to their card, or on the CPU
     cache: dict | None = None   # how the cache split was chosen (placer.plan.cache)
+    engine: dict | None = None  # an engine's own setup (placer.plan.llamacpp), if any
 
     @property
     def moe_layers(self) -> list[int]:
@@ -126,7 +127,7 @@ class Plan:
                         for e in self.experts],
             "calibration": self.calibration, "predicted": self.predicted, "robust": self.robust,
             "execution": self.execution, "cache": self.cache,
-        }
+        } | ({"engine": self.engine} if self.engine is not None else {})
 
 
 def plan_quotas(plan: Plan, cache_slots: int | None = None) -> np.ndarray:
@@ -170,7 +171,7 @@ def plan_from_json(d: dict, source: str = "plan") -> Plan:
                      for e in d["experts"]],
             calibration=d.get("calibration", []), predicted=d.get("predicted", []),
             robust=d.get("robust"), execution=d.get("execution", "stage"),
-            cache=d.get("cache"))
+            cache=d.get("cache"), engine=d.get("engine"))
     except (KeyError, TypeError) as exc:
         raise PlacerError(f"malformed plan: missing or bad field {exc}") from None
 

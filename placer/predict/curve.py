@@ -29,6 +29,9 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
     (and trained on) unless `num_steps` asks for that many sampled steps. Figures are means
     over folds, with 95% intervals over folds.
     """
+    if plan.engine is not None:
+        raise PlacerError(f"--curve replays greedy placements for placer's runtime; this plan "
+                          f"was solved with --engine {plan.engine.get('name')}")
     if folds < 2:
         raise PlacerError(f"--folds must be >= 2, got {folds}")
     if not plan.calibration or not plan.calibration[0].get("per_token"):

@@ -33,6 +33,7 @@ from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
 from placer.plan.placement import Plan, plan_caches
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
+from placer.predict.llamacpp import llamacpp_row
 from placer.progress import ItemsBar
 from solvers import baselines, ilp
 from solvers.cache import even_quotas
@@ -184,6 +185,9 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     results, drift, verdicts, per_layer, notes = [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
+    if plan.engine is not None and opts.execution is not None:
+        raise PlacerError("--execution: a plan solved with --engine llamacpp runs as llama.cpp "
+                          "does (host layers on the CPU or through its cache); leave it out")
     modes = executions(plan, opts.execution)
     with ItemsBar("evaluate", len(trace_dirs) * len(batches) * len(modes), progress) as bar:
         for trace_dir in trace_dirs:
@@ -196,8 +200,11 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                 notes += [note] if note else []
                 for mode in modes:
                     bar.show(f"{trace_dir.name} B={b} {mode}")
-                    row, staged = evaluate_row(plan, name, steps, plan_placement(plan, mode),
-                                               opts, seed, mode)
+                    row, staged = (
+                        (llamacpp_row(plan, name, steps, seed, opts.replicates), {})
+                        if plan.engine is not None else
+                        evaluate_row(plan, name, steps, plan_placement(plan, mode), opts, seed,
+                                     mode))
                     rows.append(row)
                     notes += [too_little_note(row)] if row["verdict"] == TOO_LITTLE else []
                     per_layer.append({"concurrency": b, "execution": mode,

@@ -37,6 +37,12 @@ No code of it is here; what it does:
   for ubatches of at most 8 tokens, `ubatch  > 8` for the rest; uploaded bytes are the
   misses' nb[2] summed over the expert tensors.
 
+Use: `groups = cache_groups(device, layout, E)`, `slots = group_slots(N * MIB, groups, k)`,
+`fetches = LlamaCppCache(groups, slots, k).replay(tokens)` with tokens [S, B, L, k] the ids
+of each ubatch in the order llama.cpp's selection tensor holds them, then
+`log_stats(fetches, tokens_per_ubatch, groups)` gives the (hits, misses, uploaded bytes) of
+llama.cpp's two exit log lines, to compare with a real run's.
+
 The replay is compiled (numba; its kernels call only each other, all in this module, so
 numba's per-file cache stays right: solvers/cache/kernels.py says why that matters).
 """
@@ -212,14 +218,15 @@ class Fetches:
     runs:  [S, L] int: upload copies per expert tensor (runs of consecutive experts to
            consecutive slots).
     held:  [S, L, E] bool: the selected experts the cache held when the fetch came (for a
-           fetch that did not use it: what copy_experts would find there, unchanged).
+           fetch that did not use it: what copy_experts would find there, unchanged); None
+           unless asked for (`replay(..., held=True)`).
     """
 
     used: np.ndarray
     hits: np.ndarray
     misses: np.ndarray
     runs: np.ndarray
-    held: np.ndarray
+    held: np.ndarray | None
 
 
 class LlamaCppCache:
@@ -252,19 +259,19 @@ class LlamaCppCache:
         """Whether the cache holds `expert` of MoE layer `layer` now."""
         return bool(self.state[6][layer, expert] >= 0)
 
-    def replay(self, tokens: np.ndarray) -> Fetches:
+    def replay(self, tokens: np.ndarray, held: bool = False) -> Fetches:
         """Walk ubatches through the cache, in order. tokens: [S, B, L, k] int expert ids of
         each ubatch's B tokens (-1: none; a token with no id at any layer is not in the
-        ubatch), in router order."""
+        ubatch), in router order; `held`: also say which selected experts it held."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         num_steps, _, num_layers, _ = tokens.shape
         experts = self.groups.num_experts
         used = np.zeros((num_steps, num_layers), dtype=np.bool_)
-        counts = np.zeros((3, num_steps, num_layers), dtype=np.int64)
-        held = np.zeros((num_steps, num_layers, experts), dtype=np.bool_)
+        counts = np.zeros((3, num_steps, num_layers), dtype=np.int32)
+        where = np.zeros((num_steps if held else 0, num_layers, experts), dtype=np.bool_)
         _replay(self.state, self.slots, np.asarray(self.groups.layer_group, dtype=np.int64),
-                tokens, self.n_expert_used, experts, used, counts, held)
-        return Fetches(used, counts[0], counts[1], counts[2], held)
+                tokens, self.n_expert_used, experts, used, counts, where, held)
+        return Fetches(used, counts[0], counts[1], counts[2], where if held else None)
 
 
 def log_stats(fetches: Fetches, tokens_per_step: np.ndarray, groups: Groups) -> dict:
@@ -316,10 +323,16 @@ def _fetch(state, g, il, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
         if s >= 0:
             _touch(prev, nxt, head, tail, g, base, s)
             n_hit += 1
-    order = np.sort(uniq[:nu])
+    for j in range(1, nu):  # ascending ids, in place (a fetch has a few dozen at most)
+        e = uniq[j]
+        i = j - 1
+        while i >= 0 and uniq[i] > e:
+            uniq[i + 1] = uniq[i]
+            i -= 1
+        uniq[i + 1] = e
     n_fill = 0
     for j in range(nu):
-        e = order[j]
+        e = uniq[j]
         if slot_map[il, e] >= 0:
             continue
         s = head[g]
@@ -336,7 +349,8 @@ def _fetch(state, g, il, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
 
 
 @njit(cache=True, nogil=True)
-def _replay(state, slots, layer_group, tokens, n_expert_used, experts, used, counts, held):
+def _replay(state, slots, layer_group, tokens, n_expert_used, experts, used, counts, held,
+            want_held):
     num_steps, batch, num_layers, k = tokens.shape
     slot_map = state[6]
     ids = np.empty(batch * k, dtype=np.int64)
@@ -363,8 +377,9 @@ def _replay(state, slots, layer_group, tokens, n_expert_used, experts, used, cou
                         ids[n] = e
                         n += 1
             g = layer_group[il]
-            for i in range(n):
-                held[s, il, ids[i]] = g >= 0 and slot_map[il, ids[i]] >= 0
+            if want_held:
+                for i in range(n):
+                    held[s, il, ids[i]] = g >= 0 and slot_map[il, ids[i]] >= 0
             if g < 0 or slots[g] == 0 or n_tokens == 0 or n_tokens > MAX_BATCH:
                 continue
             if min(n_tokens * n_expert_used, experts) > slots[g]:

@@ -1,0 +1,259 @@
+"""`placer solve --engine llamacpp`: which MoE layers llama.cpp keeps in host memory and how
+big its expert cache is, from an inventory, a one-card spec and calibration traffic.
+
+The search and its cost are in solvers/llamacpp_search.py and solvers/llamacpp.py; the cache
+is llama.cpp's own (solvers/cache/llamacpp.py, ggml-org/llama.cpp @4b060f27). The plan it
+writes is a cpu-execution plan (the GPU layers' experts resident, the host layers' cold) with
+an `engine` section: {"name": "llamacpp", "host_layers": decoder layers, "moe_cache_mib": N,
+"slots": per group, "n_cpu_moe": N where the host layers are the first N decoder layers,
+"alignment", "options": the table solve prints}. `placer export llamacpp` turns it into
+llama-server flags; `placer evaluate` replays it (placer/predict/llamacpp.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+
+from placer.checkpoint.flops import expert_flops
+from placer.checkpoint.inventory import Inventory
+from placer.errors import PlacerError
+from placer.hardware.spec import HardwareSpec
+from placer.plan.options import SolveOptions
+from placer.plan.placement import Plan, build_plan
+from placer.plan.solve import calibration_json, host_of
+from placer.plan.traffic import Traffic, load_traffic, traffic_steps
+from solvers.cache.llamacpp import CUDA_ALIGNMENT
+from solvers.llamacpp import Machine, Setup, judge
+from solvers.llamacpp_search import (
+    Scenario,
+    SearchResult,
+    fewest_host,
+    search,
+    setup_of,
+)
+from traces.errors import TraceError
+from traces.profile import split_sequences
+
+ENGINE = "llamacpp"
+SOURCE = "ggml-org/llama.cpp@4b060f27 src/llama-moe-cache.cpp"
+_NUMBERS = re.compile(r"\d+")
+
+
+def expert_layout(inv: Inventory) -> tuple:
+    """[L] (key, nb2) of each MoE layer as llama.cpp's cache compares layouts: its expert
+    matrices in llama.cpp's order (biases left out, a quantized matrix's blocks and scales
+    together), their dtypes and shapes (layer and expert numbers taken out of the names), and
+    the bytes of one expert of each."""
+    out = []
+    for layer in range(len(inv.moe_layers)):
+        ex = inv.experts[layer * inv.experts_per_layer]
+        parts: dict[str, list] = {}
+        for t in ex.tensors:
+            if t.name.endswith(("bias", "_bias")):
+                continue
+            base = re.sub(r"(_blocks|_scales|\.weight_scale_inv|\.weight)$", "", t.name)
+            parts.setdefault(_NUMBERS.sub("#", base), []).append(t)
+        names = sorted(parts, key=_bank_order)
+        key = tuple((name, tuple((t.dtype, t.shape) for t in parts[name])) for name in names)
+        out.append((key, tuple(sum(t.length for t in parts[name]) for name in names)))
+    return tuple(out)
+
+
+def _bank_order(name: str) -> tuple[int, str]:
+    """llama.cpp's order of a layer's expert tensors: gate_up, gate, up, down."""
+    rank = next((i for i, part in enumerate(("gate_up", "gate", "up", "down")) if part in name),
+                4)
+    return rank, name
+
+
+def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machine:
+    """The model and the one card as the search needs them."""
+    if len(spec.cards) != 1:
+        raise PlacerError(f"--engine llamacpp plans one card; {spec.name!r} has "
+                          f"{len(spec.cards)} (several GPUs: solve each card's layers apart)")
+    hidden = inv.config.get("hidden_size")
+    if spec.host is None or not hidden:
+        raise PlacerError(f"--engine llamacpp computes host layers on the CPU: hardware spec "
+                          f"{spec.name!r} needs a [host] table and the model a hidden_size")
+    card = spec.cards[0]
+    capacity = opts.budget if opts.budget is not None else card.free_bytes
+    if capacity > card.free_bytes:
+        raise PlacerError(f"--budget {capacity} exceeds the card's free VRAM {card.free_bytes}")
+    return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
+                   int(capacity), card.h2d_bandwidth, card.latency_s, CUDA_ALIGNMENT,
+                   host_of(spec, hidden))
+
+
+def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scenario], int]:
+    """Every (traffic, concurrency) with the same number of folds over sequences (a fold needs
+    B sequences for a step of B), and that number (0: too few sequences anywhere, every
+    scenario judged in sample)."""
+    weights = opts.weights or tuple(1.0 / len(opts.concurrency) for _ in opts.concurrency)
+    k = min(min(opts.folds, t.profile.sequences // b) for t in traffic for b in opts.concurrency)
+    out = []
+    for t in traffic:
+        sets = split_sequences(t.path, k, opts.seed) if k >= 2 else []
+        every = set().union(*sets)
+        for b, w in zip(opts.concurrency, weights, strict=True):
+            steps = t.steps[b]
+            try:
+                folds = [tuple(traffic_steps(t.path, t.profile, b, None, opts.seed, ids).tokens
+                               for ids in (every - held, held)) for held in sets]
+            except TraceError:  # a fold's sequences too few for B after all
+                k, folds = 0, []
+            out.append(Scenario(f"{t.name} B={b}", steps.tokens, steps.seqs,
+                                folds or [(steps.tokens, steps.tokens)], w / len(traffic),
+                                0.0))
+    if k < 2:
+        out = [Scenario(s.name, s.tokens, s.seqs, [(s.tokens, s.tokens)], s.weight, 0.0)
+               for s in out]
+    return out, max(k, 0) if k >= 2 else 0
+
+
+def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: SolveOptions
+                   ) -> Plan:
+    """The llama.cpp plan (module docstring)."""
+    if not trace_dirs:
+        raise PlacerError("--engine llamacpp learns from traffic: give --traces DIR")
+    for flag, given in (("--robust", opts.robust), ("--page-size", opts.page_size is not None),
+                        ("--offload", opts.offload is not None),
+                        ("--cache", opts.cache is not None), ("--ep", opts.ep != "contiguous")):
+        if given:
+            raise PlacerError(f"{flag} is for placer's own runtime; --engine llamacpp chooses "
+                              "llama.cpp's host layers and cache (--budget caps the VRAM)")
+    if opts.num_steps is not None:
+        raise PlacerError("--engine llamacpp replays the calibration tokens in order (the "
+                          "cache is an LRU): leave --steps out")
+    machine = machine_of(inv, spec, opts)
+    if fewest_host(machine, np.arange(len(inv.moe_layers))) == 0:
+        raise PlacerError("the card holds every expert: nothing needs to stay on the host")
+    traffic = [load_traffic(d, inv, opts.concurrency, None, opts.seed) for d in trace_dirs]
+    if any(not t.profile.per_token for t in traffic):
+        raise PlacerError("--engine llamacpp needs per-token traces (imported counts have no "
+                          "order for the cache to replay)")
+    scenarios, folds = scenarios_of(traffic, opts)
+    scenarios = [Scenario(s.name, s.tokens, s.seqs, s.folds, s.weight,
+                          spec.base_step_s(s.tokens.shape[1])) for s in scenarios]
+    began = time.perf_counter()
+    result = search(machine, scenarios)
+    seconds = time.perf_counter() - began
+    best = result.best
+    chosen = setup_of(machine, "chosen", result.orders[best.rank], best.count, best.share)
+    setups = option_setups(machine, result, chosen)
+    options = [option_json(inv, s) for s in setups]
+    predicted = []
+    for t in traffic:
+        for b in opts.concurrency:
+            judged = judge(machine, setups, t.steps[b].tokens, t.steps[b].seqs,
+                           spec.base_step_s(b), seed=opts.seed)
+            row = {"profile": t.name, "concurrency": b, "options": judged.figures}
+            for s in setups:
+                ratio, ci = judged.ratio(s.name, "ncmoe")
+                row["options"][s.name]["ratio_to_ncmoe"] = ratio
+                row["options"][s.name]["ratio_to_ncmoe_ci95"] = ci
+            predicted.append(row)
+    plan = plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result,
+                   traffic)
+    plan.solver["seconds"] = seconds
+    return plan
+
+
+def option_setups(machine: Machine, result: SearchResult, chosen: Setup) -> list[Setup]:
+    """The options solve shows: the choice; the best host set with no cache; `-ncmoe N`
+    alone (the baseline); the best cached candidate of the search when the choice has no
+    cache; every MoE layer on the host with all the VRAM they free as the cache (`-cmoe
+    --moe-cache-mib`, what users try first)."""
+    orders = result.orders
+    out = [chosen,
+           setup_of(machine, "no cache", orders["cpu"], fewest_host(machine, orders["cpu"]),
+                    0.0),
+           setup_of(machine, "ncmoe", orders["ncmoe"], fewest_host(machine, orders["ncmoe"]),
+                    0.0)]
+    cached = {c: v for c, v in result.scores.items() if c.share > 0 and v is not None}
+    if chosen.cache_mib == 0 and cached:
+        best = max(cached, key=cached.get)
+        out.append(setup_of(machine, "best cache", orders[best.rank], best.count, best.share))
+    every = len(orders["ncmoe"])
+    if not (chosen.cache_mib and chosen.host.all()):
+        out.append(setup_of(machine, "cmoe + cache", orders["ncmoe"], every, 1.0))
+    return [s for s in out if s is not None]
+
+
+def option_json(inv: Inventory, setup: Setup) -> dict:
+    layers = [inv.moe_layers[i] for i in setup.host_layers]
+    return {"name": setup.name, "host_layers": layers, "moe_cache_mib": setup.cache_mib,
+            "slots": list(setup.slots), "n_cpu_moe": n_cpu_moe(layers)}
+
+
+def n_cpu_moe(layers: list[int]) -> int | None:
+    """N where the host layers are exactly decoder layers 0 .. N - 1 (`-ncmoe N`)."""
+    return (max(layers) + 1) if layers and layers == list(range(max(layers) + 1)) else None
+
+
+def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
+            opts: SolveOptions, options: list[dict], predicted: list[dict], folds: int,
+            result: SearchResult, traffic: list[Traffic]) -> Plan:
+    resident = np.repeat(~chosen.host[:, None], inv.experts_per_layer, axis=1).astype(np.int64)
+    num_cards = 1
+    solver = {"name": "llamacpp", "objective": result.scores[result.best],
+              "bound": None, "gap": None, "seconds": 0.0,
+              "status": "cross-validated" if folds else "in sample", "seed": opts.seed,
+              "time_limit": None, "steps": None,
+              "objective_unit": "predicted decode tokens/s on held-out folds of the "
+                                "calibration sequences (weighted over concurrency)"}
+    plan = build_plan(inv, spec, home=np.zeros(resident.shape, dtype=np.int64),
+                      resident_pages=resident, page_size=None,
+                      budget_bytes=np.array([machine.capacity]),
+                      staging_bytes=np.zeros(num_cards, dtype=np.int64),
+                      budget={"mode": "budget" if opts.budget is not None else "free_vram",
+                              "value": opts.budget, "concurrency": list(opts.concurrency),
+                              "weights": list(opts.weights) if opts.weights else None},
+                      ep="contiguous", solver=solver, execution="cpu")
+    plan.calibration = [calibration_json(t) for t in traffic]
+    plan.engine = {**option_json(inv, chosen), "name": ENGINE, "source": SOURCE,
+                   "layouts": [[repr(key), list(nb2)] for key, nb2 in machine.layout],
+                   "alignment": machine.alignment, "folds": folds,
+                   "choice": choice_label(result, len(inv.moe_layers)), "options": options,
+                   "search": [{"candidate": c.label, "held_out_tokens_per_s": v}
+                              for c, v in result.scores.items()]}
+    plan.predicted = predicted
+    return plan
+
+
+def choice_label(result: SearchResult, layers: int) -> str:
+    """How the choice reads: its host layers and cache."""
+    best = result.best
+    host = ("every MoE layer on the host" if best.count == layers else
+            f"{best.count} of {layers} MoE layers on the host (ranked by {best.rank})")
+    cache = ("no cache" if best.share == 0 else
+             f"{'all' if best.share == 1 else f'{best.share:g}'} of the VRAM they free as "
+             "--moe-cache-mib")
+    return f"{host}, {cache}"
+
+
+def engine_setup(plan: Plan, name: str = "placement") -> Setup:
+    """The Setup a llama.cpp plan records."""
+    engine = plan.engine or {}
+    host = np.isin(plan.moe_layers, engine.get("host_layers", []))
+    return Setup(name, host, int(engine.get("moe_cache_mib", 0)),
+                 tuple(engine.get("slots", ())))
+
+
+def plan_machine(plan: Plan) -> Machine:
+    """The Machine a llama.cpp plan was solved for (from its experts, hardware and engine
+    section)."""
+    engine = plan.engine
+    card = plan.hardware.cards[0]
+    flops = plan.model.get("expert_flops")
+    if plan.hardware.host is None or flops is None or not plan.model.get("hidden_size"):
+        raise PlacerError("this llama.cpp plan lacks the host, expert FLOPs or hidden size "
+                          "its replay needs: solve it again")
+    return Machine(plan.matrix("bytes"), np.asarray(flops, dtype=np.float64),
+                   tuple((key, tuple(nb2)) for key, nb2 in engine["layouts"]),
+                   int(plan.model["top_k"]), int(plan.cards[0].budget_bytes),
+                   card.h2d_bandwidth, card.latency_s, int(engine["alignment"]),
+                   host_of(plan.hardware, int(plan.model["hidden_size"])))
+

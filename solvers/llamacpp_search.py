@@ -1,0 +1,175 @@
+"""Which MoE layers llama.cpp should keep in host memory, and how much of the VRAM they free
+to give to `--moe-cache-mib`: a search judged by the replay (solvers/llamacpp.py).
+
+Candidates: the host layers are the first `count` of a ranking, for `count` from the fewest
+that let the other layers' experts fit the card up to every layer, and the cache takes a share
+(0, 1/4, 1/2, all) of the VRAM those layers free. Two rankings, each fitted on the steps it
+is given: `cpu` (host first the layers whose selected experts cost the CPU least per byte:
+the right set without a cache) and `cache` (host first the layers a per-layer LRU of a
+quarter of their experts misses least: locality, which is what the cache lives on; the
+real cache is one LRU per group, shared by its layers, and the replay judges that). The
+`-ncmoe N` baseline is the first N MoE layers, N the fewest that fit.
+
+Every candidate is judged on held-out folds of the calibration sequences: for each fold the
+rankings are fitted on the other folds and the candidate replayed on the fold itself, so a
+setup is chosen on traffic it was not fitted on. The objective is predicted decode tok/s,
+B / (base step + mean stall), weighted over the scenarios (traffic x concurrency).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.cache import even_quotas, make_policy
+from solvers.cache.replay import Requests
+from solvers.errors import SolverError
+from solvers.llamacpp import (
+    MIB,
+    HostCosts,
+    Machine,
+    Setup,
+    host_costs,
+    step_costs,
+    with_cache,
+)
+from traces.profile import step_mask
+
+SHARES = (0.0, 0.25, 0.5, 1.0)  # of the VRAM the host layers free, given to the cache
+COUNTS = 5                        # host-layer counts tried, from the fewest to every layer
+RANKINGS = ("cpu", "cache")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One calibration traffic at one concurrency: all of its steps (tokens [S, B, L, k],
+    seqs [S, B]), per fold (train tokens, held-out tokens), and its weight and base step."""
+
+    name: str
+    tokens: np.ndarray
+    seqs: np.ndarray
+    folds: list[tuple[np.ndarray, np.ndarray]]
+    weight: float
+    base_step_s: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A point of the search: the first `count` layers of ranking `rank` on the host, and
+    `share` of the VRAM they free as the cache."""
+
+    rank: str
+    count: int
+    share: float
+
+    @property
+    def label(self) -> str:
+        cache = "no cache" if self.share == 0 else f"cache {self.share:g} of freed VRAM"
+        return f"{self.count} host layers by {self.rank}, {cache}"
+
+
+def rank_layers(machine: Machine, rank: str, steps: list[tuple[np.ndarray, float]]
+                ) -> np.ndarray:
+    """[L] MoE layers, the first to go to the host first, under ranking `rank` fitted on
+    `steps` ([(tokens, weight)]); "ncmoe": in order."""
+    num_layers, experts = machine.expert_bytes.shape
+    if rank == "ncmoe":
+        return np.arange(num_layers)
+    cost = np.zeros(num_layers)
+    for tokens, weight in steps:
+        if rank == "cpu":
+            cost += weight * host_costs(machine, tokens).stall.mean(axis=0)
+        else:
+            requests = Requests.of(step_mask(tokens, experts))
+            lru = make_policy("lru", even_quotas([num_layers * max(1, experts // 4)],
+                                                 num_layers), num_layers * experts)
+            misses = requests.misses(lru, np.ones((num_layers, experts), dtype=bool),
+                                     np.zeros((num_layers, experts), dtype=np.int64))
+            cost += weight * misses.sum(axis=1) / max(1, len(tokens))
+    per_byte = cost / np.maximum(machine.layer_bytes, 1)
+    return np.lexsort((np.arange(num_layers), per_byte))
+
+
+def fewest_host(machine: Machine, order: np.ndarray) -> int:
+    """The fewest leading layers of `order` on the host that let the rest fit the card."""
+    sizes = machine.layer_bytes[order]
+    gpu = sizes.sum() - np.concatenate([[0], np.cumsum(sizes)])
+    return int(np.flatnonzero(gpu <= machine.capacity)[0])
+
+
+def host_mask(order: np.ndarray, count: int) -> np.ndarray:
+    out = np.zeros(len(order), dtype=bool)
+    out[order[:count]] = True
+    return out
+
+
+def setup_of(machine: Machine, name: str, order: np.ndarray, count: int, share: float
+             ) -> Setup | None:
+    """The setup of a candidate (None where llama.cpp would refuse its cache)."""
+    host = host_mask(order, count)
+    mib = int(share * machine.bank_room(host) // MIB)
+    if share > 0 and mib == 0:
+        return None
+    try:
+        return with_cache(machine, name, host, mib)
+    except SolverError:
+        return None
+
+
+def candidates(machine: Machine, orders: dict[str, np.ndarray]) -> list[Candidate]:
+    """Every candidate of the search (module docstring)."""
+    num_layers = machine.expert_bytes.shape[0]
+    out = [Candidate("ncmoe", fewest_host(machine, orders["ncmoe"]), 0.0)]
+    for rank in RANKINGS:
+        low = fewest_host(machine, orders[rank])
+        counts = sorted({int(round(c)) for c in np.linspace(low, num_layers, COUNTS)})
+        out.append(Candidate(rank, low, 0.0))
+        out += [Candidate(rank, c, s) for c in counts if c > 0 for s in SHARES[1:]]
+    return list(dict.fromkeys(out))
+
+
+def objective(machine: Machine, setup: Setup, held: list[tuple[np.ndarray, HostCosts,
+              float, float]]) -> float:
+    """Predicted tok/s, weighted: sum of weight x B / (base + mean stall) over `held`
+    [(tokens, their HostCosts, weight, base step seconds)]."""
+    total = 0.0
+    for tokens, costs, weight, base in held:
+        stall = (float(step_costs(machine, setup, tokens, costs)[:, 0].mean())
+                 if len(tokens) else 0.0)
+        total += weight * tokens.shape[1] / (base + stall)
+    return total
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The chosen candidate, its rankings fitted on all the traffic, and every candidate's
+    held-out objective (tok/s, None where refused)."""
+
+    best: Candidate
+    orders: dict[str, np.ndarray]
+    scores: dict[Candidate, float | None]
+
+
+def search(machine: Machine, scenarios: list[Scenario]) -> SearchResult:
+    """The candidate with the best held-out objective (module docstring)."""
+    folds = len(scenarios[0].folds)
+    totals: dict[Candidate, float | None] = {}
+    for f in range(folds):
+        train = [(sc.folds[f][0], sc.weight) for sc in scenarios]
+        orders = {r: rank_layers(machine, r, train) for r in (*RANKINGS, "ncmoe")}
+        held = [(sc.folds[f][1], host_costs(machine, sc.folds[f][1]), sc.weight,
+                 sc.base_step_s) for sc in scenarios]
+        for cand in candidates(machine, orders):
+            setup = setup_of(machine, cand.label, orders[cand.rank], cand.count, cand.share)
+            if setup is None:
+                totals[cand] = None
+            elif totals.get(cand, 0.0) is not None:
+                totals[cand] = totals.get(cand, 0.0) + objective(machine, setup, held) / folds
+    scored = {c: v for c, v in totals.items() if v is not None}
+    top = max(scored.values())
+    # ties (to 1e-9, float sums in another order) go to no cache, then to plain -ncmoe N
+    best = max(scored, key=lambda c: (round(scored[c] / top, 9), -c.share, c.rank == "ncmoe"))
+    whole = [(sc.tokens, sc.weight) for sc in scenarios]
+    orders = {r: rank_layers(machine, r, whole) for r in (*RANKINGS, "ncmoe")}
+    return SearchResult(best, orders, totals)
