@@ -6,6 +6,7 @@ and misses the real cache makes and logs (Vulkan; Mesa's software device here)."
 from __future__ import annotations
 
 import glob
+import json
 import tomllib
 
 import numpy as np
@@ -183,3 +184,37 @@ def test_probe_host_gguf_type_refusals_are_one_line(cli):
         result = cli(*args, ok=False)
         lines = result.output.strip().splitlines()
         assert result.exit_code == 1 and len(lines) == 1 and says in lines[0], result.output
+
+
+def test_hf_to_gguf_to_collect_solve_and_export_end_to_end(gguf_pair, tmp_path, placer_run,
+                                                           trace_data):
+    """The issue's path: a tiny Hugging Face MoE, converted by llama.cpp's converter, its
+    routing recorded through llama.cpp, planned for llama.cpp and exported as the command."""
+    model, gguf = gguf_pair
+    traces = tmp_path / "traces"
+    placer_run("collect", "--gguf", gguf, "--tokenizer", model, "--corpus", trace_data.chat,
+               "--mode", "generate",
+               "--max-new-tokens", 8, "--max-length", 24, "--max-tokens", 300, "--out", traces,
+               "--no-progress")
+    g, _ = rows(traces)
+    assert {"prefill", "decode"} == set(g.phase)
+    expert = 3 * 32 * 16 * 4  # f32 gate, up and down of one expert
+    spec = tmp_path / "box.toml"  # room for the experts of one of the three layers
+    spec.write_text(f'name = "tiny"\ndescription = "tiny"\nhost_ram = "1GiB"\ncards = 1\n'
+                    f'[card]\nmodel = "t"\nvram = "{8 * expert + 1000}B"\nreserved_dense = "0B"\n'
+                    f'reserved_kv = "0B"\nreserved_activations = "0B"\nh2d_bandwidth = "10GB/s"\n'
+                    f'latency_us = 5.0\n[decode]\nbase_step_ms = {{ 1 = 5.0, 4 = 6.0 }}\n'
+                    f'[host]\nmemory_bandwidth = "50GB/s"\nflops = "1TFLOPS"\nsync_us = 20.0\n')
+    plan = tmp_path / "plan.json"
+    placer_run("solve", "--engine", "llamacpp", "--model", gguf, "--hardware", spec,
+               "--traces", traces, "--concurrency", "1,4", "--out", plan)
+    engine = json.loads(plan.read_text())["engine"]
+    assert len(engine["host_layers"]) == 2
+    line = placer_run("export", "llamacpp", plan, "--model", gguf).output.strip().splitlines()
+    flags = line[-1].split()
+    assert flags[:5] == ["llama-server", "-m", str(gguf), "-ngl", "all"]
+    host = ("-ncmoe", str(engine["n_cpu_moe"])) if engine["n_cpu_moe"] else (
+        "-ot", "'blk\\.(" + "|".join(map(str, engine["host_layers"]))
+        + ")\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU'")
+    cache = ("--moe-cache-mib", str(engine["moe_cache_mib"])) if engine["moe_cache_mib"] else ()
+    assert flags[5:] == [*host, *cache]

@@ -327,7 +327,9 @@ class Runner:
         buf = ctypes.create_string_buffer(size)
         n = L.llama_chat_apply_template(tmpl, arr, len(messages), True, buf, size)
         if n < 0:
-            fail("llama.cpp cannot apply the model's chat template")
+            fail("llama.cpp cannot render the GGUF's chat template (llama_chat_apply_template "
+                 "knows its built-in templates only); give --tokenizer DIR to template the "
+                 "messages with Hugging Face's")
         return buf.raw[:n].decode(errors="replace")
 
     def _decode(self, tokens: list[int]) -> None:
