@@ -41,7 +41,6 @@ class EngineOptions:
     n_ctx: int = 4096
     n_batch: int = 512
     n_expert_used: int = 1
-    verbose: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,16 @@ How the selection is observed (llama.cpp b11669; sources read at ggml-org/llama.
 Struct layouts are b11669's, as the cyllama-vulkan 0.7.0 wheel compiled them (read from its
 `LlamaModelParams` / `LlamaContextParams` objects); `check_layout` refuses another build.
 
-Protocol: argv[1] is a JSON object of options (see `Options`); then one JSON request per
-stdin line, one JSON reply per stdout line:
+Protocol: argv[1] is a JSON object of options (`runner.EngineOptions`); the worker answers
+{"ready": true, "n_vocab": V}, then one JSON reply per stdin request line:
 - {"op": "tokenize", "text": ..., "chat": [messages] | null} -> {"tokens": [...]}
-- {"op": "run", "tokens": [...], "max_new_tokens": n, "eos": [...]} -> {"tokens": [...],
-  "prompt": P, "experts": [[[e, ...] per layer] per token], "fetches": [...]}: the prompt is
-  one llama_decode, then with max_new_tokens > 0 greedy decoding, each generated token but
-  the last fed back one at a time, stopping before an end-of-generation token.
-- {"op": "close"} -> frees everything; the cache's log lines are in the final reply's "log".
+- {"op": "run", "tokens": [...], "max_new_tokens": n} -> {"tokens": [...], "prompt": P,
+  "generated": [...], "layers": [...], "experts": [[[e, ...] per layer] per token],
+  "fetches": [...]}: the prompt is one llama_decode, then with max_new_tokens > 0 greedy
+  decoding, each generated token but the last fed back one at a time, stopping before an
+  end-of-generation token.
+- {"op": "close"} -> frees everything: {"alignment": the GPU buffer alignment, "log": the
+  cache's log lines}.
 Errors: {"error": "..."} on one line, exit 1.
 """
 
@@ -58,11 +60,10 @@ from ctypes import (
     c_void_p,
 )
 
-MODEL_PARAMS_SIZE = 80  # sizeof(llama_model_params) at b11669
+MODEL_PARAMS_SIZE = 80  # sizeof(llama_model_params) at b11669 (cyllama's compiled object)
 CONTEXT_PARAMS_SIZE = 160  # sizeof(llama_context_params) at b11669
 TOPK = re.compile(r"ffn_moe_topk-(\d+)$")
 SLOT_MAP = re.compile(r"moe_cache\.slot_map-(\d+)")
-GGML_OP_GET_ROWS = None  # resolved from ggml_op_name at load time
 
 
 class ModelParams(ctypes.Structure):
@@ -188,6 +189,7 @@ def check_layout(libs) -> None:
     """Refuse a llama.cpp whose parameter structs are not b11669's (their defaults differ)."""
     m = libs["llama"].llama_model_default_params()
     c = libs["llama"].llama_context_default_params()
+    assert ctypes.sizeof(m) == MODEL_PARAMS_SIZE and ctypes.sizeof(c) == CONTEXT_PARAMS_SIZE
     if (m.n_gpu_layers, c.n_ctx, c.n_batch, c.n_ubatch, c.type_k, c.type_v) != (
             -1, 512, 2048, 512, 1, 1) or c.moe_cache_size != 0:
         fail("this llama.cpp's parameter structs are not b11669's; run `make llama-env`")
@@ -211,7 +213,6 @@ class Runner:
         declare(self.libs)
         check_layout(self.libs)
         self.log: list[str] = []
-        self.verbose = bool(opts.get("verbose"))
         self._log_cb = LOG_CB(self._on_log)
         L = self.libs["llama"]
         L.llama_log_set(self._log_cb, None)
@@ -221,9 +222,8 @@ class Runner:
         for key in ("cpu", "vulkan") if self.gpu else ("cpu",):
             if not self.libs["ggml"].ggml_backend_load(self.libs["paths"][key].encode()):
                 fail(f"ggml cannot load its {key} backend: " + self._last_error())
-        global GGML_OP_GET_ROWS
-        GGML_OP_GET_ROWS = next(i for i in range(200)
-                                if self.libs["base"].ggml_op_name(i) == b"GET_ROWS")
+        self.get_rows = next(i for i in range(200)
+                             if self.libs["base"].ggml_op_name(i) == b"GET_ROWS")
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = int(opts.get("n_gpu_layers", 0))
         self._overrides = None
@@ -253,10 +253,7 @@ class Runner:
         self.slot_map_ids: dict[int, int] = {}
 
     def _on_log(self, level: int, text: bytes, _user) -> None:
-        line = text.decode(errors="replace")
-        self.log.append(line)
-        if self.verbose:
-            sys.stderr.write(line)
+        self.log.append(text.decode(errors="replace"))
 
     def _last_error(self) -> str:
         lines = [x.strip() for x in self.log if x.strip()]
@@ -265,7 +262,7 @@ class Runner:
     def _lookup_layer(self, t: int) -> int | None:
         """The layer of a GET_ROWS that reads a MoE cache slot map, else None."""
         head = TensorHead.from_address(t)
-        if head.op != GGML_OP_GET_ROWS or not head.src[0]:
+        if head.op != self.get_rows or not head.src[0]:
             return None
         src = head.src[0]
         # the scheduler's device copy of the slot map: "<backend>#moe_cache.slot_map-<il>#<n>"
