@@ -131,7 +131,7 @@ def test_replay_equals_the_real_llama_cpp_cache(gguf_pair, trace_data):
     assert run.slots == [(3, "f32", int(slots[0]))] and slots[0] == 10
 
     cache = LlamaCppCache(groups, slots, TOP_K)
-    replay = cache.replay(run.padded())
+    replay = cache.replay(run.padded(), held=True)
     real = iter(run.fetches)
     for s, ubatch in enumerate(run.ubatches):
         for layer in range(3):
