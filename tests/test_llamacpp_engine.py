@@ -151,7 +151,7 @@ def test_replay_equals_the_real_llama_cpp_cache(gguf_pair, trace_data):
     for name, (hits, misses, uploaded) in expected.items():
         if hits + misses:
             assert run.totals[name][:2] == (hits, misses), name
-            assert run.totals[name][2] == round(uploaded / 2**20, 2)
+            assert f"{run.totals[name][2]:.2f}" == f"{uploaded / 2**20:.2f}"  # as %.2f
 
 
 # a fast host probe: an 8 MiB copy, a 64-row matmul, one Q4_K-sized expert at three counts
