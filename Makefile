@@ -5,7 +5,18 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-gpu lint clean
+# The llama.cpp side environment (docs/ecosystem.md, "Running llama.cpp itself"): Python 3.12
+# with the cyllama-vulkan wheel (llama.cpp b11669 with its expert cache), Vulkan's loader and
+# Mesa's software device, and llama.cpp's convert_hf_to_gguf.py (from llama-cpp-python's
+# sdist, which vendors llama.cpp) for the tests' tiny GGUFs.
+LLAMA_VENV := .venv-llama
+LLAMA_STAMP := $(LLAMA_VENV)/.installed
+LLAMA_WHEEL := cyllama-vulkan==0.7.0
+LLAMA_SDIST := llama-cpp-python==0.3.36
+LLAMA_SRC := llama_cpp_python-0.3.36/vendor/llama.cpp
+VULKAN_DEBS := libvulkan1 mesa-vulkan-drivers
+
+.PHONY: install llama-env test demo bench bench-gpu lint clean
 
 install: $(STAMP)
 
@@ -17,7 +28,26 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	touch $(STAMP)
 
-test: install
+llama-env: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): Makefile
+	dpkg -s $(VULKAN_DEBS) >/dev/null 2>&1 || \
+	  { apt-get update -q && apt-get install -y -q --no-install-recommends $(VULKAN_DEBS); }
+	py=$$(for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 \
+	        /usr/bin/python3.12 /usr/local/bin/python3.12; do \
+	        $$p -c '' 2>/dev/null && echo $$p && break; done); \
+	  [ -n "$$py" ] || { echo "make llama-env: no python3.12 found"; exit 1; }; \
+	  $$py -m venv --clear $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/pip install -q $(LLAMA_WHEEL)
+	$(LLAMA_VENV)/bin/pip download -q --no-deps --no-binary :all: $(LLAMA_SDIST) \
+	  -d $(LLAMA_VENV)/sdist
+	mkdir -p $(LLAMA_VENV)/llama.cpp
+	tar xzf $(LLAMA_VENV)/sdist/*.tar.gz -C $(LLAMA_VENV)/llama.cpp --strip-components=3 \
+	  $(LLAMA_SRC)/convert_hf_to_gguf.py $(LLAMA_SRC)/conversion $(LLAMA_SRC)/gguf-py
+	rm -rf $(LLAMA_VENV)/sdist
+	touch $(LLAMA_STAMP)
+
+test: install llama-env
 	$(PY) -m pytest
 
 demo: install

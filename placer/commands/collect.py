@@ -17,6 +17,7 @@ from placer.files import check_apart, removed_on_failure
 from placer.hardware.devices import check_device
 from traces.collect import DTYPES, MODES, CollectOptions, CollectResult, check_options, collect
 from traces.corpora import open_corpus
+from traces.llamacpp.collect import collect_gguf
 from traces.server import ENDPOINTS, ENGINES, ServerOptions, collect_from_server
 
 
@@ -26,6 +27,9 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option(help="Trace directory to write into.")],
         model: Annotated[Path | None, typer.Option(
             help="Checkpoint directory (config.json, *.safetensors, tokenizer).")] = None,
+        gguf: Annotated[Path | None, typer.Option(
+            help="Run this GGUF in llama.cpp itself instead (`make llama-env` installs it); "
+                 "tokenized by llama.cpp unless --tokenizer is given.")] = None,
         corpus: Annotated[list[Path] | None, typer.Option(
             help="Corpus file (.txt blocks, .jsonl text/messages/turns, .parquet); repeatable.")
         ] = None,
@@ -84,13 +88,17 @@ def register(app: typer.Typer) -> None:
         for every token and MoE layer, the experts its router selected and their gate weights
         (Parquet traces in --out, one file per corpus).
 
+        With --gguf FILE, runs the GGUF in llama.cpp itself (CPU backend, the side environment
+        `make llama-env` builds) and records the selection its graph computes for every token
+        and MoE layer (no gate weights).
+
         With --server URL --engine sglang|vllm, sends each document as a request to a
         running server started with --enable-return-routed-experts instead, decoding greedily up to
         --max-new-tokens, and records the routing the server returns: prompt tokens prefill,
         generated tokens decode, one sequence per request (no gate weights)."""
         corpus, tag = corpus or [], tag or []
         check_apart(out, [("the checkpoint", model), ("the config", config),
-                          ("the tokenizer", tokenizer)], directory=True)
+                          ("the tokenizer", tokenizer), ("the GGUF", gguf)], directory=True)
         if tag and len(tag) != len(corpus):
             raise PlacerError(f"give one --tag per --corpus ({len(tag)} tags, "
                               f"{len(corpus)} corpora)")
@@ -111,9 +119,9 @@ def register(app: typer.Typer) -> None:
         else:
             if engine is not None or config is not None or endpoint != "completions":
                 raise PlacerError("--engine, --endpoint and --config go with --server URL")
-            if model is None:
-                raise PlacerError("give --model CKPT (or --server URL to collect through a "
-                                  "running server)")
+            if (model is None) == (gguf is None):
+                raise PlacerError("give --model CKPT or --gguf FILE (or --server URL to "
+                                  "collect through a running server)")
             options = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,
                                      max_new_tokens=max_new_tokens, max_tokens=max_tokens,
                                      device=device, dtype=dtype, seed=seed, weights=weights,
@@ -121,11 +129,20 @@ def register(app: typer.Typer) -> None:
             check_options(options)
             if not 0 <= seed < 2**63:
                 raise PlacerError(f"--seed: expected an integer in 0..2**63-1, got {seed}")
-            check_device(device)
-            identity = model_identity(read_inventory(model))
-            with removed_on_failure(out):
-                results = collect(model, corpora, out, identity, options,
-                                  random_tokens=random_tokens)
+            if gguf is not None:
+                if device != "auto" or dtype != "auto":
+                    raise PlacerError("--device and --dtype go with --model (llama.cpp runs the "
+                                      "GGUF's own types on the CPU)")
+                identity = model_identity(read_inventory(gguf))
+                with removed_on_failure(out):
+                    results = collect_gguf(gguf, corpora, out, identity, options,
+                                           random_tokens=random_tokens)
+            else:
+                check_device(device)
+                identity = model_identity(read_inventory(model))
+                with removed_on_failure(out):
+                    results = collect(model, corpora, out, identity, options,
+                                      random_tokens=random_tokens)
         if json_out:
             print_json([{**asdict(r), "path": str(r.path)} for r in results])
             return

@@ -104,12 +104,19 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option(
             help="With --step: write --hardware's spec with the step into this .toml.")
         ] = None,
+        gguf_type: Annotated[str | None, typer.Option(
+            help="With --host: time the experts with llama.cpp's own CPU kernels in this GGUF "
+                 "type (Q4_K, Q6_K, MXFP4, F16...: the model's expert type), as llama.cpp runs "
+                 "a host layer, instead of torch (`make llama-env` installs llama.cpp).")
+        ] = None,
     ) -> None:
         """Measure each visible GPU's pinned host-to-device bandwidth and per-copy latency,
         and print a spec fragment. Exits non-zero where no GPU is visible. With --host,
         measure the host CPU as it runs cold experts and print the spec's host table. With
         --step, measure the decode step of --model and print (or --out: write) the spec's
         \\[decode] table."""
+        if gguf_type is not None and not host:
+            raise PlacerError("--gguf-type goes with --host")
         if step:
             probe_step(StepRequest(model, hardware, batch, device, memory_bandwidth, estimate,
                                    out), json_out)
@@ -118,7 +125,8 @@ def register(app: typer.Typer) -> None:
             shapes = tuple(parse_shape(e) for e in expert) if expert else (DEFAULT_SHAPE,)
             result = probe_host(dtype, None if mb is None else mb * 2**20, tokens,
                                 experts=shapes, expert_tokens=tuple(
-                                    parse_list(expert_tokens, int, "--expert-tokens")))
+                                    parse_list(expert_tokens, int, "--expert-tokens")),
+                                gguf_type=gguf_type)
             if json_out:
                 print_json(dataclasses.asdict(result))
             else:

@@ -14,6 +14,11 @@ a mean moves with their mix), and the points are then made non-falling by poolin
 violators (the least-squares non-decreasing fit: a point below an earlier one is noise).
 `benchmarks/bench_cpu_experts.py` times experts the same way, on another pool, and compares
 the recorded curve's prediction with what it measures.
+
+`probe_expert_gguf` times the same expert with llama.cpp's own CPU kernels instead, in a
+GGUF expert type (Q4_K, MXFP4, F16...), as llama.cpp computes a layer whose experts live in
+host memory (`ggml_mul_mat_id`; traces/llamacpp/kernels.py, in the side environment that
+`make llama-env` builds), with the same pool, rounds, means and non-decreasing fit.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import math
 import statistics
 import time
 
-from placer.hardware.timing import ExpertTiming
+from placer.errors import PlacerError
+from placer.hardware.timing import GGML_BLOCKS, ExpertTiming, expert_bytes
+from traces.errors import TraceError
+from traces.llamacpp.runner import time_expert
 
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert
@@ -114,3 +122,29 @@ def probe_expert(hidden: int, inter: int, dtype: str, cache_bytes: int, threads:
         torch.set_num_threads(before)
     means = non_decreasing([statistics.fmean(t) for t in times])
     return ExpertTiming(hidden, inter, dtype, tuple(tokens), tuple(means))
+
+
+def probe_expert_gguf(hidden: int, inter: int, ggml_type: str, cache_bytes: int, threads: int,
+                      tokens: tuple[int, ...] = DEFAULT_TOKENS) -> ExpertTiming:
+    """The measured curve of one expert shape in GGUF type `ggml_type` on `threads` threads,
+    computed by llama.cpp's CPU kernels (module docstring)."""
+    check_gguf_expert(hidden, inter, ggml_type)
+    pool = pool_size(expert_bytes(hidden, inter, ggml_type), cache_bytes)
+    try:
+        times = time_expert(hidden, inter, ggml_type, tokens, pool, threads, MAX_ROUNDS,
+                            MIN_CALLS, MIN_PROBE_S, PROBE_BUDGET_S)
+    except TraceError as exc:
+        raise PlacerError(str(exc)) from None
+    means = non_decreasing([statistics.fmean(t) for t in times])
+    return ExpertTiming(hidden, inter, ggml_type, tuple(tokens), tuple(means))
+
+
+def check_gguf_expert(hidden: int, inter: int, ggml_type: str) -> None:
+    """PlacerError unless `ggml_type` is a GGUF type whose blocks tile the expert's rows."""
+    if ggml_type not in GGML_BLOCKS:
+        raise PlacerError(f"probe --host --gguf-type: expected a GGUF type "
+                          f"({', '.join(GGML_BLOCKS)}), got {ggml_type!r}")
+    block = GGML_BLOCKS[ggml_type][0]
+    if hidden % block or inter % block:
+        raise PlacerError(f"probe --host --expert {hidden}x{inter}: {ggml_type} packs {block} "
+                          f"weights a block; hidden and inter must be multiples of {block}")

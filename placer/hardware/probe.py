@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.hardware.expert_probe import DEFAULT_SHAPE, DEFAULT_TOKENS, probe_expert
+from placer.hardware.expert_probe import (
+    DEFAULT_SHAPE,
+    DEFAULT_TOKENS,
+    check_gguf_expert,
+    probe_expert,
+    probe_expert_gguf,
+)
 from placer.hardware.timing import DTYPE_BYTES, MAX_DIM, ExpertTiming, timing_fragment
 
 
@@ -239,9 +245,11 @@ def host_sync_us(round_trips: int = 200) -> float | None:
 
 def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens: int = 1024,
                repeats: int = 5, experts: tuple[tuple[int, int], ...] = (DEFAULT_SHAPE,),
-               expert_tokens: tuple[int, ...] = DEFAULT_TOKENS) -> HostProbe:
+               expert_tokens: tuple[int, ...] = DEFAULT_TOKENS,
+               gguf_type: str | None = None) -> HostProbe:
     """Measure this host's `[host]` figures on all its cores (no GPU needed); `experts`:
-    the (hidden, inter) shapes to time over `expert_tokens` tokens."""
+    the (hidden, inter) shapes to time over `expert_tokens` tokens, with torch in `dtype`, or
+    with llama.cpp's CPU kernels in the GGUF type `gguf_type` (Q4_K, MXFP4, F16...)."""
     if dtype not in HOST_DTYPES:
         raise PlacerError(f"probe --host --dtype: expected one of {', '.join(HOST_DTYPES)}, "
                           f"got {dtype!r}")
@@ -253,6 +261,8 @@ def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens:
         raise PlacerError(f"probe --host --expert-tokens: expected ascending counts in "
                           f"1..{MAX_TOKENS}, got "
                           f"{list(expert_tokens)}")
+    for hidden, inter in experts if gguf_type is not None else ():
+        check_gguf_expert(hidden, inter, gguf_type)
     threads = host_threads()
     buffer_bytes = default_buffer_bytes() if buffer_bytes is None else buffer_bytes
     if buffer_bytes < threads * 4096:
@@ -268,6 +278,8 @@ def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens:
     sync = host_sync_us()
     cache = last_level_cache_bytes()
     timings = tuple(probe_expert(h, i, dtype, cache, threads, expert_tokens)
+                    if gguf_type is None else
+                    probe_expert_gguf(h, i, gguf_type, cache, threads, expert_tokens)
                     for h, i in experts)
     return HostProbe(memory_bandwidth=bandwidth, flops=flops,
                      sync_us=TYPICAL_SYNC_US if sync is None else sync,
@@ -300,7 +312,9 @@ def host_fragment(result: HostProbe) -> str:
              f"[{tokens} x {hidden}] @ [{hidden} x {inter}], {result.threads} threads, "
              f"best of {result.matmuls}",
              sync]
-    tables = [timing_fragment(t, f"measured: mean wall time, cold from RAM, "
+    kernels = ("torch" if result.experts and result.experts[0].dtype in HOST_DTYPES
+               else "llama.cpp b11669 CPU kernels (ggml_mul_mat_id)")
+    tables = [timing_fragment(t, f"measured: {kernels}, mean wall time, cold from RAM, "
                                  f"{result.threads} threads") for t in result.experts]
     return "\n".join(lines) + "\n" + "".join("\n" + t for t in tables)
 

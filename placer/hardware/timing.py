@@ -4,15 +4,16 @@ writes, read back for the `cpu` execution model.
     [[host.expert]]        # one SwiGLU expert, cold from RAM, on every core of the host
     hidden = 2048          # gate / up [inter x hidden], down [hidden x inter]
     inter = 768
-    dtype = "bfloat16"     # the weights' and activations' dtype it ran in
+    dtype = "bfloat16"     # the weights' and activations' dtype it ran in, or the GGUF
+                           # expert type llama.cpp's CPU kernels ran (Q4_K, MXFP4, F16...)
     tokens = [1, 2, 4, 8, 16, 32, 64]
     ms = [8.9, 10.1, 13.0, 24.0, 40.2, 71.5, 136.0]   # mean wall time at each token count
 
 Tokens ascend from 1 or more; times are positive and never fall (the probe makes them so: a
 later point below an earlier one is measurement noise). The model reads the points as a
 curve (solvers.cpu.ExpertCurve) over the expert's bytes, 3 x hidden x inter x the dtype's
-size, and scales it to other experts by their bytes. In a plan's JSON form the times are
-`seconds`, as `sync_us` becomes `sync_s`.
+size (a GGUF type's: its blocks' bytes), and scales it to other experts by their bytes. In
+a plan's JSON form the times are `seconds`, as `sync_us` becomes `sync_s`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,23 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from placer.errors import PlacerError
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+# ggml types by their gguf names (Q4_K, MXFP4, F16...): (weights a block, bytes a block)
+GGML_BLOCKS = {t.name: GGML_QUANT_SIZES[t] for t in GGMLQuantizationType
+               if t in GGML_QUANT_SIZES and t.name not in ("I8", "I16", "I32", "I64", "F64")}
+
+
+def expert_bytes(hidden: int, inter: int, dtype: str) -> int:
+    """Bytes of one SwiGLU expert's three [inter x hidden] weights in `dtype` (a torch dtype
+    name or a GGUF type, whose blocks pack `block` weights in `size` bytes)."""
+    if dtype in DTYPE_BYTES:
+        return 3 * hidden * inter * DTYPE_BYTES[dtype]
+    block, size = GGML_BLOCKS[dtype]
+    return 3 * hidden * inter // block * size
 MAX_TIMING_POINTS = 64
 MAX_DIM = 1 << 20
 MAX_SECONDS = 1e3
@@ -42,7 +57,7 @@ class ExpertTiming:
     @property
     def expert_bytes(self) -> int:
         """Bytes of its three weight matrices."""
-        return 3 * self.hidden * self.inter * DTYPE_BYTES[self.dtype]
+        return expert_bytes(self.hidden, self.inter, self.dtype)
 
 
 def parse_timings(value: Any, where: str, seconds: bool) -> tuple[ExpertTiming, ...]:
@@ -63,9 +78,14 @@ def _timing(table: dict, where: str, seconds: bool) -> ExpertTiming:
         if not _count(table[key]) or not 1 <= table[key] <= MAX_DIM:
             raise PlacerError(f"{where}.{key}: expected an integer in 1..{MAX_DIM}, got "
                               f"{table[key]!r}")
-    if table["dtype"] not in DTYPE_BYTES:
-        raise PlacerError(f"{where}.dtype: expected one of {', '.join(DTYPE_BYTES)}, got "
+    if table["dtype"] not in DTYPE_BYTES and table["dtype"] not in GGML_BLOCKS:
+        raise PlacerError(f"{where}.dtype: expected one of {', '.join(DTYPE_BYTES)} or a GGUF "
+                          f"type ({', '.join(list(GGML_BLOCKS)[:6])}...), got "
                           f"{table['dtype']!r}")
+    block = GGML_BLOCKS.get(table["dtype"], (1, 0))[0]
+    if table["hidden"] % block or table["inter"] % block:
+        raise PlacerError(f"{where}: {table['dtype']} packs {block} weights a block; hidden "
+                          f"and inter must be multiples of {block}")
     tokens, times = table["tokens"], table[times_key]
     if not isinstance(tokens, list | tuple) or not isinstance(times, list | tuple) or not tokens \
             or len(tokens) != len(times) or len(tokens) > MAX_TIMING_POINTS:
