@@ -310,7 +310,7 @@ SPLIT_STALL = ("seconds of stall per decode step on held-out folds of the calibr
                "sequences (weighted over profiles and concurrency)")
 SPLIT_REGRET = ("ratio: the mean over profiles and concurrencies of the held-out stall over "
                 "that traffic's plain-cache stall (1 = the plain cache)")
-STATIC_STEPS = 32768  # steps per traffic and concurrency the static candidate is solved on
+STATIC_STEPS = 4096  # steps per traffic and concurrency the static candidate is solved on
 
 
 def solver_json(result: SolveResult, opts: SolveOptions) -> dict:
