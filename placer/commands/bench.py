@@ -112,6 +112,9 @@ def print_report(report: dict) -> None:
                   + ", ".join(f"{ms:.2f} ms at C={c}" for c, ms in bases)
                   + ": give the spec this box's decode step (decode.base_step_ms) for absolute "
                     "figures", highlight=False)
+    for v in report["verdicts"]:
+        for message in v["messages"]:
+            console.print(message, style="bold red")
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
 
