@@ -25,6 +25,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_cpu_experts.py": ["--quick"],
     "bench_routing.py": ["--quick"],
     "bench_cache.py": ["--quick"],
+    "bench_split.py": ["--quick"],
 }
 
 
