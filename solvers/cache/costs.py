@@ -121,10 +121,6 @@ class CostTable:
                    for n in range(len(self.entries))]
             self.cost[(p, q)] = np.stack([self._seconds(n, m) for n, m in enumerate(per)])
 
-    @property
-    def replays(self) -> int:
-        return len(self.free) + sum(1 for p, q in self.cost if p > 0 and q > 0)
-
     def _free(self, n: int, q: int, tick: Callable[[], None]) -> np.ndarray:
         steps = self.entries[n].requests
         out = expert_misses(self.problem, steps, np.zeros(self.problem.home.shape, bool),
