@@ -178,3 +178,18 @@ def test_the_plan_check_refuses_a_cache_that_does_not_fit(solved, placer_run, tm
         path.write_text(json.dumps(plan))
         result = placer_run("evaluate", path, "--traces", solved["traces"], ok=False)
         assert result.exit_code == 1 and said in result.output, (change, result.output)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_fold_is_batched_from_the_single_steps_as_a_read_of_its_sequences_would_be(solved,
+                                                                                   batch):
+    """The split's folds at B > 1 come from the B = 1 steps already loaded, not from reading
+    the trace again: the very steps every_token_steps gives for those sequences."""
+    from traces.profile import batched_steps, every_token_steps, split_sequences
+
+    single = every_token_steps(solved["traces"], 1, groupings=1, seed=3)
+    for ids in split_sequences(solved["traces"], 2, seed=3):
+        want = every_token_steps(solved["traces"], batch, groupings=1, seed=3, seq_ids=ids)
+        got = batched_steps(single, batch, 3, ids)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(got.seqs, want.seqs)
