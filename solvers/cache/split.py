@@ -304,10 +304,9 @@ def _layer_knapsack(costs: list[list[float]], units: list[list[int]], room: int
         new = np.full(room + 1, np.inf)
         arg = np.full(room + 1, -1, dtype=np.int64)
         for u, i in cheapest.items():
-            cand = np.full(room + 1, np.inf)
-            cand[u:] = best[:room + 1 - u] + row[i]
-            better = cand < new
-            new[better], arg[better] = cand[better], i
+            cand = best[:room + 1 - u] + row[i]
+            better = cand < new[u:]
+            new[u:][better], arg[u:][better] = cand[better], i
         best = new
         choice.append(arg)
     end = int(np.argmin(best))
