@@ -9,14 +9,15 @@ cache and Belady's bound, on held-out real routing (`placer solve` + `placer eva
     and summary (unseen tasks): the setting of the issue's figures.
 6c. ESFT leave one task out: plans on the other three tasks' calibration halves, replayed on
     the whole unseen task.
-6d. How the split is chosen, on the same held-out traffic (B = 1): pins ranked by frequency,
-    by the misses they save (placer's), and that plus a local search over pin swaps; the
-    pin cap; the policy.
+6d. How the split is chosen, on the same held-out traffic (B = 1): pins ranked by frequency
+    or by the misses they save (placer's); the policy; the candidate each chose.
 
 Lines (tok/s with their 95% intervals, bootstrap over held-out sequences): static (`--cache
 0`, the ILP), lru (the whole budget as per-layer LRU caches, nothing pinned), split (placer's
-default `--cache auto`), belady (MIN with the split's slots and pins: the limit of any policy
-for that split), static oracle. Targets: split never more than 3% below the better of static
+default `--cache auto`: the best of static, the plain cache, a split per pin cap and the
+curve, judged on held-out folds; 6c's on the other tasks, each held out in turn), belady
+(MIN with the split's slots and pins: the limit of any policy for that split), static
+oracle. Targets: split never more than 3% below the better of static
 and lru; on unseen ESFT tasks at least 1.3x static; at B = 1 on gpt-oss its stall within
 1.75x of belady's.
 """
@@ -189,39 +190,37 @@ def methods(root: Path) -> None:
     from solvers.cache import make_policy
     from solvers.cache.replay import Requests
     from solvers.cache.split import SplitProblem, solve_split
-    from traces.profile import every_token_steps, load_profile, step_mask
+    from traces.profile import every_token_steps, load_profile
 
     cases = {"gpt-oss, mmlu_dev held out": (root / "gpt-0", [root / "gpt-1"], 24, 32, 4,
                                              GPT_EXPERT, 264),
              "ESFT, intent -> unseen tasks": (root / "intent-0",
                                               [root / f"{t}-full" for t in TASKS[1:]], 26, 64,
                                               6, 3 * 2048 * 1408 * 2, int(0.66 * 26 * 64))}
-    variants = {"frequency pins": ("lfru", "frequency", 0.25, 0),
-                "miss pins (placer)": ("lfru", "misses", 0.25, 0),
-                "miss pins + local search": ("lfru", "misses", 0.25, 6),
-                "miss pins, cap 1/2": ("lfru", "misses", 0.5, 0),
-                "miss pins, no cap": ("lfru", "misses", 1.0, 0),
-                "miss pins, lru policy": ("lru", "misses", 0.25, 0)}
+    variants = {"frequency pins": ("lfru", "frequency"),
+                "miss pins (placer)": ("lfru", "misses"),
+                "miss pins, lru policy": ("lru", "misses")}
     print("\n6d. how the split is chosen (B=1, one card, 25 GB/s, 10 us): held-out stall "
-          "ms/step (mean over the held-out sets)")
+          "ms/step (mean over the held-out sets), and the candidate each variant chose")
     for case, (calib, held, layers, experts, k, nbytes, units) in cases.items():
         profile = load_profile(calib)
         traffic = Traffic("calib", calib, profile,
                           {1: every_token_steps(calib, 1, groupings=1, seed=0)})
         home = np.zeros((layers, experts), dtype=np.int64)
         miss = 10e-6 + nbytes / 25e9
-        tests = [Requests.of(step_mask(every_token_steps(h, 1, groupings=1, seed=0).tokens,
-                                       experts)) for h in held]
+        tests = [Requests.of_tokens(every_token_steps(h, 1, groupings=1, seed=0).tokens,
+                                    experts) for h in held]
         scenarios, _, _ = scenarios_of([traffic], SolveOptions(), experts)  # any policy's
-        for name, (policy, rule, cap, rounds) in variants.items():
+        for name, (policy, rule) in variants.items():
             split = solve_split(SplitProblem(home, np.array([miss]), np.array([units]),
-                                             np.array([k]), policy, cap, rule, rounds),
-                                scenarios)
+                                             np.array([k]), policy, pin_rule=rule), scenarios)
             stalls = [miss * float(t.misses(make_policy(policy, split.quotas, layers * experts),
                                             ~split.pinned, home).sum()) / t.shape[0]
                       for t in tests]
-            print(f"  {case:30s} {name:26s}: {1e3 * np.mean(stalls):8.3f} "
-                  f"({int(split.pinned.sum())} pinned, {int(split.quotas.sum())} slots)")
+            chosen = next(c["name"] for c in split.candidates if c["chosen"])
+            print(f"  {case:30s} {name:22s}: {1e3 * np.mean(stalls):8.3f} "
+                  f"({int(split.pinned.sum())} pinned, {int(split.quotas.sum())} slots: "
+                  f"{chosen})")
 
 
 def cache_section(root: Path, quick: bool) -> None:

@@ -125,9 +125,9 @@ def attribute(unit_of: np.ndarray, per_step: np.ndarray, count: int,
         total = shares.sum(axis=1, keepdims=True)
         part = np.where(total > 0, shares / np.where(total > 0, total, 1.0), part)
     has = unit_of >= 0
-    out = np.zeros((count, fields))
-    np.add.at(out, unit_of[has], (per_step[:, None, :] * part)[has])
-    return out
+    values = (per_step[:, None, :] * part)[has]
+    return np.stack([np.bincount(unit_of[has], weights=values[:, f], minlength=count)
+                     for f in range(fields)], axis=1).reshape(count, fields)
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,8 @@ def replay_lines(problem: Problem, lines: dict[str, Line | Placement], steps: To
                                  stats.transfers.sum(axis=1), stats.selected_bytes.sum(axis=1)],
                                 axis=1)
             charged = None if hits is None else chunk_steps.selected & ~hits
-            shares = token_shares(part.tokens, share_weights(problem, line.placement), charged)
+            shares = (None if steps.batch == 1 else  # one token: the whole step is its
+                      token_shares(part.tokens, share_weights(problem, line.placement), charged))
             sums[name] += attribute(units.unit_of[start:stop], per_step, units.count, shares)
             staged[name] += stats.staged_bytes.sum(axis=0)
     return sums, staged

@@ -15,8 +15,8 @@ from placer.checkpoint.inventory import read_inventory
 from placer.commands.bench import print_report
 from placer.hardware.spec import load_spec
 from placer.plan.placement import read_plan
-from placer.predict.evaluate import plan_placement, plan_problem
-from placer.serve.bench_predict import predict_arm
+from placer.predict.evaluate import cache_lines, plan_placement, plan_problem
+from placer.serve.bench_predict import cache_verdicts, predict_arm
 from solvers.replay import replay_with_intervals
 from traces.profile import TokenSteps
 
@@ -75,6 +75,31 @@ def test_bench_measures_and_predicts_every_arm(arms, tmp_path, cli, capsys):
     assert "(no interval)" in table and "note: 2 trials" in table
     assert f"{rows[0]['measured_step_ms']:.2f} ms at C=1" in table
     assert f"{layer[0]['predicted_ratio_to_first']:.3f}" in table
+    for r, v in zip(rows, report["verdicts"], strict=True):
+        low = (r["predicted_stall_ratio_to_lru_ci95"] or [0, 0])[0]
+        assert v["ok"] == (low <= 1.0) and v["measured_vs_plain_cache"] is None
+        assert all(m in table for m in v["messages"])
+
+
+def test_bench_warns_where_an_arm_is_behind_the_plain_cache():
+    """Predicted: the stall ratio to lru on the bench's steps; measured: tokens/s over a
+    plain-cache arm's, trial by trial (Student's t)."""
+    def arm(name, plain, trials, ci):
+        return {"placed": name, "concurrency": 1, "plain_cache": plain,
+                "measured_tokens_per_s_trials": trials,
+                "predicted_stall_ratio_to_lru": sum(ci) / 2,
+                "predicted_stall_ratio_to_lru_ci95": ci}
+
+    plain = arm("plain", True, [10.0, 10.2, 9.9], [0.99, 1.01])
+    ahead = arm("ahead", False, [12.0, 12.1, 12.3], [0.8, 0.9])
+    behind = arm("behind", False, [8.0, 8.1, 7.9], [1.1, 1.3])
+    verdicts = {v["placed"]: v for v in cache_verdicts([plain, ahead, behind])}
+    assert verdicts["plain"]["ok"] and verdicts["ahead"]["ok"]
+    assert verdicts["ahead"]["measured_vs_plain_cache"]["ratio"] == pytest.approx(
+        np.mean([12.0 / 10.0, 12.1 / 10.2, 12.3 / 9.9]))
+    assert not verdicts["behind"]["ok"] and len(verdicts["behind"]["messages"]) == 2
+    assert all(m.startswith("WARNING: behind C=1") for m in verdicts["behind"]["messages"])
+    assert "[1.100, 1.300]" in verdicts["behind"]["messages"][0]
 
 
 def random_steps(plan, num_steps: int, batch: int, prompts: int, seed: int = 0) -> TokenSteps:
@@ -101,6 +126,15 @@ def test_the_prediction_is_evaluates_replay_of_the_same_steps(arms, batch):
     assert mine["tokens_per_s"] == pytest.approx(figures["tokens_per_s"], rel=1e-12)
     assert mine["tokens_per_s_ci95"] == pytest.approx(figures["tokens_per_s_ci95"], rel=1e-12)
     assert mine["staged_bytes_per_token"] == pytest.approx(figures["staged_bytes_per_token"])
+    lru = replay_with_intervals(plan_problem(plan, [], "stage"),
+                                {"placement": plan_placement(plan, "stage"),
+                                 **{k: v for k, v in cache_lines(
+                                     plan, plan_problem(plan, [], "stage"),
+                                     plan_placement(plan, "stage"), 0).items() if k == "lru"}},
+                                steps, plan.hardware.base_step_s(batch), 200, 3)
+    ratio = lru.ratio("to_lru", "lru")
+    assert mine["stall_ratio_to_lru"] == pytest.approx(ratio["to_lru"], rel=1e-12)
+    assert mine["stall_ratio_to_lru_ci95"] == pytest.approx(ratio["to_lru_ci95"], rel=1e-12)
     cached = predict_arm(plan, steps, 6, cache_slots=4, seed=3, replicates=200)
     assert cached["staged_bytes_per_token"] < mine["staged_bytes_per_token"]
     assert cached["tokens_per_s"] > mine["tokens_per_s"]

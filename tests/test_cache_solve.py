@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest_plugins = ["fixtures_models"]
@@ -45,9 +46,76 @@ def test_auto_splits_and_records_how(solved):
     assert plan["cache"]["mode"] == "auto" and plan["cache"]["policy"] == "lfru"
     assert all(c["cache_slots"] > 0 and c["cache_policy"] == "lfru" for c in plan["cards"])
     assert plan["solver"]["name"] == "split" and plan["solver"]["bound"] is None
-    shares = [p["slots_share"] for p in plan["cache"]["curve"]]
-    assert shares == sorted(shares) and shares[0] == 0.0
+    rows = plan["cache"]["candidates"]
+    assert {r["kind"] for r in rows} == {"static", "cache", "split", "slots"}
+    (chosen,) = [r for r in rows if r["chosen"]]
+    assert chosen["name"] == plan["cache"]["chosen"]
+    assert chosen["held_out_stall_ms_per_step"] == min(r["held_out_stall_ms_per_step"]
+                                                       for r in rows)
+    assert plan["cache"]["held_out_stall_ms_per_step"] == chosen["held_out_stall_ms_per_step"]
+    assert plan["solver"]["objective"] * 1e3 == pytest.approx(
+        plan["cache"]["held_out_stall_ms_per_step"], rel=1e-12)
+    curve = [r for r in rows if r["kind"] == "slots"]
+    assert [r["slots_share"] for r in curve] == [0.25, 0.5, 0.75, 1.0]
+    for r in curve:  # what the split would use: that many slots in each layer of each card
+        assert r["slots"] == r["slots_per_layer"] * 3 * 2
     assert plan["cache"]["slots"] == [c["cache_slots"] for c in plan["cards"]]
+
+
+def test_robust_regret_is_a_ratio_in_the_table_the_json_and_the_plan(solved, placer_run):
+    """Under --robust the objective is the mean over scenarios of stall / that scenario's
+    plain-cache stall: the plain cache's own regret is 1, the stall stays in ms/step."""
+    plan_path = solved["root"] / "robust.json"
+    result = placer_run("solve", *solved["common"], "--robust", "--out", plan_path)
+    plan = json.loads(plan_path.read_text())
+    cache = plan["cache"]
+    rows = {r["kind"]: r for r in cache["candidates"]}
+    assert rows["cache"]["held_out_regret"] == pytest.approx(1.0, rel=1e-12)
+    (chosen,) = [r for r in cache["candidates"] if r["chosen"]]
+    assert chosen["held_out_regret"] == min(r["held_out_regret"] for r in cache["candidates"])
+    assert cache["held_out_regret"] == chosen["held_out_regret"] <= 1.0
+    assert cache["held_out_stall_ms_per_step"] == chosen["held_out_stall_ms_per_step"]
+    if plan["solver"]["name"] == "split":
+        assert plan["solver"]["objective"] == cache["held_out_regret"]
+        assert plan["solver"]["objective_unit"].startswith("ratio")
+    assert f"regret {cache['held_out_regret']:.4f} (stall / the plain cache's)" in result.output
+    assert "seconds of stall" not in result.output.split("cache:")[0] or plan["solver"][
+        "name"] != "split"
+    printed = json.loads(placer_run("solve", *solved["common"], "--robust", "--out",
+                                    solved["root"] / "robust2.json", "--json").output)
+    assert printed["cache"]["held_out_regret"] == cache["held_out_regret"]
+
+
+@pytest.fixture(scope="module")
+def pinned_traffic(tmp_path_factory: pytest.TempPathFactory, trace_models, placer_run):
+    """Tokens that select expert 0 and expert 4 (one per card) in every layer: pins hold
+    them from the first token, a cache misses them once per fold: static is the best
+    candidate of the split."""
+    root = tmp_path_factory.mktemp("pinned")
+    ids = np.zeros((400, 3, 2), dtype=np.int16)
+    ids[:, :, 1] = 4
+    np.savez(root / "hot.npz", expert_ids=ids, seq_lens=np.full(40, 10))
+    config = trace_models["qwen3_moe"] / "config.json"
+    placer_run("traces", "import", root / "hot.npz", "--format", "tokens", "--config", config,
+               "--out", root / "traces", "--tag", "hot")
+    return {"root": root, "config": config, "traces": root / "traces"}
+
+
+@pytest.mark.parametrize("solver", ["greedy", "ilp"])
+def test_auto_places_its_static_candidate_with_the_solver_asked(pinned_traffic, placer_run,
+                                                                solver):
+    out = pinned_traffic["root"] / f"{solver}.json"
+    placer_run("solve", "--config", pinned_traffic["config"], "--hardware", BOX, "--traces",
+               pinned_traffic["traces"], "--offload", "0.5", "--concurrency", "1,2",
+               "--solver", solver, "--time-limit", "5", "--out", out)
+    plan = json.loads(out.read_text())
+    assert plan["cache"]["mode"] == "auto" and plan["cache"]["chosen"] == "static"
+    assert plan["solver"]["name"] == solver
+    assert all(c["cache_slots"] == 0 for c in plan["cards"])
+    pins = np.array([[e["card"], e["layer"], e["expert"]] for e in plan["experts"]
+                     if e["resident_bytes"] > 0])
+    for layer in plan["model"]["moe_layers"]:  # the hot experts are pinned
+        assert {0, 4} <= set(pins[pins[:, 1] == layer, 2].tolist())
 
 
 def test_a_fixed_count_gives_every_card_that_many_and_zero_none(solved):
@@ -110,3 +178,18 @@ def test_the_plan_check_refuses_a_cache_that_does_not_fit(solved, placer_run, tm
         path.write_text(json.dumps(plan))
         result = placer_run("evaluate", path, "--traces", solved["traces"], ok=False)
         assert result.exit_code == 1 and said in result.output, (change, result.output)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_fold_is_batched_from_the_single_steps_as_a_read_of_its_sequences_would_be(solved,
+                                                                                   batch):
+    """The split's folds at B > 1 come from the B = 1 steps already loaded, not from reading
+    the trace again: the very steps every_token_steps gives for those sequences."""
+    from traces.profile import batched_steps, every_token_steps, split_sequences
+
+    single = every_token_steps(solved["traces"], 1, groupings=1, seed=3)
+    for ids in split_sequences(solved["traces"], 2, seed=3):
+        want = every_token_steps(solved["traces"], batch, groupings=1, seed=3, seq_ids=ids)
+        got = batched_steps(single, batch, 3, ids)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(got.seqs, want.seqs)

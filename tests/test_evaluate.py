@@ -196,7 +196,8 @@ def test_every_figure_has_an_interval_around_it(small, cli):
         assert low <= row["ratio_to_layer"] <= high
         assert row["verdict"] == verdict(row["ratio_to_layer_ci95"])
         assert row["ratio_to_oracle"] >= 1 - 1e-9
-    assert report["verdicts"][0]["ok"] == all(r["verdict"] != "worse" for r in report["results"])
+    assert report["verdicts"][0]["ok"] == all(
+        r["verdict"] != "worse" and r.get("cache_verdict") != "worse" for r in report["results"])
     (drift,) = report["drift"]  # held-out routing has its own popular experts: real drift
     low, high = drift["js_mean_bits_ci95"]
     assert low < drift["js_mean_bits"] < high
@@ -323,6 +324,13 @@ def test_trace_verdict_over_concurrencies():
     worse = trace_verdict("t", [row(1, 1.2, [1.1, 1.3]), row(8, 1.02, [0.95, 1.1])])
     assert (worse["verdict"], worse["ok"]) == ("worse", False)
     assert worse["message"].startswith("WARNING") and "[1.100, 1.300]" in worse["message"]
+    behind = row(8, 0.8, [0.7, 0.9]) | {"ratio_to_lru": 1.1, "ratio_to_lru_ci95": [1.05, 1.2],
+                                        "cache_verdict": "worse"}
+    lru = trace_verdict("t", [row(1, 0.5, [0.4, 0.6]), behind])
+    assert (lru["verdict"], lru["ok"]) == ("worse than lru", False)
+    assert lru["message"].startswith("WARNING") and "[1.050, 1.200]" in lru["message"]
+    level = behind | {"ratio_to_lru_ci95": [0.95, 1.2], "cache_verdict": "within noise"}
+    assert trace_verdict("t", [row(1, 0.5, [0.4, 0.6]), level])["ok"]
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from placer.checkpoint.tiny import build_tiny_model
+from solvers.intervals import verdict as verdict_of
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "examples" / "data"
@@ -74,8 +75,10 @@ def test_evaluate_flags_exactly_the_traffic_it_loses_on(setup, cli):
                "--oracle-time-limit", "2").output
     flagged = 0
     for traces, verdict in zip(sets, report["verdicts"], strict=True):
-        # worse: the whole 95% interval of some concurrency's stall ratio lies above 1
-        worse = any(r["ratio_to_layer_ci95"][0] > 1.0 for r in rows(report, traces))
+        # worse: the whole 95% interval of some concurrency's stall ratio to layer offload,
+        # or to the plain cache (lru), lies above 1
+        worse = any(r["ratio_to_layer_ci95"][0] > 1.0 or r["ratio_to_lru_ci95"][0] > 1.0
+                    for r in rows(report, traces))
         for r in rows(report, traces):
             ratio = r["placement"]["stall_ms_per_step"] / r["layer"]["stall_ms_per_step"]
             assert r["ratio_to_layer"] == pytest.approx(ratio, rel=1e-12)
@@ -95,6 +98,29 @@ def test_robust_plan_is_not_worse_than_layer_offload_on_either_profile(setup, cl
         for row in rows(report, traces):
             assert (row["placement"]["stall_ms_per_step"]
                     <= row["layer"]["stall_ms_per_step"] * (1 + 1e-9)), (traces, row)
+
+
+def test_the_default_plan_is_not_behind_the_plain_cache_or_evaluate_warns(setup, cli):
+    """On held-out prose the default plan (--cache auto) is not above the lru line's
+    interval, or the verdict says so: a WARNING and ok false; the static plan is judged
+    against the better of lru and the static oracle as well."""
+    for name in ("cached", "plan"):
+        report = evaluate(cli, setup[name], setup["held"])
+        (verdict,) = report["verdicts"]
+        behind = [r for r in rows(report, setup["held"]) if r["ratio_to_lru_ci95"][0] > 1.0]
+        assert (verdict["verdict"] == "worse than lru") == bool(behind) or verdict[
+            "verdict"] == "worse"
+        assert verdict["ok"] == (not behind and verdict["verdict"] != "worse")
+        for r in rows(report, setup["held"]):
+            lines = {k: r[k]["stall_ms_per_step"] for k in ("lru", "oracle")}
+            assert r["better_baseline"] == min(lines, key=lines.get)
+            assert r["ratio_to_better_baseline"] == pytest.approx(
+                r["placement"]["stall_ms_per_step"] / min(lines.values()), rel=1e-12)
+            assert r["cache_verdict"] == verdict_of(r["ratio_to_lru_ci95"])
+        if name == "cached":
+            print("cached plan on held prose, stall / lru:",
+                  [(r["concurrency"], r["ratio_to_lru"], r["ratio_to_lru_ci95"])
+                   for r in rows(report, setup["held"])], verdict["message"])
 
 
 def test_solver_objective_equals_the_evaluators_figure_on_its_own_traffic(setup, cli):

@@ -391,7 +391,32 @@ def every_token_steps(trace_dir: Path, batch: int, *, groupings: int = 4, seed: 
     if len(ids) < batch:
         raise TraceError(f"{td.root} has only {len(ids)} sequences with {phase or 'any'} "
                          f"tokens; a step of batch {batch} needs {batch} distinct sequences")
-    lengths = np.bincount(keys // span, minlength=len(ids))
+    return _batched(table, seq_of, np.bincount(keys // span, minlength=len(ids)), batch,
+                    groupings, seed)
+
+
+def batched_steps(single: TokenSteps, batch: int, seed: int = 0,
+                  seq_ids: set[int] | None = None) -> TokenSteps:
+    """every_token_steps(trace_dir, batch, groupings=1, seed=seed, seq_ids=seq_ids) from the
+    trace's B = 1 steps `single` (all of its tokens, in (sequence, position) order), without
+    reading the trace again: the same steps, for the folds of a cache split."""
+    seqs = single.seqs[:, 0]
+    keep = np.ones(len(seqs), dtype=bool) if seq_ids is None else np.isin(
+        seqs, np.fromiter(seq_ids, dtype=np.int64))
+    table, seq_of = single.tokens[keep, 0], seqs[keep]
+    if batch == 1:
+        return TokenSteps(table[:, None], seq_of[:, None])
+    _, lengths = np.unique(seq_of, return_counts=True)
+    if len(lengths) < batch:
+        raise TraceError(f"only {len(lengths)} sequences: a step of batch {batch} needs "
+                         f"{batch} distinct sequences")
+    return _batched(table, seq_of, lengths, batch, 1, seed)
+
+
+def _batched(table: np.ndarray, seq_of: np.ndarray, lengths: np.ndarray, batch: int,
+             groupings: int, seed: int) -> TokenSteps:
+    """`groupings` continuous-batching schedules of the tokens `table` [N, L, k] (sequence
+    after sequence, lengths [n] tokens each; seq_of [N] their sequence ids)."""
     rng = np.random.default_rng(seed)
     index = np.concatenate([_continuous_batching(lengths, batch, rng)
                             for _ in range(groupings)])

@@ -142,6 +142,9 @@ def print_report(report: dict) -> None:
                   highlight=False)
     for note in report.get("notes", []):
         console.print(f"note: {note}", highlight=False)
+    for v in report["verdicts"]:
+        for message in v["messages"]:
+            console.print(message, style="bold red", highlight=False)
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
 

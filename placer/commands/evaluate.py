@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         oracle (the best pinned set for this very traffic, no cache), lru (the whole budget
         as an LRU cache, nothing pinned) and belady (the plan's pinned set and slots under
         Belady's offline-optimal replacement: the limit of any cache policy for that split);
-        warn where the placement is predicted worse than layer offload.
+        warn where the placement is predicted worse than layer offload or than lru.
 
         Every held-out token is replayed in order (at B > 1 in steps of B distinct
         sequences, continuous batching over 4 seeded orders); each figure has a 95%
@@ -158,8 +158,8 @@ def print_report(report: dict) -> None:
                           plus_minus(row, "stall_ms_per_step", "{:.4f}"))
         print_table(curve, console)
     for v in report["verdicts"]:
-        console.print(v["message"], style={"worse": "bold red", "better": "green"}.get(
-            v["verdict"], "yellow"))
+        console.print(v["message"], style="bold red" if not v["ok"] and "WARNING" in v[
+            "message"] else {"better": "green"}.get(v["verdict"], "yellow"))
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
 

@@ -257,25 +257,34 @@ def solver_bound(solver: dict) -> str:
 
 
 def print_cache(cache: dict) -> None:
-    """How the split between pins and slots was chosen, and the held-out curve over it."""
+    """How the split between pins and slots was chosen: every candidate's held-out figures,
+    the chosen one marked."""
     console = rich_console()
     if cache.get("mode") == "off":
         console.print(f"cache: none ({cache['reason']})")
         return
     if not cache:
         return
-    judged = (f"on held-out folds ({cache['folds']} over the calibration sequences)"
-              if cache["folds"] else "in sample (too few sequences for folds)")
-    console.print(f"cache: {cache['policy']} per layer, {cache['mode']} split judged {judged}: "
-                  f"held-out stall {cache['held_out_stall_ms_per_step']:.4f} ms/step")
-    curve = Table(title="held-out stall over the split (equal slots per layer, the rest "
-                        "pinned)")
-    for col in ("slots share", "slots per layer", "stall ms/step"):
-        curve.add_column(col, justify="right")
-    for point in cache["curve"]:
-        curve.add_row(f"{point['slots_share']:.2f}", str(point["slots_per_layer"]),
-                      f"{point['held_out_stall_ms_per_step']:.4f}")
-    print_table(curve, console)
+    judged = {"in sample": "in sample (too few sequences for folds)"}.get(
+        cache["held_out"], f"held out: {cache['held_out']}"
+        + (f" ({cache['folds']})" if cache["folds"] else ""))
+    regret = cache.get("held_out_regret")
+    console.print(f"cache: {cache['policy']} per layer, {cache['mode']}: {cache['chosen']}, "
+                  f"judged {judged}: held-out stall {cache['held_out_stall_ms_per_step']:.4f} "
+                  f"ms/step" + ("" if regret is None else
+                                f", regret {regret:.4f} (stall / the plain cache's)"))
+    table = Table(title="candidates on the same held-out traffic (each chosen without the "
+                        "part it is judged on)")
+    columns = ["candidate", "pinned", "cache slots", "stall ms/step"]
+    for col in columns + (["regret (ratio)"] if regret is not None else []):
+        table.add_column(col, justify="left" if col == "candidate" else "right")
+    for c in cache["candidates"]:
+        row = [("* " if c["chosen"] else "  ") + c["name"], str(c["pinned"]), str(c["slots"]),
+               f"{c['held_out_stall_ms_per_step']:.4f}"]
+        if regret is not None:
+            row.append(f"{c['held_out_regret']:.4f}")
+        table.add_row(*row, style="bold" if c["chosen"] else None)
+    print_table(table, console)
     for note in cache.get("notes", []):
         console.print(f"note: {note}")
 

@@ -10,6 +10,7 @@ falls back to a static placement and says why (`no_cache_reason`), and N is refu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -18,19 +19,11 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions
 from placer.plan.traffic import Traffic, traffic_steps
-from solvers.cache import even_quotas
 from solvers.cache.replay import Requests
-from solvers.cache.split import (
-    Scenario,
-    Split,
-    SplitProblem,
-    expert_misses,
-    per_card,
-    solve_split,
-)
-from solvers.staging import cache_only_slots, fetch_limit, slot_unit
+from solvers.cache.split import Scenario, Split, SplitProblem, replay_count, solve_split
+from solvers.staging import fetch_limit, slot_unit
 from traces.errors import TraceError
-from traces.profile import split_sequences, step_mask
+from traces.profile import batched_steps, split_sequences
 
 
 def no_cache_reason(inv: Inventory, opts: SolveOptions, home: np.ndarray,
@@ -61,8 +54,10 @@ def check_cache_options(opts: SolveOptions, reason: str | None) -> None:
 
 
 def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np.ndarray,
-                traffic: list[Traffic], opts: SolveOptions) -> tuple[Split, dict]:
-    """The split of every card's budget, and what the plan records of it (`plan.cache`)."""
+                traffic: list[Traffic], opts: SolveOptions,
+                progress: Callable[[str], None] = lambda stage: None) -> tuple[Split, dict]:
+    """The split of every card's budget, and what the plan records of it (`plan.cache`);
+    `progress(stage)` is told each replay as it is done ("split: replays i/N")."""
     began = time.perf_counter()
     num_cards = len(spec.cards)
     unit = slot_unit(inv.expert_bytes(), home, num_cards)
@@ -72,68 +67,66 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
                          for i, c in enumerate(spec.cards)]),
         units=np.asarray(budget, dtype=np.int64) // np.maximum(unit, 1),
         fetch_limit=fetch_limit(home, num_cards, max(opts.concurrency), inv.top_k),
-        policy=opts.cache_policy, pin_share=opts.pin_share)
+        policy=opts.cache_policy)
     scenarios, folds, notes = scenarios_of(traffic, opts, inv.experts_per_layer)
-    if opts.robust:
-        scenarios = regret_weights(problem, scenarios)
+    total = replay_count(problem, scenarios, opts.cache)
     try:
-        split = solve_split(problem, scenarios, opts.cache)
+        done = iter(range(1, total + 1))
+        split = solve_split(problem, scenarios, opts.cache, opts.robust,
+                            lambda: progress(f"split: replays {next(done, total)}/{total}"))
     except ValueError as exc:
         raise PlacerError(f"--cache {opts.cache}: {exc}") from None
+    several = len(traffic) > 1
     info = {"mode": "auto" if opts.cache is None else "fixed", "policy": opts.cache_policy,
-            "folds": folds, "pin_share": opts.pin_share if opts.cache is None else None,
+            "folds": folds, "held_out": "each --traces set against the others" if several
+            else "folds over the calibration sequences" if folds else "in sample",
+            "chosen": next(c["name"] for c in split.candidates if c["chosen"]),
             "slots": [int(n) for n in split.quotas.sum(axis=1)],
             "pinned": [int((split.pinned & (home == c)).sum()) for c in range(num_cards)],
             "held_out_stall_ms_per_step": split.stall_s * 1e3,
-            "curve": [{"slots_share": p["slots_share"], "slots_per_layer": p["slots_per_layer"],
-                       "held_out_stall_ms_per_step": p["stall_s"] * 1e3}
-                      for p in split.curve],
-            "seconds": time.perf_counter() - began, "notes": notes}
+            "held_out_regret": split.objective if opts.robust else None,
+            "candidates": [candidate_json(c, opts.robust) for c in split.candidates],
+            "replays": total, "seconds": time.perf_counter() - began, "notes": notes}
     return split, info
 
 
-def regret_weights(problem: SplitProblem, scenarios: list[Scenario]) -> list[Scenario]:
-    """`--robust`: each scenario weighed by 1 / its stall with the whole budget as even
-    per-layer caches, so the split minimizes the mean over scenarios of stall over that
-    plain cache's (a regret in each scenario's own units, as the static --robust has)."""
-    layers = problem.home.shape[0]
-    quotas = even_quotas(cache_only_slots(problem.units, problem.fetch_limit, layers), layers)
-    nothing = np.zeros(problem.home.shape, dtype=bool)
-    out = []
-    for sc in scenarios:
-        misses = per_card(expert_misses(problem, sc.whole, nothing, quotas), problem.home,
-                          problem.num_cards)
-        stall = float((misses * problem.miss_s[:, None]).sum()) / sc.whole.shape[0]
-        out.append(Scenario(sc.name, sc.whole, sc.folds,
-                            1.0 / (len(scenarios) * stall) if stall > 0 else 0.0))
-    return out
+def candidate_json(c: dict, robust: bool) -> dict:
+    """One row of the candidates table as the plan records it: stall in ms/step, the regret
+    (under --robust) as the ratio it is."""
+    return {"name": c["name"], "kind": c["kind"], "pin_cap": c["pin_cap"],
+            "slots_share": c["slots_share"], "slots_per_layer": c["slots_per_layer"],
+            "pinned": c["pinned"], "slots": c["slots"],
+            "held_out_stall_ms_per_step": c["stall_s"] * 1e3,
+            "held_out_regret": c["objective"] if robust else None, "chosen": c["chosen"]}
 
 
 def scenarios_of(traffic: list[Traffic], opts: SolveOptions, experts: int
                  ) -> tuple[list[Scenario], int, list[str]]:
     """Every (trace set, concurrency) as a Scenario with its folds over sequences, the fold
-    count (0: judged in sample) and notes. Folds need B sequences each for a step of B."""
+    count (0: judged in sample) and notes. Folds need B sequences each for a step of B;
+    with several trace sets each set is one fold (held out against the others)."""
     weights = opts.weights or tuple(1.0 / len(opts.concurrency) for _ in opts.concurrency)
     out, notes, counts = [], [], []
-    for t in traffic:
+    for group, t in enumerate(traffic):
+        single = t.steps.get(1) or traffic_steps(t.path, t.profile, 1, None, opts.seed)
         for b, w in zip(opts.concurrency, weights, strict=True):
-            k = min(opts.folds, t.profile.sequences // b)
-            whole = Requests.of(step_mask(t.steps[b].tokens, experts))
+            k = 1 if len(traffic) > 1 else min(opts.folds, t.profile.sequences // b)
             folds = []
             if k >= 2:
                 try:
-                    sets = split_sequences(t.path, k, opts.seed)
-                    every = set().union(*sets)
-                    folds = [tuple(Requests.of(step_mask(traffic_steps(
-                        t.path, t.profile, b, None, opts.seed, ids).tokens, experts))
-                        for ids in (every - held, held)) for held in sets]
+                    folds = [Requests.of_tokens(batched_steps(single, b, opts.seed, ids).tokens,
+                                                experts)
+                             for ids in split_sequences(t.path, k, opts.seed)]
                 except TraceError:
                     folds = []
             if not folds:
-                notes.append(f"{t.name} B={b}: too few sequences for folds of {b} "
-                             f"(at least {2 * b}); the split is judged on the tokens it is "
-                             f"chosen on")
-                folds = [(whole, whole)]
-            counts.append(len(folds) if len(folds) > 1 else 0)
-            out.append(Scenario(f"{t.name} B={b}", whole, folds, w / len(traffic)))
+                if len(traffic) == 1:
+                    notes.append(f"{t.name} B={b}: too few sequences for folds of {b} "
+                                 f"(at least {2 * b}); the split is judged on the tokens it "
+                                 f"is chosen on")
+                folds = [Requests.of_tokens(t.steps[b].tokens, experts)]
+            counts.append(len(folds) if len(folds) > 1 else len(traffic) if len(traffic) > 1
+                          else 0)
+            out.append(Scenario(f"{t.name} B={b}", folds, w / len(traffic), w / len(traffic),
+                                group, b))
     return out, min(counts), notes

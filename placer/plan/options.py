@@ -31,7 +31,6 @@ class SolveOptions:
     execution: str = "stage"       # how a cold expert runs: staged to its card, or on the CPU
     cache: int | None = None       # cache slots per card; None: the best split (auto)
     cache_policy: str = "lfru"     # a policy of solvers.cache
-    pin_share: float = 0.25        # auto: pins at most this share of a layer's units
     folds: int = 4                 # auto: folds over calibration sequences
 
 
@@ -62,9 +61,8 @@ def check_options(opts: SolveOptions) -> None:
     if opts.cache_policy not in CACHE_POLICIES:
         raise PlacerError(f"--cache-policy must be one of {', '.join(CACHE_POLICIES)}, not "
                           f"{opts.cache_policy!r}")
-    if not 0.0 <= opts.pin_share <= 1.0 or opts.folds < 2:
-        raise PlacerError(f"pin share must be in [0, 1] and folds >= 2, not {opts.pin_share} "
-                          f"and {opts.folds}")
+    if opts.folds < 2:
+        raise PlacerError(f"folds must be >= 2, not {opts.folds}")
     if any(b < 1 for b in opts.concurrency):
         raise PlacerError(f"--concurrency values must be >= 1, not {list(opts.concurrency)}")
     if opts.weights is not None:

@@ -16,7 +16,7 @@ from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
-from placer.plan.cache import check_cache_options, no_cache_reason, solve_cache
+from placer.plan.cache import Split, check_cache_options, no_cache_reason, solve_cache
 from placer.plan.options import SOLVERS, SolveOptions, check_options
 from placer.plan.placement import Plan, build_plan
 from placer.plan.traffic import Traffic, load_traffic
@@ -28,6 +28,7 @@ from solvers.ilp import Progress, no_progress
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
 from solvers.replay import Line, make_steps, replay_with_intervals
 from solvers.staging import slot_unit, staging_bytes
+from traces.profile import TokenSteps
 
 
 def host_of(spec: HardwareSpec, hidden_size: int) -> Host | None:
@@ -191,9 +192,10 @@ def figures(problem: Problem, placement: Placement, steps: Steps) -> dict[str, f
 def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts: SolveOptions,
                progress: Progress = no_progress) -> Plan:
     """Solve a placement for `inv` on `spec` from the traces in `trace_dirs`: pinned experts
-    and per-layer cache slots together (`opts.cache`: None picks the split, N slots per card,
-    0 none), or with no cache, the static placement of `opts.solver`. `progress(stage)` is
-    told each stage as it starts (the solvers' own stages included)."""
+    and per-layer cache slots together (`opts.cache`: None picks the best candidate of the
+    split, static by `opts.solver` among them; N slots per card; 0 none), or with no cache,
+    the static placement of `opts.solver`. `progress(stage)` is told each stage as it starts
+    (the split's replays and the solvers' own stages included)."""
     check_options(opts)
     if opts.solver in ("ilp", "greedy") and not trace_dirs:
         raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
@@ -213,22 +215,32 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     budget, staging = card_budgets(inv, spec, home, opts, execution.mode)
     reason = no_cache_reason(inv, opts, home, traffic)
     check_cache_options(opts, reason)
-    problem = make_problem(inv, spec, home, budget - staging, traffic, opts, execution)
+    bare = Problem(inv.expert_bytes(), home, budget - staging, cards_of(spec), [],
+                   opts.page_size, **execution.fields)
     if reason is None and opts.cache != 0:
-        progress("splitting pins and cache slots (held-out folds)")
-        plan, lines = _cached_plan(inv, spec, home, budget, traffic, opts)
+        split, info = solve_cache(inv, spec, home, budget, traffic, opts, progress)
+        if split.kind == "static":  # the split's best candidate: placed by --solver
+            thinned, note = thin(traffic, STATIC_STEPS)
+            info["notes"] += [note] if note else []
+            plan, lines = _static_plan(inv, spec, home, budget, staging, traffic, opts,
+                                       make_problem(inv, spec, home, budget - staging, thinned,
+                                                    opts, execution), execution, progress)
+        else:
+            plan, lines = _cached_plan(inv, spec, home, budget, split, info, opts)
+        plan.cache = info
     else:
-        plan, lines = _static_plan(inv, spec, home, budget, staging, traffic, opts, problem,
-                                   execution, progress)
+        plan, lines = _static_plan(inv, spec, home, budget, staging, traffic, opts,
+                                   make_problem(inv, spec, home, budget - staging, traffic,
+                                                opts, execution), execution, progress)
         plan.cache = {"mode": "off", "reason": reason if opts.cache != 0 else "--cache 0"}
     plan.calibration = [calibration_json(t) for t in traffic]
-    baselines_at = {name: run_solver(name, problem, opts, inv.top_k).placement
+    baselines_at = {name: run_solver(name, bare, opts, inv.top_k).placement
                     for name in ("layer", "uniform")}
     plan.predicted = []
     progress("predicting on the calibration traffic")
     for t in traffic:
         for b in opts.concurrency:
-            replayed = replay_with_intervals(problem, {**lines, **baselines_at}, t.steps[b],
+            replayed = replay_with_intervals(bare, {**lines, **baselines_at}, t.steps[b],
                                              spec.base_step_s(b), seed=opts.seed)
             plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
                                    **replayed.ratio("ratio_to_layer", "layer")})
@@ -237,6 +249,23 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                   for r in plan.predicted}
         plan.robust = {"ratios": ratios, "worst_ratio": max(ratios.values())}
     return plan
+
+
+def thin(traffic: list[Traffic], most: int) -> tuple[list[Traffic], str | None]:
+    """Each traffic's steps cut to at most `most` evenly spaced ones (the static candidate's
+    solver holds an [S, L, E] mask of them), and a note where any was cut."""
+    out, cut = [], []
+    for t in traffic:
+        steps = {}
+        for b, s in t.steps.items():
+            every = -(-len(s) // most)
+            steps[b] = TokenSteps(s.tokens[::every], s.seqs[::every]) if every > 1 else s
+            if every > 1:
+                cut.append(f"{t.name} B={b}: {len(steps[b])} of {len(s)}")
+        out.append(Traffic(t.name, t.path, t.profile, steps))
+    note = (f"the static placement was solved by the --solver on evenly spaced steps of the "
+            f"calibration traffic ({'; '.join(cut)})") if cut else None
+    return out, note
 
 
 def _budget_json(opts: SolveOptions) -> dict:
@@ -271,23 +300,26 @@ def _static_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: n
 
 
 def _cached_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np.ndarray,
-                 traffic: list[Traffic], opts: SolveOptions) -> tuple[Plan, dict[str, Line]]:
+                 split: Split, info: dict, opts: SolveOptions) -> tuple[Plan, dict[str, Line]]:
     """Pinned experts and per-layer cache slots, split by `placer.plan.cache`."""
-    split, info = solve_cache(inv, spec, home, budget, traffic, opts)
     unit = slot_unit(inv.expert_bytes(), home, len(spec.cards))
     pins = split.pinned.astype(np.int64)
-    solver = {"name": "split", "objective": split.stall_s, "bound": None, "gap": None,
+    solver = {"name": "split", "objective": split.objective, "bound": None, "gap": None,
               "seconds": info["seconds"], "status": "cross-validated" if info["folds"]
               else "in sample", "seed": opts.seed, "time_limit": None, "steps": None,
-              "objective_unit": "seconds of stall per decode step on held-out folds of the "
-                                "calibration sequences (weighted over profiles and "
-                                "concurrency)"}
+              "objective_unit": SPLIT_REGRET if opts.robust else SPLIT_STALL}
     plan = build_plan(inv, spec, home=home, resident_pages=pins, page_size=None,
                       budget_bytes=budget, staging_bytes=split.staging * unit,
                       budget=_budget_json(opts), ep=opts.ep, solver=solver, execution="stage",
                       quotas=split.quotas, cache_policy=opts.cache_policy)
-    plan.cache = info
     return plan, {"placement": Line(Placement(pins), opts.cache_policy, split.quotas)}
+
+
+SPLIT_STALL = ("seconds of stall per decode step on held-out folds of the calibration "
+               "sequences (weighted over profiles and concurrency)")
+SPLIT_REGRET = ("ratio: the mean over profiles and concurrencies of the held-out stall over "
+                "that traffic's plain-cache stall (1 = the plain cache)")
+STATIC_STEPS = 4096  # steps per traffic and concurrency the static candidate is solved on
 
 
 def solver_json(result: SolveResult, opts: SolveOptions) -> dict:

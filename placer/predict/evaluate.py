@@ -53,6 +53,7 @@ from traces.profile import (
 from traces.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "belady")  # stage execution only
+BEHIND_LRU = "worse than lru"    # a trace verdict: above the plain cache beyond noise
 MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
 
 
@@ -270,6 +271,11 @@ def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
         if other in lines:
             row.update(replayed.ratio(f"ratio_to_{other}", other))
     row["verdict"] = verdict(row["ratio_to_layer_ci95"])
+    if "lru" in lines:  # the bar a plan must clear beside layer offload
+        better = min(("lru", "oracle"), key=lambda k: replayed.figures[k]["stall_ms_per_step"])
+        row.update({"better_baseline": better,
+                    **replayed.ratio("ratio_to_better_baseline", better),
+                    "cache_verdict": verdict(row["ratio_to_lru_ci95"])})
     scale = 1.0 / (len(steps) * batch)
     return row, {line: (replayed.staged[line] * scale).tolist() for line in lines}
 
@@ -305,8 +311,10 @@ def too_little_note(row: dict) -> str:
 def trace_verdict(name: str, rows: list[dict]) -> dict:
     """One traffic set over all its concurrencies: worse if any row's stall ratio to layer
     offload is worse beyond noise, too little traffic if any row has too few sequences for an
-    interval, better if every row's is better, else within noise. `ok` (for scripts) is
-    "not worse, as far as the traffic tells": false for worse and for too little traffic."""
+    interval, better if every row's is better, else within noise; and worse than lru where a
+    row's stall is above the plain cache's (lru) beyond its interval, even when better than
+    layer offload. `ok` (for scripts) is "not worse, as far as the traffic tells": false for
+    worse, worse than lru and too little traffic."""
     worst = max(r["ratio_to_layer"] for r in rows)
     out = {"traces": name, "worst_ratio_to_layer": worst}
     worse = [r for r in rows if r["verdict"] == "worse"]
@@ -317,6 +325,15 @@ def trace_verdict(name: str, rows: list[dict]) -> dict:
                            f"offload on this traffic (stall {r['ratio_to_layer']:.3f}x layer "
                            f"offload's at B={r['concurrency']} with {r['execution']} execution, "
                            f"95% interval {_span(r['ratio_to_layer_ci95'])})"}
+    behind = [r for r in rows if r.get("cache_verdict") == "worse"]
+    if behind:
+        r = max(behind, key=lambda r: r["ratio_to_lru"])
+        return {**out, "verdict": BEHIND_LRU, "ok": False,
+                "message": f"WARNING: {name}: this placement is predicted WORSE than a plain "
+                           f"cache (the same VRAM as per-layer LRU slots, nothing pinned) on "
+                           f"this traffic (stall {r['ratio_to_lru']:.3f}x lru's at "
+                           f"B={r['concurrency']}, 95% interval {_span(r['ratio_to_lru_ci95'])})"
+                           f": solve it with --cache auto on traffic like this one"}
     few = [r for r in rows if r["verdict"] == TOO_LITTLE]
     if few:
         return {**out, "verdict": TOO_LITTLE, "ok": False,

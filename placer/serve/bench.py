@@ -35,7 +35,7 @@ from placer.errors import PlacerError
 from placer.plan.placement import Plan
 from placer.progress import NO_BAR, ItemsBar
 from placer.runtime.placed_model import PlacedModel, load_placed_model
-from placer.serve.bench_predict import MIN_TRIALS, predict_arm, ratio_to, t_interval
+from placer.serve.bench_predict import MIN_TRIALS, cache_verdicts, predict_arm, ratio_to, t_interval
 from placer.serve.engine import Engine, context_of, start_engine
 from placer.serve.openai_api import encode_messages, encode_text
 from placer.serve.steps import DecodeStep, StepRecorder
@@ -163,6 +163,8 @@ def measure_arm(placed: Path, plan: Plan, concurrency: int, trials: list[Trial],
             **{f"predicted_{k}": v for k, v in predicted.items()
                if k not in ("tokens_per_s", "tokens_per_s_ci95", "estimate")},
             "decode_steps": len(steps), "batching": mode, "cache_slots": opts.cache_slots,
+            "plain_cache": bool(all(c.resident_bytes == 0 for c in plan.cards)
+                                and sum(c.cache_slots for c in plan.cards) > 0),
             "_predicted": predicted["estimate"]}
 
 
@@ -192,7 +194,7 @@ def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: B
              "more)"] if opts.trials < MIN_TRIALS else []
     return {"model": str(checkpoint), "prompts": str(prompts_path), "num_prompts": len(prompts),
             "trials": opts.trials, "max_new_tokens": opts.max_new_tokens, "notes": notes,
-            "arms": rows}
+            "arms": rows, "verdicts": cache_verdicts(rows)}
 
 
 def measure_placed(loaded: PlacedModel, placed: Path, prompts: list[list[int]],

@@ -16,14 +16,16 @@ import numpy as np
 from scipy import stats
 
 from placer.plan.placement import Plan, plan_caches
-from placer.predict.evaluate import plan_placement, plan_problem
+from placer.predict.evaluate import cache_lines, plan_placement, plan_problem
 from solvers.intervals import (
     REPLICATES,
     Estimate,
     Units,
+    estimable,
     line_figures,
     replicate_weights,
     units_of,
+    verdict,
 )
 from solvers.replay import Line, replay_lines
 from traces.profile import TokenSteps
@@ -47,16 +49,21 @@ def predict_arm(plan: Plan, steps: TokenSteps, num_prompts: int, cache_slots: in
     line = Line(plan_placement(plan, "stage"), caches.name if caches.slots.any() else None,
                 caches.quotas)
     units = prompt_units(steps.seqs, num_prompts)
-    sums, _ = replay_lines(problem, {"arm": line}, steps, units)
+    lru = cache_lines(plan, problem, line.placement, cache_slots)["lru"]
+    sums, _ = replay_lines(problem, {"arm": line, "lru": lru}, steps, units)
     base = plan.hardware.base_step_s(batch)
-    figures, stall_estimate = line_figures(sums["arm"], units.tokens(), replicate_weights(
-        units.count, replicates, seed), batch, base)
+    weights = replicate_weights(units.count, replicates, seed)
+    figures, stall_estimate = line_figures(sums["arm"], units.tokens(), weights, batch, base)
+    _, lru_stall = line_figures(sums["lru"], units.tokens(), weights, batch, base)
+    to_lru = stall_estimate.ratio_to(lru_stall)
     return {"tokens_per_s": figures["tokens_per_s"],
             "tokens_per_s_ci95": figures["tokens_per_s_ci95"],
             "stall_ms_per_step": figures["stall_ms_per_step"],
             "stall_ms_per_step_ci95": figures["stall_ms_per_step_ci95"],
             "staged_bytes_per_token": figures["staged_bytes_per_token"],
             "staged_bytes_per_token_ci95": figures["staged_bytes_per_token_ci95"],
+            "stall_ratio_to_lru": to_lru.point,
+            "stall_ratio_to_lru_ci95": to_lru.ci95() if estimable(units) else None,
             "base_step_ms": base * 1e3, "interval_over": units.over,
             "estimate": Estimate(batch / (base + stall_estimate.point),
                                  batch / (base + stall_estimate.replicates))}
@@ -77,6 +84,44 @@ def t_interval(values: list[float]) -> tuple[float, list[float] | None]:
         return mean, None
     half = float(stats.t.ppf(0.975, len(values) - 1) * stats.sem(logs))
     return mean, [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))]
+
+
+def cache_verdicts(rows: list[dict]) -> list[dict]:
+    """Each arm against the plain cache (the same VRAM as per-layer LRU slots, nothing
+    pinned): predicted, its stall ratio on the bench's own steps; measured, its tokens/s
+    over a plain-cache arm's at the same concurrency where the bench has one (trial by
+    trial, Student's t). `ok` false and a WARNING where either is behind beyond its
+    interval."""
+    out = []
+    for row in rows:
+        predicted = verdict(row["predicted_stall_ratio_to_lru_ci95"])
+        plain = [r for r in rows if r["plain_cache"] and r is not row
+                 and r["concurrency"] == row["concurrency"]]
+        measured = None
+        if plain:
+            ratios = [a / b for a, b in zip(row["measured_tokens_per_s_trials"],
+                                            plain[0]["measured_tokens_per_s_trials"],
+                                            strict=True)]
+            point, ci = t_interval(ratios)
+            measured = {"plain_arm": plain[0]["placed"], "ratio": point, "ci95": ci,
+                        "behind": ci is not None and ci[1] < 1.0}
+        where = f"{row['placed']} C={row['concurrency']}"
+        messages = []
+        if predicted == "worse":
+            low, high = row["predicted_stall_ratio_to_lru_ci95"]
+            messages.append(f"WARNING: {where}: predicted stall "
+                            f"{row['predicted_stall_ratio_to_lru']:.3f}x a plain cache's "
+                            f"(lru, nothing pinned) on these steps, 95% interval "
+                            f"[{low:.3f}, {high:.3f}]")
+        if measured and measured["behind"]:
+            messages.append(f"WARNING: {where}: measured {measured['ratio']:.3f}x the tokens/s "
+                            f"of the plain-cache arm {measured['plain_arm']}, 95% interval "
+                            f"[{measured['ci95'][0]:.3f}, {measured['ci95'][1]:.3f}]")
+        out.append({"placed": row["placed"], "concurrency": row["concurrency"],
+                    "predicted_vs_lru": predicted, "measured_vs_plain_cache": measured,
+                    "ok": not messages, "messages": messages})
+    return out
+
 
 
 def ratio_to(row: dict, first: dict) -> dict:

@@ -24,7 +24,7 @@ from solvers.cache.policy import CachePolicy
 
 @dataclass(frozen=True)
 class Requests:
-    """Selections as the caches see them: keys [N] (layer * E + expert) of the experts each
+    """Selections as the caches see them: keys [N] int32 (layer * E + expert) of the experts each
     step selected at each MoE layer, grouped by (step, layer) in the order served, ascending
     within a group, group g = step * L + layer spanning offsets[g] .. offsets[g + 1] - 1.
     As long as selections are sparse (top-k of E), walking them beats scanning [S, L, E]."""
@@ -41,7 +41,28 @@ class Requests:
         keys = (group % layers) * experts + expert
         offsets = np.zeros(steps * layers + 1, dtype=np.int64)
         np.cumsum(np.bincount(group, minlength=steps * layers), out=offsets[1:])
-        return cls(keys.astype(np.int64), offsets, (steps, layers, experts))
+        return cls(keys.astype(np.int32), offsets, (steps, layers, experts))
+
+    @classmethod
+    def of_tokens(cls, tokens: np.ndarray, experts: int, chunk: int = 1 << 20) -> Requests:
+        """The requests of decode steps given as their tokens, [S, B, L, k] expert ids (-1:
+        none), without the [S, L, E] mask (`chunk` (step, layer) groups at a time): the
+        same as `of(step_mask(tokens, experts))` in a fraction of the memory."""
+        steps, batch, layers, k = tokens.shape
+        groups = np.asarray(tokens).transpose(0, 2, 1, 3).reshape(steps * layers, batch * k)
+        keys, counts = [], np.zeros(steps * layers, dtype=np.int64)
+        for start in range(0, len(groups), chunk):
+            part = np.sort(groups[start:start + chunk], axis=1)
+            keep = part >= 0
+            keep[:, 1:] &= part[:, 1:] != part[:, :-1]
+            counts[start:start + len(part)] = keep.sum(axis=1)
+            base = (np.arange(start, start + len(part), dtype=np.int32) % layers) * experts
+            keys.append(part[keep].astype(np.int32)
+                        + np.repeat(base, counts[start:start + len(part)]))
+        offsets = np.zeros(steps * layers + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return cls(np.concatenate(keys) if keys else np.zeros(0, np.int32), offsets,
+                    (steps, layers, experts))
 
     def hits(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray) -> np.ndarray:
         """[N] bool: which requests `policy`'s caches hold when they come (state carries)."""

@@ -1,24 +1,28 @@
 """Pin for the cache: each card's budget split between pinned experts and per-layer cache slots.
 
 Per (card, MoE layer) the choice is (p, q): p pinned experts, q cache slots. With per-layer
-caches (solvers/cache/partition.py) the layers do not interact, so the cost of a layer under
-(p, q) can be measured for every layer at once by replaying the traffic with (p, q) in every
-layer, and a knapsack over the layers picks the best (p_l, q_l) within the budget exactly
-(for the costs measured). Three things keep the choice honest:
+caches (solvers/cache/partition.py) the layers do not interact, so the cost of a split is
+the sum of its (card, layer) cells' costs, each measured for every layer at once on held-out
+folds (solvers/cache/costs.py), and a knapsack over the layers picks the best (p_l, q_l)
+within a card's budget exactly (for the costs measured).
 
-- The costs are cross-validated: the calibration sequences are cut into folds; for each
-  fold the pins are ranked on the other folds and the misses counted on the fold itself, so
-  a split is judged on traffic it was not chosen on.
-- Pins are ranked for the cache, not by frequency: by the misses of each expert under the
-  layer's cache with q slots and nothing pinned (ties: selections). An expert the cache
-  keeps warm gains little from a pin; one with long reuse distances gains a miss per use.
-  Frequency pins never helped a cache on held-out gpt-oss decode routing (the hottest
-  experts are those a cache keeps anyway); miss-ranked pins saved 5-9% of the stall.
-- Pins are capped at `pin_share` of a layer's units (p <= pin_share (p + q)). Uncapped, the
-  knapsack pins for the calibration task (best in profile: 43.2 tok/s on ESFT intent, above
-  the static oracle's 41.1) and loses 20-30% to a plain cache on unseen tasks; capped at a
-  quarter it keeps 1.67-1.85x static's tok/s on every unseen ESFT task and stays within 3%
-  of the better of static and a plain cache everywhere (benchmarks/bench_routing.py).
+The split is chosen among candidates, every one judged on the same held-out folds, and the
+best of them is returned (the table `placer solve` prints is these figures):
+- static: pins only, no slots, as many as fit (`placer solve` places it with --solver);
+- plain cache: the whole budget as even per-layer slots, nothing pinned (what an engine's
+  expert cache does with the same VRAM);
+- a split for each pin cap of CAPS (p <= cap (p + q) in every layer, by the knapsack);
+- equal slots per layer at each share of CURVE, the rest pinned (the curve).
+A candidate that chooses (the knapsack) is judged nested: for each held-out unit (a fold of
+the sequences, or with several trace sets a whole set), it is chosen on the other units and
+its cost counted on the held-out one. So the pin cap is chosen from the data: a cap that
+pins for the calibration traffic loses where the held-out traffic differs. (With one trace
+set the folds cannot see another task; the costs of the other units were ranked with the
+held-out unit among their training folds, a small leak the nesting does not remove.)
+
+Pins are ranked for the cache, not by frequency: by the misses of each expert under the
+layer's cache with q slots and nothing pinned (ties: selections). An expert the cache keeps
+warm gains little from a pin; one with long reuse distances gains a miss per use.
 
 A layer's fetch uses only its own slots, so the staging buffer must hold what a fetch needs
 beyond the smallest layer quota: max(0, n - min_l q_l) experts (solvers/staging.py). The
@@ -27,36 +31,28 @@ knapsack runs once per candidate floor m of the quotas, with the buffer's units 
 Cost of a miss: one copy of a whole expert, latency + bytes / bandwidth of its card, summed
 over a card's layers. On one card that is the stall exactly; with several cards the stall of
 a layer is the max over cards, which this sum only bounds from above.
+
+The p and q values tried per (card, layer) are a grid over 0 .. the widest (card, layer),
+GRID_POINTS values where the replays fit REPLAY_KEYS requests, fewer where they do not.
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
-from solvers.cache import even_quotas, make_policy
-from solvers.cache.replay import Requests
+from solvers.cache import even_quotas
+from solvers.cache.costs import Cell, CostProblem, CostTable, Scenario, first, pin_order, pins_of
 from solvers.staging import cache_only_slots
 
-GRID_POINTS = 17  # q values tried per layer (and p values for the curve)
-CURVE = (0.0, 0.25, 0.5, 0.75, 1.0)  # shares of a card's units as slots, equal per layer
+GRID_POINTS = 9         # p and q values per (card, layer), where the replay budget allows
+REPLAY_KEYS = 2.0e9     # requests the cost table replays at most (about a minute on 2 cores)
+CURVE = (0.0, 0.25, 0.5, 0.75, 1.0)  # shares of a card's most slots, equal per layer
+CAPS = (0.25, 0.5, 1.0)  # pin caps tried: p <= cap (p + q)
 
-
-@dataclass(frozen=True)
-class Scenario:
-    """One calibration traffic at one concurrency, its steps' selections as the caches see
-    them (solvers.cache.replay.Requests, in the order served): all of its steps, and per fold
-    the steps of the other folds' sequences (train) and of the fold's own (held); `weight`
-    its share of the objective."""
-
-    name: str
-    whole: Requests
-    folds: list[tuple[Requests, Requests]]
-    weight: float
+__all__ = ["CAPS", "CURVE", "Scenario", "Split", "SplitProblem", "replay_count", "solve_split"]
 
 
 @dataclass(frozen=True)
@@ -70,178 +66,200 @@ class SplitProblem:
     units: np.ndarray
     fetch_limit: np.ndarray
     policy: str
-    pin_share: float = 0.25
+    caps: tuple[float, ...] = CAPS
     pin_rule: str = "misses"  # or "frequency": rank pins by selections (the static way)
-    search_rounds: int = 0    # rounds of the local search over pin swaps (_search)
 
     @property
     def num_cards(self) -> int:
         return len(self.units)
 
 
-@dataclass
-class Split:
-    """pinned: [L, E] bool; quotas: [C, L] cache slots; staging: [C] experts of staging
-    buffer; stall_s: the cross-validated stall per step (weighted over scenarios) of this
-    split; curve: the same for equal per-layer slots at each share of CURVE."""
+@dataclass(frozen=True)
+class Family:
+    """One candidate: `kind` static | cache | split | slots; the cells its knapsack may
+    pick (static, split) or its fixed slots quotas [C, L] (cache, slots)."""
 
-    pinned: np.ndarray
-    quotas: np.ndarray
-    staging: np.ndarray
-    stall_s: float
-    curve: list[dict] = field(default_factory=list)
-
-
-def solve_split(problem: SplitProblem, scenarios: list[Scenario],
-                slots: int | None = None) -> Split:
-    """The best split (slots None), or `slots` slots per card spread evenly over the layers
-    with the rest of each budget pinned (no pin cap: the split is the caller's)."""
-    layers, width = problem.home.shape
-    grid = _grid(width)
-    fixed = None if slots is None else even_quotas([slots] * problem.num_cards, layers)
-    columns = sorted(set(_curve_columns(problem, grid))
-                     | (set() if fixed is None else set(fixed.ravel().tolist())))
-    cells = sorted({(p, q) for q in grid for p in grid
-                    if p + q <= width and p <= problem.pin_share * (p + q)}
-                   | {(p, q) for q in columns for p in grid if p + q <= width})
-    table = CostTable(problem, scenarios, cells)
-    if fixed is None:
-        plan = _knapsack(problem, table, [(p, q) for p, q in cells
-                                          if p <= problem.pin_share * (p + q)])
-    else:
-        plan = _fixed(problem, table, fixed, cells)
-    chosen = first(plan.p, width)
-    if problem.search_rounds:
-        chosen, stall = _search(problem, scenarios, plan)
-        plan = _Plan(plan.p, plan.q, plan.staging, stall)
-    split = _final(problem, scenarios, plan, chosen)
-    split.curve = _curve(problem, table, grid)
-    return split
-
-
-def _grid(width: int) -> list[int]:
-    step = max(1, -(-width // (GRID_POINTS - 1)))
-    return sorted(set(range(0, width + 1, step)) | {width})
-
-
-def _curve_columns(problem: SplitProblem, grid: list[int]) -> list[int]:
-    """The q per layer of each share of CURVE: that share of the most slots the mean card
-    holds with nothing pinned (on the grid, rounded down so that the whole share fits)."""
-    layers = problem.home.shape[0]
-    most = cache_only_slots(problem.units, problem.fetch_limit, layers).mean() / layers
-    return [max(g for g in grid if g <= share * most + 1e-9) for share in CURVE]
-
-
-class CostTable:
-    """cost(p, q): [C, L] cross-validated seconds of stall per step of every (card, layer)
-    with p pins and q slots in each layer (see module docstring)."""
-
-    def __init__(self, problem: SplitProblem, scenarios: list[Scenario],
-                 cells: list[tuple[int, int]]) -> None:
-        self.problem = problem
-        layers = problem.home.shape[0]
-        self.cost = {cell: np.zeros((problem.num_cards, layers)) for cell in cells}
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            for sc in scenarios:
-                for train, held in sc.folds:
-                    scale = sc.weight / (held.shape[0] * len(sc.folds))
-                    for cell, m in self.fold(pool, train, held, cells).items():
-                        self.cost[cell] += m * problem.miss_s[:, None] * scale
-
-    def fold(self, pool: ThreadPoolExecutor, train: Requests, held: Requests,
-             cells: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
-        """[C, L] held-out misses of every cell, pins ranked on `train` (compiled replays
-        release the GIL: one thread per core)."""
-        qs = sorted({q for _, q in cells})
-        ranks = dict(zip(qs, pool.map(partial(self.rank, train), qs), strict=True))
-        misses = pool.map(lambda cell: self.misses(held, ranks[cell[1]], *cell), cells)
-        return dict(zip(cells, misses, strict=True))
-
-    def rank(self, steps: Requests, q: int) -> np.ndarray:
-        """[L, E] order of each layer's experts as pins under q slots: most misses first."""
-        quotas = np.full((self.problem.num_cards, steps.shape[1]), q)
-        return rank_pins(self.problem, steps, quotas)
-
-    def misses_per_expert(self, steps: Requests, pinned: np.ndarray, q: int) -> np.ndarray:
-        """[L, E] misses of each expert over `steps` with `pinned` and q slots per layer."""
-        return expert_misses(self.problem, steps, pinned,
-                             np.full((self.problem.num_cards, steps.shape[1]), q))
-
-    def misses(self, steps: Requests, rank: np.ndarray, p: int, q: int) -> np.ndarray:
-        """[C, L] misses over `steps` with the top-p of `rank` pinned in each (card, layer),
-        q slots."""
-        home = self.problem.home
-        pinned = pins_of(rank, first(np.full((self.problem.num_cards, home.shape[0]), p),
-                                     home.shape[1]), home)
-        per_expert = self.misses_per_expert(steps, pinned, q)
-        return per_card(per_expert, home, self.problem.num_cards)
-
-    def __call__(self, p: int, q: int) -> np.ndarray:
-        return self.cost[(p, q)]
-
-
-def expert_misses(problem: SplitProblem, steps: Requests, pinned: np.ndarray,
-                  quotas: np.ndarray) -> np.ndarray:
-    """[L, E] misses of each expert over `steps` with `pinned` and quotas [C, L] slots."""
-    _, layers, experts = steps.shape
-    cache = make_policy(problem.policy, quotas, layers * experts)
-    return steps.misses(cache, ~pinned, problem.home)
-
-
-def rank_pins(problem: SplitProblem, steps: Requests, quotas: np.ndarray) -> np.ndarray:
-    """[L, E] each layer's experts in the order they are worth pinning beside `quotas` slots:
-    by the misses the cache would have on them with nothing pinned (`pin_rule` "misses"), or
-    by selections ("frequency")."""
-    chosen = selections(steps)
-    if problem.pin_rule == "frequency":
-        return pin_order(chosen, chosen)
-    nothing = np.zeros(problem.home.shape, dtype=bool)
-    return pin_order(expert_misses(problem, steps, nothing, quotas), chosen)
-
-
-def selections(steps: Requests) -> np.ndarray:
-    """[L, E] how often each expert was selected."""
-    _, layers, experts = steps.shape
-    return np.bincount(steps.keys, minlength=layers * experts).reshape(layers, experts)
-
-
-def pin_order(misses: np.ndarray, selections: np.ndarray) -> np.ndarray:
-    """[L, E] each layer's experts, most misses first (ties: most selections)."""
-    return np.lexsort((-selections, -misses), axis=-1)
-
-
-def first(counts: np.ndarray, width: int) -> np.ndarray:
-    """[C, L, E] bool: the first counts[c, l] rank positions of each (card, layer)."""
-    return np.arange(width)[None, None, :] < counts[:, :, None]
-
-
-def pins_of(rank: np.ndarray, chosen: np.ndarray, home: np.ndarray) -> np.ndarray:
-    """[L, E] bool: in each (card, layer), the experts at the rank positions chosen[c, l]
-    (positions counted among the experts of the layer's `rank` that card c homes)."""
-    out = np.zeros(rank.shape, dtype=bool)
-    for layer, order in enumerate(rank):
-        seen = np.zeros(len(chosen), dtype=np.int64)
-        for e in order:
-            c = home[layer, e]
-            out[layer, e] = chosen[c, layer, seen[c]]
-            seen[c] += 1
-    return out
-
-
-def per_card(per_expert: np.ndarray, home: np.ndarray, num_cards: int) -> np.ndarray:
-    """[L, E] -> [C, L] sums over the experts each card homes."""
-    return np.stack([(per_expert * (home == c)).sum(axis=1) for c in range(num_cards)])
+    name: str
+    kind: str
+    cells: list[Cell]
+    quotas: np.ndarray | None = None
+    pin_cap: float | None = None
+    share: float | None = None
 
 
 @dataclass(frozen=True)
 class _Plan:
-    p: np.ndarray       # [C, L] pins
-    q: np.ndarray       # [C, L] slots
+    p: np.ndarray        # [C, L] pins
+    q: np.ndarray        # [C, L] slots
     staging: np.ndarray  # [C] experts
+
+
+@dataclass
+class Split:
+    """pinned: [L, E] bool; quotas: [C, L] cache slots; staging: [C] experts of staging
+    buffer; kind: the chosen candidate's (static: `placer solve` places its pins with
+    --solver); stall_s: its held-out stall per step (weighted over scenarios by their
+    shares); objective: what was minimized (the stall, or under regret weights the mean
+    ratio of each scenario's stall to its plain cache's); candidates: every candidate's
+    figures, the chosen one marked."""
+
+    pinned: np.ndarray
+    quotas: np.ndarray
+    staging: np.ndarray
+    kind: str
     stall_s: float
+    objective: float
+    candidates: list[dict] = field(default_factory=list)
 
 
-def _knapsack(problem: SplitProblem, table: CostTable, allowed: list[tuple[int, int]]
+def families(problem: SplitProblem, slots: int | None, step: int) -> list[Family]:
+    """The candidates (see module docstring), or with `slots` only that many per card."""
+    layers = problem.home.shape[0]
+    width = _width(problem)
+    grid = sorted(set(range(0, width + 1, step)) | {width})
+    pins = [p for p in grid if p > 0]
+    if slots is not None:
+        quotas = even_quotas([slots] * problem.num_cards, layers)
+        return [Family(f"{slots} slots per card", "slots", _slot_cells(quotas, grid, width),
+                       quotas)]
+    most = cache_only_slots(problem.units, problem.fetch_limit, layers)
+    plain = even_quotas(most, layers)
+    out = [Family("static", "static", [(p, 0) for p in grid]),
+           Family("plain cache", "cache", [(0, int(q)) for q in np.unique(plain)], plain)]
+    for cap in problem.caps:
+        out.append(Family(f"split, pins <= {cap:g} of a layer", "split",
+                          [(p, q) for q in grid for p in [0, *pins]
+                           if p + q <= width and p <= cap * (p + q)], pin_cap=cap))
+    for share in CURVE[1:]:
+        quotas = np.full((problem.num_cards, layers), int(share * most.min() // layers))
+        out.append(Family(f"{int(quotas[0, 0])} slots per layer, the rest pinned", "slots",
+                          _slot_cells(quotas, grid, width), quotas, share=share))
+    return out
+
+
+def _width(problem: SplitProblem) -> int:
+    """The most experts one card homes in one layer."""
+    return int(max((problem.home == c).sum(axis=1).max() for c in range(problem.num_cards)))
+
+
+def _slot_cells(quotas: np.ndarray, grid: list[int], width: int) -> list[Cell]:
+    return [(p, int(q)) for q in np.unique(quotas) for p in grid if p + q <= width]
+
+
+def _cells(fams: list[Family]) -> list[Cell]:
+    return sorted({cell for f in fams for cell in f.cells})
+
+
+def _replays(cells: list[Cell]) -> int:
+    """Replays per fold entry the cells need (solvers/cache/costs.py)."""
+    return len({q for _, q in cells if q > 0}) + sum(1 for p, q in cells if p > 0 and q > 0)
+
+
+def _step(problem: SplitProblem, scenarios: list[Scenario], slots: int | None) -> int:
+    """The grid step: the finest of GRID_POINTS or fewer values whose replays fit
+    REPLAY_KEYS requests (at least 3 values: 0, half and all of the widest layer)."""
+    width = _width(problem)
+    keys = sum(len(f.keys) for sc in scenarios for f in sc.folds)
+    for points in range(GRID_POINTS, 2, -1):
+        step = max(1, -(-width // (points - 1)))
+        if _replays(_cells(families(problem, slots, step))) * keys <= REPLAY_KEYS:
+            return step
+    return max(1, -(-width // 2))
+
+
+def replay_count(problem: SplitProblem, scenarios: list[Scenario], slots: int | None) -> int:
+    """How many replays solve_split runs (for a progress bar)."""
+    cells = _cells(families(problem, slots, _step(problem, scenarios, slots)))
+    return _replays(cells) * sum(len(sc.folds) for sc in scenarios)
+
+
+def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | None = None,
+                regret: bool = False, tick: Callable[[], None] | None = None) -> Split:
+    """The best candidate (slots None), or `slots` slots per card spread evenly over the
+    layers with the rest of each budget pinned; with `regret`, each scenario weighed by 1 /
+    its plain cache's held-out stall (the mean ratio to the plain cache is minimized).
+    `tick` is called after each replay."""
+    fams = families(problem, slots, _step(problem, scenarios, slots))
+    table = CostTable(CostProblem(problem.home, problem.miss_s, problem.policy,
+                                  problem.pin_rule), scenarios, _cells(fams), tick)
+    scenario_of = np.array([e.scenario for e in table.entries])
+    share = np.array([scenarios[i].share for i in scenario_of])
+    weight = np.array([scenarios[i].weight for i in scenario_of])
+    if regret:
+        weight = _regret_weights(problem, table, scenario_of, len(scenarios))
+    judged = []
+    for fam in fams:
+        try:
+            judged.append((fam, *_nested(problem, table, fam, weight, share)))
+        except ValueError:
+            if fam.kind != "slots" or slots is not None:
+                raise
+    best = min(judged, key=lambda j: j[1])
+    candidates = []
+    for fam, objective, stall in judged:
+        plan = _fit(problem, table.weighted(weight), fam)
+        candidates.append({"name": fam.name, "kind": fam.kind, "pin_cap": fam.pin_cap,
+                           "slots_share": fam.share,
+                           "slots_per_layer": None if fam.share is None
+                           else int(fam.quotas[0, 0]),
+                           "pinned": int(plan.p.sum()), "slots": int(plan.q.sum()),
+                           "stall_s": stall, "objective": objective,
+                           "chosen": fam is best[0]})
+    fam, objective, stall = best
+    plan = _fit(problem, table.weighted(weight), fam)
+    pinned = pins_of(pin_order(table.all_misses(plan.q), sum(table.sel)),
+                     first(plan.p, problem.home.shape[1]), problem.home)
+    return Split(pinned, plan.q, plan.staging, fam.kind, stall, objective, candidates)
+
+
+def _regret_weights(problem: SplitProblem, table: CostTable, scenario_of: np.ndarray,
+                    count: int) -> np.ndarray:
+    """[F] 1 / (scenarios x its plain cache's held-out stall) for each entry's scenario."""
+    layers = problem.home.shape[0]
+    plain = even_quotas(cache_only_slots(problem.units, problem.fetch_limit, layers), layers)
+    per_entry = sum(table.cost[(0, int(plain[c, layer]))][:, c, layer]
+                    for c in range(problem.num_cards) for layer in range(layers))
+    stall = np.bincount(scenario_of, weights=per_entry, minlength=count)
+    out = np.where(stall > 0, 1.0 / (count * np.where(stall > 0, stall, 1.0)), 0.0)
+    return out[scenario_of]
+
+
+def _nested(problem: SplitProblem, table: CostTable, fam: Family, weight: np.ndarray,
+            share: np.ndarray) -> tuple[float, float]:
+    """(objective, stall) of a candidate on held-out units, each unit's choice made on the
+    others (one unit: in sample)."""
+    units = np.array([e.unit for e in table.entries])
+    held_out = [units == u for u in np.unique(units)] if len(np.unique(units)) > 1 else [
+        np.ones(len(units), dtype=bool)]
+    objective = stall = 0.0
+    for held in held_out:
+        train = weight * (~held if len(held_out) > 1 else held)
+        plan = _fit(problem, table.weighted(train), fam)
+        objective += _judge(table, plan, weight * held)
+        stall += _judge(table, plan, share * held)
+    return objective, stall
+
+
+def _judge(table: CostTable, plan: _Plan, weights: np.ndarray) -> float:
+    """The cost of `plan` summed over the entries with `weights`."""
+    total = 0.0
+    for c, layer in np.ndindex(plan.p.shape):
+        total += float(weights @ table.cost[(int(plan.p[c, layer]), int(plan.q[c, layer]))][
+            :, c, layer])
+    return total
+
+
+def _fit(problem: SplitProblem, costs: dict[Cell, np.ndarray], fam: Family) -> _Plan:
+    """The candidate's plan at these costs."""
+    if fam.kind == "cache":
+        staging = np.maximum(0, problem.fetch_limit - fam.quotas.min(axis=1))
+        return _Plan(np.zeros_like(fam.quotas), fam.quotas.copy(), staging)
+    if fam.kind == "slots":
+        return _fixed(problem, costs, fam.quotas, fam.cells)
+    return _knapsack(problem, costs, fam.cells)
+
+
+def _knapsack(problem: SplitProblem, costs: dict[Cell, np.ndarray], allowed: list[Cell]
               ) -> _Plan:
     """Per card, the (p_l, q_l) of least summed cost within its units, over every floor m
     of the quotas (the staging buffer holds fetch_limit - m experts)."""
@@ -249,7 +267,6 @@ def _knapsack(problem: SplitProblem, table: CostTable, allowed: list[tuple[int, 
     p = np.zeros((problem.num_cards, layers), dtype=np.int64)
     q = np.zeros_like(p)
     staging = np.zeros(problem.num_cards, dtype=np.int64)
-    total = 0.0
     for c in range(problem.num_cards):
         homes = (problem.home == c).any(axis=1)
         best = None
@@ -257,7 +274,7 @@ def _knapsack(problem: SplitProblem, table: CostTable, allowed: list[tuple[int, 
             room = int(problem.units[c]) - max(0, int(problem.fetch_limit[c]) - floor)
             options = [[cell for cell in allowed if cell[1] >= floor] if homes[layer]
                        else [(0, 0)] for layer in range(layers)]
-            found = _layer_knapsack([[table(*cell)[c, layer] for cell in options[layer]]
+            found = _layer_knapsack([[costs[cell][c, layer] for cell in options[layer]]
                                      for layer in range(layers)],
                                     [[sum(cell) for cell in row] for row in options], room)
             if found is not None and (best is None or found[0] < best[0]):
@@ -265,32 +282,31 @@ def _knapsack(problem: SplitProblem, table: CostTable, allowed: list[tuple[int, 
                         floor)
         if best is None:
             raise ValueError(f"card {c}: {problem.units[c]} experts of budget hold no split")
-        total += best[0]
         p[c], q[c] = np.array(best[1]).T
         staging[c] = max(0, int(problem.fetch_limit[c]) - best[2])
-    return _Plan(p, q, staging, total)
+    return _Plan(p, q, staging)
 
 
 def _layer_knapsack(costs: list[list[float]], units: list[list[int]], room: int
                     ) -> tuple[float, list[int]] | None:
     """Choose one option per layer (option i of a layer costs costs[layer][i] and takes
     units[layer][i]) of least total cost within `room` units; (cost, choice per layer), or
-    None."""
+    None. Of a layer's options of equal units only the cheapest is tried."""
     if room < 0:
         return None
-    inf = np.inf
     best = np.zeros(room + 1)
     choice = []
     for row, row_units in zip(costs, units, strict=True):
-        new = np.full(room + 1, inf)
-        arg = np.full(room + 1, -1, dtype=np.int64)
+        cheapest: dict[int, int] = {}
         for i, (cost, u) in enumerate(zip(row, row_units, strict=True)):
-            if u > room:
-                continue
-            cand = np.full(room + 1, inf)
-            cand[u:] = best[:room + 1 - u] + cost
-            better = cand < new
-            new[better], arg[better] = cand[better], i
+            if u <= room and (u not in cheapest or cost < row[cheapest[u]]):
+                cheapest[u] = i
+        new = np.full(room + 1, np.inf)
+        arg = np.full(room + 1, -1, dtype=np.int64)
+        for u, i in cheapest.items():
+            cand = best[:room + 1 - u] + row[i]
+            better = cand < new[u:]
+            new[u:][better], arg[u:][better] = cand[better], i
         best = new
         choice.append(arg)
     end = int(np.argmin(best))
@@ -304,93 +320,22 @@ def _layer_knapsack(costs: list[list[float]], units: list[list[int]], room: int
     return float(best[end]), picks[::-1]
 
 
-def _fixed(problem: SplitProblem, table: CostTable, quotas: np.ndarray,
-           cells: list[tuple[int, int]]) -> _Plan:
+def _fixed(problem: SplitProblem, costs: dict[Cell, np.ndarray], quotas: np.ndarray,
+           cells: list[Cell]) -> _Plan:
     """quotas[c, l] slots; the pins that fit beside them in each card's budget, by the
     knapsack (ValueError when the slots alone do not fit)."""
     layers = problem.home.shape[0]
     staging = np.maximum(0, problem.fetch_limit - quotas.min(axis=1))
     p = np.zeros_like(quotas)
-    total = 0.0
     for c in range(problem.num_cards):
         options = [[cell for cell in cells if cell[1] == quotas[c, layer]]
                    for layer in range(layers)]
-        found = _layer_knapsack([[table(*cell)[c, layer] for cell in options[layer]]
+        found = _layer_knapsack([[costs[cell][c, layer] for cell in options[layer]]
                                  for layer in range(layers)],
                                 [[sum(cell) for cell in row] for row in options],
                                 int(problem.units[c]) - int(staging[c]))
         if found is None:
             raise ValueError(f"card {c}: {int(quotas[c].sum())} cache slots do not fit its "
                              f"budget of {problem.units[c]} experts")
-        total += found[0]
         p[c] = [options[layer][i][0] for layer, i in enumerate(found[1])]
-    return _Plan(p, quotas.copy(), staging, total)
-
-
-def _final(problem: SplitProblem, scenarios: list[Scenario], plan: _Plan,
-           chosen: np.ndarray) -> Split:
-    """The plan's pins (rank positions `chosen`) ranked on all of the calibration traffic,
-    under its quotas."""
-    layers, width = problem.home.shape
-    misses, picks = np.zeros((layers, width)), np.zeros((layers, width))
-    nothing = np.zeros((layers, width), dtype=bool)
-    for sc in scenarios:
-        picks += sc.weight * selections(sc.whole)
-        if problem.pin_rule != "frequency":
-            misses += sc.weight * expert_misses(problem, sc.whole, nothing, plan.q)
-    rank = pin_order(picks if problem.pin_rule == "frequency" else misses, picks)
-    return Split(pins_of(rank, chosen, problem.home), plan.q, plan.staging, plan.stall_s)
-
-
-def _search(problem: SplitProblem, scenarios: list[Scenario], plan: _Plan
-            ) -> tuple[np.ndarray, float]:
-    """Local search over the pins: in round j every (card, layer) with pins tries its
-    lowest-ranked pin swapped for rank position p + j - 1 (each fold's rank from its own
-    training folds), keeping the swap where the held-out cost falls; all layers are tried in
-    the same replay, since they do not interact. (chosen positions [C, L, E], cost)."""
-    width = problem.home.shape[1]
-    chosen = first(plan.p, width)
-    cost = _positions_cost(problem, scenarios, plan.q, chosen)
-    for j in range(1, problem.search_rounds + 1):
-        trial = chosen.copy()
-        for c, layer in zip(*np.nonzero(plan.p), strict=True):
-            picked = np.flatnonzero(chosen[c, layer])
-            spare = [i for i in range(plan.p[c, layer] + j - 1, width)
-                     if not chosen[c, layer, i]]
-            if spare:
-                trial[c, layer, picked[-1]] = False
-                trial[c, layer, spare[0]] = True
-        got = _positions_cost(problem, scenarios, plan.q, trial)
-        better = got < cost
-        chosen[better], cost[better] = trial[better], got[better]
-    return chosen, float(cost.sum())
-
-
-def _positions_cost(problem: SplitProblem, scenarios: list[Scenario], quotas: np.ndarray,
-                    chosen: np.ndarray) -> np.ndarray:
-    """[C, L] cross-validated cost of pinning rank positions `chosen` beside `quotas`."""
-    cost = np.zeros(quotas.shape)
-    for sc in scenarios:
-        for train, held in sc.folds:
-            pinned = pins_of(rank_pins(problem, train, quotas), chosen, problem.home)
-            misses = per_card(expert_misses(problem, held, pinned, quotas), problem.home,
-                              problem.num_cards)
-            cost += misses * problem.miss_s[:, None] * sc.weight / (held.shape[0]
-                                                                    * len(sc.folds))
-    return cost
-
-
-def _curve(problem: SplitProblem, table: CostTable, grid: list[int]) -> list[dict]:
-    """Cross-validated stall of equal per-layer slots at each share of CURVE (pins, by the
-    knapsack, in the rest of each budget); a share whose slots do not fit is left out."""
-    out = []
-    cells = list(table.cost)
-    layers = problem.home.shape[0]
-    for share, q in zip(CURVE, _curve_columns(problem, grid), strict=True):
-        quotas = np.full((problem.num_cards, layers), q, dtype=np.int64)
-        try:
-            plan = _fixed(problem, table, quotas, cells)
-        except ValueError:
-            continue
-        out.append({"slots_share": share, "slots_per_layer": q, "stall_s": plan.stall_s})
-    return out
+    return _Plan(p, quotas.copy(), staging)
