@@ -167,4 +167,4 @@ def test_a_manifest_that_is_not_utf8_is_one_line(source: Path, tmp_path: Path, c
     manifest = placed / "manifest.json"
     manifest.write_bytes(b"\xff\xfe{")
     assert_one_line_error(cli("verify", placed, "--model", source, ok=False), str(manifest),
-                          "not valid UTF-8 JSON")
+                          "not UTF-8 text (byte 0xff at byte offset 0)")
