@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from traces.collect import SAME_SAMPLE, refuse_duplicate
 from traces.errors import TraceError
+from traces.runs import SAME_SAMPLE, refuse_duplicate
 from traces.schema import read_meta
 
 pytest_plugins = ["fixtures_models"]  # trace_models, trace_data, placer_run

@@ -18,20 +18,25 @@ no new batch starts once it is reached).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from traces.corpora import Corpus, Document, random_corpus
-from traces.dataset import scan
 from traces.errors import TraceError, first_line
-from traces.schema import KIND_COUNTS, KIND_TOKENS, PHASES, SEQ_ID_SHIFT
+from traces.runs import (
+    CollectOptions,
+    CollectResult,
+    ModelIdentity,
+    check_request,
+    refuse_duplicates,
+    run_meta,
+)
+from traces.schema import PHASES
 from traces.writer import TraceWriter
 
 if TYPE_CHECKING:  # torch loads in seconds: only a run that collects imports it
@@ -41,45 +46,6 @@ MODES = ("score", "generate")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """What the traces record about the model (from the checkpoint inventory)."""
-
-    fingerprint: str
-    num_layers: int
-    moe_layers: tuple[int, ...]
-    experts_per_layer: int
-    top_k: int
-
-
-@dataclass(frozen=True)
-class CollectOptions:
-    """How to run the model; see `placer collect --help`."""
-
-    mode: str = "score"
-    batch_size: int = 8
-    max_length: int = 512
-    max_new_tokens: int = 32
-    max_tokens: int | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    seed: int = 0
-    weights: bool = True
-    tokenizer: Path | None = None
-    progress: bool = True
-
-
-@dataclass(frozen=True)
-class CollectResult:
-    """One written trace file."""
-
-    tag: str
-    path: Path
-    tokens: int
-    sequences: int
-    rows: int
 
 
 @dataclass(frozen=True)
@@ -106,41 +72,6 @@ def check_options(options: CollectOptions) -> None:
             raise TraceError(f"--{name.replace('_', '-')} must be >= 1")
     if options.max_tokens is not None and options.max_tokens < 1:
         raise TraceError("--max-tokens must be >= 1")
-
-
-def check_out_dir(out_dir: Path, fingerprint: str) -> None:
-    """Refuse an output directory that holds imported counts or traces of another model."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise TraceError(f"--out {out_dir} exists and is not a directory")
-    td = scan(out_dir)
-    if td.kind == KIND_COUNTS:
-        raise TraceError(f"{out_dir} holds imported counts; collect into another directory")
-    if td.kind == KIND_TOKENS and td.model["fingerprint"] != fingerprint:
-        raise TraceError(f"{out_dir} holds traces of another model (fingerprint "
-                         f"{td.model['fingerprint'][:16]}, this model {fingerprint[:16]}); "
-                         f"collect into another directory")
-
-
-# What makes two traces the same sample of traffic: a second file of one in a directory
-# would count every one of its sequences twice in the profile.
-SAME_SAMPLE = ("fingerprint", "corpus_sha256", "tag", "mode")
-
-
-def refuse_duplicate(out_dir: Path, meta: dict) -> None:
-    """TraceError if a trace in `out_dir` holds the sample `meta` (a trace's metadata, or at
-    least its SAME_SAMPLE keys and `corpus`) describes: same model, corpus bytes, tag, mode."""
-    if not Path(out_dir).is_dir():
-        return
-    td = scan(out_dir)
-    key = {k: meta.get(k) for k in SAME_SAMPLE}
-    for path, found in zip(td.files, td.metas, strict=True):
-        if {k: found.get(k) for k in SAME_SAMPLE} == key:
-            raise TraceError(f"{path} already holds corpus {meta.get('corpus')} (tag "
-                             f"{key['tag']}, mode {key['mode']}) from this model: collecting it "
-                             "again would count it twice; remove that file or collect into "
-                             "another directory")
 
 
 def load_tokenizer(model_dir: Path, tokenizer: Path | None):
@@ -197,23 +128,14 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     import torch
 
     check_options(options)
-    out_dir = Path(out_dir)
-    check_out_dir(out_dir, identity.fingerprint)
-    if not corpora and not random_tokens:
-        raise TraceError("nothing to collect: give --corpus PATH or --random-tokens N")
-    tags = [c.tag for c in corpora] + (["random"] if random_tokens else [])
-    if len(set(tags)) != len(tags):
-        raise TraceError(f"corpus tags must be distinct, got {tags}; set them with --tag")
+    out_dir = check_request(corpora, out_dir, identity, random_tokens)
     tokenizer = load_tokenizer(model_dir, options.tokenizer)
     if random_tokens:
         special = set(tokenizer.all_special_ids)
         vocab = [i for i in range(len(tokenizer)) if i not in special]
         corpora = [*corpora, random_corpus(random_tokens, vocab=vocab,
                                            doc_length=options.max_length, seed=options.seed)]
-    for corpus in corpora:  # before loading the model (_collect_corpus checks again)
-        refuse_duplicate(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.source,
-                                   "corpus_sha256": corpus.sha256, "tag": corpus.tag,
-                                   "mode": options.mode})
+    refuse_duplicates(out_dir, corpora, identity, options)  # before loading the model
     device = resolve_device(options.device)
     torch.manual_seed(options.seed)
     model = load_model(model_dir, device, options.dtype)
@@ -232,30 +154,11 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     return results
 
 
-def run_id_of(out_dir: Path, run: dict) -> int:
-    """A 31-bit id from what identifies a run (`run`: model fingerprint, corpus, options, ...,
-    JSON-able), bumped until unused in `out_dir`."""
-    ident = json.dumps(run, sort_keys=True, default=str)
-    run_id = int(hashlib.sha256(ident.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
-    used = {m.get("run_id") for m in scan(out_dir).metas}
-    while run_id in used:
-        run_id = (run_id + 1) & 0x7FFFFFFF
-    return run_id
-
-
 def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: CollectOptions,
                     device: str) -> CollectResult:
-    run_id = run_id_of(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
-                                 "tag": corpus.tag, **asdict(options),
-                                 "tokenizer": str(options.tokenizer)})
-    base = run_id << SEQ_ID_SHIFT
-    meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
-            "corpus_sha256": corpus.sha256, "mode": options.mode, "run_id": run_id,
-            "seq_id_base": base, "weights": options.weights, "max_length": options.max_length,
-            "max_new_tokens": options.max_new_tokens if options.mode == "generate" else None,
-            "seed": options.seed}
-    refuse_duplicate(out_dir, meta)
+    meta = run_meta(out_dir, corpus, identity, options, weights=options.weights)
+    run_id, base = meta["run_id"], meta["seq_id_base"]
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
     budget = options.max_tokens

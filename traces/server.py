@@ -83,10 +83,7 @@ from traces.collect import (
     CollectResult,
     ModelIdentity,
     _encode,
-    check_out_dir,
     load_tokenizer,
-    refuse_duplicate,
-    run_id_of,
 )
 from traces.corpora import Corpus
 from traces.errors import TraceError
@@ -95,6 +92,7 @@ from traces.importers.common import token_ids
 from traces.importers.npfiles import npy_from_bytes
 from traces.importers.sglang_http import decode_routed_experts
 from traces.importers.vllm import moe_routing
+from traces.runs import check_out_dir, refuse_duplicate, run_id_of
 from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
 from traces.writer import TraceWriter
 

@@ -12,7 +12,6 @@ llama.cpp's own tokenizer and chat template from the GGUF.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -25,16 +24,13 @@ from traces.collect import (
     ModelIdentity,
     _Progress,
     check_options,
-    check_out_dir,
     encode_document,
     load_tokenizer,
-    refuse_duplicate,
-    run_id_of,
 )
 from traces.corpora import Corpus, Document, random_corpus
 from traces.errors import TraceError
 from traces.llamacpp.runner import EngineOptions, LlamaCpp
-from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
+from traces.runs import check_request, refuse_duplicates, run_meta
 from traces.writer import TraceWriter
 
 
@@ -44,15 +40,9 @@ def collect_gguf(gguf: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     """Run the GGUF over every corpus (plus `random_tokens` uniform random token ids, tag
     `random`, in documents of `max_length`) and write one trace file per corpus."""
     check_options(options)
-    out_dir = Path(out_dir)
-    check_out_dir(out_dir, identity.fingerprint)
-    if not corpora and not random_tokens:
-        raise TraceError("nothing to collect: give --corpus PATH or --random-tokens N")
+    out_dir = check_request(corpora, out_dir, identity, random_tokens)
     tokenizer = (load_tokenizer(options.tokenizer, options.tokenizer)
                  if options.tokenizer is not None else None)
-    tags = [c.tag for c in corpora] + (["random"] if random_tokens else [])
-    if len(set(tags)) != len(tags):
-        raise TraceError(f"corpus tags must be distinct, got {tags}; set them with --tag")
     engine = EngineOptions(str(gguf), n_ctx=options.max_length + options.max_new_tokens + 8,
                            n_batch=options.max_length + 8, n_expert_used=identity.top_k)
     with LlamaCpp(engine) as llama:
@@ -62,10 +52,7 @@ def collect_gguf(gguf: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
             corpora = [*corpora, random_corpus(
                 random_tokens, vocab=[i for i in range(size) if i not in special],
                 doc_length=options.max_length, seed=options.seed)]
-        for corpus in corpora:
-            refuse_duplicate(out_dir, {"fingerprint": identity.fingerprint,
-                                       "corpus": corpus.source, "corpus_sha256": corpus.sha256,
-                                       "tag": corpus.tag, "mode": options.mode})
+        refuse_duplicates(out_dir, corpora, identity, options)
         out_dir.mkdir(parents=True, exist_ok=True)
         results = [_collect_corpus(llama, tokenizer, corpus, out_dir, identity, options)
                    for corpus in corpora]
@@ -87,16 +74,8 @@ def _tokens(llama: LlamaCpp, tokenizer, doc: Document, options: CollectOptions) 
 
 def _collect_corpus(llama: LlamaCpp, tokenizer, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: CollectOptions) -> CollectResult:
-    run_id = run_id_of(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
-                                 "tag": corpus.tag, **asdict(options), "engine": "llama.cpp",
-                                 "tokenizer": str(options.tokenizer)})
-    base = run_id << SEQ_ID_SHIFT
-    meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
-            "corpus_sha256": corpus.sha256, "mode": options.mode, "run_id": run_id,
-            "seq_id_base": base, "weights": False, "max_length": options.max_length,
-            "max_new_tokens": options.max_new_tokens if options.mode == "generate" else None,
-            "seed": options.seed, "engine": "llama.cpp"}
-    refuse_duplicate(out_dir, meta)
+    meta = run_meta(out_dir, corpus, identity, options, weights=False, engine="llama.cpp")
+    run_id, base = meta["run_id"], meta["seq_id_base"]
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
     tokens = sequences = 0
