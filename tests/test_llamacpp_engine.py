@@ -11,6 +11,7 @@ import tomllib
 
 import numpy as np
 import pyarrow.parquet as pq
+from llamacpp_boxes import write_one_card_spec
 
 from placer.hardware.spec import parse_spec
 from placer.plan.solve import host_of
@@ -199,12 +200,8 @@ def test_hf_to_gguf_to_collect_solve_and_export_end_to_end(gguf_pair, tmp_path, 
     g, _ = rows(traces)
     assert {"prefill", "decode"} == set(g.phase)
     expert = 3 * 32 * 16 * 4  # f32 gate, up and down of one expert
-    spec = tmp_path / "box.toml"  # room for the experts of one of the three layers
-    spec.write_text(f'name = "tiny"\ndescription = "tiny"\nhost_ram = "1GiB"\ncards = 1\n'
-                    f'[card]\nmodel = "t"\nvram = "{8 * expert + 1000}B"\nreserved_dense = "0B"\n'
-                    f'reserved_kv = "0B"\nreserved_activations = "0B"\nh2d_bandwidth = "10GB/s"\n'
-                    f'latency_us = 5.0\n[decode]\nbase_step_ms = {{ 1 = 5.0, 4 = 6.0 }}\n'
-                    f'[host]\nmemory_bandwidth = "50GB/s"\nflops = "1TFLOPS"\nsync_us = 20.0\n')
+    # room for the experts of one of the three layers
+    spec = write_one_card_spec(tmp_path / "box.toml", 8 * expert + 1000)
     plan = tmp_path / "plan.json"
     placer_run("solve", "--engine", "llamacpp", "--model", gguf, "--hardware", spec,
                "--traces", traces, "--concurrency", "1,4", "--out", plan)

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from llamacpp_boxes import write_one_card_spec
 from real_routing import GPTOSS, routing_trace
 from typer.testing import CliRunner
 
@@ -179,12 +180,8 @@ def test_a_gguf_plans_with_its_own_expert_tensors(tmp_path):
                                "--model", str(model), "--out", str(tmp_path / "tr")])
     assert done.exit_code == 0, done.output
     expert = sum(nb2)
-    spec = tmp_path / "box.toml"  # room for the experts of 2 of the 4 layers
-    spec.write_text(f'name = "tiny"\ndescription = "tiny"\nhost_ram = "1GiB"\ncards = 1\n'
-                    f'[card]\nmodel = "t"\nvram = "{8 * expert + 1000}B"\nreserved_dense = "0B"\n'
-                    f'reserved_kv = "0B"\nreserved_activations = "0B"\nh2d_bandwidth = "10GB/s"\n'
-                    f'latency_us = 5.0\n[decode]\nbase_step_ms = {{ 1 = 5.0, 4 = 6.0 }}\n'
-                    f'[host]\nmemory_bandwidth = "50GB/s"\nflops = "1TFLOPS"\nsync_us = 20.0\n')
+    # room for the experts of 2 of the 4 layers
+    spec = write_one_card_spec(tmp_path / "box.toml", 8 * expert + 1000)
     plan = tmp_path / "plan.json"
     done = runner.invoke(app, ["solve", "--engine", "llamacpp", "--model", str(model),
                                "--hardware", str(spec), "--traces", str(tmp_path / "tr"),
