@@ -28,7 +28,7 @@ import statistics
 import time
 
 from placer.errors import PlacerError
-from placer.hardware.timing import GGML_BLOCKS, ExpertTiming, expert_bytes
+from placer.hardware.timing import ExpertTiming, expert_bytes, ggml_blocks
 from traces.errors import TraceError
 from traces.llamacpp.runner import time_expert
 
@@ -141,10 +141,11 @@ def probe_expert_gguf(hidden: int, inter: int, ggml_type: str, cache_bytes: int,
 
 def check_gguf_expert(hidden: int, inter: int, ggml_type: str) -> None:
     """PlacerError unless `ggml_type` is a GGUF type whose blocks tile the expert's rows."""
-    if ggml_type not in GGML_BLOCKS:
+    blocks = ggml_blocks()
+    if ggml_type not in blocks:
         raise PlacerError(f"probe --host --gguf-type: expected a GGUF type "
-                          f"({', '.join(GGML_BLOCKS)}), got {ggml_type!r}")
-    block = GGML_BLOCKS[ggml_type][0]
+                          f"({', '.join(blocks)}), got {ggml_type!r}")
+    block = blocks[ggml_type][0]
     if hidden % block or inter % block:
         raise PlacerError(f"probe --host --expert {hidden}x{inter}: {ggml_type} packs {block} "
                           f"weights a block; hidden and inter must be multiples of {block}")

@@ -18,18 +18,25 @@ a plan's JSON form the times are `seconds`, as `sync_us` becomes `sync_s`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from placer.errors import PlacerError
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
-# ggml types by their gguf names (Q4_K, MXFP4, F16...): (weights a block, bytes a block)
-GGML_BLOCKS = {t.name: GGML_QUANT_SIZES[t] for t in GGMLQuantizationType
-               if t in GGML_QUANT_SIZES and t.name not in ("I8", "I16", "I32", "I64", "F64")}
+
+
+@functools.cache
+def ggml_blocks() -> dict[str, tuple[int, int]]:
+    """ggml types by their gguf names (Q4_K, MXFP4, F16...): (weights a block, bytes a block),
+    from the `gguf` package (loaded here: only a spec or probe with a GGUF type pays for it,
+    not every command's start)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return {t.name: GGML_QUANT_SIZES[t] for t in GGMLQuantizationType
+            if t in GGML_QUANT_SIZES and t.name not in ("I8", "I16", "I32", "I64", "F64")}
 
 
 def expert_bytes(hidden: int, inter: int, dtype: str) -> int:
@@ -37,7 +44,7 @@ def expert_bytes(hidden: int, inter: int, dtype: str) -> int:
     name or a GGUF type, whose blocks pack `block` weights in `size` bytes)."""
     if dtype in DTYPE_BYTES:
         return 3 * hidden * inter * DTYPE_BYTES[dtype]
-    block, size = GGML_BLOCKS[dtype]
+    block, size = ggml_blocks()[dtype]
     return 3 * hidden * inter // block * size
 MAX_TIMING_POINTS = 64
 MAX_DIM = 1 << 20
@@ -78,11 +85,11 @@ def _timing(table: dict, where: str, seconds: bool) -> ExpertTiming:
         if not _count(table[key]) or not 1 <= table[key] <= MAX_DIM:
             raise PlacerError(f"{where}.{key}: expected an integer in 1..{MAX_DIM}, got "
                               f"{table[key]!r}")
-    if table["dtype"] not in DTYPE_BYTES and table["dtype"] not in GGML_BLOCKS:
+    if table["dtype"] not in DTYPE_BYTES and table["dtype"] not in ggml_blocks():
         raise PlacerError(f"{where}.dtype: expected one of {', '.join(DTYPE_BYTES)} or a GGUF "
-                          f"type ({', '.join(list(GGML_BLOCKS)[:6])}...), got "
+                          f"type ({', '.join(list(ggml_blocks())[:6])}...), got "
                           f"{table['dtype']!r}")
-    block = GGML_BLOCKS.get(table["dtype"], (1, 0))[0]
+    block = ggml_blocks().get(table["dtype"], (1, 0))[0]
     if table["hidden"] % block or table["inter"] % block:
         raise PlacerError(f"{where}: {table['dtype']} packs {block} weights a block; hidden "
                           f"and inter must be multiples of {block}")
