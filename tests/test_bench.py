@@ -83,7 +83,8 @@ def test_bench_measures_and_predicts_every_arm(arms, tmp_path, cli, capsys):
 
 def test_bench_warns_where_an_arm_is_behind_the_plain_cache():
     """Predicted: the stall ratio to lru on the bench's steps; measured: tokens/s over a
-    plain-cache arm's, trial by trial (Student's t on the logarithms, so the interval of a ratio stays positive)."""
+    plain-cache arm's, trial by trial (Student's t on the logarithms, so the interval of a
+    ratio stays positive)."""
     def arm(name, plain, trials, ci):
         return {"placed": name, "concurrency": 1, "plain_cache": plain,
                 "measured_tokens_per_s_trials": trials,

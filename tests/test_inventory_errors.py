@@ -203,7 +203,8 @@ def test_config_values_of_the_wrong_type(cli, tiny_models, tmp_path: Path, edit,
 def test_config_not_utf8(cli, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_bytes(b'{"model_type": "\xff\xfe"}')
-    assert_one_line_error(cli("inspect", "--config", path, ok=False), "not UTF-8 text (byte 0xff at byte offset 16)")
+    assert_one_line_error(cli("inspect", "--config", path, ok=False),
+                          "not UTF-8 text (byte 0xff at byte offset 16)")
 
 
 def _first_tensor(header: dict) -> str:
