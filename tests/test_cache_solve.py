@@ -78,7 +78,17 @@ def test_robust_regret_is_a_ratio_in_the_table_the_json_and_the_plan(solved, pla
     if plan["solver"]["name"] == "split":
         assert plan["solver"]["objective"] == cache["held_out_regret"]
         assert plan["solver"]["objective_unit"].startswith("ratio")
-    assert f"regret {cache['held_out_regret']:.4f} (stall / the plain cache's)" in result.output
+    assert f"regret {cache['held_out_regret']:.4f} (mean stall / the plain cache's)" in \
+        result.output
+    renamed = cache["held_out_unlike_stall_ms_per_step"]
+    assert renamed == chosen["held_out_unlike_stall_ms_per_step"] > 0
+    assert f"{renamed:.4f} on the same folds with experts renamed" in result.output
+    assert all(r["held_out_unlike_stall_ms_per_step"] is not None for r in cache["candidates"])
+    default = json.loads(solved["auto"].read_text())["cache"]  # its choice and the plain cache
+    renamed = {r["name"]: r["held_out_unlike_stall_ms_per_step"] for r in default["candidates"]
+               if r["held_out_unlike_stall_ms_per_step"] is not None}
+    assert set(renamed) == {default["chosen"], "plain cache"}
+    assert default["held_out_unlike_stall_ms_per_step"] == renamed[default["chosen"]]
     assert "seconds of stall" not in result.output.split("cache:")[0] or plan["solver"][
         "name"] != "split"
     printed = json.loads(placer_run("solve", *solved["common"], "--robust", "--out",
@@ -116,6 +126,25 @@ def test_auto_places_its_static_candidate_with_the_solver_asked(pinned_traffic, 
                      if e["resident_bytes"] > 0])
     for layer in plan["model"]["moe_layers"]:  # the hot experts are pinned
         assert {0, 4} <= set(pins[pins[:, 1] == layer, 2].tolist())
+
+
+def test_robust_hedges_the_pins_against_traffic_unlike_the_calibration(pinned_traffic,
+                                                                      placer_run):
+    """On the hot traffic static wins its own folds; renamed, its pins hold two experts the
+    traffic never asks for, and a cache takes each new hot expert once per fold: --robust
+    (one trace set, one concurrency: the renamed twin is the second scenario) gives up the
+    pins for slots, and its renamed stall is below static's."""
+    out = pinned_traffic["root"] / "robust.json"
+    placer_run("solve", "--config", pinned_traffic["config"], "--hardware", BOX, "--traces",
+               pinned_traffic["traces"], "--offload", "0.5", "--concurrency", "1", "--robust",
+               "--out", out)
+    cache = json.loads(out.read_text())["cache"]
+    rows = {r["kind"]: r for r in cache["candidates"]}
+    assert rows["static"]["held_out_stall_ms_per_step"] < rows["cache"][
+        "held_out_stall_ms_per_step"]
+    assert cache["chosen"] != "static" and all(c > 0 for c in cache["slots"])
+    assert cache["held_out_unlike_stall_ms_per_step"] < rows["static"][
+        "held_out_unlike_stall_ms_per_step"]
 
 
 def test_a_fixed_count_gives_every_card_that_many_and_zero_none(solved):

@@ -76,7 +76,7 @@ def test_robust_over_one_traces_set_at_several_concurrencies(pipe: Pipeline,
     ratios = json.loads(result.stdout)["robust"]["ratios"]
     assert len(ratios) == 2 and all(r <= 1.0 + 1e-9 for r in ratios.values())
     one = invoke(*base, "--concurrency", "1", "--out", tmp_path / "one.json")
-    assert_one_line_error(one, "--robust needs at least two scenarios")
+    assert_one_line_error(one, "needs at least two scenarios to be robust across")
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert "or one set at several concurrencies" in readme
 

@@ -63,7 +63,9 @@ def register(app: typer.Typer) -> None:
         robust: Annotated[bool, typer.Option(
             help="Hold up on traffic the plan was not solved on: minimize the mean regret "
                  "(stall over that traffic's own best) across the --traces sets and "
-                 "--concurrency values, never worse than layer offload on any of them.")
+                 "--concurrency values, never worse than layer offload on any of them; a "
+                 "cache split also counts each set's held-out folds with their experts "
+                 "renamed (traffic unlike the calibration, e.g. another task).")
         ] = False,
         time_limit: Annotated[float, typer.Option(help="ILP time limit in seconds.")] = 60.0,
         seed: Annotated[int, typer.Option(help="Seed for step sampling and solvers.")] = 0,
@@ -269,24 +271,40 @@ def print_cache(cache: dict) -> None:
         cache["held_out"], f"held out: {cache['held_out']}"
         + (f" ({cache['folds']})" if cache["folds"] else ""))
     regret = cache.get("held_out_regret")
+    unlike = cache.get("held_out_unlike_stall_ms_per_step")
     console.print(f"cache: {cache['policy']} per layer, {cache['mode']}: {cache['chosen']}, "
                   f"judged {judged}: held-out stall {cache['held_out_stall_ms_per_step']:.4f} "
-                  f"ms/step" + ("" if regret is None else
-                                f", regret {regret:.4f} (stall / the plain cache's)"))
+                  f"ms/step" + ("" if unlike is None else
+                                f", {unlike:.4f} on the same folds with experts renamed "
+                                f"(traffic unlike the calibration)")
+                  + ("" if regret is None else
+                     f", regret {regret:.4f} (mean stall / the plain cache's)"))
     table = Table(title="candidates on the same held-out traffic (each chosen without the "
                         "part it is judged on)")
     columns = ["candidate", "pinned", "cache slots", "stall ms/step"]
+    columns += ["renamed ms/step"] if unlike is not None else []
+    plain = next((c for c in cache["candidates"] if c["kind"] == "cache"), None)
     for col in columns + (["regret (ratio)"] if regret is not None else []):
         table.add_column(col, justify="left" if col == "candidate" else "right")
     for c in cache["candidates"]:
         row = [("* " if c["chosen"] else "  ") + c["name"], str(c["pinned"]), str(c["slots"]),
                f"{c['held_out_stall_ms_per_step']:.4f}"]
+        if unlike is not None:
+            renamed = c["held_out_unlike_stall_ms_per_step"]
+            row.append("-" if renamed is None else f"{renamed:.4f}")
         if regret is not None:
             row.append(f"{c['held_out_regret']:.4f}")
         table.add_row(*row, style="bold" if c["chosen"] else None)
     print_table(table, console)
     for note in cache.get("notes", []):
         console.print(f"note: {note}")
+    if unlike is not None and regret is None and plain is not None \
+            and unlike > plain["held_out_unlike_stall_ms_per_step"]:
+        console.print(f"note: on traffic unlike the calibration (the held-out folds with each "
+                      f"layer's experts renamed, as another task would route) this split "
+                      f"stalls {unlike / plain['held_out_unlike_stall_ms_per_step']:.2f}x the "
+                      f"plain cache; if the serving traffic may differ from the calibration, "
+                      f"--robust weighs that in")
 
 
 def prediction_table(rows: list[dict], title: str) -> Table:

@@ -200,9 +200,6 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     if opts.solver in ("ilp", "greedy") and not trace_dirs:
         raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
                           f"(or use --solver layer / uniform)")
-    if opts.robust and len(trace_dirs) * len(set(opts.concurrency)) < 2:
-        raise PlacerError("--robust needs at least two scenarios to be robust across: two "
-                          "--traces sets, or one at several --concurrency values (e.g. 1,8)")
     execution = execution_of(opts.execution, spec, inv.config.get("hidden_size"),
                              expert_flops(inv))
     if execution.mode == "cpu" and opts.page_size is not None:
@@ -215,6 +212,11 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     budget, staging = card_budgets(inv, spec, home, opts, execution.mode)
     reason = no_cache_reason(inv, opts, home, traffic)
     check_cache_options(opts, reason)
+    if (opts.robust and len(trace_dirs) * len(set(opts.concurrency)) < 2
+            and (reason is not None or opts.cache == 0)):
+        raise PlacerError("--robust without a cache split needs at least two scenarios to be "
+                          "robust across: two --traces sets, or one at several --concurrency "
+                          "values (e.g. 1,8)")
     bare = Problem(inv.expert_bytes(), home, budget - staging, cards_of(spec), [],
                    opts.page_size, **execution.fields)
     if reason is None and opts.cache != 0:

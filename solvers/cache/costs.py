@@ -38,7 +38,10 @@ class Scenario:
     """One calibration traffic at one concurrency: its steps as the caches see them, cut
     into folds of disjoint sequences (one fold: judged in sample); `weight` its share of the
     objective, `share` its share of the stall (they differ under --robust: regret weights);
-    `group` its trace set (several sets: each is held out against the others)."""
+    `group` its trace set (several sets: each is held out against the others). A scenario
+    with `unlike` set is traffic unlike the calibration: the folds of scenario `unlike`,
+    each layer's experts renamed (Requests.relabeled), each fold held out and its pins
+    ranked exactly as its original's."""
 
     name: str
     folds: list[Requests]
@@ -46,10 +49,20 @@ class Scenario:
     share: float
     group: int = 0
     batch: int = 1
+    unlike: int | None = None
 
     @property
     def steps(self) -> int:
         return sum(f.shape[0] for f in self.folds)
+
+
+def unlike(scenarios: list[Scenario], home: np.ndarray, seed: int) -> list[Scenario]:
+    """The scenarios, then each one's twin of traffic unlike it (same weights; fold j
+    renamed with seed + j)."""
+    return [*scenarios, *(Scenario(f"{sc.name}, experts renamed",
+                                   [f.relabeled(home, seed + j) for j, f in enumerate(sc.folds)],
+                                   sc.weight, sc.share, sc.group, sc.batch, i)
+                          for i, sc in enumerate(scenarios))]
 
 
 @dataclass(frozen=True)
@@ -59,23 +72,27 @@ class Entry:
 
     requests: Requests
     scenario: int
+    fold: int
     unit: int
     train: tuple[int, ...]
 
 
 def entries_of(scenarios: list[Scenario]) -> list[Entry]:
-    """Every (scenario, fold), with its held-out unit and training entries."""
+    """Every (scenario, fold), with its held-out unit and training entries (a renamed fold:
+    its original's)."""
     flat = [(i, j, f) for i, sc in enumerate(scenarios) for j, f in enumerate(sc.folds)]
+    like = [(sc.unlike if sc.unlike is not None else i) for i, sc in enumerate(scenarios)]
     several = len({sc.group for sc in scenarios}) > 1
+    index = {(i, j): n for n, (i, j, _) in enumerate(flat)}
     out = []
-    for n, (i, j, f) in enumerate(flat):
-        sc = scenarios[i]
+    for i, j, f in flat:
+        sc, own = scenarios[i], index[(like[i], j)]
         if several:
             train = [m for m, (i2, _, _) in enumerate(flat) if scenarios[i2].group != sc.group
-                     and scenarios[i2].batch == sc.batch]
+                     and scenarios[i2].batch == sc.batch and scenarios[i2].unlike is None]
         else:
-            train = [m for m, (i2, j2, _) in enumerate(flat) if i2 == i and j2 != j]
-        out.append(Entry(f, i, sc.group if several else j, tuple(train or [n])))
+            train = [m for m, (i2, j2, _) in enumerate(flat) if i2 == like[i] and j2 != j]
+        out.append(Entry(f, i, j, sc.group if several else j, tuple(train or [own])))
     return out
 
 
@@ -115,6 +132,8 @@ class CostTable:
             work = [(cell, n) for cell in replays for n in range(len(self.entries))]
             held = dict(zip(work, pool.map(lambda job: self._pinned(*job, tick), work),
                             strict=True))
+        self.calibration = [n for n, e in enumerate(self.entries)
+                            if scenarios[e.scenario].unlike is None]
         self.cost = {}
         for p, q in cells:
             per = [held[((p, q), n)] if p > 0 and q > 0 else self._direct(n, p, q)
@@ -151,6 +170,17 @@ class CostTable:
         tick()
         return out
 
+    def renamed(self, n: int, p: np.ndarray, q: np.ndarray, seed: int) -> np.ndarray:
+        """[C, L] seconds of stall per step that p[c, l] pins and q[c, l] slots add on entry
+        n's fold with its experts renamed (as `unlike` renames it), pins ranked as for n."""
+        entry, home = self.entries[n], self.problem.home
+        pinned = np.zeros(home.shape, dtype=bool)
+        for slots in np.unique(q):
+            pinned |= pins_of(self.rank(n, int(slots)), first(np.where(q == slots, p, 0),
+                                                               home.shape[1]), home)
+        steps = entry.requests.relabeled(home, seed + entry.fold)
+        return self._seconds(n, expert_misses(self.problem, steps, pinned, q))
+
     def _direct(self, n: int, p: int, q: int) -> np.ndarray:
         """[L, E] misses of a cell needing no replay: no pins (the free replay) or no slots
         (every selection of an unpinned expert)."""
@@ -167,18 +197,22 @@ class CostTable:
         """cell -> [C, L] the entries' costs summed with `weights` [F]."""
         return {cell: np.tensordot(weights, cost, axes=1) for cell, cost in self.cost.items()}
 
+    def chosen(self) -> np.ndarray:
+        """[L, E] selections over the calibration entries (not the renamed ones)."""
+        return sum(self.sel[n] for n in self.calibration)
+
     def all_misses(self, quotas: np.ndarray) -> np.ndarray:
-        """[L, E] each expert's misses over every entry with nothing pinned under its
-        card's slots quotas[c, l] in its layer (selections where there are none): the final
-        ranking of the pins, on all of the traffic."""
+        """[L, E] each expert's misses over the calibration entries with nothing pinned
+        under its card's slots quotas[c, l] in its layer (selections where there are none):
+        the final ranking of the pins, on all of the calibration traffic."""
         home = self.problem.home
         out = np.zeros(home.shape)
         for c, layer in zip(*np.nonzero(quotas), strict=True):
             if self.problem.pin_rule != "frequency":
                 mine = home[layer] == c
                 out[layer, mine] = sum(self.free[(n, int(quotas[c, layer]))][layer, mine]
-                                       for n in range(len(self.entries)))
-        chosen = sum(self.sel)
+                                       for n in self.calibration)
+        chosen = self.chosen()
         bare = (quotas[home, np.arange(home.shape[0])[:, None]] == 0)
         if self.problem.pin_rule == "frequency":
             bare[:] = True

@@ -64,6 +64,27 @@ class Requests:
         return cls(np.concatenate(keys) if keys else np.zeros(0, np.int32), offsets,
                     (steps, layers, experts))
 
+    def relabeled(self, home: np.ndarray, seed: int) -> Requests:
+        """The same steps with each layer's experts renamed by a seeded permutation within
+        each card's experts (home: [L, E] card of each): traffic that reuses experts exactly
+        as this does and loads each card as much, but prefers none of the same experts (what
+        a placement fitted on this traffic meets on traffic unlike it). Keys stay ascending
+        within each (step, layer) group."""
+        steps, layers, experts = self.shape
+        rng = np.random.default_rng(seed)
+        rename = np.tile(np.arange(experts), (layers, 1))
+        for layer in range(layers):
+            for card in np.unique(home[layer]):
+                mine = np.flatnonzero(home[layer] == card)
+                rename[layer, mine] = rng.permutation(mine)
+        rename = (rename + np.arange(layers)[:, None] * experts).astype(np.int32).ravel()
+        width = layers * experts
+        ordered = np.repeat(np.arange(steps * layers, dtype=np.int64) * width,
+                            np.diff(self.offsets))
+        ordered += rename[self.keys]
+        ordered.sort()
+        return Requests((ordered % width).astype(np.int32), self.offsets, self.shape)
+
     def hits(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray) -> np.ndarray:
         """[N] bool: which requests `policy`'s caches hold when they come (state carries)."""
         out = np.zeros(len(self.keys), dtype=np.bool_)

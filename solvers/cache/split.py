@@ -51,8 +51,10 @@ GRID_POINTS = 9         # p and q values per (card, layer), where the replay bud
 REPLAY_KEYS = 2.0e9     # requests the cost table replays at most (about a minute on 2 cores)
 CURVE = (0.0, 0.25, 0.5, 0.75, 1.0)  # shares of a card's most slots, equal per layer
 CAPS = (0.25, 0.5, 1.0)  # pin caps tried: p <= cap (p + q)
+RENAMED_KEYS = 1.0e8    # requests the renamed figure of the default replays at most
 
-__all__ = ["CAPS", "CURVE", "Scenario", "Split", "SplitProblem", "replay_count", "solve_split"]
+__all__ = ["CAPS", "CURVE", "RENAMED_KEYS", "Scenario", "Split", "SplitProblem", "replay_count",
+           "solve_split"]
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,8 @@ class Split:
     --solver); stall_s: its held-out stall per step (weighted over scenarios by their
     shares); objective: what was minimized (the stall, or under regret weights the mean
     ratio of each scenario's stall to its plain cache's); candidates: every candidate's
-    figures, the chosen one marked."""
+    figures, the chosen one marked; unlike_stall_s: its held-out stall on the renamed twins
+    of the scenarios (traffic unlike the calibration; None where there are none)."""
 
     pinned: np.ndarray
     quotas: np.ndarray
@@ -110,6 +113,7 @@ class Split:
     stall_s: float
     objective: float
     candidates: list[dict] = field(default_factory=list)
+    unlike_stall_s: float | None = None
 
 
 def families(problem: SplitProblem, slots: int | None, step: int) -> list[Family]:
@@ -174,15 +178,19 @@ def replay_count(problem: SplitProblem, scenarios: list[Scenario], slots: int | 
 
 
 def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | None = None,
-                regret: bool = False, tick: Callable[[], None] | None = None) -> Split:
+                regret: bool = False, tick: Callable[[], None] | None = None,
+                seed: int = 0) -> Split:
     """The best candidate (slots None), or `slots` slots per card spread evenly over the
     layers with the rest of each budget pinned; with `regret`, each scenario weighed by 1 /
     its plain cache's held-out stall (the mean ratio to the plain cache is minimized).
-    `tick` is called after each replay."""
+    `tick` is called after each replay. Where no scenario is a renamed twin (`unlike`, seed
+    `seed`), the chosen candidate and the plain cache are also judged on the folds renamed
+    so, as long as that replays at most RENAMED_KEYS requests: the risk the choice takes."""
     fams = families(problem, slots, _step(problem, scenarios, slots))
     table = CostTable(CostProblem(problem.home, problem.miss_s, problem.policy,
                                   problem.pin_rule), scenarios, _cells(fams), tick)
     scenario_of = np.array([e.scenario for e in table.entries])
+    renamed = np.array([scenarios[i].unlike is not None for i in scenario_of])
     share = np.array([scenarios[i].share for i in scenario_of])
     weight = np.array([scenarios[i].weight for i in scenario_of])
     if regret:
@@ -190,26 +198,35 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
     judged = []
     for fam in fams:
         try:
-            judged.append((fam, *_nested(problem, table, fam, weight, share)))
+            judged.append((fam, *_nested(problem, table, fam, weight,
+                                         [share * ~renamed, share * renamed])))
         except ValueError:
             if fam.kind != "slots" or slots is not None:
                 raise
     best = min(judged, key=lambda j: j[1])
+    risk = {}
+    if not renamed.any() and 2 * sum(len(e.requests.keys) for e in table.entries) <= \
+            RENAMED_KEYS:
+        risk = {fam.name: _renamed(problem, table, fam, weight, share, seed)
+                for fam, _, _ in judged if fam is best[0] or fam.kind == "cache"}
     candidates = []
-    for fam, objective, stall in judged:
+    for fam, objective, (stall, unlike) in judged:
         plan = _fit(problem, table.weighted(weight), fam)
         candidates.append({"name": fam.name, "kind": fam.kind, "pin_cap": fam.pin_cap,
                            "slots_share": fam.share,
                            "slots_per_layer": None if fam.share is None
                            else int(fam.quotas[0, 0]),
                            "pinned": int(plan.p.sum()), "slots": int(plan.q.sum()),
-                           "stall_s": stall, "objective": objective,
+                           "stall_s": stall,
+                           "unlike_stall_s": unlike if renamed.any() else risk.get(fam.name),
+                           "objective": objective,
                            "chosen": fam is best[0]})
-    fam, objective, stall = best
+    fam, objective, (stall, unlike) = best
     plan = _fit(problem, table.weighted(weight), fam)
-    pinned = pins_of(pin_order(table.all_misses(plan.q), sum(table.sel)),
+    pinned = pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
                      first(plan.p, problem.home.shape[1]), problem.home)
-    return Split(pinned, plan.q, plan.staging, fam.kind, stall, objective, candidates)
+    return Split(pinned, plan.q, plan.staging, fam.kind, stall, objective, candidates,
+                 unlike if renamed.any() else risk.get(fam.name))
 
 
 def _regret_weights(problem: SplitProblem, table: CostTable, scenario_of: np.ndarray,
@@ -225,19 +242,35 @@ def _regret_weights(problem: SplitProblem, table: CostTable, scenario_of: np.nda
 
 
 def _nested(problem: SplitProblem, table: CostTable, fam: Family, weight: np.ndarray,
-            share: np.ndarray) -> tuple[float, float]:
-    """(objective, stall) of a candidate on held-out units, each unit's choice made on the
-    others (one unit: in sample)."""
+            shares: list[np.ndarray]) -> tuple[float, list[float]]:
+    """(objective, [stall under each of `shares`]) of a candidate on held-out units, each
+    unit's choice made on the others (one unit: in sample)."""
     units = np.array([e.unit for e in table.entries])
     held_out = [units == u for u in np.unique(units)] if len(np.unique(units)) > 1 else [
         np.ones(len(units), dtype=bool)]
-    objective = stall = 0.0
+    objective, stalls = 0.0, [0.0] * len(shares)
     for held in held_out:
         train = weight * (~held if len(held_out) > 1 else held)
         plan = _fit(problem, table.weighted(train), fam)
         objective += _judge(table, plan, weight * held)
-        stall += _judge(table, plan, share * held)
-    return objective, stall
+        stalls = [total + _judge(table, plan, share * held)
+                  for total, share in zip(stalls, shares, strict=True)]
+    return objective, stalls
+
+
+def _renamed(problem: SplitProblem, table: CostTable, fam: Family, weight: np.ndarray,
+             share: np.ndarray, seed: int) -> float:
+    """A candidate's stall on the held-out folds renamed (traffic unlike the calibration),
+    each unit's plan fitted on the others as in _nested."""
+    units = np.array([e.unit for e in table.entries])
+    total = 0.0
+    for u in np.unique(units):
+        held = units == u
+        train = weight * (~held if len(np.unique(units)) > 1 else held)
+        plan = _fit(problem, table.weighted(train), fam)
+        total += sum(share[n] * float(table.renamed(n, plan.p, plan.q, seed).sum())
+                     for n in np.flatnonzero(held))
+    return total
 
 
 def _judge(table: CostTable, plan: _Plan, weights: np.ndarray) -> float:
