@@ -34,6 +34,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -41,6 +42,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from traces.corpora import Corpus
+from traces.runs import ModelIdentity, run_id_of, run_meta
+from traces.schema import SEQ_ID_SHIFT
+from traces.server import ServerOptions
 
 pytest_plugins = ["fixtures_models"]  # trace_models, trace_data, placer_run
 
@@ -273,9 +279,37 @@ def test_server_routing_equals_local_collect(generator, local, collect_via, tmp_
     assert actual == expected and len(actual) > 2 * 5 * 10
     assert {r[4] for r in actual} == {1, 2}  # the dense layer 0 is dropped
     assert {r[2] for r in actual} == {"prefill", "decode"}
-    meta = json.loads(pq.read_schema(next((tmp_path / "srv").glob("*.parquet")))
-                      .metadata[b"placer"])
-    assert meta["mode"] == "server-sglang" and meta["weights"] is False
+    assert_server_meta(tmp_path, local, f"{url}/generate")
+
+
+def trace_meta(trace_dir: Path) -> dict:
+    return json.loads(pq.read_schema(next(trace_dir.glob("*.parquet"))).metadata[b"placer"])
+
+
+def assert_server_meta(tmp_path: Path, local: Path, url: str) -> None:
+    """The metadata of the server trace in tmp_path/srv, key by key: the model and corpus as
+    the local collect of the same corpus records them, the mode, the run id of the server's
+    options and URL, no seed and no tokenizer, the server; as traces.runs.run_meta makes it."""
+    meta, mine = trace_meta(tmp_path / "srv"), trace_meta(local)
+    (tmp_path / "empty").mkdir()
+    options = ServerOptions(max_new_tokens=MAX_NEW, max_length=40, concurrency=2,
+                            timeout_s=20.0, progress=False)
+    run_id = run_id_of(tmp_path / "empty", {
+        "fingerprint": mine["fingerprint"], "corpus": mine["corpus_sha256"], "tag": mine["tag"],
+        "server": url, **asdict(options)})
+    written = {k: mine[k] for k in ("placer_version", "schema_version")}  # by TraceWriter
+    same = ("kind", "fingerprint", "num_layers", "moe_layers", "experts_per_layer", "top_k",
+            "tag", "corpus", "corpus_sha256", *written)
+    assert meta == {**{k: mine[k] for k in same}, "mode": "server-sglang", "run_id": run_id,
+                    "seq_id_base": run_id << SEQ_ID_SHIFT, "weights": False, "max_length": 40,
+                    "max_new_tokens": MAX_NEW, "seed": None, "server": url, "estimated": False}
+    identity = ModelIdentity(mine["fingerprint"], mine["num_layers"], tuple(mine["moe_layers"]),
+                             mine["experts_per_layer"], mine["top_k"])
+    corpus = Corpus(mine["tag"], "chat", mine["corpus_sha256"], 5, Path(mine["corpus"]))
+    made = run_meta(tmp_path / "empty", corpus, identity, {"server": url, **asdict(options)},
+                    mode="server-sglang", weights=False, max_length=40, max_new_tokens=MAX_NEW,
+                    seed=None, server=url, estimated=False)
+    assert meta == {**json.loads(json.dumps(made)), **written}
 
 
 def test_vllm_server_routing_equals_local_collect(generator, local, collect_via,

@@ -70,3 +70,36 @@ def test_llamacpp_names_the_gguf_tensors_of_the_architecture(
     pattern = re.compile(report["override_tensor"].rsplit("=", 1)[0])
     assert all(pattern.search(name) for name in expected)
     assert not any(pattern.search(f"blk.2.{n}.weight") for n in ("ffn_gate_exps", "ffn_up_exps"))
+
+
+def test_llamacpp_names_the_tensors_of_a_plan_solved_from_a_gguf(cli, tmp_path: Path) -> None:
+    """A plan solved from a .gguf carries the GGUF architecture name as its model_type: the
+    export names the file's own expert tensors, as the plan's Hugging Face name would."""
+    from gguf_files import PROJECTIONS, write_moe_gguf
+
+    from placer.checkpoint.inventory import read_inventory
+
+    model = tmp_path / "m.gguf"
+    tensors = write_moe_gguf(model, layers=3)
+    np.save(tmp_path / "counts.npy", np.array([[30, 10, 12, 8], [5, 25, 20, 10], [1, 2, 3, 4]]))
+    cli("traces", "import", tmp_path / "counts.npy", "--format", "counts", "--model", model,
+        "--out", tmp_path / "counts")
+    per = int(read_inventory(model).expert_bytes()[0, 0])
+    plan = tmp_path / "plan.json"
+    cli("solve", "--hardware", "1x-rtx4090", "--model", model, "--out", plan, "--budget",
+        str(6 * per), "--execution", "cpu", "--traces", tmp_path / "counts", "--cache", "0")
+    saved = json.loads(plan.read_text())
+    assert saved["model"]["model_type"] == "qwen3moe"
+    hf = tmp_path / "hf.json"
+    hf.write_text(json.dumps({**saved, "model": {**saved["model"], "model_type": "qwen3_moe"}}))
+    text = cli("export", "llamacpp", plan).output
+    assert text == cli("export", "llamacpp", hf).output
+    assert ("# GGUF tensors to CPU (qwen3moe), N in the cold layers: blk.N.ffn_gate_exps.weight, "
+            "blk.N.ffn_up_exps.weight, blk.N.ffn_down_exps.weight\n") in text
+    report = json.loads(cli("export", "llamacpp", plan, "--json").output)
+    assert report == json.loads(cli("export", "llamacpp", hf, "--json").output)
+    assert report["gguf_arch"] == "qwen3moe" and report["cold_layers"] == [0, 1]
+    assert report["tensors"] == [f"blk.{layer}.{p}.weight" for layer in (0, 1)
+                                 for p in PROJECTIONS]
+    pattern = re.compile(report["override_tensor"].removesuffix("=CPU"))
+    assert sorted(n for n in tensors if pattern.search(n)) == sorted(report["tensors"])

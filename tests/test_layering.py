@@ -147,12 +147,24 @@ def test_rooms_keep_placer_shallow_and_modules_small() -> None:
     assert not long, long
 
 
+def test_ggml_block_sizes_are_read_in_one_place() -> None:
+    """gguf's GGML_QUANT_SIZES: by type name in traces/ggml.py (the table of the checkpoint
+    estimate's and the hardware timings' ggml types), by type in the GGUF reader; nowhere
+    else, so that the two rooms cannot drift apart."""
+    readers = {name for name, path in sources().items()
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom)
+               and any(a.name == "GGML_QUANT_SIZES" for a in node.names)}
+    assert readers == {"traces.ggml", "traces.gguf_header"}, sorted(readers)
+
+
 def test_the_cli_starts_without_torch() -> None:
     """torch and transformers take seconds to import: only collecting (and the runtime) may
     load them, not every `placer` command (`placer --help` went from 5.4 s to 1.2 s); numba
-    (0.5 s) only where a cache is replayed."""
+    (0.5 s) only where a cache is replayed; gguf (28 ms) only where a GGUF or ggml type is
+    met."""
     code = ("import sys, placer.cli; print(sorted(m for m in ('torch', 'transformers', "
-            "'numba') if m in sys.modules))")
+            "'numba', 'gguf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"

@@ -33,8 +33,8 @@ from traces.runs import (
     CollectResult,
     ModelIdentity,
     check_request,
+    collect_meta,
     refuse_duplicates,
-    run_meta,
 )
 from traces.schema import PHASES
 from traces.writer import TraceWriter
@@ -157,7 +157,7 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
 def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: CollectOptions,
                     device: str) -> CollectResult:
-    meta = run_meta(out_dir, corpus, identity, options, weights=options.weights)
+    meta = collect_meta(out_dir, corpus, identity, options, weights=options.weights)
     run_id, base = meta["run_id"], meta["seq_id_base"]
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"

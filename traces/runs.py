@@ -114,22 +114,33 @@ def refuse_duplicates(out_dir: Path, corpora: list[Corpus], identity: ModelIdent
                                    "mode": options.mode})
 
 
-def run_meta(out_dir: Path, corpus: Corpus, identity: ModelIdentity, options: CollectOptions,
-             weights: bool, **engine: str) -> dict:
-    """The metadata of one corpus's trace file: its run id (unused in `out_dir`) and sequence
-    id base, the model, corpus and options; `engine` (e.g. engine="llama.cpp") is part of
-    both the run's identity and the metadata. Refused if `out_dir` already holds it."""
+def run_meta(out_dir: Path, corpus: Corpus, identity: ModelIdentity, run: dict, *, mode: str,
+             weights: bool, max_length: int, max_new_tokens: int | None, seed: int | None,
+             **extra: object) -> dict:
+    """The metadata of one corpus's trace file, for every collector: its run id (from the
+    model, the corpus and `run`, what else identifies the run: options, engine, server URL;
+    unused in `out_dir`) and sequence id base, the model, corpus and how it ran, then `extra`
+    (engine="llama.cpp"; server=URL, estimated=...). Refused if `out_dir` already holds it."""
     run_id = run_id_of(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
-                                 "tag": corpus.tag, **asdict(options), **engine,
-                                 "tokenizer": str(options.tokenizer)})
+                                 "tag": corpus.tag, **run})
     meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
-            "corpus_sha256": corpus.sha256, "mode": options.mode, "run_id": run_id,
+            "corpus_sha256": corpus.sha256, "mode": mode, "run_id": run_id,
             "seq_id_base": run_id << SEQ_ID_SHIFT, "weights": weights,
-            "max_length": options.max_length,
-            "max_new_tokens": options.max_new_tokens if options.mode == "generate" else None,
-            "seed": options.seed, **engine}
+            "max_length": max_length, "max_new_tokens": max_new_tokens, "seed": seed, **extra}
     refuse_duplicate(out_dir, meta)
     return meta
+
+
+def collect_meta(out_dir: Path, corpus: Corpus, identity: ModelIdentity,
+                 options: CollectOptions, weights: bool, **engine: str) -> dict:
+    """run_meta of a collector that runs the model itself (Hugging Face, llama.cpp) with
+    `options`; `engine` (e.g. engine="llama.cpp") is part of both the run's identity and the
+    metadata."""
+    return run_meta(out_dir, corpus, identity,
+                    {**asdict(options), **engine, "tokenizer": str(options.tokenizer)},
+                    mode=options.mode, weights=weights, max_length=options.max_length,
+                    max_new_tokens=options.max_new_tokens if options.mode == "generate" else None,
+                    seed=options.seed, **engine)
 
 
 def run_id_of(out_dir: Path, run: dict) -> int:

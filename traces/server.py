@@ -92,8 +92,7 @@ from traces.importers.common import token_ids
 from traces.importers.npfiles import npy_from_bytes
 from traces.importers.sglang_http import decode_routed_experts
 from traces.importers.vllm import moe_routing
-from traces.runs import check_out_dir, refuse_duplicate, run_id_of
-from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
+from traces.runs import check_out_dir, run_meta
 from traces.writer import TraceWriter
 
 ENGINES = ("sglang", "vllm")
@@ -381,15 +380,11 @@ class VLLMChatClient(VLLMClient):
 def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: ServerOptions, engine: str,
                     estimated: bool) -> CollectResult:
-    run_id = run_id_of(out_dir, {"fingerprint": identity.fingerprint, "corpus": corpus.sha256,
-                                 "tag": corpus.tag, "server": client.url, **asdict(options)})
-    base = run_id << SEQ_ID_SHIFT
-    meta = {"kind": KIND_TOKENS, **asdict(identity), "tag": corpus.tag, "corpus": corpus.source,
-            "corpus_sha256": corpus.sha256, "mode": f"server-{engine}", "run_id": run_id,
-            "seq_id_base": base, "weights": False, "max_length": options.max_length,
-            "max_new_tokens": options.max_new_tokens, "seed": None, "server": client.url,
-            "estimated": estimated}
-    refuse_duplicate(out_dir, meta)
+    meta = run_meta(out_dir, corpus, identity, {"server": client.url, **asdict(options)},
+                    mode=f"server-{engine}", weights=False, max_length=options.max_length,
+                    max_new_tokens=options.max_new_tokens, seed=None, server=client.url,
+                    estimated=estimated)
+    run_id, base = meta["run_id"], meta["seq_id_base"]
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
     prompts = client.prompts(corpus, tokenizer)

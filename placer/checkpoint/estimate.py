@@ -10,6 +10,7 @@ from placer.checkpoint.config import EXPERT_COUNT_KEYS, config_moe_layers, moe_s
 from placer.checkpoint.experts import DenseTensor, Inventory, TensorRange, assemble
 from placer.checkpoint.header import DTYPE_BITS, tensor_bytes
 from placer.errors import PlacerError
+from traces.ggml import block_sizes
 
 EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")  # as safetensors stores them
 DTYPE_HELP = f"{', '.join(EXPERT_DTYPES)}, or a GGUF ggml type: q4_k, q6_k, iq4_xs, q8_0, ..."
@@ -29,12 +30,9 @@ def _need(config: dict, key: str) -> int:
 
 @functools.cache
 def ggml_types() -> dict[str, tuple[str, int, int]]:
-    """{ggml type name in lower case: (its name, block size, bytes per block)}, from the
-    `gguf` package's GGML_QUANT_SIZES (loaded here: only a GGUF dtype pays for it)."""
-    from gguf.constants import GGML_QUANT_SIZES
-
-    return {t.name.lower(): (t.name, block, size) for t, (block, size) in
-            GGML_QUANT_SIZES.items()}
+    """{ggml type name in lower case: (its name, block size, bytes per block)} (traces.ggml,
+    built on first use: only a GGUF dtype pays for importing gguf)."""
+    return {name.lower(): (name, block, size) for name, (block, size) in block_sizes().items()}
 
 
 def dtype_bytes(dtype: str, shape: tuple[int, ...]) -> int:

@@ -54,6 +54,12 @@ EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 BIASED = {"gpt-oss"}  # archs whose expert tensors also have a .bias tensor each
 
 
+def gguf_arch(model_type: str) -> str | None:
+    """The GGUF architecture of a plan's model_type: a Hugging Face name through GGUF_ARCH, a
+    GGUF name (a plan solved from a .gguf) as itself; None for one placer does not know."""
+    return GGUF_ARCH.get(model_type) or (model_type if model_type in GGUF_ARCH.values() else None)
+
+
 def override(layers: list[int], buffer: str) -> str:
     """The `-ot` value binding the expert tensors of `layers` to `buffer`."""
     return rf"blk\.({'|'.join(map(str, layers))}){LLAMACPP_EXPS_REGEX}={buffer}"
@@ -157,7 +163,7 @@ def llamacpp_offload(plan: Plan, devices: list[str] | None = None) -> LlamaCppOf
     if len(names) != num_cards or len(set(names)) != num_cards or "CPU" in names:
         raise PlacerError(f"--devices: give {num_cards} distinct GPU buffer names, one per "
                           f"card of the plan (e.g. {','.join(default)}), got {','.join(names)}")
-    arch = GGUF_ARCH.get(plan.model.get("model_type") or "")
+    arch = gguf_arch(plan.model.get("model_type") or "")
     warnings = stage_warning(plan)
     layer_bytes = plan.matrix("bytes").sum(axis=1).astype(np.float64)
     capacity = np.array([c.capacity_bytes for c in plan.cards], dtype=np.float64)

@@ -24,19 +24,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from placer.errors import PlacerError
+from traces.ggml import block_sizes
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
 
 @functools.cache
 def ggml_blocks() -> dict[str, tuple[int, int]]:
-    """ggml types by their gguf names (Q4_K, MXFP4, F16...): (weights a block, bytes a block),
-    from the `gguf` package (loaded here: only a spec or probe with a GGUF type pays for it,
-    not every command's start)."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    return {t.name: GGML_QUANT_SIZES[t] for t in GGMLQuantizationType
-            if t in GGML_QUANT_SIZES and t.name not in ("I8", "I16", "I32", "I64", "F64")}
+    """ggml weight types by their gguf names (Q4_K, MXFP4, F16...): (weights a block, bytes a
+    block), traces.ggml's table less the integer and F64 types (built on first use: only a
+    spec or probe with a GGUF type pays for importing gguf, not every command's start)."""
+    return {name: blocks for name, blocks in block_sizes().items()
+            if name not in ("I8", "I16", "I32", "I64", "F64")}
 
 
 def expert_bytes(hidden: int, inter: int, dtype: str) -> int:

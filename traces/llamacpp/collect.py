@@ -30,7 +30,7 @@ from traces.collect import (
 from traces.corpora import Corpus, Document, random_corpus
 from traces.errors import TraceError
 from traces.llamacpp.runner import EngineOptions, LlamaCpp
-from traces.runs import check_request, refuse_duplicates, run_meta
+from traces.runs import check_request, collect_meta, refuse_duplicates
 from traces.writer import TraceWriter
 
 
@@ -74,7 +74,7 @@ def _tokens(llama: LlamaCpp, tokenizer, doc: Document, options: CollectOptions) 
 
 def _collect_corpus(llama: LlamaCpp, tokenizer, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: CollectOptions) -> CollectResult:
-    meta = run_meta(out_dir, corpus, identity, options, weights=False, engine="llama.cpp")
+    meta = collect_meta(out_dir, corpus, identity, options, weights=False, engine="llama.cpp")
     run_id, base = meta["run_id"], meta["seq_id_base"]
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
