@@ -63,7 +63,16 @@ def stall_from_loads(problem: Problem, cold_bytes: np.ndarray, transfers: np.nda
     cards = problem.cards
     card_time = transfers * np.asarray(cards.latency) + cold_bytes / np.asarray(cards.bandwidth)
     link_time = (cold_bytes @ link_matrix(problem)) / np.asarray(cards.link_bandwidth)
-    return np.maximum(card_time.max(axis=-1), link_time.max(axis=-1))
+    return np.maximum(_last_max(card_time), _last_max(link_time))
+
+
+def _last_max(x: np.ndarray) -> np.ndarray:
+    """[..., n] -> [...] x.max(axis=-1) as n - 1 elementwise maxima: numpy reduces a short
+    last axis element by element, ten times slower (the same values: a max is exact)."""
+    out = x[..., 0].copy()
+    for i in range(1, x.shape[-1]):
+        np.maximum(out, x[..., i], out=out)
+    return out
 
 
 def layer_stall(problem: Problem, placement: Placement, selected: np.ndarray) -> np.ndarray:
@@ -131,13 +140,20 @@ def step_stats(problem: Problem, placement: Placement, selected: np.ndarray,
     bool, the selected experts a cache holds when their step comes (they cost nothing)."""
     charged = selected if hits is None else np.asarray(selected) & ~hits
     cold_bytes, transfers = card_loads(problem, placement, charged)
-    sel = np.asarray(selected, dtype=np.float64)
     return StepStats(
         layer_stall=stall_from_loads(problem, cold_bytes, transfers),
         staged_bytes=cold_bytes.sum(axis=2),
         transfers=transfers.sum(axis=2),
-        selected_bytes=np.einsum("sle,le->sl", sel, np.asarray(problem.expert_bytes, np.float64)),
+        selected_bytes=selected_bytes(problem, selected),
     )
+
+
+def selected_bytes(problem: Problem, selected: np.ndarray) -> np.ndarray:
+    """selected: [S, L, E] bool -> [S, L] float bytes of the selected experts, summed in
+    integers (exact, as a float sum of these integers is; a third of the time of casting
+    the mask to float)."""
+    return np.einsum("sle,le->sl", np.asarray(selected, dtype=bool),
+                     np.asarray(problem.expert_bytes, np.int64)).astype(np.float64)
 
 
 def replay(problem: Problem, placement: Placement, steps: Steps,
@@ -157,13 +173,11 @@ def replay(problem: Problem, placement: Placement, steps: Steps,
         check_placement(problem, placement)
         cold = placement.cold_bytes(problem) > 0
         tokens = steps.token_ids()
-        eb = np.asarray(problem.expert_bytes, np.float64)
         for start in range(0, num_steps, chunk):
             loads = cpu_loads(problem.expert_bytes, problem.expert_flops, problem.host, cold,
                               tokens[start:start + chunk])
-            sel = selected[start:start + chunk].astype(np.float64)
             parts.append(StepStats(loads.layer_stall, loads.cold_bytes, loads.cold_experts,
-                                   np.einsum("sle,le->sl", sel, eb)))
+                                   selected_bytes(problem, selected[start:start + chunk])))
     else:
         parts = [step_stats(problem, placement, selected[start:start + chunk],
                             None if hits is None else hits[start:start + chunk])

@@ -13,7 +13,7 @@ import pytest
 from placer.plan.options import CACHE_POLICIES
 from solvers.cache import POLICIES, Lookup, make_policy, simulate
 from solvers.cache.belady import BeladyReplay, _min_hits
-from solvers.cache.replay import cache_hits
+from solvers.cache.replay import Requests, cache_hits
 
 
 def test_lru_hits_misses_and_eviction_order():
@@ -35,6 +35,9 @@ def test_a_fetch_never_evicts_its_own_experts():
     for bad in ([4, 4], [8], [3, 4 + 8]):
         with pytest.raises(ValueError):
             lru.lookup(0, bad)
+    for card in (-1, 1):  # one card
+        with pytest.raises(ValueError, match="not one of the 1 cards"):
+            lru.lookup(card, [0])
 
 
 def test_each_layer_and_card_has_its_own_slots():
@@ -107,6 +110,29 @@ def test_compiled_policy_equals_the_reference(policy: str, seed: int):
             if len(mine):
                 want = ref.fetch([layer * 8 + int(e) for e in mine])
                 assert hits[s, layer, mine].tolist() == want
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_misses_counted_in_the_walk_are_the_missed_hits_and_the_lookups(policy: str):
+    """The cost table's replay (Requests.misses: misses counted per key in the compiled walk)
+    against the same walk's hits (cache_hits) and the runtime's lookups one fetch at a time;
+    with no slots every cacheable selection misses."""
+    selected, cold, home = random_traffic(2)
+    quotas = np.array([[1, 2, 1], [2, 0, 3]])
+    hits = cache_hits(make_policy(policy, quotas, 24), selected, cold, home)
+    missed = selected & (cold > 0) & ~hits
+    requests = Requests.of(selected)
+    assert missed.sum() > 0 and hits.sum() > 0
+    assert np.array_equal(requests.misses(make_policy(policy, quotas, 24), cold > 0, home),
+                          missed.sum(axis=0))
+    assert np.array_equal(requests.misses(make_policy(policy, 0 * quotas, 24), cold > 0, home),
+                          (selected & (cold > 0)).sum(axis=0))
+    cache = make_policy(policy, quotas, 24)
+    for s, layer, c in itertools.product(range(len(selected)), range(3), range(2)):
+        mine = np.flatnonzero(selected[s, layer] & (cold[layer] > 0) & (home[layer] == c))
+        if len(mine):
+            found = cache.lookup(c, [layer * 8 + int(e) for e in mine])
+            assert [f.hit for f in found] == hits[s, layer, mine].tolist()
 
 
 def test_lru_and_lfru_choose_different_victims():

@@ -7,6 +7,8 @@ and the baselines at the same budget, and writes the predictions into the plan.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from solvers.cost import replay
 from solvers.cpu import ExpertCurve, Host
 from solvers.ilp import Progress, no_progress
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
-from solvers.replay import Line, make_steps, replay_with_intervals
+from solvers.replay import Line, Replayed, make_steps, replay_with_intervals
 from solvers.staging import slot_unit, staging_bytes
 from traces.profile import TokenSteps
 
@@ -240,10 +242,16 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                     for name in ("layer", "uniform")}
     plan.predicted = []
     progress("predicting on the calibration traffic")
-    for t in traffic:
-        for b in opts.concurrency:
-            replayed = replay_with_intervals(bare, {**lines, **baselines_at}, t.steps[b],
-                                             spec.base_step_s(b), seed=opts.seed)
+    rows = [(t, b) for t in traffic for b in opts.concurrency]
+
+    def predict(row: tuple[Traffic, int]) -> Replayed:
+        t, b = row
+        return replay_with_intervals(bare, {**lines, **baselines_at}, t.steps[b],
+                                     spec.base_step_s(b), seed=opts.seed)
+
+    # one row per core: the compiled token shares and most of numpy release the GIL
+    with ThreadPoolExecutor(max(1, min(len(rows), os.cpu_count() or 1))) as pool:
+        for (t, b), replayed in zip(rows, pool.map(predict, rows), strict=True):
             plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
                                    **replayed.ratio("ratio_to_layer", "layer")})
     if opts.robust and plan.robust is None:  # a cached split: its ratios as predicted

@@ -9,9 +9,11 @@ from pathlib import Path
 from placer.checkpoint.inventory import Inventory
 from placer.plan.options import DEFAULT_STEPS
 from traces.dataset import check_compatible, check_shape
+from traces.errors import TraceError
 from traces.profile import (
     Profile,
     TokenSteps,
+    batched_steps,
     every_token_steps,
     load_profile,
     sampled_token_steps,
@@ -49,6 +51,13 @@ def load_traffic(trace_dir: Path, inv: Inventory, batches: tuple[int, ...],
     else:
         check_compatible(trace_dir, inv.fingerprint, inv.moe_layers, inv.experts_per_layer)
     profile = load_profile(trace_dir, seq_ids=seq_ids)
-    steps = {b: traffic_steps(trace_dir, profile, b, num_steps, seed, seq_ids)
-             for b in batches}
+    if num_steps is not None or not profile.per_token:
+        steps = {b: traffic_steps(trace_dir, profile, b, num_steps, seed, seq_ids)
+                 for b in batches}
+    else:  # every token: read the traces once, batch the B = 1 steps (the same steps)
+        single = traffic_steps(trace_dir, profile, 1, None, seed, seq_ids)
+        try:
+            steps = {b: single if b == 1 else batched_steps(single, b, seed) for b in batches}
+        except TraceError as exc:
+            raise TraceError(f"{trace_dir}: {exc}") from None
     return Traffic(profile.name or trace_dir.name, trace_dir, profile, steps)

@@ -1,12 +1,13 @@
 """What every cache policy is: per-card state held in numpy arrays, run by one compiled
-`partition_fetch` (solvers/cache/kernels.py) under the policy's victim rule.
+walk of fetches (`replay_requests`, solvers/cache/kernels.py) under the policy's victim rule.
 
 A card's cache holds cold experts staged earlier, each in one device slot, `quotas[c, l]`
 slots for MoE layer l (a layer's fetch uses only its own: solvers/cache/partition.py says
 why). Experts are keys `layer_row * E + expert` (layer_row: the MoE layer's ordinal). The
 runtime asks a card's cache about one layer's fetch at a time (`CachePolicy.lookup`), and the
-replay (`solvers.cache.replay`) walks recorded steps through the very same compiled fetch, so
-a prediction and the runtime's counters agree by construction.
+replay (`solvers.cache.replay`) walks recorded steps through the very same compiled walk (a
+lookup is a walk of one fetch), so a prediction and the runtime's counters agree by
+construction.
 
 A fetch is the set of distinct cold experts one layer of one step needs on one card. Their
 weights are used together, so no expert of a fetch is evicted by that fetch. Each key, in
@@ -24,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from solvers.cache.kernels import partition_fetch
+from solvers.cache.kernels import replay_requests
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class CachePolicy:
     0 .. num_keys - 1 (num_keys = L x experts per layer)."""
 
     name: ClassVar[str]
-    score: ClassVar[int]  # which victim rule partition_fetch applies (solvers/cache/kernels.py)
+    score: ClassVar[int]  # which victim rule replay_requests applies (solvers/cache/kernels.py)
 
     def __init__(self, quotas: np.ndarray, num_keys: int) -> None:
         self.quotas = np.array(quotas, dtype=np.int64, ndmin=2)
@@ -55,6 +56,8 @@ class CachePolicy:
         width = self.num_keys // self.quotas.shape[1]
         self._hit = np.zeros(width, dtype=np.bool_)  # a fetch's answers, reused
         self._slot = np.zeros(width, dtype=np.int64)
+        self._cacheable = np.ones(self.num_keys, dtype=np.bool_)
+        self._on_card: dict[int, np.ndarray] = {}  # card -> [num_keys] home: that card
 
     @property
     def slots(self) -> np.ndarray:
@@ -71,9 +74,9 @@ class CachePolicy:
 
     def lookup(self, card: int, keys: Sequence[int]) -> list[Lookup]:
         """Look up one fetch's distinct keys on `card` (any order); admit the misses. The
-        answer is in the order of `keys`. (The runtime calls this once per layer and card of
-        every forward: plain Python on a handful of keys, no numpy beyond the kernel's
-        arguments.)"""
+        answer is in the order of `keys`: a walk of this one fetch (solvers/cache/kernels.py).
+        (The runtime calls this once per layer and card of every forward: plain Python on a
+        handful of keys, no numpy beyond the kernel's arguments.)"""
         ordered = sorted(int(k) for k in keys)
         if not ordered:
             return []
@@ -84,10 +87,15 @@ class CachePolicy:
         width = self.num_keys // self.quotas.shape[1]
         if ordered[0] // width != ordered[-1] // width:
             raise ValueError("keys of one fetch must belong to one layer")
+        if not 0 <= card < len(self.quotas):
+            raise ValueError(f"card {card} is not one of the {len(self.quotas)} cards")
         n = len(ordered)
+        if card not in self._on_card:
+            self._on_card[card] = np.full(self.num_keys, card, dtype=np.int64)
         hit, slot = self._hit[:n], self._slot[:n]
-        partition_fetch(self.state, card, np.array(ordered, dtype=np.int64), n, hit, slot,
-                        self.score)
+        replay_requests(self.state, self.score, np.array(ordered, dtype=np.int32),
+                        np.array([0, n], dtype=np.int64), self._cacheable, self._on_card[card],
+                        len(self.quotas), width, hit, slot, np.zeros(0, dtype=np.int64))
         found = {k: Lookup(bool(h), s if s >= 0 else None)
                  for k, h, s in zip(ordered, hit.tolist(), slot.tolist(), strict=True)}
         return [found[int(k)] for k in keys]

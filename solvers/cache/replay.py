@@ -88,20 +88,32 @@ class Requests:
     def hits(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray) -> np.ndarray:
         """[N] bool: which requests `policy`'s caches hold when they come (state carries)."""
         out = np.zeros(len(self.keys), dtype=np.bool_)
-        if len(self.keys) and policy.slots.any():
-            replay_requests(policy.state, policy.score, self.keys, self.offsets,
-                            np.ascontiguousarray(cacheable, dtype=np.bool_).ravel(),
-                            np.ascontiguousarray(home, dtype=np.int64).ravel(),
-                            len(policy.slots), self.shape[2], out)
+        self._walk(policy, cacheable, home, out, np.zeros(0, dtype=np.int64))
         return out
 
     def misses(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray
                ) -> np.ndarray:
-        """[L, E] misses of each cacheable expert under `policy`."""
+        """[L, E] misses of each cacheable expert under `policy` (counted in the walk)."""
         _, layers, experts = self.shape
-        missed = np.asarray(cacheable).ravel()[self.keys] & ~self.hits(policy, cacheable, home)
-        return np.bincount(self.keys[missed], minlength=layers * experts).reshape(layers,
-                                                                                    experts)
+        cacheable = np.ascontiguousarray(cacheable, dtype=np.bool_).ravel()
+        out = np.zeros(layers * experts, dtype=np.int64)
+        if not self._walk(policy, cacheable, home, np.zeros(0, dtype=np.bool_), out):
+            out = np.bincount(self.keys[cacheable[self.keys]], minlength=layers * experts)
+        return out.reshape(layers, experts)
+
+    def _walk(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray,
+              hits: np.ndarray, misses: np.ndarray) -> bool:
+        """The compiled walk (solvers/cache/kernels.py) into hits [N] and misses [L * E]
+        (either empty: not filled); False, nothing walked, where there are no requests or
+        no slots (every request misses)."""
+        if not (len(self.keys) and policy.slots.any()):
+            return False
+        replay_requests(policy.state, policy.score, self.keys, self.offsets,
+                        np.ascontiguousarray(cacheable, dtype=np.bool_).ravel(),
+                        np.ascontiguousarray(home, dtype=np.int64).ravel(),
+                        len(policy.slots), self.shape[2], hits, np.zeros(0, dtype=np.int64),
+                        misses)
+        return True
 
 
 def cache_hits(policy: CachePolicy, selected: np.ndarray, cold_bytes: np.ndarray,
