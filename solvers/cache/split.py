@@ -207,10 +207,10 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
     risk = {}
     if not renamed.any() and 2 * sum(len(e.requests.keys) for e in table.entries) <= \
             RENAMED_KEYS:
-        risk = {fam.name: _renamed(problem, table, fam, weight, share, seed)
-                for fam, _, _ in judged if fam is best[0] or fam.kind == "cache"}
+        risk = {fam.name: _renamed(table, plans, share, seed)
+                for fam, _, _, plans in judged if fam is best[0] or fam.kind == "cache"}
     candidates = []
-    for fam, objective, (stall, unlike) in judged:
+    for fam, objective, (stall, unlike), _ in judged:
         plan = _fit(problem, table.weighted(weight), fam)
         candidates.append({"name": fam.name, "kind": fam.kind, "pin_cap": fam.pin_cap,
                            "slots_share": fam.share,
@@ -221,7 +221,7 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
                            "unlike_stall_s": unlike if renamed.any() else risk.get(fam.name),
                            "objective": objective,
                            "chosen": fam is best[0]})
-    fam, objective, (stall, unlike) = best
+    fam, objective, (stall, unlike), _ = best
     plan = _fit(problem, table.weighted(weight), fam)
     pinned = pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
                      first(plan.p, problem.home.shape[1]), problem.home)
@@ -242,35 +242,31 @@ def _regret_weights(problem: SplitProblem, table: CostTable, scenario_of: np.nda
 
 
 def _nested(problem: SplitProblem, table: CostTable, fam: Family, weight: np.ndarray,
-            shares: list[np.ndarray]) -> tuple[float, list[float]]:
-    """(objective, [stall under each of `shares`]) of a candidate on held-out units, each
-    unit's choice made on the others (one unit: in sample)."""
+            shares: list[np.ndarray]
+            ) -> tuple[float, list[float], list[tuple[np.ndarray, _Plan]]]:
+    """(objective, [stall under each of `shares`], [(held-out entries [F] bool, the plan
+    judged on them)]) of a candidate on held-out units, each unit's choice made on the
+    others (one unit: in sample)."""
     units = np.array([e.unit for e in table.entries])
     held_out = [units == u for u in np.unique(units)] if len(np.unique(units)) > 1 else [
         np.ones(len(units), dtype=bool)]
-    objective, stalls = 0.0, [0.0] * len(shares)
+    objective, stalls, plans = 0.0, [0.0] * len(shares), []
     for held in held_out:
         train = weight * (~held if len(held_out) > 1 else held)
         plan = _fit(problem, table.weighted(train), fam)
         objective += _judge(table, plan, weight * held)
         stalls = [total + _judge(table, plan, share * held)
                   for total, share in zip(stalls, shares, strict=True)]
-    return objective, stalls
+        plans.append((held, plan))
+    return objective, stalls, plans
 
 
-def _renamed(problem: SplitProblem, table: CostTable, fam: Family, weight: np.ndarray,
-             share: np.ndarray, seed: int) -> float:
+def _renamed(table: CostTable, plans: list[tuple[np.ndarray, _Plan]], share: np.ndarray,
+             seed: int) -> float:
     """A candidate's stall on the held-out folds renamed (traffic unlike the calibration),
-    each unit's plan fitted on the others as in _nested."""
-    units = np.array([e.unit for e in table.entries])
-    total = 0.0
-    for u in np.unique(units):
-        held = units == u
-        train = weight * (~held if len(np.unique(units)) > 1 else held)
-        plan = _fit(problem, table.weighted(train), fam)
-        total += sum(share[n] * float(table.renamed(n, plan.p, plan.q, seed).sum())
-                     for n in np.flatnonzero(held))
-    return total
+    with the plans _nested judged on each held-out unit."""
+    return sum(share[n] * float(table.renamed(n, plan.p, plan.q, seed).sum())
+               for held, plan in plans for n in np.flatnonzero(held))
 
 
 def _judge(table: CostTable, plan: _Plan, weights: np.ndarray) -> float:
