@@ -14,7 +14,7 @@ Prints:
    the same VRAM (N the fewest leading layers that fit: the best -ncmoe alone, since more
    host layers without a cache only cost more): tok/s of both, their ratio, and the stall
    ratio with its 95% paired interval over held-out sequences.
-2. the replay of llama.cpp's cache (solvers/cache/llamacpp.py) over 200,000 tokens x 24
+2. the replay of llama.cpp's cache (solvers/llamacpp/lru.py) over 200,000 tokens x 24
    layers (the routing repeated; one group, 2 GiB), against a plain Python transcription of
    its LRU over the first 5,000 tokens, extrapolated; target: under 10 s.
 """
@@ -108,7 +108,7 @@ def python_replay(tokens: np.ndarray, slots: int) -> int:
 
 
 def replay_section(tokens: int) -> None:
-    from solvers.cache.llamacpp import MIB, LlamaCppCache, cache_groups, group_slots
+    from solvers.llamacpp.lru import MIB, LlamaCppCache, cache_groups, group_slots
 
     ids = np.load(GPTOSS / "mmlu_dev.npz")["expert_ids"].astype(np.int64)
     ids = np.resize(ids, (tokens, *ids.shape[1:]))[:, None]  # [S, 1, L, k]

@@ -1,4 +1,4 @@
-"""llama.cpp's expert cache (solvers/cache/llamacpp.py) against the rules of its source:
+"""llama.cpp's expert cache (solvers/llamacpp/lru.py) against the rules of its source:
 ggml-org/llama.cpp @4b060f27, src/llama-moe-cache.cpp. Slot counts and hit/miss sequences
 below are worked by hand from that code (the comments show the arithmetic), and the compiled
 replay is checked against a plain Python transcription of `moe_cache_lru::plan` on random
@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solvers.cache.llamacpp import (
+from solvers.errors import SolverError
+from solvers.llamacpp.lru import (
     MIB,
     TOO_SMALL,
     LlamaCppCache,
@@ -19,7 +20,6 @@ from solvers.cache.llamacpp import (
     group_slots,
     log_stats,
 )
-from solvers.errors import SolverError
 
 # gpt-oss-20b's experts in a GGUF: ffn_gate_exps, ffn_up_exps, ffn_down_exps, each
 # [2880, 2880, 32] MXFP4 (blocks of 32 weights in 17 bytes): nb[2] = 2880 / 32 * 17 * 2880

@@ -18,8 +18,8 @@ from placer.cli import app
 from placer.exporters.llamacpp import server_command
 from placer.plan.placement import read_plan
 from solvers.cpu import Host
-from solvers.llamacpp import MIB, Machine, Setup, layer_devices, step_costs, with_cache
-from solvers.llamacpp_search import fewest_host, fit_first
+from solvers.llamacpp.cost import MIB, Machine, Setup, layer_devices, step_costs, with_cache
+from solvers.llamacpp.search import fewest_host, fit_first
 
 
 @pytest.mark.parametrize(("n_layer", "split", "expected"), [

@@ -1,6 +1,6 @@
 """llama.cpp itself, run from placer (the side environment `make llama-env` builds):
 routing recorded through llama.cpp equals the Hugging Face collector's on the same tokens,
-and placer's replay of llama.cpp's expert cache (solvers/cache/llamacpp.py) equals the hits
+and placer's replay of llama.cpp's expert cache (solvers/llamacpp/lru.py) equals the hits
 and misses the real cache makes and logs (Vulkan; Mesa's software device here)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from llamacpp_boxes import write_one_card_spec
 
 from placer.hardware.spec import parse_spec
 from placer.plan.solve import host_of
-from solvers.cache.llamacpp import LlamaCppCache, cache_groups, group_slots, log_stats
+from solvers.llamacpp.lru import LlamaCppCache, cache_groups, group_slots, log_stats
 from traces.llamacpp.cache import run_cache
 
 pytest_plugins = ["gguf_models", "fixtures_models"]

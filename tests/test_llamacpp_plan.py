@@ -1,5 +1,5 @@
 """`placer solve --engine llamacpp` and what it stands on: the cost of a llama.cpp setup
-(solvers/llamacpp.py) worked by hand on a tiny machine, and the planner end to end on
+(solvers/llamacpp/cost.py) worked by hand on a tiny machine, and the planner end to end on
 gpt-oss-20b's decode routing (skipped where ../shared is absent)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from placer.exporters.llamacpp import server_command
 from placer.plan.llamacpp import n_cpu_moe
 from placer.plan.placement import read_plan
 from solvers.cpu import Host
-from solvers.llamacpp import Machine, Setup, judge, step_costs
+from solvers.llamacpp.cost import Machine, Setup, judge, step_costs
 
 MS = 1e-3
 
@@ -234,7 +234,7 @@ def mib_machine(bandwidth: float) -> Machine:
 
 
 def test_the_search_takes_the_cache_where_it_hits_and_not_where_it_thrashes():
-    from solvers.llamacpp_search import Candidate, Scenario, search
+    from solvers.llamacpp.search import Candidate, Scenario, search
 
     def scenario(experts):
         tokens = np.array(experts).reshape(-1, 1, 1, 1).repeat(2, axis=2)  # both layers

@@ -4,8 +4,8 @@ traffic. With several cards every layer runs on the GPUs (`-ngl all`) split by `
 proportion to each card's VRAM for experts (machine_of); each card's host layers use its
 own link, and the one CPU computes every card's host layers.
 
-The search and its cost are in solvers/llamacpp_search.py and solvers/llamacpp.py; the cache
-is llama.cpp's own (solvers/cache/llamacpp.py, ggml-org/llama.cpp @4b060f27). The plan it
+The search and its cost are in solvers/llamacpp/search.py and solvers/llamacpp/cost.py; the cache
+is llama.cpp's own (solvers/llamacpp/lru.py, ggml-org/llama.cpp @4b060f27). The plan it
 writes is a cpu-execution plan (the GPU layers' experts resident, the host layers' cold) with
 an `engine` section: {"name": "llamacpp", "host_layers": decoder layers, "moe_cache_mib": N,
 "slots": per group, "n_cpu_moe": N where the host layers are the first N decoder layers,
@@ -31,9 +31,9 @@ from placer.plan.options import SolveOptions
 from placer.plan.placement import Plan, build_plan
 from placer.plan.solve import calibration_json, host_of
 from placer.plan.traffic import Traffic, load_traffic, traffic_steps
-from solvers.cache.llamacpp import CUDA_ALIGNMENT
-from solvers.llamacpp import Machine, Setup, judge, layer_devices
-from solvers.llamacpp_search import (
+from solvers.llamacpp.cost import Machine, Setup, judge, layer_devices
+from solvers.llamacpp.lru import CUDA_ALIGNMENT
+from solvers.llamacpp.search import (
     Scenario,
     SearchResult,
     fewest_host,

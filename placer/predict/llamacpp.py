@@ -1,5 +1,5 @@
 """`placer evaluate` of a plan solved with `--engine llamacpp`: its host layers and cache
-replayed on held-out traffic (solvers/llamacpp.py) against, at the same VRAM, `-ncmoe N`
+replayed on held-out traffic (solvers/llamacpp/cost.py) against, at the same VRAM, `-ncmoe N`
 alone (the "layer" line: the first MoE layers on the host, as few as fit) and its own host
 layers without the cache ("nocache"), with paired 95% intervals over sequences."""
 
@@ -10,8 +10,8 @@ import numpy as np
 from placer.plan.llamacpp import engine_setup, plan_machine
 from placer.plan.placement import Plan
 from solvers.intervals import REPLICATES, verdict
-from solvers.llamacpp import Setup, judge
-from solvers.llamacpp_search import fewest_host, setup_of
+from solvers.llamacpp.cost import Setup, judge
+from solvers.llamacpp.search import fewest_host, setup_of
 from traces.profile import TokenSteps
 
 EXECUTION = "llamacpp"

@@ -4,7 +4,7 @@ One class per policy (`POLICIES`), each a compiled `fetch` over per-card state
 (`solvers.cache.policy`), used both by the runtime (`placer.runtime.staging`) and by the
 replay (`solvers.cache.replay`); Belady's offline-optimal replacement (`solvers.cache.belady`)
 bounds what any of them could do with the same slots. llama.cpp's own `--moe-cache-mib` cache
-(`solvers.cache.llamacpp`) is not one of these per-card, per-layer policies: it keeps one LRU
+(`solvers.llamacpp.lru`) is not one of these per-card, per-layer policies: it keeps one LRU
 per group of layers and has its own replay, which `placer solve --engine llamacpp` and
 `placer evaluate` of such a plan run.
 """

@@ -1,5 +1,5 @@
 """What a llama.cpp setup costs at decode: which MoE layers keep their experts in host memory
-(`-ot` / `-ncmoe`) and the `--moe-cache-mib` cache for them (solvers/cache/llamacpp.py).
+(`-ot` / `-ncmoe`) and the `--moe-cache-mib` cache for them (solvers/llamacpp/lru.py).
 
 Per decode step s (one ubatch of its B tokens) and MoE layer l, the seconds the step waits on
 the layer's experts:
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.cache.llamacpp import Fetches, Groups, LlamaCppCache, cache_groups, group_slots
 from solvers.cpu import Host, cpu_loads, step_tokens
 from solvers.intervals import (
     REPLICATES,
@@ -43,6 +42,13 @@ from solvers.intervals import (
     replicate_weights,
     units_of,
     without_intervals,
+)
+from solvers.llamacpp.lru import (
+    Fetches,
+    Groups,
+    LlamaCppCache,
+    cache_groups,
+    group_slots,
 )
 
 MIB = 1024 * 1024
@@ -74,7 +80,7 @@ class Machine:
     """The model and the box as the cost needs them.
 
     expert_bytes, expert_flops: [L, E] of each routed expert; layout: [L] (key, nb2) of each
-    MoE layer's expert tensors (solvers.cache.llamacpp.cache_groups); top_k: the router's k;
+    MoE layer's expert tensors (solvers.llamacpp.lru.cache_groups); top_k: the router's k;
     capacity: VRAM bytes for expert layers and the cache's banks, per GPU ([D], or one number
     for one card); bandwidth, latency_s: each GPU's host-to-device copies (likewise);
     alignment: the buffer alignment; host: the one CPU (solvers.cpu.Host) that computes every

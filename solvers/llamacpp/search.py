@@ -1,5 +1,5 @@
 """Which MoE layers llama.cpp should keep in host memory, and how much of the VRAM they free
-to give to `--moe-cache-mib`: a search judged by the replay (solvers/llamacpp.py).
+to give to `--moe-cache-mib`: a search judged by the replay (solvers/llamacpp/cost.py).
 
 Candidates: the host layers are the first `count` of a ranking, for `count` from the fewest
 that let the other layers' experts fit their cards up to every layer, and the cache takes a share
@@ -27,7 +27,7 @@ import numpy as np
 from solvers.cache import even_quotas, make_policy
 from solvers.cache.replay import Requests
 from solvers.errors import SolverError
-from solvers.llamacpp import (
+from solvers.llamacpp.cost import (
     MIB,
     HostCosts,
     Machine,
