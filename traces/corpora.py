@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from traces.bounded import MAX_BLOCK, bounded_lines
 from traces.errors import TraceError, first_line
 from traces.jsontext import jsonl_lines, loads_json
 
@@ -144,19 +145,25 @@ def _file_sha256(path: Path) -> str:
 
 def _text_blocks(path: Path) -> Iterator[str]:
     block: list[str] = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.strip():
-                block.append(line.rstrip("\n"))
-            elif block:
-                yield "\n".join(block)
-                block = []
+    size = 0
+    for number, offset, raw in bounded_lines(path, "corpus", lambda n: f"corpus {path} line {n}"):
+        line = raw.decode("utf-8", errors="replace")
+        if line.strip():
+            block.append(line.rstrip("\n"))
+            size += len(raw)
+            if size > MAX_BLOCK:
+                raise TraceError(f"corpus {path} line {number}: a document (lines up to a blank "
+                                 f"one) longer than {MAX_BLOCK >> 20} MiB (at byte offset "
+                                 f"{offset}); separate documents with blank lines")
+        elif block:
+            yield "\n".join(block)
+            block, size = [], 0
     if block:
         yield "\n".join(block)
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    for number, line in jsonl_lines(path, lambda n: f"corpus {path} line {n}"):
+    for number, line in jsonl_lines(path, lambda n: f"corpus {path} line {n}", "corpus"):
         record = loads_json(line, f"corpus {path} line {number}")
         if not isinstance(record, dict):
             raise TraceError(f"corpus {path} line {number}: not a JSON object")

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from traces.bounded import bounded_lines
 from traces.errors import TraceError
 
 MAX_DEPTH = 64        # containers inside containers; placer's own files need fewer than 10
@@ -64,19 +65,17 @@ def decode_utf8(raw: bytes, where: str, error: type[ValueError] = TraceError,
                     f"{offset + exc.start})") from None
 
 
-def jsonl_lines(path: Path, where: Callable[[int], str] | None = None
+def jsonl_lines(path: Path, where: Callable[[int], str] | None = None, kind: str = "jsonl"
                 ) -> Iterator[tuple[int, str]]:
     """(line number, text) of every non-blank line of the JSONL file `path`; a TraceError
     naming the line (`where(number)`, default PATH:NUMBER) and the byte offset in the file of
-    the first byte that is not UTF-8."""
-    offset = 0
-    with Path(path).open("rb") as lines:
-        for number, raw in enumerate(lines, 1):
-            name = where(number) if where is not None else f"{path}:{number}"
-            text = decode_utf8(raw, name, offset=offset)
-            offset += len(raw)
-            if text.strip():
-                yield number, text
+    the first byte that is not UTF-8, or of a line longer than traces.bounded.LINE_LIMITS
+    allows a file of `kind`."""
+    for number, offset, raw in bounded_lines(path, kind, where):
+        name = where(number) if where is not None else f"{path}:{number}"
+        text = decode_utf8(raw, name, offset=offset)
+        if text.strip():
+            yield number, text
 
 
 def depth(value: object) -> int:

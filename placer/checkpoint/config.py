@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from placer.errors import PlacerError
+from traces.bounded import read_bounded
 from traces.jsontext import loads_json
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
@@ -18,7 +19,7 @@ def read_config(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise PlacerError(f"no config.json at {path}")
-    config = loads_json(path.read_bytes(), str(path), PlacerError)
+    config = loads_json(read_bounded(path, "config", error=PlacerError), str(path), PlacerError)
     if not isinstance(config, dict):
         raise PlacerError(f"{path}: expected a JSON object, found {type(config).__name__}")
     if isinstance(config.get("text_config"), dict):

@@ -32,6 +32,7 @@ from placer.checkpoint.experts import (
 from placer.checkpoint.header import FileHeader, TensorHeader, read_header
 from placer.errors import PlacerError
 from placer.files import plain_file_name
+from traces.bounded import read_bounded
 from traces.jsontext import loads_json
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -81,7 +82,7 @@ def read_index(checkpoint: Path) -> dict[str, str] | None:
     index = checkpoint / INDEX_FILE
     if not index.is_file():
         return None
-    data = loads_json(index.read_bytes(), str(index), PlacerError)
+    data = loads_json(read_bounded(index, "index", error=PlacerError), str(index), PlacerError)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) for v in weight_map.values()):

@@ -38,6 +38,7 @@ from placer.errors import PlacerError
 from placer.exporters.slots import home_slots
 from placer.files import Inputs, write_json_atomic
 from placer.plan.placement import Plan
+from traces.bounded import read_bounded
 from traces.errors import first_line
 from traces.jsontext import loads_json
 
@@ -90,7 +91,8 @@ def write_sglang_location(plan: Plan, out: Path, inputs: Inputs = ()) -> SGLangL
 def read_sglang_location(path: Path) -> np.ndarray:
     """The [num_layers, num_physical] map of an `--init-expert-location` JSON file."""
     try:
-        data = loads_json(Path(path).read_bytes(), str(path), PlacerError)
+        data = loads_json(read_bounded(path, "expert-location", error=PlacerError), str(path),
+                          PlacerError)
         p2l = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
     except PlacerError:
         raise

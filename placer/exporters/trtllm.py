@@ -38,6 +38,7 @@ from placer.errors import PlacerError
 from placer.exporters.slots import home_slots
 from placer.files import write_text_atomic
 from placer.plan.placement import Plan
+from traces.bounded import read_bounded
 
 SUPPORTED = ("DeepseekV3ForCausalLM", "MixtralForCausalLM", "Llama4ForConditionalGeneration",
              "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -105,7 +106,7 @@ def check_placement(placement: TrtllmPlacement, plan: Plan, path: Path) -> None:
     """The engine's own checks (module docstring) and the plan's homes, on the written file."""
     import yaml
 
-    data = yaml.safe_load(path.read_text())
+    data = yaml.safe_load(read_bounded(path, "load-balancer", error=PlacerError))
     num_slots, experts = data["num_slots"], plan.experts_per_layer
     table = data["initial_global_assignments"]
     if data["layer_updates_per_iter"] != 0 or num_slots % placement.ep_size \

@@ -62,6 +62,7 @@ from placer.errors import PlacerError
 from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
 from solvers.cpu import OFFLOAD_MIN_BATCH
+from traces.bounded import read_bounded
 from traces.jsontext import MAX_DEPTH, decode_utf8, depth
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
@@ -194,10 +195,7 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise PlacerError(f"hardware spec not found: {path}")
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise PlacerError(f"hardware spec {path}: cannot read ({exc.strerror})") from None
+        raw = read_bounded(path, "spec", f"hardware spec {path}", PlacerError)
     else:
         if str(name_or_path) not in preset_names():
             raise PlacerError(f"unknown hardware preset {str(name_or_path)!r}; presets: "

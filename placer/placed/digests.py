@@ -20,6 +20,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from traces.bounded import read_bounded
 from traces.jsontext import loads_json
 
 RACY_S = 2.0  # younger files are hashed every time (see module docstring)
@@ -45,7 +46,7 @@ def _entry(path: Path, key: str) -> str:
 
 def _load() -> dict[str, str]:
     try:
-        data = loads_json(cache_file().read_bytes(), "the digest cache")
+        data = loads_json(read_bounded(cache_file(), "digest-cache"), "the digest cache")
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

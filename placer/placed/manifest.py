@@ -26,6 +26,7 @@ from placer.files import dumps_json
 from placer.placed.layout import Entry, expert_starts
 from placer.plan.format import MANIFEST_FORMAT
 from placer.plan.placement import Plan
+from traces.bounded import read_bounded
 from traces.jsontext import loads_json
 
 
@@ -145,10 +146,7 @@ def read_manifest(path: Path) -> dict:
     if not path.is_file():
         raise PlacerError(f"no manifest at {path} (not a placed directory, or its emit did "
                           "not finish)")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:  # worded as the CLI words an OSError: "permission denied: PATH"
-        raise PlacerError(f"{(exc.strerror or type(exc).__name__).lower()}: {path}") from None
+    raw = read_bounded(path, "manifest", error=PlacerError)
     manifest = loads_json(raw, str(path), PlacerError)
     validate_manifest(manifest)
     return manifest

@@ -21,6 +21,7 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
 from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
+from traces.bounded import read_bounded
 from traces.jsontext import loads_json
 
 if TYPE_CHECKING:  # solvers.cache compiles with numba: imported where a cache is built
@@ -183,10 +184,8 @@ def read_plan(path: Path) -> Plan:
         path = path / "manifest.json"
     if not path.is_file():
         raise PlacerError(f"plan not found: {path}")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise PlacerError(f"{path}: cannot read ({exc.strerror})") from None
+    raw = read_bounded(path, "manifest" if path.name == "manifest.json" else "plan",
+                       error=PlacerError)
     d = loads_json(raw, str(path), PlacerError)
     return plan_from_json(d, str(path))
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.bounded import read_bounded
 from traces.collect import ModelIdentity
 from traces.errors import TraceError, first_line
 from traces.importers.common import UNKNOWN_TOKEN, ImportRequest, TokenRows, write_rows
@@ -67,7 +68,7 @@ def read_meta(directory: Path) -> tuple[int, int]:
     when the load balancer was on)."""
     path = directory / META
     try:
-        meta = loads_json(path.read_bytes(), str(path))
+        meta = loads_json(read_bounded(path, "meta"), str(path))
     except FileNotFoundError:
         raise TraceError(f"{directory}: no {META} (rank 0 writes it)") from None
     values = [meta.get(k) if isinstance(meta, dict) else None
@@ -161,7 +162,7 @@ def read_load_balancer(path: Path, num_slots: int) -> dict[int, np.ndarray]:
     import yaml
 
     try:
-        raw = Path(path).read_bytes()
+        raw = read_bounded(path, "load-balancer")
     except FileNotFoundError:
         raise TraceError(f"--load-balancer file not found: {path}") from None
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.bounded import read_bounded
 from traces.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.common import (
@@ -59,7 +60,7 @@ class Lens:
 def read_prompt_lens(path: Path) -> dict[str, Lens]:
     """`{request name: Lens}` from a JSON file (module docstring)."""
     try:
-        lens = loads_json(Path(path).read_bytes(), str(path))
+        lens = loads_json(read_bounded(path, "prompt-lens"), str(path))
     except FileNotFoundError:
         raise TraceError(f"--prompt-lens file not found: {path}") from None
     if not isinstance(lens, dict):
