@@ -179,8 +179,8 @@ def test_where_no_cache_is_predicted_auto_says_why_and_n_is_refused(solved, plac
     assert not (solved["root"] / "refused.json").exists()
 
 
-@pytest.mark.parametrize(("value", "said"), [("abc", "expected auto or a number"),
-                                              ("-1", "--cache must be auto or a slot count"),
+@pytest.mark.parametrize(("value", "said"), [("abc", "--cache must be auto or in 0..16777216"),
+                                              ("-1", "--cache must be auto or in 0.."),
                                               ("99999999999", "--cache must be auto")])
 def test_bad_cache_values_are_one_line(solved, placer_run, value, said):
     result = placer_run("solve", *solved["common"], "--cache", value, "--out",

@@ -343,7 +343,7 @@ def test_trace_verdict_over_concurrencies():
     (["--cache-slots", "-1"], "--cache-slots must be in 0.."),
     (["--folds", "1"], "--folds must be >= 2"),
     (["--plot", "out.jpg"], "--plot writes a PNG"),
-    (["--concurrency", "0"], "--concurrency: every value must be >= 1"),
+    (["--concurrency", "0"], "--concurrency: every value must be in 1.."),
     (["--concurrency", ""], "--concurrency: empty list"),
 ])
 def test_option_errors_are_one_line(small, cli, args, message):

@@ -106,7 +106,7 @@ def test_refusals_are_one_line_and_write_nothing(source, tmp_path):
     b.rmdir()
     for args, said in ((["--tag", "nope"], "no tag 'nope'"),
                        (["--tag", "chat", "--tag", "code"], "one side would be empty"),
-                       (["--fraction", "1.0"], "strictly between 0 and 1")):
+                       (["--fraction", "1.0"], "--fraction must be in (0, 1)")):
         assert_one_line_error(invoke("traces", "split", source, "--out-a", a, "--out-b", b,
                                      *args), said)
     assert_one_line_error(invoke("traces", "split", source, "--out-a", source / "x", "--out-b",

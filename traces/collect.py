@@ -28,6 +28,7 @@ import numpy as np
 
 from traces.corpora import Corpus, Document, random_corpus
 from traces.errors import TraceError, first_line
+from traces.options import check_rules
 from traces.runs import (
     CollectOptions,
     CollectResult,
@@ -67,11 +68,8 @@ def check_options(options: CollectOptions) -> None:
         raise TraceError(f"--mode must be one of {', '.join(MODES)}, got {options.mode!r}")
     if options.dtype not in DTYPES:
         raise TraceError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype!r}")
-    for name in ("batch_size", "max_length", "max_new_tokens"):
-        if getattr(options, name) < 1:
-            raise TraceError(f"--{name.replace('_', '-')} must be >= 1")
-    if options.max_tokens is not None and options.max_tokens < 1:
-        raise TraceError("--max-tokens must be >= 1")
+    check_rules({name: getattr(options, name) for name in
+                 ("batch_size", "max_length", "max_new_tokens", "max_tokens")}, "collect")
 
 
 def load_tokenizer(model_dir: Path, tokenizer: Path | None):

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from traces.dataset import open_traces, stream_rows
 from traces.errors import TraceError
+from traces.options import check_rules
 from traces.schema import KIND_COUNTS
 
 
@@ -44,6 +45,7 @@ def split_traces(trace_dir: Path, out_a: Path, out_b: Path, *, fraction: float =
     """Split `trace_dir` into `out_a` and `out_b` (see module docstring): with `tags`, the
     rows of those tags go to A and the rest to B; else a seeded random `fraction` of the
     sequences (at least one on each side) goes to A, the rest to B."""
+    check_rules({"fraction": fraction, "seed": seed}, "split")
     td = open_traces(trace_dir)
     if td.kind == KIND_COUNTS:
         raise TraceError(f"{td.root} holds imported counts: they have no sequences to split")
@@ -61,8 +63,6 @@ def split_traces(trace_dir: Path, out_a: Path, out_b: Path, *, fraction: float =
         in_a = np.array([tag_of[int(s)] in tags for s in ids])
         by = "tag"
     else:
-        if not 0.0 < fraction < 1.0:
-            raise TraceError(f"--fraction must lie strictly between 0 and 1, got {fraction}")
         if len(ids) < 2:
             raise TraceError(f"{td.root} has {len(ids)} sequence: nothing to split")
         take = min(max(round(fraction * len(ids)), 1), len(ids) - 1)

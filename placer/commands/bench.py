@@ -14,7 +14,7 @@ from rich.table import Table
 from placer.checkpoint.step import monotone
 from placer.commands.common import command, parse_list, print_json, print_table, span
 from placer.commands.common import console as rich_console
-from placer.commands.run import MODEL_HELP, check_cache_slots, check_placed, source_model
+from placer.commands.run import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
 from placer.hardware.devices import check_device
@@ -101,7 +101,6 @@ def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
         raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
     if plot is not None:
         check_apart(plot, what="--plot")
-    check_cache_slots(cache_slots)
     check_device(device)
 
 

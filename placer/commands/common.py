@@ -22,6 +22,7 @@ from placer.units import BYTE_UNITS
 from solvers.errors import SolverError
 from traces.collect import ModelIdentity
 from traces.errors import TraceError
+from traces.options import check_rules
 
 try:  # typer 0.2x carries its own copy of click (see placer.cli)
     from typer._click.globals import get_current_context
@@ -38,15 +39,17 @@ MAX_INT = 2**63 - 1  # no option counts past an int64
 
 
 def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
-    """Register `fn` as `placer NAME`: its option values checked first (check_values); a
-    domain error becomes one line on stderr and exit 1, and so does an interrupt (SIGINT,
-    or SIGTERM: `placer.cli` raises it as one), after the command has cleaned up."""
+    """Register `fn` as `placer NAME`: its option values checked first (check_values, then
+    the table of option rules, traces.options); a domain error becomes one line on stderr
+    and exit 1, and so does an interrupt (SIGINT, or SIGTERM: `placer.cli` raises it as
+    one), after the command has cleaned up."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
                 check_values(kw)
+                check_rules(kw, name, name_of=option_name, error=PlacerError)
                 return fn(*args, **kw)
             except DOMAIN_ERRORS as exc:
                 fail(error_line(exc), exc)

@@ -83,8 +83,6 @@ def register(app: typer.Typer) -> None:
         from placer.predict.evaluate import EvalOptions, evaluate
         from placer.predict.plots import plot_evaluation
 
-        if folds < 2:
-            raise PlacerError(f"--folds must be >= 2, got {folds}")
         if plot is not None and plot.suffix.lower() != ".png":
             raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
         if plot is not None:

@@ -14,7 +14,6 @@ from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 from placer.units import format_bytes
 
-MAX_CACHE_SLOTS = 1 << 16
 MODEL_HELP = ("The checkpoint directory it was placed from (dense weights, tokenizer); default: "
               "the one the manifest records (source.dir).")
 
@@ -57,7 +56,6 @@ def check_run_options(placed: Path, prompt: str, cache_slots: int | None, device
     check_placed(placed)
     if not prompt.strip():
         raise PlacerError("--prompt: expected some text to continue, got an empty prompt")
-    check_cache_slots(cache_slots)
     check_device(device)
 
 
@@ -79,13 +77,6 @@ def source_model(placed: Path, model: Path | None) -> Path:
         raise PlacerError(f"{placed}: the source checkpoint its manifest records, {recorded}, "
                           "no longer exists: give --model")
     return recorded
-
-
-def check_cache_slots(cache_slots: int | None) -> None:
-    """What run, serve and bench refuse as --cache-slots."""
-    if cache_slots is not None and not 0 <= cache_slots <= MAX_CACHE_SLOTS:
-        raise PlacerError(f"--cache-slots: expected 0..{MAX_CACHE_SLOTS} slots per card, got "
-                          f"{cache_slots}")
 
 
 def print_result(result: dict) -> None:

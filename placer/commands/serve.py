@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command
-from placer.commands.run import MODEL_HELP, check_cache_slots, check_placed, source_model
+from placer.commands.run import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 
@@ -56,14 +56,9 @@ def register(app: typer.Typer) -> None:
         from placer.serve.server import serve
 
         check_placed(placed)
-        check_cache_slots(cache_slots)
-        if kv_tokens < 64:
-            raise PlacerError(f"--kv-tokens must be >= 64, got {kv_tokens}")
         if batching not in BATCHING:
             raise PlacerError(f"--batching must be one of {', '.join(BATCHING)}, got "
                               f"{batching!r}")
-        if not 0 <= port <= 65535:
-            raise PlacerError(f"--port must be in 0..65535, got {port}")
         check_device(device)
         serve(placed, source_model(placed, model), host=host, port=port, device=device,
               cache_slots=cache_slots,

@@ -129,10 +129,10 @@ def register(app: typer.Typer) -> None:
                  "\"completion\": C, \"start\": S}}; prompt rows are prefill, the rest "
                  "decode (without it every row is decode).")] = None,
         prompt_start: Annotated[int | None, typer.Option(
-            min=0, help="vllm, sglang-http: the requests skipped this many prompt tokens "
-                        "(routed_experts_prompt_start / routed_experts_start_len): rows start "
-                        "at that position (default: derived from prompt + completion - 1 - "
-                        "rows where both are known, else 0).")] = None,
+            help="vllm, sglang-http: the requests skipped this many prompt tokens "
+                 "(routed_experts_prompt_start / routed_experts_start_len): rows start "
+                 "at that position (default: derived from prompt + completion - 1 - "
+                 "rows where both are known, else 0).")] = None,
         load_balancer: Annotated[Path | None, typer.Option(
             help="trtllm: the static moe_config.load_balancer YAML the engine ran with; maps "
                  "the recorded slot ids to experts.")] = None,

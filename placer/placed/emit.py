@@ -41,6 +41,7 @@ from placer.placed.layout import Entry, layout, plan_files
 from placer.placed.manifest import build_manifest, validate_manifest, write_manifest
 from placer.placed.stream import fdatasync_and_close, fsync_path, sha256_file, write_file
 from placer.plan.placement import Plan
+from traces.options import check_rules
 
 
 def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4096,
@@ -51,8 +52,7 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
     (see commit_placement), under an exclusive lock on `out_dir` (output_lock); SIGINT and
     SIGTERM stop the writing and remove what it wrote (Signals)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    if align < 8 or align & (align - 1):
-        raise PlacerError(f"--align must be a power of two >= 8, not {align}")
+    check_rules({"align": align}, "emit", error=PlacerError)
     if plan.engine is not None:
         raise PlacerError(f"this plan was solved with --engine {plan.engine.get('name')}: that "
                           "engine reads its own model files (placer export llamacpp prints "

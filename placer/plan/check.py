@@ -20,10 +20,11 @@ from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
 from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, PLAN_VERSION, page_spans
 from placer.plan.options import CACHE_POLICIES
+from traces.options import MAX_PLAN_SLOTS
 
 REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
 CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")
-MAX_SLOTS = 1 << 31  # cache slots per card
+MAX_SLOTS = MAX_PLAN_SLOTS  # cache slots per card
 
 
 class _Where:

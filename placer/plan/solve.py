@@ -115,9 +115,7 @@ def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: Sol
     free = np.array([c.free_bytes for c in spec.cards], dtype=np.int64)
     if opts.budget is not None and opts.offload is not None:
         raise PlacerError("give --budget or --offload, not both")
-    if opts.offload is not None:
-        if not 0.0 < opts.offload < 1.0:
-            raise PlacerError(f"--offload must be a share in (0, 1), not {opts.offload}")
+    if opts.offload is not None:  # in (0, 1): check_options
         budget = np.floor((1.0 - opts.offload) * homed).astype(np.int64) + staging
     elif opts.budget is not None:
         budget = np.full(num_cards, opts.budget, dtype=np.int64)

@@ -21,14 +21,12 @@ profile and the traffic, with a 95% bootstrap interval over the traffic's sequen
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.plan.check import MAX_SLOTS
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
 from placer.plan.placement import Plan, plan_caches
 from placer.plan.solve import cards_of, execution_of
@@ -43,6 +41,7 @@ from solvers.problem import Placement, Problem, SolveResult, Steps
 from solvers.replay import BELADY, Line, make_steps, replay_with_intervals
 from solvers.staging import cache_only_slots, fetch_limit, slot_unit, staging_bytes
 from traces.dataset import check_compatible, check_shape
+from traces.options import check_rules
 from traces.profile import (
     Profile,
     TokenSteps,
@@ -54,7 +53,6 @@ from traces.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "belady")  # stage execution only
 BEHIND_LRU = "worse than lru"    # a trace verdict: above the plain cache beyond noise
-MAX_SEED = 2**31 - 1       # SCIP's random seed shift is a C int
 
 
 @dataclass(frozen=True)
@@ -71,20 +69,9 @@ class EvalOptions:
 
 def check_options(opts: EvalOptions) -> None:
     """One PlacerError line for the first option out of range."""
-    if opts.concurrency is not None and any(b < 1 for b in opts.concurrency):
-        raise PlacerError(f"--concurrency: every value must be >= 1, got "
-                          f"{','.join(map(str, opts.concurrency))}")
-    if opts.num_steps is not None and opts.num_steps < 1:
-        raise PlacerError(f"--steps must be >= 1 (omit it to replay every held-out token), "
-                          f"got {opts.num_steps}")
-    if opts.seed is not None and not 0 <= opts.seed <= MAX_SEED:
-        raise PlacerError(f"--seed must be in 0..2**31-1 (the oracle ILP's seed is a 32-bit "
-                          f"int), got {opts.seed}")
-    if not math.isfinite(opts.oracle_time_limit) or opts.oracle_time_limit <= 0:
-        raise PlacerError(f"--oracle-time-limit must be a positive number of seconds, got "
-                          f"{opts.oracle_time_limit}")
-    if opts.cache_slots is not None and not 0 <= opts.cache_slots <= MAX_SLOTS:
-        raise PlacerError(f"--cache-slots must be in 0..{MAX_SLOTS}, got {opts.cache_slots}")
+    check_rules({"concurrency": opts.concurrency, "steps": opts.num_steps, "seed": opts.seed,
+                 "oracle_time_limit": opts.oracle_time_limit,
+                 "cache_slots": opts.cache_slots}, "evaluate", error=PlacerError)
     if opts.execution is not None and opts.execution not in (*EXECUTIONS, "both"):
         raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)} or both, got "
                           f"{opts.execution!r}")
