@@ -245,3 +245,99 @@ def test_random_hostile_headers_are_one_line_in_bounded_memory(data: st.DataObje
             paths.append(root / f"g{i}.gguf")
             paths[-1].write_bytes(hostile_file(data))
         refusals(paths, root)
+
+
+# Issue 44, class 7: layer names and split parts as strictly as llama.cpp loads them.
+
+def names_gguf(path: Path, names: list[str], blocks: int = 2) -> Path:
+    """A qwen3moe GGUF of `blocks` blocks, 4 experts, one F32 expert tensor per name."""
+    writer = GGUFWriter(path, "qwen3moe")
+    writer.add_block_count(blocks)
+    writer.add_expert_count(4)
+    writer.add_expert_used_count(2)
+    for name in names:
+        writer.add_tensor(name, np.zeros((4, 8, 32), np.float32))
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                 writer.write_tensors_to_file, writer.close):
+        step()
+    return path
+
+
+@pytest.mark.parametrize(("names", "index"), [
+    (["blk.0.ffn_gate_exps.weight", "blk.1.ffn_gate_exps.weight",
+      "blk.01.ffn_gate_exps.weight"], "01"),
+    (["blk.0.ffn_gate_exps.weight", "blk.00.ffn_up_exps.weight"], "00"),
+    (["blk.0.ffn_gate_exps.weight", "blk.\u0661.ffn_gate_exps.weight"], "\u0661"),  # Arabic 1
+    (["blk.0.ffn_gate_exps.weight", "blk.\uff11.ffn_gate_exps.weight"], "\uff11"),  # fullwidth
+    (["blk.0.ffn_gate_exps.weight", "blk.+1.ffn_gate_exps.weight"], "+1"),
+    (["blk.0.ffn_gate_exps.weight", "blk. 1.ffn_gate_exps.weight"], " 1"),
+], ids=["leading-zero", "double-zero", "arabic-indic", "fullwidth", "plus", "space"])
+def test_layer_indices_are_the_decimal_llamacpp_writes(cli, tmp_path: Path, names: list[str],
+                                                       index: str) -> None:
+    """llama.cpp names block tensors `blk.%d.NAME` and finds them by that name: `blk.01`
+    beside `blk.1` (read as layer 1 twice) or a digit that is not ASCII (int() reads it) is a
+    tensor llama.cpp never loads. One line naming the tensor, from `inspect` and from the
+    header reader every GGUF command uses."""
+    path = names_gguf(tmp_path / "m.gguf", names)
+    result = cli("inspect", path, ok=False)
+    assert_one_line_error(result, "m.gguf", f"layer index {index!r} is not the decimal "
+                          "llama.cpp writes")
+    with pytest.raises(ValueError, match="is not the decimal llama.cpp writes"):
+        read_gguf_header(path, ValueError)
+
+
+def test_canonical_layer_indices_read_as_before(cli, tmp_path: Path) -> None:
+    path = names_gguf(tmp_path / "m.gguf", [f"blk.{i}.ffn_gate_exps.weight" for i in (0, 1)])
+    assert cli("inspect", path).exit_code == 0
+
+
+def split_model(directory: Path, **kwargs) -> list[Path]:
+    """A tiny MoE GGUF split as llama-gguf-split lays it out (4 tensors a part): its parts."""
+    directory.mkdir()
+    write_moe_gguf(directory / "m.gguf", split_max_tensors=4, **kwargs)
+    return sorted(directory.iterdir())
+
+
+def set_u16(path: Path, key: str, value: int) -> None:
+    """Overwrite the UINT16 value of metadata `key` in place (llama-gguf-split's split.*)."""
+    raw = bytearray(path.read_bytes())
+    name = struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", 2)  # UINT16
+    at = raw.index(name) + len(name)
+    raw[at:at + 2] = struct.pack("<H", value)
+    path.write_bytes(bytes(raw))
+
+
+def test_part_1_tampered_to_split_count_1_is_not_read_alone(cli, tmp_path: Path) -> None:
+    """Part 1 of 4 claiming split.count 1 was read as the whole model (its quarter of the
+    tensors); its name and its split.tensors.count both say otherwise."""
+    parts = split_model(tmp_path / "s")
+    set_u16(parts[0], "split.count", 1)
+    assert_one_line_error(cli("inspect", parts[0], ok=False), parts[0].name,
+                          "split.count is 1 but split.tensors.count is 13 and it holds 4")
+    alone = tmp_path / "m.gguf"
+    parts[0].rename(alone)
+    assert_one_line_error(cli("inspect", alone, ok=False), "m.gguf", "split.tensors.count is 13",
+                          "read alone it would be part of the model")
+    named = tmp_path / "n-00001-of-00002.gguf"
+    names_gguf(named, ["blk.0.ffn_gate_exps.weight"], blocks=1)
+    assert_one_line_error(cli("inspect", named, ok=False), "named part 1 of 2 but split.count "
+                          "is missing")
+
+
+def test_a_part_of_another_model_is_refused(cli, tmp_path: Path) -> None:
+    """A part of another model's split (same layout, other sizes) in place of part 2: its
+    expert tensors are not this model's shape. A part whose split.tensors.count differs, or
+    that carries other metadata, is refused too."""
+    ours = split_model(tmp_path / "a")
+    theirs = split_model(tmp_path / "b", hidden=512, seed=1)
+    assert cli("inspect", ours[0]).exit_code == 0
+    original = ours[1].read_bytes()
+    ours[1].write_bytes(theirs[1].read_bytes())
+    assert_one_line_error(cli("inspect", ours[0], ok=False), ours[1].name,
+                          "embedding_length is 256: a part of another model")
+    ours[1].write_bytes(original)
+    other = split_model(tmp_path / "c", layers=3)  # more tensors: split.tensors.count 19
+    ours[3].write_bytes(other[3].read_bytes())
+    set_u16(ours[3], "split.count", 4)
+    assert_one_line_error(cli("inspect", ours[0], ok=False), ours[3].name,
+                          "split.tensors.count is")

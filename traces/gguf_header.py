@@ -17,7 +17,8 @@ most 2**30 long and within the bytes left; `general.alignment` a uint32 power of
 names shorter than GGML_MAX_NAME (64) and unique, at most GGML_MAX_DIMS (4) dims, each >= 0,
 element count < 2**63, a ggml type of the `gguf` package's GGML_QUANT_SIZES table, rows a
 whole number of blocks; each tensor's offset is the sum of the padded sizes of the tensors
-before it, and the data ends inside the file.
+before it, and the data ends inside the file. A block tensor's layer index is the decimal
+llama.cpp writes (`block_index`).
 
 Beyond llama.cpp, placer caps what it reads (MAX_KV, MAX_TENSORS, MAX_STRING_ARRAY: far above
 any real model) so that a file of millions of tiny entries is refused in seconds too, and what
@@ -27,6 +28,7 @@ memory stays in megabytes whatever a file of gigabytes of metadata holds.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,8 @@ KEEP_ARRAY = 1 << 12  # arrays up to this many elements are decoded, longer ones
 KEEP_STRING = 1 << 20  # string values up to this many bytes are decoded
 KEEP_TOTAL = 1 << 24  # bytes decoded in all (strings over MAX_NAME, arrays at 8 per element)
 _CHUNK = 1 << 20
+BLOCK_PREFIX = "blk."
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)  # printf %d of a layer index
 
 # Scalar value types: (struct format, bytes).
 _SCALARS = {
@@ -212,9 +216,26 @@ def read_gguf_header(path: Path, error: type[Exception]) -> GGUFHeader:
         if name in names:
             raise error(f"{path}: tensor {name!r} is named twice")
         names.add(name)
+        block_index(name, path, error)
     data_start = cur.pos + (-cur.pos % alignment) if infos else cur.pos
     return GGUFHeader(path, size, version, fields, alignment, data_start,
                       _layout(path, size, data_start, alignment, infos, error))
+
+
+def block_index(name: str, path: Path, error: type[Exception]) -> int | None:
+    """The layer of tensor `name` when it is a block's (`blk.N.*`), else None; `error` when N
+    is not the decimal llama.cpp writes. llama.cpp names every block tensor `blk.%d.NAME`
+    (LLM_TENSOR_NAMES, `src/llama-arch.cpp`) and finds it by that exact name, so `blk.01` or
+    `blk.١` (an Arabic-Indic digit, which Python's int() and re's \\d accept) is a tensor
+    llama.cpp never loads ("wrong number of tensors", `done_getting_tensors`,
+    `src/llama-model-loader.cpp`), and reading it as layer 1 would count a layer twice."""
+    if not name.startswith(BLOCK_PREFIX):
+        return None
+    index = name[len(BLOCK_PREFIX):].split(".", 1)[0]
+    if not _DECIMAL.fullmatch(index):
+        raise error(f"{path}: tensor {name!r}: layer index {index!r} is not the decimal "
+                    "llama.cpp writes (blk.%d: ASCII digits, no leading zero)")
+    return int(index)
 
 
 def _check_count(cur: _Cursor, n: int, cap: int, least: int, what: str) -> None:

@@ -56,11 +56,14 @@ _EXPERT_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_UP_EXP)]
 _SHARED_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP, MODEL_TENSOR.FFN_DOWN_SHEXP)]
-EXPERT_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<base>" + "|".join(_EXPERT_NAMES)
+# Layer indices are ASCII decimals (read_gguf_header refuses any other: block_index).
+EXPERT_TENSOR = re.compile(r"^blk\.(?P<layer>[0-9]+)\.(?P<base>" + "|".join(_EXPERT_NAMES)
                            + r")\.(?P<suffix>[A-Za-z_]+)$")
-SHARED_TENSOR = re.compile(r"^blk\.\d+\.(?:" + "|".join(_SHARED_NAMES) + r")\.")
-BLOCK = re.compile(r"^blk\.(\d+)\.")
-SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+SHARED_TENSOR = re.compile(r"^blk\.[0-9]+\.(?:" + "|".join(_SHARED_NAMES) + r")\.")
+BLOCK = re.compile(r"^blk\.([0-9]+)\.")
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
+SPLIT_KEYS = (Keys.Split.LLM_KV_SPLIT_NO, Keys.Split.LLM_KV_SPLIT_COUNT,
+              Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
 
 
 def read_gguf_inventory(path: Path) -> Inventory:
@@ -97,14 +100,27 @@ def read_gguf_inventory(path: Path) -> Inventory:
 
 
 def read_parts(path: Path) -> list[GGUFHeader]:
-    """The headers of every part of the GGUF model whose first (or only) part is `path`."""
+    """The headers of every part of the GGUF model whose first (or only) part is `path`.
+
+    The parts agree as llama.cpp's loader makes them (`llama_model_loader`,
+    `src/llama-model-loader.cpp` at 0c1e57098bba43ac29e6e3b677cdceebdd22334f): the file given
+    is split.no 0; part i is named PREFIX-%05d-of-%05d.gguf (`llama_split_path`) and holds
+    split.no i; no tensor is in two parts; split.tensors.count is the number of tensors of all
+    parts ("corrupted model: N tensors expected but M found"). Beyond the loader, which takes
+    a file of split.count 1 alone and fails later on a missing tensor: a file whose own
+    split.tensors.count or name says it is one part of several is refused (part 1 tampered to
+    split.count 1 would be half the model); and a later part must not be another model's:
+    `llama-gguf-split` (`tools/gguf-split/gguf-split.cpp`, `new_ctx_out`) writes the same
+    split.count and split.tensors.count into every part and the model's metadata into the
+    first only, so a later part's other keys must equal the first's, and its expert tensors
+    must have the ggml shape of the first part's tensors of the same name (every MoE layer of
+    llama.cpp has one expert shape)."""
     first = read_gguf_header(path, PlacerError)
     count = first.fields.get(Keys.Split.LLM_KV_SPLIT_COUNT)
-    if count is None:
+    if count is None or count == 1:
+        _check_alone(first)
         return [first]
     count = _count(path, first.fields, Keys.Split.LLM_KV_SPLIT_COUNT)
-    if count == 1:
-        return [first]
     number = _count(path, first.fields, Keys.Split.LLM_KV_SPLIT_NO, low=0)
     name = SPLIT_NAME.match(path.name)
     if name is None or int(name["no"]) != number + 1 or int(name["count"]) != count:
@@ -119,11 +135,14 @@ def read_parts(path: Path) -> list[GGUFHeader]:
         if not part.is_file():
             raise PlacerError(f"{path}: split part {i + 1} of {count} is missing: {part}")
         header = read_gguf_header(part, PlacerError)
-        for key, want in ((Keys.Split.LLM_KV_SPLIT_NO, i), (Keys.Split.LLM_KV_SPLIT_COUNT, count)):
+        total = first.fields.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
+        for key, want in ((Keys.Split.LLM_KV_SPLIT_NO, i), (Keys.Split.LLM_KV_SPLIT_COUNT, count),
+                          (Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, total)):
             if header.fields.get(key) != want:
-                raise PlacerError(f"{part}: {key} is {header.fields.get(key)!r}, expected {want}")
+                raise PlacerError(f"{part}: {key} is {_short(header.fields.get(key))}, "
+                                  f"expected {_short(want)} as in {path.name}")
+        _check_same_model(parts, header)
         parts.append(header)
-    total = first.fields.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
     held = sum(len(p.tensors) for p in parts)
     if total != held:
         raise PlacerError(f"{path}: split.tensors.count is {_short(total)} but the {count} parts "
@@ -136,6 +155,55 @@ def read_parts(path: Path) -> list[GGUFHeader]:
                                   f"{p.path.name}")
             seen[t.name] = p.path
     return parts
+
+
+def _check_alone(header: GGUFHeader) -> None:
+    """A file read alone (split.count absent or 1) must not say it is one part of several."""
+    path, fields = header.path, header.fields
+    total = fields.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
+    if total is not None and total != len(header.tensors):
+        said = _short(fields.get(Keys.Split.LLM_KV_SPLIT_COUNT))
+        raise PlacerError(f"{path}: split.count is {said} but split.tensors.count is "
+                          f"{_short(total)} and it holds {len(header.tensors)} tensors: one "
+                          "part of a split model, read alone it would be part of the model")
+    name = SPLIT_NAME.match(path.name)
+    if name is not None and int(name["count"]) > 1:
+        raise PlacerError(f"{path}: named part {int(name['no'])} of {int(name['count'])} but "
+                          f"split.count is {_short(fields.get(Keys.Split.LLM_KV_SPLIT_COUNT))}: "
+                          "a part of a split model, read alone it would be part of the model")
+
+
+def _check_same_model(parts: list[GGUFHeader], part: GGUFHeader) -> None:
+    """PlacerError when `part` holds metadata other than the first part's, or an expert
+    tensor whose ggml shape differs from the earlier parts' of the same projection."""
+    first = parts[0]
+    for key, value in part.fields.items():
+        if key not in SPLIT_KEYS and key in first.fields and first.fields[key] != value:
+            raise PlacerError(f"{part.path}: {key} is {_short(value)} but "
+                              f"{_short(first.fields[key])} in {first.path.name}: a part of "
+                              "another model")
+    embd = first.fields.get(Keys.LLM.EMBEDDING_LENGTH.format(
+        arch=first.fields.get(Keys.General.ARCHITECTURE)))
+    for t in part.tensors:  # a weight's ne is {n_embd, n_ff_exp, n_expert} or {n_ff_exp, ...}
+        m = EXPERT_TENSOR.match(t.name)
+        if m is not None and m["suffix"] == "weight" and isinstance(embd, int) \
+                and embd not in t.ne[:2]:
+            raise PlacerError(f"{part.path}: expert tensor {t.name!r} has ggml ne {list(t.ne)}"
+                              f" but {first.path.name}'s embedding_length is {embd}: a part of "
+                              "another model")
+    shapes: dict[tuple[str, str], tuple[Path, tuple]] = {}
+    for p in parts:
+        for t in p.tensors:
+            m = EXPERT_TENSOR.match(t.name)
+            if m is not None:
+                shapes.setdefault((m["base"], m["suffix"]), (p.path, t.ne))
+    for t in part.tensors:
+        m = EXPERT_TENSOR.match(t.name)
+        seen = shapes.get((m["base"], m["suffix"])) if m is not None else None
+        if seen is not None and t.ne != seen[1]:
+            raise PlacerError(f"{part.path}: expert tensor {t.name!r} has ggml ne {list(t.ne)}"
+                              f" but {seen[0].name}'s {m['base']}.{m['suffix']} have "
+                              f"{list(seen[1])}: a part of another model")
 
 
 def _trunk(file: Path, name: str, num_layers: int, blocks: int) -> bool:
