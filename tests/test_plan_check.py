@@ -135,7 +135,7 @@ CASES = {
                                "required"),
     "hardware negative RAM": (_set("hardware.host_ram", -1), "hardware.host_ram"),
     "hardware card index": (_set("hardware.cards.1.index", 0), "hardware.cards[1].index"),
-    "solver seed": (_set("solver.seed", "x"), "solver.seed: expected null or an integer"),
+    "solver seed": (_set("solver.seed", "x"), "solver.seed: 'x' is not of type 'integer', 'null'"),
     "concurrency": (_set("budget.concurrency", [0]), "budget.concurrency"),
     "calibration counts": (_set("calibration", [{"counts": [[1, 2]]}]),
                            "calibration[0].counts: expected 2 rows of 4 counts"),

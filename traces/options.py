@@ -127,7 +127,7 @@ def _values(value: object, kind: type) -> list | None:
         return [value]
     items = [v.strip() for v in str(value).split(",") if v.strip()]
     try:
-        return [kind(v) for v in items] or None
+        return [kind(v) for v in items]
     except ValueError:
         return None
 
@@ -155,6 +155,8 @@ def check_rules(values: Mapping[str, object], command: str = "", *,
                 raise error(f"{flag(name)} must be {rule.describe()}, got {value}")
             continue
         items = _values(value, rule.kind)
+        if items == []:
+            raise error(f"{flag(name)}: empty list")
         if items is None:
             raise error(f"{flag(name)}: expected a comma-separated list of numbers "
                         f"{rule.describe()}, got {str(value)[:60]!r}")
