@@ -105,6 +105,41 @@ def check_apart(target: Path, inputs: Inputs = (), *, what: str = "--out",
                               "never writes into a checkpoint; choose a path outside it")
 
 
+# --- Output targets checked before the work (issue 44) -------------------------------------
+
+
+def check_target(target: Path, inputs: Inputs = (), *, what: str = "--out",
+                 directory: bool = False) -> None:
+    """Everything about an output `target` that can be known before a command measures or
+    solves anything, so that a bad path never loses the run: check_apart, then that it can
+    be written: an existing target is a regular file, a character device or a pipe (with
+    `directory`: a directory), and otherwise its nearest existing parent is a directory this
+    user may create entries in. PlacerError in one line naming `what`; nothing is created."""
+    check_apart(target, inputs, what=what, directory=directory)
+    path = Path(os.path.abspath(target))
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as exc:
+        raise PlacerError(f"{what} {target}: {(exc.strerror or 'cannot stat').lower()}"
+                          ) from None
+    if st is not None:
+        if directory != stat.S_ISDIR(st.st_mode) and not (
+                not directory and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode))):
+            raise PlacerError(f"{what} {target} is {'not ' if directory else ''}a directory: "
+                              f"name {'a directory' if directory else 'a file'}")
+        if not os.access(path, os.W_OK):
+            raise PlacerError(f"{what} {target}: permission denied (cannot write it)")
+        return
+    parent = next(p for p in path.parents if os.path.lexists(p))
+    if not os.path.isdir(parent):
+        raise PlacerError(f"{what} {target}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PlacerError(f"{what} {target}: permission denied (cannot create entries in "
+                          f"{parent})")
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)

@@ -334,8 +334,8 @@ def test_trace_verdict_over_concurrencies():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--steps", "0"], "--steps must be >= 1"),
-    (["--steps", "-5"], "--steps must be >= 1"),
+    (["--steps", "0"], "--steps must be in 1..16777216"),
+    (["--steps", "-5"], "--steps must be in 1..16777216"),
     (["--seed", "-1"], "--seed must be in 0..2**31-1"),
     (["--seed", str(2**31)], "--seed must be in 0..2**31-1"),
     (["--oracle-time-limit", "-1"], "--oracle-time-limit must be a positive"),

@@ -123,7 +123,8 @@ def test_every_ruled_option_is_refused_before_any_work(path: str, flag: str, nam
     ({"cache": "lots"}, "--cache must be auto or in 0..16777216, got 'lots'"),
     ({"max_length": 2**32}, "--max-length must be in 1..2**31-1, got 4294967296"),
     ({"port": 70000}, "--port must be in 0..65535"),
-    ({"steps": True}, "--steps must be >= 1, got True"),
+    ({"steps": True}, "--steps must be in 1..16777216, got True"),
+    ({"steps": 2**24 + 1}, "--steps must be in 1..16777216, got 16777217"),
 ])
 def test_rules_word_what_they_expect(values: dict, needle: str) -> None:
     with pytest.raises(TraceError) as err:
@@ -168,7 +169,7 @@ def llamacpp_calib(tmp_path_factory) -> Path:
     (["--concurrency", "1,2", "--weights", "-1,2"], "--weights: every value must be >= 0"),
     (["--concurrency", "1,2", "--weights", "nan,1"], "--weights: every value must be >= 0"),
     (["--seed", "-1"], "--seed must be in 0..2**31-1"),
-    (["--steps", "0"], "--steps must be >= 1"),
+    (["--steps", "0"], "--steps must be in 1..16777216"),
 ])
 def test_solve_engine_llamacpp_goes_through_the_table(tmp_path: Path, llamacpp_calib: Path,
                                                        extra: list[str], needle: str) -> None:
@@ -193,3 +194,34 @@ def test_solve_engine_llamacpp_with_valid_weights_still_solves(tmp_path: Path,
         str(llamacpp_calib), "--out", str(out), "--concurrency", "1,2", "--weights", "0,1"])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["engine"]["choice"]
+
+
+def test_output_targets_are_checked_before_any_work(tmp_path: Path) -> None:
+    """`solve --out` and `evaluate --plot` under a regular file (or naming a directory) are
+    refused before the inputs are even read: a bad path never loses a solve or an
+    evaluation (placer.files.check_target)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = CliRunner().invoke(app, ["solve", "--config", str(tmp_path / "nowhere.json"),
+                                      "--hardware", "1x-8gb-pcie3x4", "--out",
+                                      str(blocker / "p.json")])
+    assert_one_line_error(result, f"--out {blocker / 'p.json'}: {blocker} is not a directory")
+    result = CliRunner().invoke(app, ["evaluate", str(tmp_path / "nowhere.json"), "--traces",
+                                      str(tmp_path), "--plot", str(blocker / "e.png")])
+    assert_one_line_error(result, f"--plot {blocker / 'e.png'}: {blocker} is not a directory")
+    (tmp_path / "d.png").mkdir()
+    result = CliRunner().invoke(app, ["evaluate", str(tmp_path / "nowhere.json"), "--traces",
+                                      str(tmp_path), "--plot", str(tmp_path / "d.png")])
+    assert_one_line_error(result, "--plot", "is a directory: name a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "file"]
+
+
+def test_check_target_accepts_what_can_be_written(tmp_path: Path) -> None:
+    from placer.files import check_target
+
+    check_target(tmp_path / "new" / "deeper" / "p.json")  # parents made at write time
+    (tmp_path / "old.json").write_text("{}")
+    check_target(tmp_path / "old.json")
+    check_target(Path("/dev/null"))
+    check_target(tmp_path, directory=True)
+    assert not (tmp_path / "new").exists()

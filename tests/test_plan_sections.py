@@ -17,6 +17,7 @@ from test_plan_check import _set, valid_plan
 from placer.errors import PlacerError
 from placer.plan.check import check_plan, plan_schema
 from placer.plan.placement import read_plan
+from traces.options import RULES
 
 CASES = {
     "steps past any run": (_set("solver.steps", 2**62), "solver.steps: 4611686018427387904 is "
@@ -60,6 +61,21 @@ def test_the_schema_ships_and_is_valid_draft_2020_12() -> None:
     assert schema["properties"]["engine"] == {
         "type": ["object", "null"], "description": schema["properties"]["engine"]["description"]}
     assert read_plan  # the reader every command uses calls check_plan (test_plan_check.py)
+
+
+def test_the_schema_bounds_are_the_option_rules() -> None:
+    """A plan records the options it was solved with: the schema bounds them as the table of
+    option rules bounds the options (traces/options.py), so a plan that solve wrote reads back
+    and one that no option could have made does not."""
+    defs = plan_schema()["$defs"]
+    for field, name in (("seed", "seed"), ("steps", "steps")):
+        rule, bound = RULES[name], [t for t in defs["solver"]["properties"][field]["type"]]
+        assert bound == ["integer", "null"]
+        assert (defs["solver"]["properties"][field]["minimum"],
+                defs["solver"]["properties"][field]["maximum"]) == (rule.low, rule.high)
+    concurrency = defs["budget"]["properties"]["concurrency"]["items"]
+    assert (concurrency["minimum"], concurrency["maximum"]) == (RULES["concurrency"].low,
+                                                              RULES["concurrency"].high)
 
 
 def test_a_valid_plan_meets_the_whole_schema() -> None:

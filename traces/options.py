@@ -32,6 +32,7 @@ MAX_CACHE_SLOTS = 1 << 16     # run, serve, bench: slots per card the runtime al
 MAX_PLAN_SLOTS = 1 << 31      # evaluate --cache-slots: what a plan may hold (plan.check)
 MAX_SOLVE_SLOTS = 1 << 24     # solve --cache
 MAX_POSITION = 2**31 - 1      # token positions and lengths: int32 in traces and llama.cpp
+MAX_STEPS = 1 << 24           # decode steps sampled per profile and concurrency (plan schema)
 MAX_ALIGN = 1 << 30           # emit --align: a shard's data offset alignment
 
 
@@ -94,7 +95,7 @@ RULES: dict[str, Rule] = {
     "seed": Rule(int, 0, MAX_SEED),
     "concurrency": Rule(int, 1, MAX_CONCURRENCY, many=True),
     "weights": Rule(float, 0, None, many=True, some_positive=True),
-    "steps": COUNT, "trials": COUNT, "max_new_tokens": COUNT, "batch_size": COUNT,
+    "steps": Rule(int, 1, MAX_STEPS), "trials": COUNT, "max_new_tokens": COUNT, "batch_size": COUNT,
     "max_tokens": COUNT, "random_tokens": COUNT, "top_k": COUNT, "tokens": COUNT, "mb": COUNT,
     "max_length": Rule(int, 1, MAX_POSITION),
     "prompt_start": Rule(int, 0, MAX_POSITION),

@@ -20,7 +20,7 @@ from placer.commands.common import (
 )
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.files import check_apart
+from placer.files import check_target
 from placer.plan.placement import read_plan
 
 
@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         if plot is not None and plot.suffix.lower() != ".png":
             raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
         if plot is not None:
-            check_apart(plot, what="--plot")
+            check_target(plot, what="--plot")
         plan = read_plan(plan_path)
         trace_dirs = list(traces or [])
         opts = EvalOptions(

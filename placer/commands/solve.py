@@ -16,7 +16,7 @@ from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, parse_list, plus_minus, print_json, print_table, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.files import check_apart, write_json_atomic
+from placer.files import check_target, write_json_atomic
 from placer.hardware.spec import load_spec
 from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
 from placer.plan.placement import Plan
@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
                               "(not both)")
         inputs = [("the checkpoint", model), ("the config", config),
                   ("the hardware spec", Path(hardware) if os.path.isfile(hardware) else None)]
-        check_apart(out, inputs)
+        check_target(out, inputs)
         inv = (read_inventory(model) if model is not None
                else estimate_inventory(config, expert_dtype, dense_dtype))
         opts = SolveOptions(

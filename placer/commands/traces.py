@@ -14,7 +14,7 @@ from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, model_identity, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
-from placer.files import check_apart, removed_on_failure, write_bytes_atomic
+from placer.files import check_apart, check_target, removed_on_failure, write_bytes_atomic
 from traces.importers import FORMATS, import_routing, resolve_format
 from traces.importers.common import ImportRequest
 from traces.profile import load_profile
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         profile = None
         if plot is not None:
             check_plot_path(plot)
-            check_apart(plot, what="--plot")
+            check_target(plot, what="--plot")
             profile = load_profile(trace_dir, phase=phase, tags=tag)
         result = trace_stats(trace_dir, phase=phase, tags=tag, profile=profile)
         if profile is not None:
