@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from traces.bounded import MAX_BLOCK, bounded_lines
 from traces.errors import TraceError, first_line
-from traces.jsontext import jsonl_lines, loads_json
+from traces.jsontext import decode_utf8, jsonl_lines, loads_json
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
@@ -144,12 +144,14 @@ def _file_sha256(path: Path) -> str:
 
 
 def _text_blocks(path: Path) -> Iterator[str]:
+    """The blocks of a .txt corpus, each line bounded (traces.bounded) and decoded strictly:
+    a byte that is not UTF-8 is a TraceError naming the file, the line and its byte offset."""
     block: list[str] = []
     size = 0
     for number, offset, raw in bounded_lines(path, "corpus", lambda n: f"corpus {path} line {n}"):
-        line = raw.decode("utf-8", errors="replace")
+        line = decode_utf8(raw, f"corpus {path} line {number}", offset=offset)
         if line.strip():
-            block.append(line.rstrip("\n"))
+            block.append(line.rstrip("\n").removesuffix("\r"))
             size += len(raw)
             if size > MAX_BLOCK:
                 raise TraceError(f"corpus {path} line {number}: a document (lines up to a blank "
