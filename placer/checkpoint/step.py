@@ -28,12 +28,13 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from placer.checkpoint.config import EXPERT_COUNT_KEYS
-from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
+
+if TYPE_CHECKING:
+    from placer.checkpoint.inventory import Inventory
 
 DEFAULT_CONTEXT = 64
 DEFAULT_STEPS = 8
@@ -71,7 +72,7 @@ def standin_bytes(inv: Inventory) -> int:
 def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, ...],
                    source: str) -> StepTimes:
     """The bandwidth floor of the step at each batch (see module docstring)."""
-    sizes = inv.expert_bytes().astype(np.float64)
+    sizes = inv.expert_bytes().astype(float)
     experts, k = inv.experts_per_layer, inv.top_k
     points = []
     for b in batches:

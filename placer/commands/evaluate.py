@@ -21,7 +21,6 @@ from placer.commands.common import (
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart
-from placer.plan.placement import read_plan
 
 
 def register(app: typer.Typer) -> None:
@@ -79,6 +78,7 @@ def register(app: typer.Typer) -> None:
         A plan solved with --engine llamacpp is replayed as llama.cpp runs it (its host
         layers on the CPU or through its --moe-cache-mib cache): layer offload is then
         -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache."""
+        from placer.plan.placement import read_plan
         from placer.predict.curve import calibration_curve
         from placer.predict.evaluate import EvalOptions, evaluate
         from placer.predict.plots import plot_evaluation

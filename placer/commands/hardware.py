@@ -10,18 +10,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, parse_list, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
 from placer.hardware.cards import memory_bandwidth
 from placer.hardware.devices import check_device
-from placer.hardware.expert_probe import DEFAULT_SHAPE, DEFAULT_TOKENS
-from placer.hardware.probe import host_fragment, parse_shape, probe_host, spec_fragment
-from placer.hardware.probe import probe as run_probe
 from placer.hardware.spec import HardwareSpec, load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
+from placer.hardware.timing import DEFAULT_SHAPE, DEFAULT_TOKENS
 from placer.units import format_bytes, parse_rate
 
 MAX_STEP_BATCH = 1024  # a stand-in decode step of more sequences is not a spec's figure
@@ -115,6 +112,9 @@ def register(app: typer.Typer) -> None:
         measure the host CPU as it runs cold experts and print the spec's host table. With
         --step, measure the decode step of --model and print (or --out: write) the spec's
         \\[decode] table."""
+        from placer.hardware.probe import host_fragment, parse_shape, probe_host, spec_fragment
+        from placer.hardware.probe import probe as run_probe
+
         if gguf_type is not None and not host:
             raise PlacerError("--gguf-type goes with --host")
         if step:
@@ -158,6 +158,7 @@ class StepRequest:
 def probe_step(req: StepRequest, json_out: bool) -> None:
     """`placer probe --step`: measure (or estimate) base_step_ms; print it, or write it into
     a copy of --hardware's spec at --out."""
+    from placer.checkpoint.inventory import read_inventory
     from placer.checkpoint.step import estimate_steps, fits, measure_steps
 
     if req.model is None:

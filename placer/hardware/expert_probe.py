@@ -28,12 +28,15 @@ import statistics
 import time
 
 from placer.errors import PlacerError
-from placer.hardware.timing import ExpertTiming, expert_bytes, ggml_blocks
+from placer.hardware.timing import (
+    DEFAULT_TOKENS,
+    ExpertTiming,
+    expert_bytes,
+    ggml_blocks,
+)
 from traces.errors import TraceError
 from traces.llamacpp.runner import time_expert
 
-DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert
 MIN_CALLS = 5         # rounds at least
 MAX_ROUNDS = 40       # rounds at most, once MIN_PROBE_S is spent
 MIN_PROBE_S = 2.0

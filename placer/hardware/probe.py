@@ -19,13 +19,18 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.hardware.expert_probe import (
-    DEFAULT_SHAPE,
-    DEFAULT_TOKENS,
     check_gguf_expert,
     probe_expert,
     probe_expert_gguf,
 )
-from placer.hardware.timing import DTYPE_BYTES, MAX_DIM, ExpertTiming, timing_fragment
+from placer.hardware.timing import (
+    DEFAULT_SHAPE,
+    DEFAULT_TOKENS,
+    DTYPE_BYTES,
+    MAX_DIM,
+    ExpertTiming,
+    timing_fragment,
+)
 
 
 @dataclass(frozen=True)
