@@ -38,6 +38,7 @@ from placer.commands import (
     export,
     hardware,
     inspect,
+    probe,
     run,
     schema,
     serve,
@@ -159,7 +160,7 @@ def placer_main(
     """Offline expert-placement optimizer for MoE models on boxes of consumer GPUs."""
 
 
-for module in (inspect, hardware, collect, traces, solve, emit, verify, evaluate, run, serve,
+for module in (inspect, hardware, probe, collect, traces, solve, emit, verify, evaluate, run, serve,
                bench, export, schema):
     module.register(app)
 
