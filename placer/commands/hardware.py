@@ -3,6 +3,7 @@ placer/commands/probe.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,9 +11,12 @@ from rich.table import Table
 
 from placer.commands.common import command, print_json, print_table
 from placer.commands.common import console as rich_console
+from placer.errors import PlacerError
+from placer.files import check_apart, write_text_atomic
+from placer.hardware.cards import CARDS, known_card
 from placer.hardware.spec import HardwareSpec, load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
-from placer.units import format_bytes
+from placer.units import format_bytes, parse_bytes
 
 
 def register(app: typer.Typer) -> None:
@@ -42,6 +46,78 @@ def register(app: typer.Typer) -> None:
             typer.echo(spec_toml(spec), nl=False)
         else:
             print_spec(spec)
+
+    @command(hardware, "cards")
+    def cards_table(
+        json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+    ) -> None:
+        """The cards `hardware new` knows: VRAM, memory bandwidth, dense bf16 and int8
+        tensor throughput, and the vendor document each figure comes from."""
+        if json_out:
+            print_json([{**c.__dict__, "aliases": list(c.aliases)} for c in CARDS])
+            return
+        table = Table(title="cards placer knows (placer/hardware/cards.py)")
+        for col in ("card", "VRAM", "memory", "bf16 dense", "int8 dense", "source"):
+            table.add_column(col)
+        for c in CARDS:
+            table.add_row(c.name, f"{c.vram_gib:g} GB", f"{c.bandwidth_gbps:g} GB/s",
+                          "-" if c.bf16_tflops is None else f"{c.bf16_tflops:g} TFLOPS",
+                          "-" if c.int8_tops is None else f"{c.int8_tops:g} TOPS",
+                          c.source.split(" (")[0] + (" (derived)" if c.derived else ""))
+        print_table(table)
+
+    @command(hardware, "new")
+    def new(
+        card: Annotated[str, typer.Option(
+            help="The card's model, as `placer hardware cards` lists it (e.g. \"RTX 3060\").")],
+        pcie: Annotated[str, typer.Option(
+            help="Each card's PCIe link, GEN x LANES: 3.0x16, 4.0x8, 5.0x16...")],
+        ram: Annotated[str, typer.Option(
+            help="Host memory, KIND-RATE x CHANNELS: ddr4-3200x2, ddr5-6000x2, ddr5-4800x8...")],
+        cards: Annotated[int, typer.Option(help="How many of the card.")] = 1,
+        cpu_cores: Annotated[int, typer.Option(help="The host's CPU cores.")] = 8,
+        host_ram: Annotated[str | None, typer.Option(
+            help="The host's RAM (e.g. 64GiB; recorded, not used by the solvers).")] = None,
+        model: Annotated[Path | None, typer.Option(
+            help="A checkpoint (or model.gguf) to estimate the decode step for, from the "
+                 "card's memory bandwidth (else a floor from the dense reserve).")] = None,
+        out: Annotated[Path | None, typer.Option(
+            help="Write the spec to this .toml (default: print it).")] = None,
+    ) -> None:
+        """A spec for your box from what you know of it: the card's published figures, the
+        link's and the host memory's peaks, typical shares of them; every figure that stands
+        in for a measurement marked ESTIMATED with the `placer probe` that replaces it. The
+        spec loads as is (`placer solve --hardware box.toml`)."""
+        from placer.hardware.new_spec import new_spec
+
+        if out is not None and out.suffix != ".toml":
+            raise PlacerError(f"--out writes a TOML spec: give a path ending in .toml, not {out}")
+        if out is not None:
+            check_apart(out, [("--model", model)], what="--out")
+        figures = known_card(card)
+        steps, how = None, ""
+        if model is not None:
+            from placer.checkpoint.inventory import read_inventory
+            from placer.checkpoint.step import estimate_steps
+
+            times = estimate_steps(read_inventory(model), figures.bandwidth, (1, 8),
+                                   f"hardware new, {figures.name}'s published bandwidth")
+            steps, how = times.base_step_ms, (times.note() + "; `placer probe --step` on the "
+                                              "box replaces it")
+        made = new_spec(figures, cards, pcie, ram, cpu_cores,
+                        0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
+                        steps, how)
+        text = spec_toml(made.spec, made.step_note, "\n".join(made.host_notes),
+                         "\n".join(made.card_notes))
+        if out is None:
+            typer.echo(text, nl=False)
+        else:
+            write_text_atomic(text, out, [("--model", model)])
+            typer.echo(f"wrote {out}: {made.spec.description}")
+        typer.echo("ESTIMATED figures; measure them on the box: `placer probe` (h2d_bandwidth, "
+                   "latency_us), `placer probe --host --hardware SPEC --out SPEC` ([host]), "
+                   "`placer probe --step --model M --hardware SPEC --out SPEC` ([decode])",
+                   err=True)
 
 
 def print_spec(spec: HardwareSpec) -> None:
