@@ -104,3 +104,16 @@ def test_cards_table_lists_sources() -> None:
     assert result.exit_code == 0, result.output
     rows = {r["name"]: r for r in json.loads(result.stdout)}
     assert rows["RTX 4090"]["bandwidth_gbps"] == 1008.0 and "Ada" in rows["RTX 4090"]["source"]
+
+
+def test_docs_list_every_spec_field() -> None:
+    """docs/hardware.md names every field the loader reads (the spec's fields were
+    documented only in placer/hardware/spec.py)."""
+    from placer.hardware import spec
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "hardware.md").read_text()
+    fields = {*spec.SPEC_FIELDS, *spec.CARD_FIELDS, *spec.LINK_FIELDS, *spec.HOST_FIELDS,
+              "base_step_ms", "hidden", "inter", "dtype", "tokens", "ms"}
+    missing = sorted(f for f in fields if not any(
+        form in text for form in (f"`{f}`", f"`[{f}]`", f"`[[{f}]]`", f"`[[host.{f}]]`")))
+    assert not missing, missing

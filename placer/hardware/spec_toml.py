@@ -19,7 +19,7 @@ from placer.units import parse_bytes, parse_rate
 SIZE_UNITS = ("TiB", "GiB", "MiB", "KiB")
 RATE_UNITS = ("TB", "GB", "MB", "KB")
 FLOPS_UNITS = (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9), ("MFLOPS", 1e6))
-HEADER = ("# A placer hardware spec (placer/hardware/spec.py documents every field). Edit the\n"
+HEADER = ("# A placer hardware spec (docs/hardware.md lists every field). Edit the\n"
           "# figures to your box: `placer probe` measures the cards' copies, `placer probe\n"
           "# --host` the CPU, `placer probe --step` the decode step.\n")
 
