@@ -197,3 +197,24 @@ def test_show_toml_escapes_del_and_loads_back(tmp_path):
     again = tmp_path / "again.toml"
     again.write_text(result.stdout)
     assert load_spec(again) == load_spec(box) and load_spec(again).name == "tiny\x7fbox"
+
+
+@pytest.mark.parametrize("model, gpu, same", [
+    ("RTX 3060", "NVIDIA GeForce RTX 3060", True),
+    ("RTX 3060", "NVIDIA GeForce RTX 3060 Ti", False),
+    ("RTX 4090", "NVIDIA GeForce RTX 4090 D", False),
+    ("H100", "NVIDIA H100 80GB HBM3", True),
+    ("RTX 6000 Ada", "NVIDIA RTX 6000 Ada Generation", True),
+    ("RTX 4090", "NVIDIA GeForce RTX 3090", False),
+])
+def test_the_device_timed_is_matched_to_the_spec_card(model, gpu, same) -> None:
+    from placer.commands.probe import other_device
+    from placer.hardware.cards import same_card
+    from placer.hardware.spec import parse_spec
+
+    assert same_card(model, gpu) is same
+    spec = parse_spec({"cards": 1, "card": {"model": model, "vram": "24GiB",
+                                            "h2d_bandwidth": "25GB/s"},
+                       "decode": {"base_step_ms": {"1": 10.0}}})
+    assert (other_device(spec, "cuda:0", f"cuda:0 ({gpu})") is None) is same
+    assert other_device(spec, "cpu", "cpu (Test CPU)") is not None

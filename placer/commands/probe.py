@@ -22,7 +22,7 @@ import typer
 from placer.commands.common import command, parse_list, print_json
 from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
-from placer.hardware.cards import memory_bandwidth
+from placer.hardware.cards import card, memory_bandwidth, same_card
 from placer.hardware.devices import check_device
 from placer.hardware.spec import MAX_BYTES, MAX_MS, load_spec
 from placer.hardware.timing import DEFAULT_SHAPE, DEFAULT_TOKENS
@@ -231,7 +231,7 @@ def merged_host(spec: HardwareSpec, result: HostProbe) -> HardwareSpec:
     from placer.hardware.spec import Host
 
     old = spec.host
-    host = Host(memory_bandwidth=float(f"{result.memory_bandwidth / 1e9:.2f}") * 1e9,
+    host = Host(memory_bandwidth=float(round(result.memory_bandwidth / 1e7) * 10**7),
                 flops=float(f"{result.flops:.4g}"), sync_s=round(result.sync_us, 1) / 1e6,
                 **({} if old is None else {"sockets": old.sockets,
                                            "offload_min_batch": old.offload_min_batch}),
@@ -335,19 +335,18 @@ def probe_step(req: StepRequest, json_out: bool) -> None:
 
 
 def other_device(spec: HardwareSpec | None, device: str, name: str) -> str | None:
-    """Why `device` (named `name`) is not the spec's card, or None where it is (or no spec
-    names a card): the CPU never is; a GPU is where its name holds the card's model."""
+    """Why `device` (named `name`, "cuda:0 (NVIDIA GeForce RTX 3060)") is not the spec's
+    card, or None where it is or may be: the CPU never is; a GPU is where CUDA's name for it
+    is the card's model (placer.hardware.cards.same_card), or where the spec names no model
+    placer knows ("12 GB card": a preset's generic card, taken to be this GPU)."""
     if spec is None:
         return None
-    card = spec.cards[0].model
-    if device.startswith("cuda") and normalized(card) in normalized(name):
-        return None
-    return f"timed on {name}, but the spec's card is {card!r}"
-
-
-def normalized(text: str) -> str:
-    """Lower case, spaces collapsed ("NVIDIA GeForce RTX  3060" -> "nvidia geforce rtx 3060")."""
-    return " ".join(text.lower().split())
+    model = spec.cards[0].model
+    if device.startswith("cuda"):
+        gpu = name.partition("(")[2].rstrip(")")
+        if same_card(model, gpu) or card(model) is None:
+            return None
+    return f"timed on {name}, but the spec's card is {model!r}"
 
 
 def check_steps(times: StepTimes) -> None:

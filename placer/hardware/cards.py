@@ -161,6 +161,25 @@ def known_card(name: str) -> CardFigures:
     return found
 
 
+# Words after a model name that make another card of it ("RTX 3060 Ti", "RTX 4090 D").
+MODEL_SUFFIXES = frozenset({"ti", "super", "d", "ada", "xt", "xtx", "gre"})
+
+
+def same_card(spec_model: str, device_name: str) -> bool:
+    """Whether the GPU named `device_name` (as CUDA names it: "NVIDIA GeForce RTX 3060",
+    "NVIDIA H100 80GB HBM3") is a `spec_model` card: its words, vendor words dropped, start
+    with the model's, and the next one (if any) does not name another card of it ("Ti")."""
+    def words(text: str) -> list[str]:
+        return [w for w in re.split(r"[\s_-]+", text.lower())
+                if w and w not in ("nvidia", "geforce", "amd", "radeon")]
+
+    model, device = words(spec_model), words(device_name)
+    if not model or device[:len(model)] != model:
+        return False
+    rest = device[len(model):]
+    return not rest or rest[0] not in MODEL_SUFFIXES
+
+
 def memory_bandwidth(card_model: str) -> float | None:
     """Bytes/s of `card_model`'s memory, or None for a card not in the table."""
     found = card(card_model)
