@@ -28,6 +28,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_gguf.py": ["--quick"],
     "bench_llamacpp.py": ["--quick"],
     "bench_split.py": ["--quick"],
+    "bench_startup.py": ["--quick"],
 }
 
 

@@ -163,9 +163,15 @@ class Estimate:
     replicates: np.ndarray
 
     def ci95(self) -> list[float]:
+        """The replicates' 2.5th and 97.5th percentiles (NaN ones left out). Where some are
+        infinite (a ratio to a line that never stalls), the percentiles are taken without
+        interpolating between neighbours: numpy's linear one computes inf - inf there (a
+        RuntimeWarning and a NaN bound)."""
         if np.isnan(self.replicates).all():
             return [float("nan"), float("nan")]
-        low, high = np.nanpercentile(self.replicates, (LOW, HIGH))
+        finite = bool(np.isfinite(self.replicates[~np.isnan(self.replicates)]).all())
+        low, high = np.nanpercentile(self.replicates, (LOW, HIGH),
+                                     method="linear" if finite else "inverted_cdf")
         return [float(low), float(high)]
 
     def ratio_to(self, other: Estimate) -> Estimate:

@@ -203,6 +203,6 @@ def test_a_signal_stops_collect_with_a_request_in_flight(model: Path, corpus: Pa
                 proc.kill()
                 proc.wait()
     name = signal.Signals(signum).name
-    assert proc.returncode == 1, (proc.returncode, stderr)
+    assert proc.returncode == 128 + signum, (proc.returncode, stderr)
     assert stderr == f"error: interrupted by {name}; nothing partial was left behind\n"
     assert not out.exists()

@@ -73,9 +73,10 @@ def test_odd_figures_round_trip_exactly(tmp_path):
 def test_probe_step_measures_a_tiny_model_into_a_spec(pipe, tmp_path):
     out = tmp_path / "measured.toml"
     result = invoke("probe", "--step", "--model", pipe.model, "--hardware", BOX,
-                    "--device", "cpu", "--batch", "1,2", "--out", out, "--json")
+                    "--device", "cpu", "--allow-other-device", "--batch", "1,2", "--out", out,
+                    "--json")
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     spec = load_spec(out)
     assert not report["estimated"] and "measured on cpu" in report["how"]
     assert [b for b, _ in spec.base_step_ms] == [1, 2]

@@ -215,5 +215,5 @@ def test_sigterm_to_collect_leaves_no_temporary_file(pipe: Pipeline, tmp_path: P
                         "--max-length", 8, "--out", tmp_path / "tr", "--no-progress")
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert_one_line_error(result, "interrupted by SIGTERM")
+    assert_one_line_error(result, "interrupted by SIGTERM", code=143)
     assert os.listdir(tmp_path) == []

@@ -126,7 +126,7 @@ def test_a_card_outside_the_manifest_is_named(pipe: Pipeline, tmp_path: Path) ->
 def test_an_interrupted_emit_says_so_in_one_line(pipe: Pipeline, tmp_path: Path,
                                                  monkeypatch) -> None:
     """Ctrl-C while the outputs are written: the emit removes what it wrote, and says so in
-    one line with exit status 1 (click's KeyboardInterrupt handling exited 130, silently)."""
+    one line with exit status 130 (click's KeyboardInterrupt handling exited 130, silently)."""
     import placer.placed.stream
 
     write, calls = placer.placed.stream._write_all, []
@@ -141,5 +141,5 @@ def test_an_interrupted_emit_says_so_in_one_line(pipe: Pipeline, tmp_path: Path,
     monkeypatch.setattr(placer.placed.stream, "_write_all", interrupting)
     result = invoke("emit", "--plan", pipe.plan, "--model", pipe.model, "--out",
                     tmp_path / "placed")
-    assert_one_line_error(result, "interrupted by SIGINT")
+    assert_one_line_error(result, "interrupted by SIGINT", code=130)
     assert len(calls) >= 2 and sorted(p.name for p in tmp_path.iterdir()) == []

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from traces.choices import DTYPES, MODES
 from traces.corpora import Corpus, Document, random_corpus
 from traces.errors import TraceError, first_line
 from traces.options import check_rules
@@ -43,8 +44,6 @@ from traces.writer import TraceWriter
 if TYPE_CHECKING:  # torch loads in seconds: only a run that collects imports it
     from traces.capture import RouterCapture, Routing
 
-MODES = ("score", "generate")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
 

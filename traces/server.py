@@ -76,6 +76,7 @@ from time import perf_counter, sleep
 
 import numpy as np
 
+from traces.choices import ENDPOINTS, ENGINES
 from traces.collect import (
     DECODE,
     PREFILL,
@@ -95,8 +96,6 @@ from traces.importers.vllm import moe_routing
 from traces.runs import check_out_dir, run_meta
 from traces.writer import TraceWriter
 
-ENGINES = ("sglang", "vllm")
-ENDPOINTS = ("completions", "chat")  # vLLM's /v1/completions or /v1/chat/completions
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 MAX_TIMEOUT_S = 86400.0    # a reply a day late is no reply
 REPLY_SLACK = 1 << 20      # bytes a reply may hold besides its routing (text, ids, metadata)

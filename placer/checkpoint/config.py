@@ -10,6 +10,10 @@ from traces.bounded import read_bounded
 from traces.jsontext import loads_json
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+# The expert dtypes an estimate from config.json alone takes (placer.checkpoint.estimate), as
+# safetensors stores them; here, where `inspect` and `solve` name them in --help at no cost.
+EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")
+DTYPE_HELP = f"{', '.join(EXPERT_DTYPES)}, or a GGUF ggml type: q4_k, q6_k, iq4_xs, q8_0, ..."
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 
 

@@ -6,14 +6,18 @@ import functools
 import math
 from pathlib import Path
 
-from placer.checkpoint.config import EXPERT_COUNT_KEYS, config_moe_layers, moe_shape, read_config
+from placer.checkpoint.config import (
+    EXPERT_COUNT_KEYS,
+    EXPERT_DTYPES,
+    config_moe_layers,
+    moe_shape,
+    read_config,
+)
 from placer.checkpoint.experts import DenseTensor, Inventory, TensorRange, assemble
 from placer.checkpoint.header import DTYPE_BITS, tensor_bytes
 from placer.errors import PlacerError
 from traces.ggml import block_sizes
 
-EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")  # as safetensors stores them
-DTYPE_HELP = f"{', '.join(EXPERT_DTYPES)}, or a GGUF ggml type: q4_k, q6_k, iq4_xs, q8_0, ..."
 FLOAT_DTYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}  # unquantized: one tensor each
 TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4"}  # quantization_config.quant_method

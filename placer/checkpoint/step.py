@@ -11,8 +11,18 @@ can be timed. At batch B > 1 the stand-in reads at most top-k experts per layer 
 real model reads up to B x top-k distinct ones: at large B on a memory-bound card it
 under-states the step (the estimate below counts them). Weights are in the config's
 torch_dtype (a quantized config, fp8 or mxfp4, runs in bfloat16: torch's kernels, not the
-engine's). Each batch: a prompt of `context` tokens prefilled, then `steps` decode steps
-timed after `warmup`, median, device synchronised.
+engine's). Each batch: a prompt of `context` tokens prefilled, then decode steps timed after
+`warmup`, device synchronised, until their spread is small: at least `steps`, more while the
+interquartile range of the times exceeds STEADY of their median (a neighbour's burst, a clock
+ramping up), at most MAX_STEPS or STEP_BUDGET_S; the median counts, its spread is reported, and
+a batch whose spread stays above STEADY is marked NOISY (the figure is then worth little: the
+machine was busy). The device timed is named in what is printed and written (its model: the
+CPU's from /proc/cpuinfo, the GPU's from CUDA), so that a step time from another device than
+the spec's card is never taken for the card's.
+
+The stand-in is first built on torch's meta device (no memory) and its bytes compared with
+the checkpoint's own tensors: a config.json whose sizes (hidden, vocabulary, heads, layers)
+do not describe its weights is refused before anything is allocated from it.
 
 Estimated (`estimate_steps`): decode is bound by reading the weights, so a step at batch B
 takes (dense bytes + per MoE layer the expected distinct experts selected, E x (1 - (1 -
@@ -28,15 +38,22 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from placer.checkpoint.config import EXPERT_COUNT_KEYS
-from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
+
+if TYPE_CHECKING:
+    from placer.checkpoint.inventory import Inventory
 
 DEFAULT_CONTEXT = 64
 DEFAULT_STEPS = 8
+MAX_STEPS = 64
+STEP_BUDGET_S = 20.0  # per batch: no step starts after this once DEFAULT_STEPS are timed
+STEADY = 0.05  # interquartile range over median below which the step times have settled
+CONFIG_SLACK = 1.25  # the stand-in may hold this much more than the checkpoint's tensors
+CONFIG_SLACK_BYTES = 64 * 2**20  # (plus this: buffers, norms a checkpoint stores in bf16)
+QUANTIZED_WIDENING = 4  # a quantized checkpoint's stand-in runs in bf16: up to 4 x mxfp4
 WARMUP = 2
 MEMORY_MARGIN = 0.7  # of the device's free memory the stand-in may take
 QUANTIZED_AS = "bfloat16"
@@ -49,6 +66,24 @@ class StepTimes:
     base_step_ms: tuple[tuple[int, float], ...]  # (batch, ms) ascending
     estimated: bool
     how: str  # one line: what was timed on which device, or the estimate's inputs
+    spread: tuple[tuple[int, float], ...] = ()  # (batch, IQR / median of its step times)
+    steps: tuple[tuple[int, int], ...] = ()     # (batch, decode steps timed)
+    device: str = ""  # the device timed, with its model ("cpu (AMD EPYC 7R13)"); "" estimated
+
+    @property
+    def noisy(self) -> bool:
+        """Whether some batch's step times never settled (spread above STEADY)."""
+        return any(s > STEADY for _, s in self.spread)
+
+    def note(self) -> str:
+        """How the figures were obtained, for the comment beside them: ESTIMATED or NOISY
+        first where they are."""
+        if self.estimated:
+            return "ESTIMATED, not measured: " + self.how
+        spreads = ", ".join(f"{b}: {100 * s:.1f}%" for b, s in self.spread)
+        tail = f"; spread (IQR / median) by batch {spreads}" if spreads else ""
+        return ("NOISY (the step times did not settle: a busy machine?): " if self.noisy
+                else "") + self.how + tail
 
 
 def standin_experts(config: dict, top_k: int) -> int:
@@ -71,7 +106,7 @@ def standin_bytes(inv: Inventory) -> int:
 def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, ...],
                    source: str) -> StepTimes:
     """The bandwidth floor of the step at each batch (see module docstring)."""
-    sizes = inv.expert_bytes().astype(np.float64)
+    sizes = inv.expert_bytes().astype(float)
     experts, k = inv.experts_per_layer, inv.top_k
     points = []
     for b in batches:
@@ -102,21 +137,23 @@ def fits(inv: Inventory, device: str) -> bool:
 
 def measure_steps(inv: Inventory, device: str, batches: tuple[int, ...],
                   context: int = DEFAULT_CONTEXT, steps: int = DEFAULT_STEPS,
-                  seed: int = 0) -> StepTimes:
-    """Time the stand-in's decode step at each batch on `device` (see module docstring)."""
+                  seed: int = 0, device_label: str = "") -> StepTimes:
+    """Time the stand-in's decode step at each batch on `device` (see module docstring);
+    `device_label` names it with its model (placer.hardware.devices.device_name)."""
     import torch
 
-    model, dtype = standin_model(inv.config, inv.top_k, device, seed)
+    model, dtype = standin_model(inv.config, inv.top_k, device, seed, standin_bytes(inv))
     vocab = int(inv.config.get("vocab_size") or 32000)
     generator = torch.Generator().manual_seed(seed)
-    points = []
+    points, spread, counts = [], [], []
     with torch.inference_mode():
         for b in batches:
             prompt = torch.randint(vocab, (b, context), generator=generator).to(device)
             out = model(input_ids=prompt, use_cache=True)
             cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-            times = []
-            for i in range(WARMUP + steps):
+            times: list[float] = []
+            first = time.perf_counter()
+            for i in range(WARMUP + MAX_STEPS):
                 sync(device)
                 start = time.perf_counter()
                 out = model(input_ids=token, cache=cache, use_cache=True)
@@ -124,13 +161,29 @@ def measure_steps(inv: Inventory, device: str, batches: tuple[int, ...],
                 if i >= WARMUP:
                     times.append(time.perf_counter() - start)
                 cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+                if len(times) >= steps and (relative_iqr(times) <= STEADY
+                                            or time.perf_counter() - first > STEP_BUDGET_S):
+                    break
             points.append((b, 1e3 * statistics.median(times)))
+            spread.append((b, relative_iqr(times)))
+            counts.append((b, len(times)))
     experts = standin_experts(inv.config, inv.top_k)
     ms = tuple((b, significant(max(t, 1e-6))) for b, t in sorted(points))
+    name = device_label or device
     return StepTimes(monotone(ms), False,
-                     f"measured on {device}: the model with {experts} resident expert"
+                     f"measured on {name}: the model with {experts} resident expert"
                      f"{'s' if experts > 1 else ''} of its shape per MoE layer ({dtype}), a "
-                     f"{context}-token prompt, median of {steps} decode steps")
+                     f"{context}-token prompt, median of "
+                     f"{'/'.join(str(n) for _, n in counts)} decode steps",
+                     spread=tuple(spread), steps=tuple(counts), device=name)
+
+
+def relative_iqr(times: list[float]) -> float:
+    """Interquartile range over median of `times` (0 for fewer than 2)."""
+    if len(times) < 2:
+        return 0.0
+    q1, median, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return (q3 - q1) / median if median > 0 else 0.0
 
 
 def significant(ms: float) -> float:
@@ -147,10 +200,14 @@ def monotone(points: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ..
     return tuple(out)
 
 
-def standin_model(config: dict, top_k: int, device: str, seed: int):
-    """The stand-in (random weights, eval mode) on `device`, and its dtype's name."""
+def standin_model(config: dict, top_k: int, device: str, seed: int, weights_bytes: int):
+    """The stand-in (random weights, eval mode) on `device`, and its dtype's name; refused
+    (PlacerError) where config.json describes a model of other sizes than its weights
+    (`weights_bytes`: the stand-in's bytes from the checkpoint's own tensors)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_config_sizes(config)
 
     data = {k: v for k, v in config.items() if k not in ("quantization_config", "model_type")}
     dtype = data.get("torch_dtype") or data.get("dtype") or QUANTIZED_AS
@@ -162,13 +219,49 @@ def standin_model(config: dict, top_k: int, device: str, seed: int):
             data[key] = experts
     try:
         hf = AutoConfig.for_model(config.get("model_type"), **data)
+        with torch.device("meta"):  # sizes only: nothing allocated
+            meta = AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, dtype))
+        described = sum(p.numel() * p.element_size() for p in meta.parameters())
+        del meta
+        widened = QUANTIZED_WIDENING if dtype != data.get("torch_dtype", dtype) or (
+            "quantization_config" in config) else 1  # fp8 / mxfp4 weights run in bf16
+        if described > CONFIG_SLACK * widened * weights_bytes + CONFIG_SLACK_BYTES:
+            raise PlacerError(
+                f"config.json: its sizes describe a stand-in of {described / 2**20:.0f} MiB "
+                f"where the checkpoint's own tensors make {weights_bytes / 2**20:.0f} MiB: "
+                "hidden_size, vocab_size, heads or layers disagree with the weights")
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, dtype))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, ArithmeticError, AttributeError,
+            IndexError, RuntimeError) as exc:
         raise PlacerError(f"config.json: transformers cannot build model_type "
-                          f"{config.get('model_type')!r} to time it ({exc}); give "
+                          f"{config.get('model_type')!r} to time it "
+                          f"({' '.join(str(exc).split())[:200]}); give --estimate with "
                           "--memory-bandwidth to estimate the step instead") from None
     return model.to(device).eval(), dtype
+
+
+CONFIG_SIZES = {  # config.json sizes the stand-in is built from: each a count in 1..bound
+    "hidden_size": 1 << 17, "vocab_size": 1 << 22, "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12, "num_hidden_layers": 1 << 12, "head_dim": 1 << 14,
+    "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20,
+}
+
+
+def check_config_sizes(config: dict) -> None:
+    """PlacerError naming the field where a size the stand-in is built from is not a count
+    in 1..its bound (0 heads divide by zero in transformers; 2**40 allocates before failing)."""
+    for key, bound in CONFIG_SIZES.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+            raise PlacerError(f"config.json: {key}: expected an integer in 1..{bound}, got "
+                              f"{value!r}")
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if heads and hidden and "head_dim" not in config and hidden % heads:
+        raise PlacerError(f"config.json: hidden_size {hidden} is not a multiple of "
+                          f"num_attention_heads {heads}")
 
 
 def sync(device: str) -> None:

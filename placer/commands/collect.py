@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from placer.checkpoint.estimate import estimate_inventory
-from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.commands.common import command, model_identity, print_json
 from placer.errors import PlacerError
 from placer.files import check_apart, removed_on_failure
 from placer.hardware.devices import check_device
-from traces.collect import DTYPES, MODES, CollectOptions, CollectResult, check_options, collect
-from traces.corpora import open_corpus
-from traces.llamacpp.collect import collect_gguf
-from traces.server import ENDPOINTS, ENGINES, ServerOptions, collect_from_server
+from traces.choices import DTYPES, ENDPOINTS, ENGINES, MODES
+
+if TYPE_CHECKING:
+    from placer.checkpoint.inventory import Inventory
+    from traces.collect import CollectResult
+    from traces.server import ServerOptions
 
 
 def register(app: typer.Typer) -> None:
@@ -96,6 +96,12 @@ def register(app: typer.Typer) -> None:
         running server started with --enable-return-routed-experts instead, decoding greedily up to
         --max-new-tokens, and records the routing the server returns: prompt tokens prefill,
         generated tokens decode, one sequence per request (no gate weights)."""
+        from placer.checkpoint.inventory import read_inventory
+        from traces.collect import CollectOptions, check_options, collect
+        from traces.corpora import open_corpus
+        from traces.llamacpp.collect import collect_gguf
+        from traces.server import ServerOptions
+
         corpus, tag = corpus or [], tag or []
         check_apart(out, [("the checkpoint", model), ("the config", config),
                           ("the tokenizer", tokenizer), ("the GGUF", gguf)], directory=True)
@@ -154,6 +160,10 @@ def register(app: typer.Typer) -> None:
 def _collect_server(url: str, engine: str, model: Path | None, config: Path | None,
                     corpora: list, out: Path, options: ServerOptions) -> list[CollectResult]:
     """`collect --server`: the model's shape from the checkpoint or its config.json."""
+    from placer.checkpoint.estimate import estimate_inventory
+    from placer.checkpoint.inventory import read_inventory
+    from traces.server import collect_from_server
+
     if (model is None) == (config is None):
         raise PlacerError("--server needs --model CKPT or --config config.json (not both): "
                           "the server's routing is checked against that model")

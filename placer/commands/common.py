@@ -9,22 +9,24 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.files import NAME_MAX, dumps_json
 from placer.units import BYTE_UNITS
 from solvers.errors import SolverError
-from traces.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.options import check_rules
 
-try:  # typer 0.2x carries its own copy of click (see placer.cli)
+if TYPE_CHECKING:
+    from placer.checkpoint.inventory import Inventory
+    from traces.collect import ModelIdentity
+
+try:  # typer 0.2x carries its own copy of click (see placer.commands.app)
     from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover - a typer that uses click itself
     from click import get_current_context
@@ -36,13 +38,16 @@ PIPE_WIDTH = 1000  # columns of text when stdout is not a terminal: never cut
 TABLE_WIDTH = 100  # columns a table takes at most, terminal or not: its cells wrap, never cut
 PATH_MAX = 4096  # bytes in a path on Linux, its terminating NUL included
 MAX_INT = 2**63 - 1  # no option counts past an int64
+INTERRUPTED = 130  # exit status after Ctrl-C: 128 + SIGINT, as a shell reports it
+INTERRUPTED_BY = {"SIGINT": INTERRUPTED, "SIGTERM": 128 + 15}
 
 
 def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
     """Register `fn` as `placer NAME`: its option values checked first (check_values, then
     the table of option rules, traces.options); a domain error becomes one line on stderr
-    and exit 1, and so does an interrupt (SIGINT, or SIGTERM: `placer.cli` raises it as
-    one), after the command has cleaned up."""
+    and exit 1; an interrupt (SIGINT, or SIGTERM: `placer.commands.app` raises it as one)
+    one line and exit 130 (143 for SIGTERM, the shell's 128 + signal number), after the
+    command has cleaned up."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -55,7 +60,8 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
                 fail(error_line(exc), exc)
             except KeyboardInterrupt as exc:
                 signal_name = str(exc) or "SIGINT"
-                fail(f"interrupted by {signal_name}; nothing partial was left behind", exc)
+                fail(f"interrupted by {signal_name}; nothing partial was left behind", exc,
+                     INTERRUPTED_BY.get(signal_name, INTERRUPTED))
 
         app.command(name, **kwargs)(wrapper)
         return fn
@@ -63,10 +69,10 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
     return decorate
 
 
-def fail(message: str, cause: BaseException) -> None:
-    """Print `error: message` on stderr and exit 1."""
+def fail(message: str, cause: BaseException, code: int = 1) -> None:
+    """Print `error: message` on stderr and exit with `code` (1: a domain error)."""
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1) from cause
+    raise typer.Exit(code) from cause
 
 
 def error_line(exc: Exception) -> str:
@@ -176,6 +182,8 @@ def parse_list(text: str, kind: type, what: str) -> list:
 
 def model_identity(inv: Inventory) -> ModelIdentity:
     """What traces record about the model of `inv` (fingerprint, layers, experts, top-k)."""
+    from traces.collect import ModelIdentity
+
     return ModelIdentity(fingerprint=inv.fingerprint, num_layers=inv.num_layers,
                          moe_layers=tuple(inv.moe_layers),
                          experts_per_layer=inv.experts_per_layer, top_k=inv.top_k)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -21,7 +22,6 @@ from placer.commands.common import (
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_target
-from placer.plan.placement import read_plan
 
 
 def register(app: typer.Typer) -> None:
@@ -79,6 +79,7 @@ def register(app: typer.Typer) -> None:
         A plan solved with --engine llamacpp is replayed as llama.cpp runs it (its host
         layers on the CPU or through its --moe-cache-mib cache): layer offload is then
         -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache."""
+        from placer.plan.placement import read_plan
         from placer.predict.curve import calibration_curve
         from placer.predict.evaluate import EvalOptions, evaluate
         from placer.predict.plots import plot_evaluation
@@ -129,15 +130,14 @@ def print_report(report: dict) -> None:
                           plus_minus(f, "tokens_per_s", "{:.2f}"), end_section=i == len(lines) - 1)
     print_table(table, console)
     for r in report["results"]:
-        others = "".join(f", / {LINE_NAMES[k]} {r[f'ratio_to_{k}']:.3f} "
-                         f"{span(r[f'ratio_to_{k}_ci95'])}" for k in ("oracle", "lru", "belady",
-                                                                      "nocache")
+        others = "".join(f", / {LINE_NAMES[k]} {ratio_text(r, k)}"
+                         for k in ("oracle", "lru", "belady", "nocache")
                          if f"ratio_to_{k}" in r)
         console.print(f"{r['traces']} B={r['concurrency']} {r['execution']}: {r['tokens']} "
                       f"tokens in "
                       f"{r['steps']} steps, interval over {r['interval_units']} "
-                      f"{r['interval_over']}; stall / layer offload {r['ratio_to_layer']:.3f} "
-                      f"{span(r['ratio_to_layer_ci95'])} ({r['verdict']}){others}")
+                      f"{r['interval_over']}; stall / layer offload {ratio_text(r, 'layer')} "
+                      f"({r['verdict']}){others}")
     for note in report["notes"]:
         console.print(f"note: {note}")
     for d in report["drift"]:
@@ -165,6 +165,20 @@ def print_report(report: dict) -> None:
 LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",
               "oracle": "static oracle", "lru": "lru", "belady": "belady",
               "nocache": "no cache"}  # nocache: a llama.cpp plan's host layers, no cache
+
+
+def ratio_text(row: dict, line: str) -> str:
+    """The placement's stall over `line`'s, "1.234 [1.1, 1.3]"; where `line` never stalls
+    (the ratio is infinite, JSON's null) it says so instead of "inf"."""
+    ratio, ci = row[f"ratio_to_{line}"], row[f"ratio_to_{line}_ci95"]
+    if ratio is None or not math.isfinite(ratio):
+        return (f"n/a ({LINE_NAMES[line]} stalls 0 ms/step; the placement "
+                f"{row['placement']['stall_ms_per_step']:.4f})")
+    if ci is None:
+        return f"{ratio:.3f} {span(None)}"
+    bounds = ", ".join(f"{x:.3f}" if math.isfinite(x) else "n/a" if math.isnan(x)
+                       else "unbounded" for x in ci)
+    return f"{ratio:.3f} [{bounds}]"
 
 
 def line_name(row: dict, line: str) -> str:

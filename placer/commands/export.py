@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from placer.checkpoint.config import read_config
 from placer.commands.common import command, print_json
-from placer.exporters.ktransformers import write_kt_export
-from placer.exporters.llamacpp import LlamaCppOffload, llamacpp_offload, server_command
 from placer.exporters.output import check_out
-from placer.exporters.sglang import (
-    EPLB_WARNING,
-    sglang_flags,
-    write_sglang_location,
-    write_sglang_logical_count,
-)
-from placer.exporters.trtllm import write_trtllm_placement
 from placer.files import write_text_atomic
-from placer.plan.placement import read_plan
+
+if TYPE_CHECKING:
+    from placer.exporters.llamacpp import LlamaCppOffload
 
 PlanArg = Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
@@ -44,6 +37,14 @@ def register(app: typer.Typer) -> None:
         """The plan's expert-parallel homes as SGLang's --init-expert-location file (card c =
         EP rank c), or with --logical-count its calibration load for SGLang's EPLB to place
         from; prints the server flags it needs."""
+        from placer.exporters.sglang import (
+            EPLB_WARNING,
+            sglang_flags,
+            write_sglang_location,
+            write_sglang_logical_count,
+        )
+        from placer.plan.placement import read_plan
+
         inputs = check_out(plan, out)
         p = read_plan(plan)
         if logical_count:
@@ -77,6 +78,9 @@ def register(app: typer.Typer) -> None:
         """The plan's expert-parallel homes as TensorRT-LLM's static expert placement (card c =
         EP rank c, layer_updates_per_iter 0); prints the options file and launch it needs, and
         where TensorRT-LLM would ignore it."""
+        from placer.exporters.trtllm import write_trtllm_placement
+        from placer.plan.placement import read_plan
+
         check_out(plan, out)
         placement = write_trtllm_placement(read_plan(plan), out, Path(plan).name)
         options = placement.extra_options(out)
@@ -111,6 +115,9 @@ def register(app: typer.Typer) -> None:
         """The plan's resident experts as sglang-kt's GPU expert set: a logical_count file for
         --kt-expert-placement-strategy frequency, and the --kt-gpu-experts-ratio that makes the
         engine keep exactly those experts on the GPU."""
+        from placer.exporters.ktransformers import write_kt_export
+        from placer.plan.placement import read_plan
+
         inputs = check_out(plan, out, config)
         export = write_kt_export(read_plan(plan), out,
                                  None if config is None else read_config(config), inputs,
@@ -142,6 +149,9 @@ def register(app: typer.Typer) -> None:
         expert tensors of the first MoE layers to CPU (-ot, or --cpu-moe when every MoE layer
         is cold), the equivalent --n-cpu-moe, and on several cards each device's layers
         (-ot ...=CUDAi) and the dense split (-ngl all -ts)."""
+        from placer.exporters.llamacpp import llamacpp_offload
+        from placer.plan.placement import read_plan
+
         inputs = check_out(plan, out) if out is not None else ()
         p = read_plan(plan)
         if p.engine is not None:
@@ -176,6 +186,8 @@ def register(app: typer.Typer) -> None:
 
 def _engine_export(p, model: str, out: Path | None, inputs: tuple, json_out: bool) -> None:
     """Print (and with --out write) the llama-server command of an --engine llamacpp plan."""
+    from placer.exporters.llamacpp import server_command
+
     engine = p.engine
     line = server_command(p, model)
     if out is not None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
-from placer.checkpoint.inventory import Inventory, read_inventory
+from placer.checkpoint.config import DTYPE_HELP
 from placer.commands.common import command, print_json, print_table
 from placer.errors import PlacerError
 from placer.units import format_bytes
+
+if TYPE_CHECKING:
+    from placer.checkpoint.inventory import Inventory
 
 
 def register(app: typer.Typer) -> None:
@@ -37,6 +39,9 @@ def register(app: typer.Typer) -> None:
         """Read a checkpoint's config and safetensors headers, or a GGUF's metadata and tensor
         infos (never tensor bytes), and list its MoE layers, routed experts and their exact
         byte ranges."""
+        from placer.checkpoint.estimate import estimate_inventory
+        from placer.checkpoint.inventory import read_inventory
+
         if (checkpoint is None) == (config is None):
             raise PlacerError("give a CHECKPOINT directory or GGUF file, or --config config.json "
                               "(not both)")

@@ -6,23 +6,23 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from placer.checkpoint.estimate import DTYPE_HELP, estimate_inventory
-from placer.checkpoint.inventory import read_inventory
+from placer.checkpoint.config import DTYPE_HELP
 from placer.commands.common import command, parse_list, plus_minus, print_json, print_table, span
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_target, write_json_atomic
 from placer.hardware.spec import load_spec
 from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
-from placer.plan.placement import Plan
 from placer.progress import StageSpinner
 from placer.units import format_bytes, parse_bytes
-from traces.stats import dropped_prefill
+
+if TYPE_CHECKING:
+    from placer.plan.placement import Plan
 
 
 def register(app: typer.Typer) -> None:
@@ -99,7 +99,10 @@ def register(app: typer.Typer) -> None:
         """Solve which experts stay pinned on each GPU and how many cache slots each layer
         keeps for staged ones, within a VRAM budget, from routing traces; the rest stay in
         pinned host memory and are staged when selected."""
+        from placer.checkpoint.estimate import estimate_inventory
+        from placer.checkpoint.inventory import read_inventory
         from placer.plan.solve import solve_plan
+        from traces.stats import dropped_prefill
 
         if (model is None) == (config is None):
             raise PlacerError("give --model CHECKPOINT_DIR (or MODEL.gguf) or --config config.json "

@@ -9,17 +9,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.checkpoint.estimate import estimate_inventory
-from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import command, model_identity, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, check_target, removed_on_failure, write_bytes_atomic
-from traces.importers import FORMATS, import_routing, resolve_format
-from traces.importers.common import ImportRequest
-from traces.profile import load_profile
-from traces.schema import PHASES, read_meta
-from traces.stats import check_plot_path, heatmap_png, trace_stats
+from traces.choices import FORMAT_NAMES
 
 
 def register(app: typer.Typer) -> None:
@@ -46,6 +40,9 @@ def register(app: typer.Typer) -> None:
         Per MoE layer (its decoder layer index, for collected traces and imports alike): the
         entropy of expert use (bits) and the share of selections taken by the hottest 10% /
         25% / 50% of experts; --plot writes a layers x experts heatmap."""
+        from traces.profile import load_profile
+        from traces.stats import check_plot_path, heatmap_png, trace_stats
+
         profile = None
         if plot is not None:
             check_plot_path(plot)
@@ -104,7 +101,7 @@ def register(app: typer.Typer) -> None:
             help="Files (or directories of them) in one format: see --format.")],
         out: Annotated[Path, typer.Option(help="New trace directory to store it in.")],
         fmt: Annotated[str | None, typer.Option(
-            "--format", help=f"One of {', '.join(FORMATS)}; detected where the file is "
+            "--format", help=f"One of {', '.join(FORMAT_NAMES)}; detected where the file is "
                              "unambiguous (a GGUF file, whatever its name, or a .dat imatrix; "
                              ".pt sglang, .jsonl sglang-http, .npz with expert_ids tokens, 2-D "
                              ".npy/.csv counts, a directory with meta_info.json + "
@@ -147,6 +144,9 @@ def register(app: typer.Typer) -> None:
         so the solver samples real co-selection. Count formats (counts, imatrix, trtllm, SGLang
         stat/per_pass dumps) are stored as DIR/counts.parquet (frequencies only), guarded by
         shape when used."""
+        from traces.profile import load_profile
+        from traces.schema import PHASES, read_meta
+
         with removed_on_failure(out):
             path = import_statistics(sources, out, fmt=fmt, model=model, config=config,
                                      top_k=top_k, tag=tag, tokens=tokens,
@@ -179,6 +179,11 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                       ) -> Path:
     """`placer traces import`: the model's identity (if given) and the files, to the importer
     of their format."""
+    from placer.checkpoint.estimate import estimate_inventory
+    from placer.checkpoint.inventory import read_inventory
+    from traces.importers import import_routing, resolve_format
+    from traces.importers.common import ImportRequest
+
     if model is not None and config is not None:
         raise PlacerError("give --model or --config, not both")
     check_apart(out, [("the checkpoint", model), ("the config", config)], directory=True)

@@ -12,6 +12,10 @@ n is the mean over the rounds (the model prices the expected stall; on a loaded 
 either runs or waits out a neighbour's time slice, and a median jumps between the two where
 a mean moves with their mix), and the points are then made non-falling by pooling adjacent
 violators (the least-squares non-decreasing fit: a point below an earlier one is noise).
+The rounds go on until the times have settled (each count's mean known to within STEADY, its
+95% interval's half-width over the mean) or MAX_ROUNDS / PROBE_BUDGET_S are spent; that
+spread is reported beside the curve, and a curve whose spread stays above STEADY is marked
+NOISY by `placer probe --host` (a busy machine: the figure is then worth little).
 `benchmarks/bench_cpu_experts.py` times experts the same way, on another pool, and compares
 the recorded curve's prediction with what it measures.
 
@@ -28,16 +32,20 @@ import statistics
 import time
 
 from placer.errors import PlacerError
-from placer.hardware.timing import ExpertTiming, expert_bytes, ggml_blocks
+from placer.hardware.timing import (
+    DEFAULT_TOKENS,
+    ExpertTiming,
+    expert_bytes,
+    ggml_blocks,
+)
 from traces.errors import TraceError
 from traces.llamacpp.runner import time_expert
 
-DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert
 MIN_CALLS = 5         # rounds at least
 MAX_ROUNDS = 40       # rounds at most, once MIN_PROBE_S is spent
 MIN_PROBE_S = 2.0
 PROBE_BUDGET_S = 10.0  # no round starts after this, once MIN_CALLS are timed
+STEADY = 0.05  # a mean known to within 5% (95% interval half-width over the mean) has settled
 
 
 def pool_size(expert_bytes: int, cache_bytes: int) -> int:
@@ -70,11 +78,13 @@ def run_expert(x, expert):
 
 
 def time_rounds(pool: list, inputs: list, rounds: int, min_s: float = 0.0,
-                budget_s: float | None = None) -> list[list[float]]:
+                budget_s: float | None = None, settle: bool = False) -> list[list[float]]:
     """Wall seconds of expert calls, per input: each round times one call per input (x [n x
     hidden]), each call on the next expert of `pool`; after one untimed pass over the pool
     and the inputs (page faults and kernel set-up are not timed). `rounds` rounds, more
-    until `min_s` is spent, none past `budget_s` once MIN_CALLS rounds are timed."""
+    until `min_s` is spent, none past `budget_s` once MIN_CALLS rounds are timed; with
+    `settle`, fewer where every input's mean has settled (mean_spread <= STEADY) once
+    MIN_CALLS rounds and `min_s` are spent."""
     for i, expert in enumerate(pool):
         run_expert(inputs[i % len(inputs)], expert)
     times: list[list[float]] = [[] for _ in inputs]
@@ -87,9 +97,20 @@ def time_rounds(pool: list, inputs: list, rounds: int, min_s: float = 0.0,
             run_expert(x, expert)
             times[i].append(time.perf_counter() - start)
         done, spent = len(times[0]), time.perf_counter() - first
-        if (done >= rounds and spent >= min_s) or (
+        settled = settle and done >= MIN_CALLS and spent >= min_s and max(
+            mean_spread(t) for t in times) <= STEADY
+        if settled or (done >= rounds and spent >= min_s) or (
                 budget_s is not None and done >= MIN_CALLS and spent > budget_s):
             return times
+
+
+def mean_spread(times: list[float]) -> float:
+    """Half-width of the normal 95% interval of the mean of `times`, over the mean (inf for
+    fewer than 2)."""
+    if len(times) < 2:
+        return math.inf
+    mean = statistics.fmean(times)
+    return 1.96 * statistics.stdev(times) / math.sqrt(len(times)) / mean if mean > 0 else 0.0
 
 
 def non_decreasing(values: list[float]) -> list[float]:
@@ -107,6 +128,13 @@ def probe_expert(hidden: int, inter: int, dtype: str, cache_bytes: int, threads:
                  tokens: tuple[int, ...] = DEFAULT_TOKENS, seed: int = 0) -> ExpertTiming:
     """The measured curve of one expert shape in `dtype` on `threads` threads (module
     docstring); torch's thread count is restored afterwards."""
+    return probe_expert_spread(hidden, inter, dtype, cache_bytes, threads, tokens, seed)[0]
+
+
+def probe_expert_spread(hidden: int, inter: int, dtype: str, cache_bytes: int, threads: int,
+                        tokens: tuple[int, ...] = DEFAULT_TOKENS, seed: int = 0
+                        ) -> tuple[ExpertTiming, float]:
+    """probe_expert's curve and its spread: the largest mean_spread over the token counts."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
@@ -117,17 +145,19 @@ def probe_expert(hidden: int, inter: int, dtype: str, cache_bytes: int, threads:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        times = time_rounds(pool, inputs, MAX_ROUNDS, MIN_PROBE_S, PROBE_BUDGET_S)
+        times = time_rounds(pool, inputs, MAX_ROUNDS, MIN_PROBE_S, PROBE_BUDGET_S, settle=True)
     finally:
         torch.set_num_threads(before)
     means = non_decreasing([statistics.fmean(t) for t in times])
-    return ExpertTiming(hidden, inter, dtype, tuple(tokens), tuple(means))
+    return (ExpertTiming(hidden, inter, dtype, tuple(tokens), tuple(means)),
+            max(mean_spread(t) for t in times))
 
 
 def probe_expert_gguf(hidden: int, inter: int, ggml_type: str, cache_bytes: int, threads: int,
-                      tokens: tuple[int, ...] = DEFAULT_TOKENS) -> ExpertTiming:
+                      tokens: tuple[int, ...] = DEFAULT_TOKENS) -> tuple[ExpertTiming, float]:
     """The measured curve of one expert shape in GGUF type `ggml_type` on `threads` threads,
-    computed by llama.cpp's CPU kernels (module docstring)."""
+    computed by llama.cpp's CPU kernels (module docstring), and its spread (the largest
+    mean_spread over the token counts; llama.cpp's side runs its MAX_ROUNDS or budget)."""
     check_gguf_expert(hidden, inter, ggml_type)
     pool = pool_size(expert_bytes(hidden, inter, ggml_type), cache_bytes)
     try:
@@ -136,7 +166,8 @@ def probe_expert_gguf(hidden: int, inter: int, ggml_type: str, cache_bytes: int,
     except TraceError as exc:
         raise PlacerError(str(exc)) from None
     means = non_decreasing([statistics.fmean(t) for t in times])
-    return ExpertTiming(hidden, inter, ggml_type, tuple(tokens), tuple(means))
+    return (ExpertTiming(hidden, inter, ggml_type, tuple(tokens), tuple(means)),
+            max(mean_spread(t) for t in times))
 
 
 def check_gguf_expert(hidden: int, inter: int, ggml_type: str) -> None:

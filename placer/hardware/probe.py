@@ -7,6 +7,7 @@ where CUDA is visible, the round trip a layer pays to hand its tokens to the CPU
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -18,14 +19,21 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.hardware.devices import cpu_model
 from placer.hardware.expert_probe import (
+    STEADY,
+    check_gguf_expert,
+    probe_expert_gguf,
+    probe_expert_spread,
+)
+from placer.hardware.timing import (
     DEFAULT_SHAPE,
     DEFAULT_TOKENS,
-    check_gguf_expert,
-    probe_expert,
-    probe_expert_gguf,
+    DTYPE_BYTES,
+    MAX_DIM,
+    ExpertTiming,
+    timing_fragment,
 )
-from placer.hardware.timing import DTYPE_BYTES, MAX_DIM, ExpertTiming, timing_fragment
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,16 @@ class HostProbe:
     copies: int                   # timed copies the bandwidth is the best of
     matmuls: int                  # timed matmuls the FLOP/s is the best of
     experts: tuple[ExpertTiming, ...] = ()  # each asked expert shape's time over n tokens
+    cpu: str = ""                 # the CPU timed, as /proc/cpuinfo names it
+    copy_spread: float = 0.0      # IQR / median of the timed copies
+    matmul_spread: float = 0.0    # IQR / median of the timed matmuls
+    expert_spread: tuple[float, ...] = ()  # per expert: its means' 95% half-width / mean
+    source: str = ""              # where the expert shapes came from ("model.gguf: ...")
+
+    @property
+    def noisy(self) -> bool:
+        """Whether some figure's timings never settled (spread above STEADY)."""
+        return max(self.copy_spread, self.matmul_spread, *self.expert_spread) > STEADY
 
 
 def host_threads() -> int:
@@ -118,6 +136,14 @@ def host_threads() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def relative_iqr(times: list[float]) -> float:
+    """Interquartile range over median of `times` (0 for fewer than 2)."""
+    if len(times) < 2:
+        return 0.0
+    q1, median, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return (q3 - q1) / median if median > 0 else 0.0
 
 
 def last_level_cache_bytes() -> int:
@@ -152,11 +178,11 @@ def default_buffer_bytes() -> int:
 
 
 def best_seconds(fn: Callable[[], object], repeats: int, min_s: float = 0.25,
-                 budget_s: float = 2.0) -> tuple[float, int]:
-    """(Fastest, number) of timed calls of `fn` after one untimed warm-up: at least `repeats`,
-    more
-    until `min_s` is spent (a best of many shrugs off a neighbour's burst on a shared host),
-    and none past `budget_s` once two are timed (a slow machine stays quick to probe)."""
+                 budget_s: float = 2.0) -> tuple[float, int, float]:
+    """(Fastest, number, spread) of timed calls of `fn` after one untimed warm-up: at least
+    `repeats`, more until `min_s` is spent (a best of many shrugs off a neighbour's burst on
+    a shared host) and while the spread (IQR / median) is above STEADY, none past `budget_s`
+    once two are timed (a slow machine stays quick to probe)."""
     fn()
     times: list[float] = []
     first = time.perf_counter()
@@ -165,14 +191,15 @@ def best_seconds(fn: Callable[[], object], repeats: int, min_s: float = 0.25,
         fn()
         times.append(time.perf_counter() - start)
         spent = time.perf_counter() - first
-        if (len(times) >= repeats and spent >= min_s) or (len(times) >= 2 and spent > budget_s):
-            return min(times), len(times)
+        if (len(times) >= repeats and spent >= min_s and relative_iqr(times) <= STEADY) or (
+                len(times) >= 2 and spent > budget_s):
+            return min(times), len(times), relative_iqr(times)
 
 
 def host_memory_bandwidth(buffer_bytes: int, repeats: int, threads: int
-                          ) -> tuple[float, int]:
-    """(Bytes/s, copies timed) of a streaming copy of `buffer_bytes` split over `threads`
-    threads (numpy's copy releases the GIL).
+                          ) -> tuple[float, int, float]:
+    """(Bytes/s, copies timed, their spread) of a streaming copy of `buffer_bytes` split over
+    `threads` threads (numpy's copy releases the GIL).
 
     Counts bytes read + bytes written (2 x buffer, STREAM's convention for its copy): the
     write-allocate reads of the destination, where the copy's stores do not bypass the cache,
@@ -194,15 +221,16 @@ def host_memory_bandwidth(buffer_bytes: int, repeats: int, threads: int
         def copy() -> None:
             list(pool.map(lambda c: np.copyto(*c), chunks))
 
-        seconds, copies = best_seconds(copy, repeats)
-    return 2 * buffer_bytes / seconds, copies
+        seconds, copies, spread = best_seconds(copy, repeats)
+    return 2 * buffer_bytes / seconds, copies, spread
 
 
 def host_matmul_flops(dtype: str, tokens: int, hidden: int, inter: int, repeats: int,
-                      threads: int) -> tuple[float, int]:
-    """(FLOP/s, calls timed) (2 x tokens x hidden x inter per call) of torch's CPU matmul x @ w^T, x
-    [tokens x hidden], w [inter x hidden] (an expert's gate projection as an engine runs it),
-    in `dtype`, on `threads` threads. Torch's thread count is restored afterwards."""
+                      threads: int) -> tuple[float, int, float]:
+    """(FLOP/s, calls timed, their spread) (2 x tokens x hidden x inter per call) of torch's
+    CPU matmul x @ w^T, x [tokens x hidden], w [inter x hidden] (an expert's gate projection
+    as an engine runs it), in `dtype`, on `threads` threads. Torch's thread count is
+    restored afterwards."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
@@ -212,10 +240,10 @@ def host_matmul_flops(dtype: str, tokens: int, hidden: int, inter: int, repeats:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        seconds, calls = best_seconds(lambda: torch.nn.functional.linear(x, w), repeats)
+        seconds, calls, spread = best_seconds(lambda: torch.nn.functional.linear(x, w), repeats)
     finally:
         torch.set_num_threads(before)
-    return 2.0 * tokens * hidden * inter / seconds, calls
+    return 2.0 * tokens * hidden * inter / seconds, calls, spread
 
 
 def host_sync_us(round_trips: int = 200) -> float | None:
@@ -246,7 +274,7 @@ def host_sync_us(round_trips: int = 200) -> float | None:
 def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens: int = 1024,
                repeats: int = 5, experts: tuple[tuple[int, int], ...] = (DEFAULT_SHAPE,),
                expert_tokens: tuple[int, ...] = DEFAULT_TOKENS,
-               gguf_type: str | None = None) -> HostProbe:
+               gguf_type: str | None = None, source: str = "") -> HostProbe:
     """Measure this host's `[host]` figures on all its cores (no GPU needed); `experts`:
     the (hidden, inter) shapes to time over `expert_tokens` tokens, with torch in `dtype`, or
     with llama.cpp's CPU kernels in the GGUF type `gguf_type` (Q4_K, MXFP4, F16...)."""
@@ -273,19 +301,22 @@ def probe_host(dtype: str = "bfloat16", buffer_bytes: int | None = None, tokens:
                           f"is more than this host can hold twice (at most "
                           f"{max_buffer_bytes() // 2**20} MiB)")
     hidden, inter = MATMUL_SHAPE
-    bandwidth, copies = host_memory_bandwidth(buffer_bytes, repeats, threads)
-    flops, matmuls = host_matmul_flops(dtype, tokens, hidden, inter, repeats, threads)
+    bandwidth, copies, copy_spread = host_memory_bandwidth(buffer_bytes, repeats, threads)
+    flops, matmuls, matmul_spread = host_matmul_flops(dtype, tokens, hidden, inter, repeats,
+                                                      threads)
     sync = host_sync_us()
     cache = last_level_cache_bytes()
-    timings = tuple(probe_expert(h, i, dtype, cache, threads, expert_tokens)
-                    if gguf_type is None else
-                    probe_expert_gguf(h, i, gguf_type, cache, threads, expert_tokens)
-                    for h, i in experts)
+    timed = [probe_expert_spread(h, i, dtype, cache, threads, expert_tokens)
+             if gguf_type is None else
+             probe_expert_gguf(h, i, gguf_type, cache, threads, expert_tokens)
+             for h, i in experts]
     return HostProbe(memory_bandwidth=bandwidth, flops=flops,
                      sync_us=TYPICAL_SYNC_US if sync is None else sync,
                      sync_measured=sync is not None, dtype=dtype, threads=threads,
                      buffer_bytes=buffer_bytes, matmul=(tokens, hidden, inter), copies=copies,
-                     matmuls=matmuls, experts=timings)
+                     matmuls=matmuls, experts=tuple(t for t, _ in timed), cpu=cpu_model(),
+                     copy_spread=copy_spread, matmul_spread=matmul_spread,
+                     expert_spread=tuple(s for _, s in timed), source=source)
 
 
 def format_flops(flops: float) -> str:
@@ -297,26 +328,52 @@ def format_flops(flops: float) -> str:
 
 
 def host_fragment(result: HostProbe) -> str:
-    """The `[host]` TOML fragment of a host probe, each figure saying how it was obtained."""
+    """The `[host]` TOML fragment of a host probe, each figure saying how it was obtained
+    (the CPU timed, each figure's spread, NOISY where it did not settle)."""
     tokens, hidden, inter = result.matmul
     if result.sync_measured:
         sync = (f"sync_us = {result.sync_us:.1f}  # measured: median 4 KiB H2D + kernel + D2H "
                 "round trip on cuda:0")
     else:
         sync = f"sync_us = {result.sync_us:.1f}  # typical, not measured (needs a GPU)"
-    lines = ["[host]",
-             f'memory_bandwidth = "{result.memory_bandwidth / 1e9:.2f}GB/s"  # measured by '
+    lines = [f"# {host_comment(result)}", "[host]",
+             f'memory_bandwidth = "{result.memory_bandwidth / 1e9:.2f}GB/s"  # '
+             f"{noisy(result.copy_spread)}measured by "
              f"placer probe --host: copy of {result.buffer_bytes / 2**20:.0f} MiB, "
-             f"bytes read + written, {result.threads} threads, best of {result.copies}",
-             f'flops = "{format_flops(result.flops)}"  # measured: torch {result.dtype} matmul '
+             f"bytes read + written, {result.threads} threads, best of {result.copies}"
+             f"{spread_text(result.copy_spread, 'IQR / median')}",
+             f'flops = "{format_flops(result.flops)}"  # {noisy(result.matmul_spread)}measured: '
+             f"torch {result.dtype} matmul "
              f"[{tokens} x {hidden}] @ [{hidden} x {inter}], {result.threads} threads, "
-             f"best of {result.matmuls}",
+             f"best of {result.matmuls}{spread_text(result.matmul_spread, 'IQR / median')}",
              sync]
     kernels = ("torch" if result.experts and result.experts[0].dtype in HOST_DTYPES
                else "llama.cpp b11669 CPU kernels (ggml_mul_mat_id)")
-    tables = [timing_fragment(t, f"measured: {kernels}, mean wall time, cold from RAM, "
-                                 f"{result.threads} threads") for t in result.experts]
+    spreads = result.expert_spread or (0.0,) * len(result.experts)
+    tables = [timing_fragment(t, f"{noisy(s)}measured: {kernels}, mean wall time, cold from "
+                                 f"RAM, {result.threads} threads"
+                                 f"{spread_text(s, '95% interval of the means')}")
+              for t, s in zip(result.experts, spreads, strict=True)]
     return "\n".join(lines) + "\n" + "".join("\n" + t for t in tables)
+
+
+def host_comment(result: HostProbe) -> str:
+    """The line above the `[host]` table: the CPU timed, and where the expert shapes came
+    from; NOISY first where some figure did not settle."""
+    text = (f"placer probe --host timed {result.cpu or 'this host CPU'} on {result.threads} "
+            f"threads" + (f"; experts of {result.source}" if result.source else ""))
+    return ("NOISY (some timings did not settle: a busy machine?): " if result.noisy
+            else "") + text
+
+
+def noisy(spread: float) -> str:
+    """"NOISY, " where `spread` is above STEADY."""
+    return "NOISY, " if spread > STEADY else ""
+
+
+def spread_text(spread: float, what: str) -> str:
+    """", spread ±x% (what)" of a figure."""
+    return f", spread ±{100 * spread:.1f}% ({what})" if math.isfinite(spread) else ""
 
 
 def parse_shape(text: str) -> tuple[int, int]:

@@ -61,7 +61,6 @@ from typing import Any
 from placer.errors import PlacerError
 from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
-from solvers.cpu import OFFLOAD_MIN_BATCH
 from traces.bounded import read_bounded
 from traces.jsontext import MAX_DEPTH, decode_utf8, depth
 
@@ -81,6 +80,9 @@ MAX_SOCKETS = 64
 _FLOPS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([KMGTP]?)FLOP(?:S|/s)\s*$",
                     re.IGNORECASE)
 PRESETS = resources.files("placer.hardware.presets")
+# llama.cpp's default GGML_OP_OFFLOAD_MIN_BATCH, as solvers.cpu.OFFLOAD_MIN_BATCH names it (a
+# test checks they agree): imported from there, it would load numpy at every command's start.
+OFFLOAD_MIN_BATCH = 32
 _FLOPS_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 

@@ -19,21 +19,25 @@ from placer.units import parse_bytes, parse_rate
 SIZE_UNITS = ("TiB", "GiB", "MiB", "KiB")
 RATE_UNITS = ("TB", "GB", "MB", "KB")
 FLOPS_UNITS = (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9), ("MFLOPS", 1e6))
-HEADER = ("# A placer hardware spec (placer/hardware/spec.py documents every field). Edit the\n"
+HEADER = ("# A placer hardware spec (docs/hardware.md lists every field). Edit the\n"
           "# figures to your box: `placer probe` measures the cards' copies, `placer probe\n"
           "# --host` the CPU, `placer probe --step` the decode step.\n")
 
 
-def spec_toml(spec: HardwareSpec, step_comment: str = "") -> str:
+def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = "",
+              card_comment: str = "") -> str:
     """The TOML text of `spec`; `step_comment` is written after `base_step_ms` (e.g. that it
-    is an estimate, not a measurement)."""
+    is an estimate, not a measurement), `host_comment` above the `[host]` table and
+    `card_comment` above the cards (how their figures were obtained)."""
     lines = [HEADER.rstrip("\n"), f"name = {_str(spec.name)}",
              f"description = {_str(spec.description)}",
              f"host_ram = {_size(spec.host_ram)}"]
     first = spec.cards[0]
+    above = _comment(card_comment)
     if all(_card_fields(c) == _card_fields(first) for c in spec.cards):
-        lines += [f"cards = {len(spec.cards)}", "", "[card]", *_card_fields(first)]
+        lines += [f"cards = {len(spec.cards)}", "", *above, "[card]", *_card_fields(first)]
     else:
+        lines += ["", *above] if above else []
         for card in spec.cards:
             lines += ["", "[[cards]]", *_card_fields(card)]
     for link in spec.links:
@@ -44,8 +48,13 @@ def spec_toml(spec: HardwareSpec, step_comment: str = "") -> str:
     comment = f"  # {step_comment}" if step_comment else ""
     lines += ["", "[decode]", f"base_step_ms = {{ {steps} }}{comment}"]
     if spec.host is not None:
-        lines += _host_lines(spec.host)
+        lines += ["", *_comment(host_comment), *_host_lines(spec.host)[1:]]
     return "\n".join(lines) + "\n"
+
+
+def _comment(text: str) -> list[str]:
+    """`text` as TOML comment lines (each line of it one, none for "")."""
+    return [f"# {line}" if line else "#" for line in text.splitlines()]
 
 
 def _card_fields(card: Card) -> list[str]:
@@ -71,8 +80,10 @@ def _host_lines(host: Host) -> list[str]:
 
 
 def _str(text: str) -> str:
-    """A TOML basic string (JSON's escapes are TOML's for these characters)."""
-    return json.dumps(text, ensure_ascii=False)
+    """A TOML basic string: JSON's escapes are TOML's for the characters JSON escapes (",
+    backslash, U+0000..U+001F); TOML also forbids a raw DEL (U+007F), which JSON leaves as
+    is, so it is written as \\u007f."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _size(n: int) -> str:

@@ -27,6 +27,8 @@ from placer.errors import PlacerError
 from traces.ggml import block_sizes
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)  # the token counts `probe --host` times an expert at
+DEFAULT_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert
 
 
 @functools.cache

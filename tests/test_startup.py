@@ -1,0 +1,101 @@
+"""Start-up: Ctrl-C at any moment of a command's start (while Python imports the command
+line, while it parses or prints help) is one line on stderr and exit status 130, never a
+KeyboardInterrupt traceback; the light modules the command line imports name the same
+choices as the heavy modules they stand in for. (What start-up imports: test_layering.py;
+how long it takes: benchmarks/bench_startup.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+# The child interrupts itself the moment Python starts importing module MODULE, then runs
+# the console entry point as the `placer` script does.
+INTERRUPTING = """
+import os, signal, sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["placer", *{argv!r}]
+from placer.cli import main
+main()
+"""
+
+
+def interrupted_at(module: str, argv: list[str]) -> subprocess.CompletedProcess:
+    code = INTERRUPTING.format(module=module, argv=argv)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, env=ENV, timeout=120)
+
+
+@pytest.mark.parametrize("module", ["typer", "placer.commands.solve", "rich.table"])
+def test_ctrl_c_while_importing_is_one_line_and_130(module: str) -> None:
+    result = interrupted_at(module, ["solve", "--help"])
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "error: interrupted by SIGINT; nothing was done\n", result.stderr
+    assert result.stdout == ""
+
+
+def test_ctrl_c_while_printing_help_is_one_line_and_130() -> None:
+    """typer imports its rich help formatter only when help is printed: an interrupt there
+    comes inside the command line's own parsing."""
+    result = interrupted_at("typer.rich_utils", ["solve", "--help"])
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "error: interrupted by SIGINT; nothing was done\n", result.stderr
+
+
+# The child imports the console entry point as the `placer` script does (Python's own start,
+# site and all, and that import of a module of two names are not placer's to handle: see
+# placer/cli.py), says so, then runs it.
+STARTED = """
+import sys
+from placer.cli import main
+sys.stderr.write("started\\n"); sys.stderr.flush()
+sys.argv = ["placer", *{argv!r}]
+main()
+"""
+
+
+@pytest.mark.parametrize("argv", [["solve", "--help"], ["hardware", "show", "1x-rtx4090"]])
+def test_a_real_ctrl_c_at_any_early_moment_is_one_line(argv: list[str]) -> None:
+    """A real Ctrl-C at a few moments after Python has started: the command finishes (0) or
+    says so in one line (130), never a traceback."""
+    for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
+        proc = subprocess.Popen([sys.executable, "-c", STARTED.format(argv=argv)], cwd=REPO,
+                                env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        assert proc.stderr.readline() == "started\n"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode in (0, 130), (delay, proc.returncode, stderr)
+        if proc.returncode == 130:
+            assert stderr == "error: interrupted by SIGINT; nothing was done\n", (delay, stderr)
+
+
+def test_light_choice_tables_agree_with_their_sources() -> None:
+    """The constants the command modules import at no cost are the heavy modules' own."""
+    import solvers.cpu
+    import traces.choices
+    import traces.collect
+    import traces.server
+    from placer.hardware import spec
+    from traces.importers import FORMATS
+
+    assert traces.choices.FORMAT_NAMES == tuple(FORMATS)
+    assert spec.OFFLOAD_MIN_BATCH == solvers.cpu.OFFLOAD_MIN_BATCH
+    assert traces.collect.MODES is traces.choices.MODES
+    assert traces.server.ENGINES is traces.choices.ENGINES
