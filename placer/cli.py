@@ -32,6 +32,7 @@ from placer.commands import (
     export,
     hardware,
     inspect,
+    plan,
     run,
     schema,
     serve,
@@ -115,8 +116,8 @@ def placer_main(
     """Offline expert-placement optimizer for MoE models on boxes of consumer GPUs."""
 
 
-for module in (inspect, hardware, collect, traces, solve, emit, verify, evaluate, run, serve,
-               bench, export, schema):
+for module in (inspect, hardware, plan, collect, traces, solve, emit, verify, evaluate, run,
+               serve, bench, export, schema):
     module.register(app)
 
 
