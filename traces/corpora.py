@@ -3,6 +3,9 @@
 Formats (chosen by the file suffix):
 
 - `.txt`: one document per block of lines separated by blank lines.
+
+Every corpus is UTF-8, decoded strictly (a .txt or .jsonl byte that is not UTF-8 is one
+TraceError naming the file, line and byte offset; Parquet strings are checked by Arrow).
 - `.jsonl`: one document per line, either a text field (`text_field`, default `text`), or a
   chat: `messages` (a list of `{"role", "content"}`, rendered with the tokenizer's chat
   template) or `turns` (a list of user messages, one conversation per line). The first record
@@ -27,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError, first_line
-from traces.jsontext import jsonl_lines, loads_json
+from traces.jsontext import decode_utf8, jsonl_lines, loads_json
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
@@ -143,11 +146,17 @@ def _file_sha256(path: Path) -> str:
 
 
 def _text_blocks(path: Path) -> Iterator[str]:
+    """The blocks of a .txt corpus, decoded strictly: a byte that is not UTF-8 is a
+    TraceError naming the file, the line and its byte offset (never replaced, so a binary
+    file is not collected as text)."""
     block: list[str] = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
+    offset = 0
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            line = decode_utf8(raw, f"corpus {path} line {number}", offset=offset)
+            offset += len(raw)
             if line.strip():
-                block.append(line.rstrip("\n"))
+                block.append(line.rstrip("\n").removesuffix("\r"))
             elif block:
                 yield "\n".join(block)
                 block = []
