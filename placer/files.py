@@ -110,6 +110,21 @@ def check_apart(target: Path, inputs: Inputs = (), *, what: str = "--out",
                               "never writes into a checkpoint; choose a path outside it")
 
 
+def check_outputs_apart(outputs: Inputs, inputs: Inputs) -> None:
+    """check_apart for every output of a command against every one of its inputs (a placed
+    directory, a prompts file, the checkpoint: all of them, not the first), and the outputs
+    against each other: two options naming one path are refused. `outputs`: (option, path)
+    pairs, None paths skipped. Call it before any measurement starts."""
+    given = [(what, Path(path)) for what, path in outputs if path is not None]
+    inputs = list(inputs)
+    for i, (what, path) in enumerate(given):
+        check_apart(path, inputs, what=what)
+        for other, other_path in given[:i]:
+            if os.path.realpath(path) == os.path.realpath(other_path):
+                raise PlacerError(f"{what} {path} is also {other}: give each output its own "
+                                  "path")
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
