@@ -106,6 +106,10 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
             say(f"[{index}/{len(STAGES)}] {name}: skipped ({outputs[0]} is complete and its "
                 "inputs and options are unchanged)")
             return
+        theirs = [p for p in outputs if os.path.lexists(p)] if name not in record else []
+        if theirs:
+            raise PlacerError(f"{theirs[0]} exists and placer plan did not write it (no "
+                              f"{name} in {out / RECORD}): give another --out")
         say(f"[{index}/{len(STAGES)}] {name} ...")
         summary = work()
         record[name] = {"key": key, "outputs": [str(p) for p in outputs], "inputs": inputs}
