@@ -77,3 +77,14 @@ def test_an_output_it_did_not_write_is_never_replaced(user, tmp_path):
 def test_bad_options_are_refused_before_any_stage(user, tmp_path, extra, said):
     assert_one_line_error(plan(user, tmp_path / "out", *extra), said)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_corpus_that_is_not_utf8_fails_the_first_stage_and_leaves_nothing(user, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"prose \xff\xfe\n")
+    result = invoke("plan", "--model", user[0], "--corpus", bad, "--hardware", BOX, "--out",
+                    tmp_path / "new" / "out", "--offload", 0.5)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == [f"error: corpus {bad} line 1: not UTF-8 text (byte "
+                                          "0xff at byte offset 6)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]

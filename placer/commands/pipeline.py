@@ -117,7 +117,22 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
         stages[name] = Stage(name, key, False, summary)
         say(f"[{index}/{len(STAGES)}] {name}: {summary}")
 
+    made = [p for p in [out, *out.parents] if not os.path.lexists(p)]
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_stages(req, inv, spec, out, stage, stages, progress, say)
+    except BaseException:
+        if not record:  # nothing done here: leave no folder behind either
+            for path in made:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        raise
+
+
+def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, out: Path,
+               stage: Callable, stages: dict[str, Stage], progress: bool,
+               say: Callable[[str], None]) -> dict:
+    """The five stages in order, through `stage` (run_plan's: skip or run and record)."""
     collected, split = out / "traces", out / "split"
     calib, heldout = split / "calib", split / "heldout"
     plan_path, report_path, run_path = out / "plan.json", out / "evaluate.json", out / "run.sh"
