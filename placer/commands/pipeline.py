@@ -78,7 +78,7 @@ class PlanRequest:
 
 @dataclass
 class Stage:
-    """One stage as run: its key, whether it was skipped, what it printed for the table."""
+    """One stage as run: its key, whether it was skipped, its one-line summary."""
 
     name: str
     key: str
