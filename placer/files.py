@@ -13,6 +13,10 @@ A symlink to a regular file is followed: the file it names is replaced, the link
 JSON is strict (RFC 8259): NaN and +-inf, which Python's json writes as bare `NaN` and
 `Infinity`, become null (`strict_json`).
 
+A directory output (`directory_output`) is filled under a hidden temporary sibling and renamed
+onto its name only when complete; on any failure or interrupt the sibling and every parent
+folder it made are removed, so a failed command leaves no directory behind.
+
 Nothing placer writes lands on or inside what it reads (`check_apart`, called by every
 writer here and, for the directories `collect` and `traces import` fill, by those commands
 before they start): not inside a checkpoint directory, given or not, and not over an input
@@ -26,6 +30,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -140,6 +145,21 @@ def check_target(target: Path, inputs: Inputs = (), *, what: str = "--out",
                           f"{parent})")
 
 
+def check_outputs_apart(outputs: Inputs, inputs: Inputs) -> None:
+    """check_apart for every output of a command against every one of its inputs (a placed
+    directory, a prompts file, the checkpoint: all of them, not the first), and the outputs
+    against each other: two options naming one path are refused. `outputs`: (option, path)
+    pairs, None paths skipped. Call it before any measurement starts."""
+    given = [(what, Path(path)) for what, path in outputs if path is not None]
+    inputs = list(inputs)
+    for i, (what, path) in enumerate(given):
+        check_apart(path, inputs, what=what)
+        for other, other_path in given[:i]:
+            if os.path.realpath(path) == os.path.realpath(other_path):
+                raise PlacerError(f"{what} {path} is also {other}: give each output its own "
+                                  "path")
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -167,6 +187,52 @@ def removed_on_failure(directory: Path) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 path.rmdir()
         raise
+
+
+@contextlib.contextmanager
+def directory_output(target: Path, *, replace: bool = False, what: str = "--out"
+                     ) -> Iterator[Path]:
+    """A new hidden temporary sibling of `target` to fill; renamed onto `target` when the
+    body ends without error (with `replace`, an existing `target` is swapped out and removed
+    only then; without it an existing `target` is a PlacerError before anything is made). On
+    any failure or interrupt the sibling, and every parent folder made for it, are removed."""
+    target = Path(target)
+    if os.path.lexists(target) and not (replace and target.is_dir()
+                                        and not target.is_symlink()):
+        raise PlacerError(f"{what} {target} already exists: name a new directory")
+    made = [p for p in [*target.parents] if not os.path.lexists(p)]
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.parent / temp_name(target.name, "dir")
+        temp.mkdir()
+    except OSError as exc:
+        _remove_made(made)
+        raise PlacerError(f"cannot write {target}: {exc.strerror or exc}") from None
+    old = None
+    try:
+        yield temp
+        if os.path.lexists(target):
+            old = target.parent / temp_name(target.name, "old")
+            target.rename(old)
+        temp.rename(target)
+    except BaseException:
+        if old is not None and not os.path.lexists(target):
+            old.rename(target)  # the previous output stays as it was
+            old = None
+        shutil.rmtree(temp, ignore_errors=True)
+        _remove_made(made)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(target.parent)
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the folders in `made` (innermost first) that are still empty."""
+    for path in made:
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def temp_name(name: str, tag: str = "") -> str:

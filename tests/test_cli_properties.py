@@ -510,6 +510,8 @@ def writers(pipe: Pipeline, work: Path) -> dict[str, Callable[[Path], list]]:
                                            "--hardware", BOX, "--out", out.with_suffix(".toml")],
         "traces split": lambda out: ["traces", "split", pipe.traces, "--out-a", out,
                                      "--out-b", work / "b"],
+        "plan": lambda out: ["plan", "--model", pipe.model, "--corpus", work / "c.jsonl",
+                             "--hardware", BOX, "--out", out],
     }
 
 
@@ -576,7 +578,9 @@ def command_base(pipe: Pipeline, work: Path) -> dict[str, list]:
                              "--out-b", work / "b"],
             "bench": ["bench", pipe.placed, "--model", pipe.model, "--prompts",
                       work / "junk.bin"],
-            "serve": ["serve", pipe.placed, "--model", pipe.model]}
+            "serve": ["serve", pipe.placed, "--model", pipe.model],
+            "plan": ["plan", "--model", pipe.model, "--corpus", work / "corpus.jsonl",
+                     "--hardware", BOX, "--out", work / "p"]}
 
 
 def test_every_numeric_option_refuses_what_no_option_means(pipe: Pipeline) -> None:

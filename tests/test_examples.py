@@ -55,11 +55,71 @@ def test_robust_over_two_traffic_kinds_and_random_tokens(tmp_path: Path) -> None
     assert text.count("$ placer evaluate") == 2
 
 
-def quickstart_block(readme: Path) -> list[str]:
-    """The lines of the README's quickstart block (after its marker, inside the sh fence)."""
+def quickstart_block(readme: Path, marker: str = "<!-- quickstart") -> list[str]:
+    """The lines of a README block run by these tests (after `marker`, inside the sh fence)."""
     text = readme.read_text()
-    start = text.index("```sh\n", text.index("<!-- quickstart")) + len("```sh\n")
+    start = text.index("```sh\n", text.index(marker)) + len("```sh\n")
     return text[start:text.index("```", start)].splitlines()
+
+
+def tiny_user_box(tmp_path: Path) -> Path:
+    """A tiny qwen3_moe checkpoint in tmp_path/model and a chat corpus as chat.jsonl."""
+    from placer.checkpoint.tiny import build_tiny_model
+
+    prose = (EXAMPLES / "data" / "shakespeare_head.txt").read_text().split("\n\n")
+    model = build_tiny_model("qwen3_moe", tmp_path / "model", texts=prose[:200])
+    chats = (EXAMPLES / "data" / "vicuna_bench_questions.jsonl").read_text().splitlines()
+    (tmp_path / "chat.jsonl").write_text("\n".join(chats[:24]) + "\n")  # 12 + 12 at B = 8
+    return model
+
+
+def run_lines(lines: list[str], model: Path, cwd: Path, *, other_device: bool = False
+              ) -> subprocess.CompletedProcess:
+    """`lines` under bash -euo pipefail, `placer` the CLI of this checkout, MODEL=`model`;
+    with `other_device`, `placer probe --step` gets --allow-other-device (this machine has
+    none of the presets' cards)."""
+    allow = ('if [ "$1 $2" = "probe --step" ]; then set -- "$@" --allow-other-device; fi; '
+             if other_device else "")
+    script = "\n".join(["set -euo pipefail",
+                        f'placer() {{ {allow}"{sys.executable}" -m placer "$@"; }}',
+                        f'MODEL="{model}"', *lines])
+    return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
+
+
+def test_readme_plan_is_one_command_to_a_plan_its_evaluation_and_a_resumable_rerun(tmp_path):
+    """The README's `placer plan` block, its very lines, on a tiny model: every stage's
+    output under --out, the held-out table and the command to run; run again, every stage
+    is skipped; with another --offload, collect and split are skipped and solve reruns."""
+    lines = quickstart_block(EXAMPLES.parent / "README.md", "<!-- plan")
+    assert lines[0].startswith("MODEL=") and "placer plan" in lines[-1]
+    model = tiny_user_box(tmp_path)
+    done = run_lines(lines[1:], model, tmp_path)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    out = tmp_path / "myplan"
+    plan = read_plan(out / "plan.json")
+    report = json.loads((out / "evaluate.json").read_text())
+    assert {r["traces"] for r in report["results"]} == {str(Path("myplan/split/heldout"))}
+    assert plan.hardware.name and len(plan.cards) == 1
+    for stage in ("collect", "split", "solve", "evaluate", "export"):
+        assert f"] {stage}: " in done.stdout and f"{stage}: skipped" not in done.stdout
+    assert "stall / layer offload" in done.stdout  # evaluate's table and lines
+    assert f"placer emit --plan myplan/plan.json --model {model}" in done.stdout
+    assert (out / "run.sh").read_text().splitlines()[-1] == done.stdout.splitlines()[-1]
+    before = {p: p.stat().st_mtime_ns for p in (out / "plan.json", out / "evaluate.json")}
+
+    again = run_lines(lines[1:], model, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count(": skipped (") == 5, again.stdout
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+    assert again.stdout.splitlines()[-1] == done.stdout.splitlines()[-1]
+
+    other = run_lines([*lines[1:-1], lines[-1].replace("--offload 0.3", "--offload 0.6")],
+                      model, tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert "collect: skipped" in other.stdout and "split: skipped" in other.stdout
+    assert "solve: skipped" not in other.stdout and "evaluate: skipped" not in other.stdout
+    assert read_plan(out / "plan.json").cards[0].budget_bytes < plan.cards[0].budget_bytes
 
 
 def test_readme_quickstart_from_no_spec_to_a_measured_spec_and_a_plan(tmp_path: Path) -> None:
@@ -68,23 +128,13 @@ def test_readme_quickstart_from_no_spec_to_a_measured_spec_and_a_plan(tmp_path: 
     serve` (it serves until stopped). This machine has no RTX 4090: `probe --step` times the
     CPU and refuses to write that as the preset card's step, so the test's `placer` adds
     --allow-other-device there (the spec then says NOT THE SPEC'S CARD)."""
-    from placer.checkpoint.tiny import build_tiny_model
     from placer.hardware.spec import load_spec
 
     lines = quickstart_block(EXAMPLES.parent / "README.md")
     assert lines[0].startswith("MODEL=") and any("placer serve" in x for x in lines)
-    prose = (EXAMPLES / "data" / "shakespeare_head.txt").read_text().split("\n\n")
-    model = build_tiny_model("qwen3_moe", tmp_path / "model", texts=prose[:200])
-    chats = (EXAMPLES / "data" / "vicuna_bench_questions.jsonl").read_text().splitlines()
-    (tmp_path / "chat.jsonl").write_text("\n".join(chats[:24]) + "\n")  # 12 + 12 at B = 8
-    script = "\n".join([
-        "set -euo pipefail",
-        'placer() { if [ "$1 $2" = "probe --step" ]; then set -- "$@" --allow-other-device; fi;'
-        f' "{sys.executable}" -m placer "$@"; }}',
-        f'MODEL="{model}"',
-        *[x for x in lines[1:] if not x.lstrip().startswith("placer serve")]])
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
+    model = tiny_user_box(tmp_path)
+    done = run_lines([x for x in lines[1:] if not x.lstrip().startswith("placer serve")],
+                     model, tmp_path, other_device=True)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     measured, preset = load_spec(tmp_path / "box.toml"), load_spec("1x-rtx4090")
     assert measured.base_step_ms != preset.base_step_ms

@@ -105,3 +105,64 @@ def test_solve_out_naming_a_directory_is_one_line(tiny_models, tmp_path: Path, c
     assert result.output.strip() == (f"error: cannot write {tmp_path}: it is a directory "
                                      "(name a file)")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_directory_output_appears_whole_or_not_at_all(tmp_path):
+    """directory_output: filled under a hidden sibling, renamed in at the end; on a failure
+    or an interrupt the sibling and every parent folder it made are gone."""
+    from placer.files import directory_output
+
+    target = tmp_path / "new" / "deep" / "out"
+    with directory_output(target) as temp:
+        assert temp.parent == target.parent and temp.name.startswith(".out.")
+        (temp / "a.txt").write_text("a")
+        assert not target.exists()
+    assert [p.name for p in target.iterdir()] == ["a.txt"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["out"]
+    for failure in (OSError(28, "No space left on device"), KeyboardInterrupt()):
+        with pytest.raises(type(failure)), directory_output(tmp_path / "x" / "y" / "z") as temp:
+            (temp / "part").write_text("half")
+            raise failure
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+def test_a_directory_output_replaces_only_when_asked_and_only_when_complete(tmp_path):
+    from placer.files import directory_output
+
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old").write_text("old")
+    with pytest.raises(PlacerError, match="already exists"), directory_output(target):
+        pass
+    with pytest.raises(RuntimeError), directory_output(target, replace=True) as temp:
+        (temp / "new").write_text("new")
+        raise RuntimeError("midway")
+    assert [p.name for p in target.iterdir()] == ["old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    with directory_output(target, replace=True) as temp:
+        (temp / "new").write_text("new")
+    assert [p.name for p in target.iterdir()] == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_every_output_is_checked_against_every_input_and_each_other(tmp_path):
+    """bench --spec-out could write into the second placed directory it reads: the check
+    covered only the checkpoint."""
+    from placer.files import check_outputs_apart
+
+    placed = [tmp_path / "placed-a", tmp_path / "placed-b"]
+    for p in placed:
+        p.mkdir()
+    inputs = [("the checkpoint", None), *(("the placed directory", p) for p in placed),
+              ("--prompts", tmp_path / "prompts.jsonl")]
+    (tmp_path / "prompts.jsonl").write_text("{}\n")
+    with pytest.raises(PlacerError, match="--spec-out .* is inside the placed directory"):
+        check_outputs_apart([("--spec-out", placed[1] / "box.toml")], inputs)
+    with pytest.raises(PlacerError, match="--plot .* is --prompts"):
+        check_outputs_apart([("--spec-out", None), ("--plot", tmp_path / "prompts.jsonl")],
+                            inputs)
+    with pytest.raises(PlacerError, match="--plot .* is also --spec-out"):
+        check_outputs_apart([("--spec-out", tmp_path / "x"), ("--plot", tmp_path / "x")],
+                            inputs)
+    check_outputs_apart([("--spec-out", tmp_path / "box.toml"), ("--plot", tmp_path / "b.png")],
+                        inputs)

@@ -259,3 +259,61 @@ def test_sampling_without_a_seed_draws_one():
         client.post("/v1/completions", json={**COMPLETION, "temperature": 0.5})
     seeds = [s.seed for _, s in engine.asked]
     assert seeds[0] != seeds[1] and all(s.temperature == 0.5 for _, s in engine.asked)
+
+
+@pytest.mark.parametrize(("field", "raw"), [
+    ("temperature", "2.5"), ("temperature", "-0.1"), ("temperature", "Infinity"),
+    ("temperature", "NaN"), ("temperature", "1e999"), ("top_p", "0"), ("top_p", "1.5"),
+    ("top_p", "-Infinity"), ("top_p", "NaN"), ("stop", '["\\udfff"]'),
+    ("user", '"\\ud800 alone"')])
+def test_a_sampling_value_the_openai_api_refuses_is_a_400(field, raw):
+    """Sent as raw JSON (Python's parser reads Infinity and NaN), to both endpoints: each a
+    400 in OpenAI's shape, the engine never asked."""
+    engine = Engine()
+    client = TestClient(build_app(served(engine)))
+    for head in ('"prompt": "hi"', '"messages": [{"role": "user", "content": "hi"}]',
+                 '"prompt": "\\udc00 lone"',
+                 '"messages": [{"role": "user", "content": "\\ud800"}]'):
+        path = "/v1/chat/completions" if "messages" in head else "/v1/completions"
+        for text in (f'{{"model": "tiny", {head}, "max_tokens": 2, "{field}": {raw}}}',
+                     f'{{"model": "tiny", {head}, "max_tokens": 2}}'):
+            response = client.post(path, content=text,
+                                   headers={"content-type": "application/json"})
+            if "\\ud" in head or text.endswith(f"{raw}}}"):
+                assert response.status_code == 400, (text, response.text)
+                assert response.json()["error"]["type"] == "invalid_request_error"
+            else:
+                assert response.status_code == 200, (text, response.text)
+    assert len(engine.asked) == 2  # the two valid requests, and nothing else
+
+
+def test_a_temperature_below_greedy_below_is_greedy():
+    """1e-300 is a temperature the API allows: it decodes greedily (dividing by it would
+    overflow the logits to inf and the softmax to NaN)."""
+    engine = Engine()
+    client = TestClient(build_app(served(engine)))
+    reply = client.post("/v1/completions", json={**COMPLETION, "temperature": 1e-300,
+                                                 "max_tokens": 2})
+    assert reply.status_code == 200 and engine.asked[0][1] is None
+
+
+def test_a_megabyte_stop_string_costs_time_linear_in_the_text_generated():
+    """The held-back end and the match are one KMP state per stop string: feeding a stream
+    with a 1 MB stop string (whose first characters the text keeps matching) token by
+    token takes about what it takes with a short one, not a rescan of the stop string per
+    token."""
+    import time
+
+    def run(stop: str) -> float:
+        stream = TextStream(Tokenizer(), [stop, "j"])
+        tokens = [0, 1, 2] * 300  # "abcabc...": matches a prefix of "abcabc..." each time
+        start = time.perf_counter()
+        for n in range(1, len(tokens) + 1):
+            stream.feed(tokens[:n], False)
+        stream.feed(tokens, True)
+        assert stream.sent == "abc" * 300 and not stream.stopped
+        return time.perf_counter() - start
+
+    short = run("abcx")
+    long = run("abc" * 350_000 + "x")  # about 1 MB
+    assert long < 20 * short + 0.5, (long, short)

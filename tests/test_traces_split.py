@@ -129,3 +129,24 @@ def test_a_failure_midway_leaves_neither_output(source, tmp_path, monkeypatch):
                     tmp_path / "b")
     assert_one_line_error(result, "No space left")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize("inner", ["b", "a"])
+def test_one_output_inside_the_other_is_refused_and_leaves_nothing(source, tmp_path, inner):
+    """--out-b x/a/b beside --out-a x/a (or the other way) left x/a behind (made as the
+    inner temporary's parent before the rename onto it failed)."""
+    outer = tmp_path / "x" / "o"
+    paths = {"a": outer / "in", "b": outer} if inner == "a" else {"a": outer, "b": outer / "in"}
+    assert_one_line_error(invoke("traces", "split", source, "--out-a", paths["a"], "--out-b",
+                                 paths["b"]), f"--out-{inner}", "cannot nest")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_failure_after_making_parent_folders_removes_them(source, tmp_path):
+    """--out-a under new folders, --out-b under a regular file: the second temporary cannot
+    be made after the first one's parents were; every folder the split made goes."""
+    (tmp_path / "file").write_text("not a folder")
+    result = invoke("traces", "split", source, "--out-a", tmp_path / "new" / "deep" / "a",
+                    "--out-b", tmp_path / "file" / "b")
+    assert_one_line_error(result, "cannot write the split")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "src"]

@@ -3,6 +3,9 @@
 Formats (chosen by the file suffix):
 
 - `.txt`: one document per block of lines separated by blank lines.
+
+Every corpus is UTF-8, decoded strictly (a .txt or .jsonl byte that is not UTF-8 is one
+TraceError naming the file, line and byte offset; Parquet strings are checked by Arrow).
 - `.jsonl`: one document per line, either a text field (`text_field`, default `text`), or a
   chat: `messages` (a list of `{"role", "content"}`, rendered with the tokenizer's chat
   template) or `turns` (a list of user messages, one conversation per line). The first record

@@ -6,7 +6,8 @@ rewritten at the same relative path (hive partitions kept) with the same schema 
 `placer` metadata (fingerprint, layers, tag, corpus), row group by row group, so memory stays
 bounded. A sequence's rows all go to one side. Both outputs are written under hidden
 temporary directories beside them and renamed into place only when both are complete; on
-any failure or interrupt they are removed, so a split leaves both outputs or neither.
+any failure or interrupt they are removed, with every parent folder made for them, so a split
+leaves both outputs or neither and nothing else; the outputs may not nest.
 """
 
 from __future__ import annotations
@@ -52,8 +53,7 @@ def split_traces(trace_dir: Path, out_a: Path, out_b: Path, *, fraction: float =
     for out in (out_a, out_b):
         if os.path.lexists(out):
             raise TraceError(f"{out} already exists: split writes two new trace directories")
-    if Path(out_a).resolve() == Path(out_b).resolve():
-        raise TraceError("--out-a and --out-b are the same directory")
+    check_outputs_apart(Path(out_a), Path(out_b))
     ids, tokens, tag_of = _sequences(td)
     if tags:
         unknown = sorted(set(tags) - set(tag_of.values()))
@@ -123,12 +123,27 @@ def _copy_rows(source: Path, target: Path, seq_ids: np.ndarray) -> int:
     return int(writer is not None)
 
 
+def check_outputs_apart(out_a: Path, out_b: Path) -> None:
+    """A TraceError when the two outputs are one directory or one lies inside the other (a
+    reader of the outer one would read the inner one's files as its own)."""
+    a, b = os.path.realpath(out_a), os.path.realpath(out_b)
+    if a == b:
+        raise TraceError("--out-a and --out-b are the same directory")
+    for inner, outer, names in ((b, a, ("--out-b", out_b, "--out-a", out_a)),
+                                (a, b, ("--out-a", out_a, "--out-b", out_b))):
+        if inner.startswith(outer.rstrip("/") + "/"):
+            raise TraceError(f"{names[0]} {names[1]} is inside {names[2]} {names[3]}: two "
+                             "trace directories cannot nest; give two apart")
+
+
 @contextlib.contextmanager
 def _committed(outs: list[Path]) -> Iterator[list[Path]]:
     """Hidden temporary directories beside `outs`, renamed onto them when the body ends
-    without error; removed, with whatever was in them (and an output already renamed),
-    when anything raises or is interrupted."""
+    without error; removed, with whatever was in them, an output already renamed and every
+    parent folder made for them, when anything raises or is interrupted."""
     temps = [out.parent / f".{out.name}.split-{secrets.token_hex(4)}.tmp" for out in outs]
+    made = list(dict.fromkeys(p for out in outs for p in out.parents if not os.path.lexists(p)))
+    made.sort(key=lambda p: len(p.parts), reverse=True)  # innermost first
     done: list[Path] = []
     try:
         for temp in temps:
@@ -138,13 +153,16 @@ def _committed(outs: list[Path]) -> Iterator[list[Path]]:
             temp.rename(out)
             done.append(out)
     except OSError as exc:
-        _remove(temps + done)
+        _remove(temps + done, made)
         raise TraceError(f"cannot write the split: {exc.strerror or exc}") from None
     except BaseException:
-        _remove(temps + done)
+        _remove(temps + done, made)
         raise
 
 
-def _remove(paths: list[Path]) -> None:
+def _remove(paths: list[Path], made: list[Path]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
+    for path in made:
+        with contextlib.suppress(OSError):
+            path.rmdir()

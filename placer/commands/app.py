@@ -38,6 +38,7 @@ from placer.commands import (
     export,
     hardware,
     inspect,
+    plan,
     probe,
     run,
     schema,
@@ -160,7 +161,7 @@ def placer_main(
     """Offline expert-placement optimizer for MoE models on boxes of consumer GPUs."""
 
 
-for module in (inspect, hardware, probe, collect, traces, solve, emit, verify, evaluate, run, serve,
-               bench, export, schema):
+for module in (inspect, hardware, probe, plan, collect, traces, solve, emit, verify, evaluate, run,
+               serve, bench, export, schema):
     module.register(app)
 

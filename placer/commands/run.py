@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -51,8 +52,24 @@ def register(app: typer.Typer) -> None:
             print_result(result)
 
 
+def check_text(value: str, option: str) -> None:
+    """A PlacerError naming the first byte of `value` that is not UTF-8: Python hands argv's
+    undecodable bytes over as lone surrogates (surrogateescape), which no tokenizer takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(value)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PlacerError(f"{option}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte "
+                              f"offset {exc.start})") from None
+        raise PlacerError(f"{option}: not UTF-8 text (a lone surrogate)") from None
+
+
 def check_run_options(placed: Path, prompt: str, cache_slots: int | None, device: str) -> None:
     """One line for a value `placer run` cannot use, before the model is loaded."""
+    check_text(prompt, "--prompt")
     check_placed(placed)
     if not prompt.strip():
         raise PlacerError("--prompt: expected some text to continue, got an empty prompt")

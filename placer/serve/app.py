@@ -14,14 +14,20 @@ refusal is a 4xx with an OpenAI error body, `{"error": {"message", "type", "para
 not fit the context, more than one choice per prompt (see placer.serve.openai_api); an
 unknown path is a 404 and a wrong method a 405, in the same shape. A client that leaves
 mid-stream cancels its request.
+
+Nothing long runs on the event loop: the model computes in the engine's threads, prompts are
+tokenized in a worker thread, and a reply's text is decoded and matched against its stop
+strings incrementally (placer.serve.openai_api.TextStream), so `/health` and other clients
+are answered while a request runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -134,19 +140,31 @@ def build_app(served: Served) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest) -> Response:
-        jobs = accept(served, body, "completions",
-                      [encode_text(served.tokenizer, text) for text in body.texts()],
-                      body.max_tokens)
+        texts = body.texts()
+        prompts = await asyncio.to_thread(tokenized, lambda: [
+            encode_text(served.tokenizer, text) for text in texts])
+        jobs = accept(served, body, "completions", prompts, body.max_tokens)
         return await answer(served, jobs, body)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest) -> Response:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        jobs = accept(served, body, "chat", [encode_messages(served.tokenizer, messages)],
-                      body.limit())
+        prompt = await asyncio.to_thread(tokenized, lambda: encode_messages(served.tokenizer,
+                                                                             messages))
+        jobs = accept(served, body, "chat", [prompt], body.limit())
         return await answer(served, jobs, body)
 
     return app
+
+
+TOKENIZING = threading.Lock()  # one encode at a time: a fast tokenizer is not reentrant
+
+
+def tokenized(encode: Callable[[], Any]) -> Any:
+    """`encode()` (a prompt's tokenization, off the event loop: a 4 MB prompt takes a while),
+    one at a time."""
+    with TOKENIZING:
+        return encode()
 
 
 def install_error_handlers(app: FastAPI) -> None:

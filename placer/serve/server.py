@@ -9,8 +9,10 @@ engine stops and the command exits 0.
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,16 +58,20 @@ def serve(placed: Path, checkpoint: Path, *, host: str = "127.0.0.1", port: int 
                                         encode_text(loaded.tokenizer, PROBE_PROMPT), batching,
                                         kv_tokens=kv_tokens)
         try:
-            run_server(sock, host, loaded, engine, fallback, kv_tokens, announce)
+            stop_at = run_server(sock, host, loaded, engine, fallback, kv_tokens, announce)
         finally:
+            gc.freeze()  # see the module docstring
             engine.stop(timeout=DRAIN_SECONDS)
+        took = "" if stop_at is None else f" {time.monotonic() - stop_at:.2f} s after the signal"
+        announce(f"placer serve: stopped{took}")
     finally:
         sock.close()
 
 
 def run_server(sock: socket.socket, host: str, loaded: PlacedModel, engine: Engine,
-               fallback: str | None, kv_tokens: int, announce: Callable[[str], None]) -> None:
-    """Serve on `sock` until SIGTERM or SIGINT, and drain."""
+               fallback: str | None, kv_tokens: int, announce: Callable[[str], None]
+               ) -> float | None:
+    """Serve on `sock` until SIGTERM or SIGINT, and drain; when the signal came (monotonic)."""
     import uvicorn
 
     gate = ForwardGate(loaded.model)
@@ -82,11 +88,35 @@ def run_server(sock: socket.socket, host: str, loaded: PlacedModel, engine: Engi
              f"{loaded.device})")
     config = uvicorn.Config(build_app(served), log_level="warning",
                             timeout_graceful_shutdown=DRAIN_SECONDS)
+    server = draining_server(config, announce)
     try:
         with stop_signals():
-            uvicorn.Server(config).run(sockets=[sock])
+            server.run(sockets=[sock])
     finally:
         gate.close()
+    return server.stop_at
+
+
+def draining_server(config: object, announce: Callable[[str], None]) -> object:
+    """A uvicorn server that says, on SIGTERM or SIGINT, how many requests are in flight and
+    how long it lets them finish (DRAIN_SECONDS; uvicorn cancels what is left after that)."""
+    import uvicorn
+
+    class Draining(uvicorn.Server):
+        stop_at: float | None = None
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if self.stop_at is None:
+                self.stop_at = time.monotonic()
+                busy = len(self.server_state.tasks)
+                name = signal.Signals(sig).name
+                announce(f"placer serve: {name}: no request in flight, stopping" if not busy
+                         else f"placer serve: {name}: finishing {busy} request"
+                              f"{'s' if busy != 1 else ''} in flight (at most {DRAIN_SECONDS} "
+                              "s; a second Ctrl-C stops at once), then stopping")
+            super().handle_exit(sig, frame)
+
+    return Draining(config)
 
 
 class stop_signals:

@@ -1,0 +1,324 @@
+"""`placer plan`: from a checkpoint (or a GGUF) and a corpus to a plan, its held-out
+evaluation and the command that runs it, in one go.
+
+The stages are the very functions the single commands call: collect (`placer collect`),
+split (`placer traces split`), solve (`placer solve`, or `--engine llamacpp`), evaluate
+(`placer evaluate` on the held-out side) and export (the command to run: `placer emit` +
+`placer serve`, or `placer export llamacpp`'s llama-server line). Each stage's output is
+kept under `--out`:
+
+    OUT/traces/       collected routing, one trace file per corpus
+    OUT/split/calib/  the calibration share of the sequences (what solve learns from)
+    OUT/split/heldout/ the rest (what evaluate replays)
+    OUT/plan.json     the plan
+    OUT/evaluate.json the held-out report, and OUT/evaluate.txt as printed
+    OUT/run.sh        the command to run the plan
+    OUT/stages.json   what produced each output: its key and the inputs and options in it
+
+A stage's key is a digest of its inputs (the model's files by name, size and mtime, the
+corpora's bytes, the spec as parsed), its options and the key of the stage it reads. A rerun
+skips every stage whose output is there and whose key is unchanged, and redoes the rest:
+change `--offload` and collect and split are skipped, solve, evaluate and export rerun.
+Directory outputs are filled beside their name and renamed in when complete
+(`placer.files.directory_output`), files written atomically, and `stages.json` records a
+stage only after its output is in place: an interrupted run resumes at the stage it was in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from placer.checkpoint.inventory import Inventory, read_inventory
+from placer.commands.common import model_identity
+from placer.errors import PlacerError
+from placer.files import (
+    check_apart,
+    directory_output,
+    dumps_json,
+    write_json_atomic,
+    write_text_atomic,
+)
+from placer.hardware.spec import HardwareSpec, load_spec
+from placer.plan.options import SolveOptions
+from placer.progress import StageSpinner
+from traces.runs import CollectOptions
+
+STAGES = ("collect", "split", "solve", "evaluate", "export")
+ENGINES = ("placer", "llamacpp")
+RECORD = "stages.json"
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `placer plan` was asked: the model, corpora, spec and every stage's options."""
+
+    model: Path
+    corpora: tuple[Path, ...]
+    hardware: str
+    out: Path
+    engine: str
+    collect: CollectOptions
+    fraction: float = 0.5
+    seed: int = 0
+    solve: SolveOptions = field(default_factory=SolveOptions)
+    oracle_time_limit: float = 10.0
+    text_field: str = "text"
+
+
+@dataclass
+class Stage:
+    """One stage as run: its key, whether it was skipped, its one-line summary."""
+
+    name: str
+    key: str
+    skipped: bool
+    summary: str
+
+
+def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) -> dict:
+    """Run (or resume) every stage of `req` (module docstring); `say` gets one line per stage
+    and the evaluation table. Returns {stage: Stage}, the report and the command to run."""
+    check_request(req)
+    out = Path(req.out)
+    record = read_record(out)
+    inv = read_inventory(req.model)
+    spec = load_spec(req.hardware)
+    stages: dict[str, Stage] = {}
+
+    def stage(name: str, inputs: dict, outputs: tuple[Path, ...], work: Callable[[], str]
+              ) -> None:
+        index = STAGES.index(name) + 1
+        key = digest({"stage": name, **inputs})
+        done = record.get(name)
+        if isinstance(done, dict) and done.get("key") == key and all(map(complete, outputs)):
+            stages[name] = Stage(name, key, True, str(outputs[0]))
+            say(f"[{index}/{len(STAGES)}] {name}: skipped ({outputs[0]} is complete and its "
+                "inputs and options are unchanged)")
+            return
+        theirs = [p for p in outputs if os.path.lexists(p)] if name not in record else []
+        if theirs:
+            raise PlacerError(f"{theirs[0]} exists and placer plan did not write it (no "
+                              f"{name} in {out / RECORD}): give another --out")
+        say(f"[{index}/{len(STAGES)}] {name} ...")
+        summary = work()
+        record[name] = {"key": key, "outputs": [str(p) for p in outputs], "inputs": inputs}
+        write_json_atomic(record, out / RECORD)
+        stages[name] = Stage(name, key, False, summary)
+        say(f"[{index}/{len(STAGES)}] {name}: {summary}")
+
+    made = [p for p in [out, *out.parents] if not os.path.lexists(p)]
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_stages(req, inv, spec, out, stage, stages, progress, say)
+    except BaseException:
+        if not record:  # nothing done here: leave no folder behind either
+            for path in made:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        raise
+
+
+def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, out: Path,
+               stage: Callable, stages: dict[str, Stage], progress: bool,
+               say: Callable[[str], None]) -> dict:
+    """The five stages in order, through `stage` (run_plan's: skip or run and record)."""
+    collected, split = out / "traces", out / "split"
+    calib, heldout = split / "calib", split / "heldout"
+    plan_path, report_path, run_path = out / "plan.json", out / "evaluate.json", out / "run.sh"
+
+    collect_inputs = {"model": model_files(req.model), "corpora": corpus_digests(req),
+                      "options": {k: v for k, v in asdict(req.collect).items()
+                                  if k not in ("progress", "device", "tokenizer")},
+                      "text_field": req.text_field}
+    stage("collect", collect_inputs, (collected,),
+          lambda: run_collect(req, inv, collected, progress))
+    split_inputs = {"traces": stages["collect"].key, "fraction": req.fraction, "seed": req.seed}
+    stage("split", split_inputs, (calib, heldout), lambda: run_split(collected, split, req,
+                                                                     progress))
+    solve_inputs = {"traces": stages["split"].key, "spec": spec.to_json(),
+                    "engine": req.engine, "options": asdict(req.solve)}
+    stage("solve", solve_inputs, (plan_path,),
+          lambda: run_solve(req, inv, spec, calib, plan_path, progress))
+    eval_inputs = {"plan": stages["solve"].key, "heldout": stages["split"].key,
+                   "oracle_time_limit": req.oracle_time_limit}
+    stage("evaluate", eval_inputs, (report_path, report_path.with_suffix(".txt")),
+          lambda: run_evaluate(plan_path, heldout, report_path, req, progress))
+    command = run_command(req, plan_path)
+    stage("export", {"plan": stages["solve"].key, "command": command}, (run_path,),
+          lambda: write_command(command, run_path))
+
+    say((out / "evaluate.txt").read_text().rstrip("\n"))
+    say(f"to run it:\n{command}")
+    return {"stages": stages, "report": json.loads(report_path.read_text()),
+            "command": command, "out": str(out)}
+
+
+def check_request(req: PlanRequest) -> None:
+    """Refuse, before any work, what no stage would take: an unknown engine, no corpus, a
+    fraction outside (0, 1), an --out on or inside an input."""
+    if req.engine not in ENGINES:
+        raise PlacerError(f"--engine must be one of {', '.join(ENGINES)}, not {req.engine!r}")
+    if not req.corpora:
+        raise PlacerError("give at least one --corpus to collect routing on")
+    if not 0.0 < req.fraction < 1.0:
+        raise PlacerError(f"--fraction must lie strictly between 0 and 1, got {req.fraction}")
+    if not 0 <= req.seed < 2**63:
+        raise PlacerError(f"--seed: expected an integer in 0..2**63-1, got {req.seed}")
+    spec_file = Path(req.hardware) if os.path.isfile(req.hardware) else None
+    check_apart(req.out, [("the checkpoint", req.model), ("the hardware spec", spec_file),
+                          *(("the corpus", c) for c in req.corpora)], directory=True)
+
+
+def read_record(out: Path) -> dict:
+    """What produced each output under `out` ({} where nothing was recorded or the record
+    does not parse: every stage then runs)."""
+    try:
+        with open(out / RECORD, "rb") as f:
+            record = json.loads(f.read(CHUNK))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def complete(path: Path) -> bool:
+    """Whether a stage's output is there: a file, or a non-empty directory."""
+    return path.is_file() or (path.is_dir() and any(path.iterdir()))
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(dumps_json(obj, indent=None).encode()).hexdigest()
+
+
+def model_files(model: Path) -> list:
+    """The model's files (a GGUF file, or the checkpoint directory's) by name, size and
+    modification time: a model rewritten in place changes its key."""
+    paths = [model] if model.is_file() else sorted(p for p in model.iterdir() if p.is_file())
+    return [[p.name, st.st_size, st.st_mtime_ns] for p in paths for st in [p.stat()]]
+
+
+def corpus_digests(req: PlanRequest) -> list:
+    """Each corpus by name and the SHA-256 of its bytes."""
+    rows = []
+    for path in req.corpora:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                h.update(chunk)
+        rows.append([str(path), h.hexdigest()])
+    return rows
+
+
+def run_collect(req: PlanRequest, inv: Inventory, out: Path, progress: bool) -> str:
+    """`placer collect` over every corpus into `out` (filled beside it, renamed in)."""
+    from traces.collect import check_options, collect
+    from traces.corpora import open_corpus
+
+    options = CollectOptions(**{**asdict(req.collect), "progress": progress})
+    check_options(options)
+    corpora = [open_corpus(p, text_field=req.text_field) for p in req.corpora]
+    identity = model_identity(inv)
+    with directory_output(out, replace=True) as temp:
+        if req.model.suffix.lower() == ".gguf":
+            from traces.llamacpp.collect import collect_gguf
+
+            results = collect_gguf(req.model, corpora, temp, identity, options)
+        else:
+            from placer.hardware.devices import check_device
+
+            check_device(options.device)
+            results = collect(req.model, corpora, temp, identity, options)
+    return ", ".join(f"{r.tag} {r.tokens} tokens, {r.sequences} sequences" for r in results)
+
+
+def run_split(collected: Path, out: Path, req: PlanRequest, progress: bool) -> str:
+    """`placer traces split` by sequence into out/calib (--fraction) and out/heldout (the
+    rest), both filled beside `out` and renamed in together."""
+    from traces.split import split_traces
+
+    with StageSpinner("split:", None, enabled=progress) as spinner, \
+            directory_output(out, replace=True) as temp:
+        spinner.show("by sequence")
+        result = split_traces(collected, temp / "calib", temp / "heldout",
+                              fraction=req.fraction, seed=req.seed)
+    return (f"{result.sequences[0]} sequences ({result.tokens[0]} tokens) to calibrate on, "
+            f"{result.sequences[1]} ({result.tokens[1]} tokens) held out")
+
+
+def run_solve(req: PlanRequest, inv: Inventory, spec: HardwareSpec, calib: Path,
+              out: Path, progress: bool) -> str:
+    """`placer solve` (or `--engine llamacpp`) on the calibration traces, to `out`."""
+    from placer.commands.solve import print_llamacpp, print_plan
+
+    with printed_to_stderr():
+        if req.engine == "llamacpp":
+            from placer.plan.llamacpp import solve_llamacpp
+
+            plan = solve_llamacpp(inv, spec, [calib], req.solve)
+        else:
+            from placer.plan.solve import solve_plan
+
+            limit = req.solve.time_limit if req.solve.solver == "ilp" else None
+            with StageSpinner("solve:", limit, enabled=progress) as spinner:
+                plan = solve_plan(inv, spec, [calib], req.solve, spinner.stage)
+        write_json_atomic(plan.to_json(), out)
+    if plan.engine is not None:
+        print_llamacpp(plan, out)
+    else:
+        print_plan(plan, out)
+    return f"{out} ({len(plan.cards)} card{'s' if len(plan.cards) != 1 else ''})"
+
+
+@contextlib.contextmanager
+def printed_to_stderr() -> Iterator[None]:
+    """Nothing a stage's library code prints reaches stdout but its summary."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def run_evaluate(plan_path: Path, heldout: Path, out: Path, req: PlanRequest,
+                 progress: bool) -> str:
+    """`placer evaluate` of the plan on the held-out traces: the report to `out` (JSON) and
+    as printed to evaluate.txt beside it."""
+    from placer.commands.evaluate import print_report
+    from placer.plan.placement import read_plan
+    from placer.predict.evaluate import EvalOptions, evaluate
+
+    report = evaluate(read_plan(plan_path), [heldout],
+                      EvalOptions(oracle_time_limit=req.oracle_time_limit), progress=progress)
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_report(report)
+    write_text_atomic(text.getvalue(), out.with_suffix(".txt"))
+    write_json_atomic({k: v for k, v in report.items() if k != "per_layer"}, out)
+    verdicts = sorted({r["verdict"] for r in report["results"]})
+    return f"{out} ({len(report['results'])} rows; against layer offload: {', '.join(verdicts)})"
+
+
+def run_command(req: PlanRequest, plan_path: Path) -> str:
+    """The command that runs the plan: for placer's runtime the placed directory emitted
+    and served; for llama.cpp the llama-server line."""
+    if req.engine == "llamacpp":
+        from placer.exporters.llamacpp import server_command
+        from placer.plan.placement import read_plan
+
+        return server_command(read_plan(plan_path), str(req.model))
+    placed = req.out / "placed"
+    q = shlex.quote
+    return (f"placer emit --plan {q(str(plan_path))} --model {q(str(req.model))} --out "
+            f"{q(str(placed))} && placer serve {q(str(placed))}")
+
+
+def write_command(command: str, out: Path) -> str:
+    write_text_atomic(f"#!/bin/sh\n# written by placer plan\n{command}\n", out)
+    return f"{out}"

@@ -1,0 +1,100 @@
+"""`placer plan`: collect, split, solve, evaluate and export in one go, resumable
+(placer.commands.pipeline)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from placer.commands.common import command, parse_list, print_json
+from placer.units import parse_bytes
+
+
+def register(app: typer.Typer) -> None:
+    @command(app, "plan")
+    def plan_command(
+        model: Annotated[Path, typer.Option(
+            help="Checkpoint directory (config.json, *.safetensors, tokenizer), or a GGUF "
+                 "model file (run in llama.cpp itself: `make llama-env`).")],
+        corpus: Annotated[list[Path], typer.Option(
+            help="Traffic like yours: .txt blocks, .jsonl text/messages/turns or .parquet; "
+                 "repeatable.")],
+        hardware: Annotated[str, typer.Option(
+            help="Hardware spec: a preset name (placer hardware list) or a .toml file.")],
+        out: Annotated[Path, typer.Option(
+            help="Directory for every stage's output (traces, split, plan.json, "
+                 "evaluate.json, run.sh); a rerun resumes there.")],
+        engine: Annotated[str | None, typer.Option(
+            help="Whose runtime the plan is for: placer (emit + serve) or llamacpp "
+                 "(llama-server; needs the spec's \\[host] table). Default: llamacpp for a "
+                 "GGUF, else placer.")] = None,
+        offload: Annotated[float | None, typer.Option(
+            help="Share of each card's expert bytes that stays on the host, e.g. 0.3.")
+        ] = None,
+        budget: Annotated[str | None, typer.Option(
+            help="VRAM per card for expert pages and the staging buffer, e.g. 20GiB.")] = None,
+        concurrency: Annotated[str, typer.Option(
+            help="Concurrent sequences to plan and evaluate for, e.g. 1,8.")] = "1,8",
+        fraction: Annotated[float, typer.Option(
+            help="Share of the collected sequences to solve on; the rest is held out for "
+                 "the evaluation.")] = 0.5,
+        seed: Annotated[int, typer.Option(help="Seed of the split, the solver and torch.")
+                        ] = 0,
+        text_field: Annotated[str, typer.Option(
+            help="Text field of .jsonl records / column of .parquet corpora.")] = "text",
+        mode: Annotated[str, typer.Option(
+            help="collect: score (one forward pass per document) or generate (a prompt, "
+                 "then greedy decoding).")] = "score",
+        max_length: Annotated[int, typer.Option(
+            help="collect: truncate each document to this many tokens.")] = 512,
+        max_tokens: Annotated[int | None, typer.Option(
+            help="collect: stop each corpus after this many recorded tokens.")] = None,
+        batch_size: Annotated[int, typer.Option(help="collect: documents per forward pass.")
+                              ] = 8,
+        device: Annotated[str, typer.Option(
+            help="collect: auto (cuda when present), cpu, cuda, cuda:N.")] = "auto",
+        solver: Annotated[str, typer.Option(help="solve: ilp or greedy.")] = "ilp",
+        time_limit: Annotated[float, typer.Option(help="solve: ILP time limit in seconds.")
+                              ] = 60.0,
+        oracle_time_limit: Annotated[float, typer.Option(
+            help="evaluate: seconds for the oracle ILP per concurrency.")] = 10.0,
+        json_out: Annotated[bool, typer.Option(
+            "--json", help="Print the stages, the held-out report and the command as JSON.")
+        ] = False,
+    ) -> None:
+        """From a checkpoint (or a GGUF) and a corpus to a plan, its held-out evaluation and
+        the command that runs it: collect, split, solve, evaluate, export, the functions the
+        single commands run, each stage's output kept under --out.
+
+        A rerun resumes: a stage whose output is complete and whose inputs and options are
+        unchanged (OUT/stages.json records what produced each) is skipped, so changing
+        --offload re-solves without collecting again. Prints a line per stage, a progress
+        bar while one runs, then the held-out table and the command to run."""
+        from placer.commands.pipeline import PlanRequest, run_plan
+        from placer.plan.options import SolveOptions
+        from traces.runs import CollectOptions
+
+        gguf = model.suffix.lower() == ".gguf"
+        collect = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,
+                                 max_tokens=max_tokens, device=device, seed=seed,
+                                 weights=not gguf)
+        solve = SolveOptions(
+            solver=solver, budget=parse_bytes(budget, "--budget") if budget is not None else None,
+            offload=offload, concurrency=tuple(parse_list(concurrency, int, "--concurrency")),
+            time_limit=time_limit, seed=seed)
+        request = PlanRequest(model=model, corpora=tuple(corpus), hardware=hardware, out=out,
+                              engine=engine or ("llamacpp" if gguf else "placer"),
+                              collect=collect, fraction=fraction, seed=seed, solve=solve,
+                              oracle_time_limit=oracle_time_limit, text_field=text_field)
+        with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
+            result = run_plan(request, progress=not json_out and sys.stderr.isatty(),
+                              say=typer.echo)
+        if json_out:
+            print_json({"out": result["out"], "command": result["command"],
+                        "stages": {name: {"skipped": s.skipped, "key": s.key}
+                                   for name, s in result["stages"].items()},
+                        "report": result["report"]})

@@ -1,0 +1,90 @@
+"""`placer plan` in-process on a tiny model: a stage that fails leaves the stages before it
+recorded and nothing of its own, and the rerun resumes after them; an output under --out
+that placer plan did not write is never replaced; --json says which stages ran."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_errors import assert_one_line_error
+from tiny_pipeline import BOX, invoke
+
+import placer.plan.solve
+from placer.checkpoint.tiny import build_tiny_model
+from placer.errors import PlacerError
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory: pytest.TempPathFactory, prose: list[str]) -> tuple[Path, Path]:
+    """A tiny checkpoint and a corpus of 12 prose documents."""
+    root = tmp_path_factory.mktemp("plan")
+    model = build_tiny_model("qwen3_moe", root / "model", texts=prose[:200])
+    corpus = root / "prose.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in prose[:12]))
+    return model, corpus
+
+
+def plan(user: tuple[Path, Path], out: Path, *extra: object):
+    model, corpus = user
+    return invoke("plan", "--model", model, "--corpus", corpus, "--hardware", BOX, "--out",
+                  out, "--offload", 0.5, "--solver", "greedy", "--max-length", 24,
+                  "--oracle-time-limit", 1, "--concurrency", "1,2", *extra)
+
+
+def test_a_failing_stage_keeps_the_stages_before_it_and_the_rerun_resumes(user, tmp_path,
+                                                                           monkeypatch):
+    out = tmp_path / "out"
+
+    def no_solve(*args, **kwargs):
+        raise PlacerError("the solver gave up")
+
+    with monkeypatch.context() as m:
+        m.setattr(placer.plan.solve, "solve_plan", no_solve)
+        failed = plan(user, out)
+    assert failed.exit_code == 1 and "Traceback" not in failed.output
+    assert failed.stderr.splitlines() == ["error: the solver gave up"]
+    assert failed.stdout.splitlines()[-1] == "[3/5] solve ..."
+    assert sorted(p.name for p in out.iterdir()) == ["split", "stages.json", "traces"]
+    assert sorted(json.loads((out / "stages.json").read_text())) == ["collect", "split"]
+    result = plan(user, out, "--json")
+    assert result.exit_code == 0, result.output
+    ran = json.loads(result.stdout)
+    assert {k: v["skipped"] for k, v in ran["stages"].items()} == {
+        "collect": True, "split": True, "solve": False, "evaluate": False, "export": False}
+    assert ran["command"].startswith(f"placer emit --plan {out / 'plan.json'}")
+    assert {r["concurrency"] for r in ran["report"]["results"]} == {1, 2}
+    assert (out / "run.sh").read_text().splitlines()[-1] == ran["command"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporaries
+
+
+def test_an_output_it_did_not_write_is_never_replaced(user, tmp_path):
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    (out / "traces" / "mine.txt").write_text("the user's")
+    assert_one_line_error(plan(user, out), f"{out / 'traces'} exists and placer plan did "
+                                           "not write it")
+    assert (out / "traces" / "mine.txt").read_text() == "the user's"
+    assert sorted(p.name for p in out.iterdir()) == ["traces"]
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--fraction", "1"], "--fraction must lie strictly between 0 and 1"),
+    (["--engine", "vllm"], "--engine must be one of placer, llamacpp"),
+    (["--seed", "-1"], "--seed"),
+])
+def test_bad_options_are_refused_before_any_stage(user, tmp_path, extra, said):
+    assert_one_line_error(plan(user, tmp_path / "out", *extra), said)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corpus_that_is_not_utf8_fails_the_first_stage_and_leaves_nothing(user, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"prose \xff\xfe\n")
+    result = invoke("plan", "--model", user[0], "--corpus", bad, "--hardware", BOX, "--out",
+                    tmp_path / "new" / "out", "--offload", 0.5)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == [f"error: corpus {bad} line 1: not UTF-8 text (byte "
+                                          "0xff at byte offset 6)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]
