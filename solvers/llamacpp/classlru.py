@@ -41,19 +41,33 @@ numba's per-file cache stays right (solvers/cache/kernels.py says why that matte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numba import njit
 
-from solvers.llamacpp.lru import LlamaCppCache
+from solvers.llamacpp.lru import Groups, LlamaCppCache
 
 N_CLASS = 8              # moe_cache_lru::n_class
 CRF_HALF_LIFE = 128.0    # moe_cache_lru::crf_half_life, tokens
+CLOCKS = ("layer", "group")  # the two readings of the "layer clock" (see ClassLruCache)
 
 
 class ClassLruCache(LlamaCppCache):
     """The ClassLRU lists of one llama.cpp (b12170+) MoE cache: `groups` with `slots` [G]
     slots each (0: not cached), E experts per layer, `n_expert_used` the graph's top-k. State
-    carries across `replay` calls."""
+    carries across `replay` calls.
+
+    clock: "layer" (the reading chosen: one clock per layer, a key aged by its own layer's
+    clock) or "group" (the other reading: one clock per group, advanced at every layer's
+    fetch, so a group of L layers ages its keys about L times faster per ubatch)."""
+
+    def __init__(self, groups: Groups, slots: Sequence[int], n_expert_used: int,
+                 clock: str = "layer") -> None:
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+        self.clock = clock
+        super().__init__(groups, slots, n_expert_used)
 
     def reset(self) -> None:
         """Empty every list and forget every CRF (a new context)."""
@@ -62,6 +76,9 @@ class ClassLruCache(LlamaCppCache):
         base = np.zeros(groups + 1, dtype=np.int64)
         np.cumsum(self.slots, out=base[1:])
         total = int(base[-1])
+        layer_group = np.asarray(self.groups.layer_group, dtype=np.int64)
+        clock_of = (np.arange(num_layers, dtype=np.int64) if self.clock == "layer"
+                    else num_layers + np.maximum(layer_group, 0))
         self.state = (base,
                       np.full(total, -1, dtype=np.int64),             # key_of
                       np.full(total, -1, dtype=np.int64),             # prev (local)
@@ -72,8 +89,9 @@ class ClassLruCache(LlamaCppCache):
                       np.zeros(groups, dtype=np.int64),                # filled
                       np.zeros((num_layers, experts), dtype=np.float32),  # crf
                       np.full((num_layers, experts), -1, dtype=np.int64),  # last_use
-                      np.zeros(num_layers, dtype=np.int64),            # clock
-                      np.full((num_layers, experts), -1, dtype=np.int64))  # slot_map
+                      np.zeros(num_layers + groups, dtype=np.int64),   # clock
+                      np.full((num_layers, experts), -1, dtype=np.int64),  # slot_map
+                      clock_of)                                        # [L] clock of a layer
 
     def holds(self, layer: int, expert: int) -> bool:
         """Whether the cache holds `expert` of MoE layer `layer` now."""
@@ -117,7 +135,7 @@ def _unlink(prev, nxt, head, tail, g, base, s, c):
 def _use(state, g, s, il, e, now):
     """A use of expert e of layer il, in local slot s of group g, at clock `now`: its CRF
     decays to now and gains 1, and the slot moves to the tail of its class's list."""
-    base_all, _, prev, nxt, head, tail, list_of, _, crf, last_use, _, _ = state
+    base_all, _, prev, nxt, head, tail, list_of, _, crf, last_use, _, _, _ = state
     base = base_all[g]
     value = 1.0
     if last_use[il, e] >= 0:
@@ -142,7 +160,7 @@ def _use(state, g, s, il, e, now):
 def _victim(state, g, il, now, experts):
     """The local slot a miss of layer il takes: an empty one, else the largest age / 2^class
     among each class list's least recently used slot not used by this fetch."""
-    base_all, key_of, _, nxt, head, _, _, filled, _, last_use, clock, _ = state
+    base_all, key_of, _, nxt, head, _, _, filled, _, last_use, clock, _, clock_of = state
     base = base_all[g]
     if filled[g] < base_all[g + 1] - base:
         filled[g] += 1
@@ -160,7 +178,7 @@ def _victim(state, g, il, now, experts):
             continue
         key = key_of[base + s]
         layer, e = key // experts, key % experts
-        score = (clock[layer] - last_use[layer, e]) / 2.0 ** c
+        score = (clock[clock_of[layer]] - last_use[layer, e]) / 2.0 ** c
         if score > best_score:
             best, best_score = s, score
     return best
@@ -170,10 +188,10 @@ def _victim(state, g, il, now, experts):
 def _fetch(state, g, il, n_tokens, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
     """plan() for layer il of group g over ids[:n_ids] of a ubatch of n_tokens tokens;
     returns (hits, fills) with the fills' experts and slots in fill_e, fill_s."""
-    base_all, key_of, _, _, _, _, _, _, _, _, clock, slot_map = state
+    base_all, key_of, _, _, _, _, _, _, _, _, clock, slot_map, clock_of = state
     base = base_all[g]
-    clock[il] += n_tokens
-    now = clock[il]
+    clock[clock_of[il]] += n_tokens
+    now = clock[clock_of[il]]
     nu = 0
     for i in range(n_ids):
         e = ids[i]
