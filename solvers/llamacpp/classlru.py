@@ -25,7 +25,9 @@ Not readable, and the reading chosen (docs/llamacpp.md lists them too):
 
 - the clock: one per layer, advanced by the ubatch's tokens at each fetch of that layer that
   goes through the cache, before its updates; a key's age is its own layer's clock minus its
-  last use (so at layer l, keys of later layers used in the previous ubatch have age 0);
+  last use (so at layer l, keys of later layers used in the previous ubatch have age 0).
+  The other reading, one clock per group advanced at every layer's fetch (the group's L
+  layers then age its keys about L times faster per ubatch), is `clock="group"`;
 - a use (hit or fill) adds 1 to the decayed CRF once per distinct expert of a fetch; CRF is
   computed in double and stored as float (C++ `float`);
 - the fetch keeps b11669's order: ids deduplicated in order of first appearance, hits updated
