@@ -97,7 +97,13 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machin
     bandwidth, latency = card_links(spec)
     return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
                    tuple(int(c) for c in capacity), bandwidth, latency, CUDA_ALIGNMENT,
-                   host_of(spec, hidden), device, split)
+                   host_of(spec, hidden), device, split, pageable_of(spec))
+
+
+def pageable_of(spec: HardwareSpec) -> tuple[float | None, ...]:
+    """Each card's uploads from mmap'd host memory (`h2d_pageable_bandwidth`; None: not in
+    the spec, the cost model then takes the pinned bandwidth x PAGEABLE_FACTOR, ESTIMATED)."""
+    return tuple(c.h2d_pageable_bandwidth for c in spec.cards)
 
 
 def card_links(spec: HardwareSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -280,4 +286,5 @@ def plan_machine(plan: Plan) -> Machine:
                    int(plan.model["top_k"]), tuple(int(c.budget_bytes) for c in plan.cards),
                    bandwidth, latency, int(engine["alignment"]),
                    host_of(plan.hardware, int(plan.model["hidden_size"])),
-                   tuple(engine.get("devices") or ()), tuple(split) if split else None)
+                   tuple(engine.get("devices") or ()), tuple(split) if split else None,
+                   pageable_of(plan.hardware))
