@@ -23,6 +23,8 @@ Prints:
    LRU, no CPU share; b12191: ClassLRU and `--moe-cache-cpu-share`) and B (1, 8), both
    replayed on the held-out half: tok/s of each, their ratio, and the stall ratio with its
    95% paired interval over held-out sequences. The markdown table of docs/benchmarks.md.
+4. the hit rate of b11669's LRU and of ClassLRU under each reading of its unread clock rule
+   (docs/llamacpp.md), at 4 cache sizes and B = 1, 8.
 """
 
 from __future__ import annotations
@@ -145,6 +147,36 @@ def replay_section(tokens: int) -> None:
     hits = fetches.hits.sum() / (fetches.hits.sum() + fetches.misses.sum())
     print(f"   ClassLRU (b12170+), the same tokens and slots: {seconds:.2f} s compiled, "
           f"hit rate {hits:.3f}")
+
+
+def clock_section(limit: int | None) -> None:
+    """How much ClassLRU's one unread rule that matters, the clock (solvers/llamacpp/
+    classlru.py), moves the hit rate: b11669's LRU and ClassLRU under each reading, one group
+    of all 24 layers, on the held-out half at B = 1 and 8."""
+    from placer.checkpoint.estimate import estimate_inventory
+    from placer.plan.traffic import load_traffic
+    from solvers.llamacpp.classlru import CLOCKS, ClassLruCache
+    from solvers.llamacpp.lru import MIB, LlamaCppCache, cache_groups, group_slots
+
+    inv = estimate_inventory(GPTOSS / "config.json", "mxfp4", None)
+    groups = cache_groups([0] * 24, [("mxfp4", (NB2,) * 3)] * 24, 32)
+    with tempfile.TemporaryDirectory() as tmp:
+        held = load_traffic(write_half(1, Path(tmp), limit), inv, BATCHES, None, 0)
+    print("4. hit rate of b11669's LRU and of ClassLRU under each reading of its clock, "
+          "held-out half, every layer on the host")
+    print("| `--moe-cache-mib` (slots) | B | LRU (b11669) | "
+          + " | ".join(f"ClassLRU, clock {c}" for c in CLOCKS) + " |")
+    print("|---|---|---|" + "---|" * len(CLOCKS))
+    for mib in (1024, 2048, 4096, 8192):
+        slots = group_slots(mib * MIB, groups, 4)
+        for b in BATCHES:
+            rates = []
+            for cache in [LlamaCppCache(groups, slots, 4)] + [
+                    ClassLruCache(groups, slots, 4, clock=c) for c in CLOCKS]:
+                f = cache.replay(held.steps[b].tokens)
+                rates.append(f.hits.sum() / max(1, f.hits.sum() + f.misses.sum()))
+            print(f"| {mib} ({int(slots[0])}) | {b} | "
+                  + " | ".join(f"{r:.3f}" for r in rates) + " |")
 
 
 def tuner_pick(machine, tokens: np.ndarray, base_step_s: float, shares: tuple[float, ...]):
@@ -295,6 +327,7 @@ def main() -> None:
     planner_section(16 if args.quick else None)
     replay_section(20_000 if args.quick else 200_000)
     tuner_section(16 if args.quick else None)
+    clock_section(16 if args.quick else None)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,12 @@ Not readable, and the reading chosen (docs/llamacpp.md lists them too):
 
 - the clock: one per layer, advanced by the ubatch's tokens at each fetch of that layer that
   goes through the cache, before its updates; a key's age is its own layer's clock minus its
-  last use (so at layer l, keys of later layers used in the previous ubatch have age 0).
-  The other reading, one clock per group advanced at every layer's fetch (the group's L
-  layers then age its keys about L times faster per ubatch), is `clock="group"`;
+  last use (so at layer l, keys of later layers used in the previous ubatch have age 0, and
+  a layer tends to evict its own keys first). Two other readings are kept, to measure how
+  much this one matters (docs/llamacpp.md: a lot, at B = 8 with a mid-size cache):
+  `clock="fetch"` ages every key by the fetching layer's clock (`now`), `clock="group"` keeps
+  one clock per group advanced at every layer's fetch (a group of L layers then ages its
+  keys about L times faster per ubatch);
 - a use (hit or fill) adds 1 to the decayed CRF once per distinct expert of a fetch; CRF is
   computed in double and stored as float (C++ `float`);
 - the fetch keeps b11669's order: ids deduplicated in order of first appearance, hits updated
@@ -52,7 +55,7 @@ from solvers.llamacpp.lru import Groups, LlamaCppCache
 
 N_CLASS = 8              # moe_cache_lru::n_class
 CRF_HALF_LIFE = 128.0    # moe_cache_lru::crf_half_life, tokens
-CLOCKS = ("layer", "group")  # the two readings of the "layer clock" (see ClassLruCache)
+CLOCKS = ("layer", "fetch", "group")  # readings of the "layer clock" (ClassLruCache)
 
 
 class ClassLruCache(LlamaCppCache):
@@ -61,8 +64,9 @@ class ClassLruCache(LlamaCppCache):
     carries across `replay` calls.
 
     clock: "layer" (the reading chosen: one clock per layer, a key aged by its own layer's
-    clock) or "group" (the other reading: one clock per group, advanced at every layer's
-    fetch, so a group of L layers ages its keys about L times faster per ubatch)."""
+    clock), "fetch" (one clock per layer, every key aged by the fetching layer's) or "group"
+    (one clock per group, advanced at every layer's fetch, so a group of L layers ages its
+    keys about L times faster per ubatch)."""
 
     def __init__(self, groups: Groups, slots: Sequence[int], n_expert_used: int,
                  clock: str = "layer") -> None:
@@ -79,8 +83,8 @@ class ClassLruCache(LlamaCppCache):
         np.cumsum(self.slots, out=base[1:])
         total = int(base[-1])
         layer_group = np.asarray(self.groups.layer_group, dtype=np.int64)
-        clock_of = (np.arange(num_layers, dtype=np.int64) if self.clock == "layer"
-                    else num_layers + np.maximum(layer_group, 0))
+        clock_of = (num_layers + np.maximum(layer_group, 0) if self.clock == "group"
+                    else np.arange(num_layers, dtype=np.int64))
         self.state = (base,
                       np.full(total, -1, dtype=np.int64),             # key_of
                       np.full(total, -1, dtype=np.int64),             # prev (local)
@@ -93,7 +97,8 @@ class ClassLruCache(LlamaCppCache):
                       np.full((num_layers, experts), -1, dtype=np.int64),  # last_use
                       np.zeros(num_layers + groups, dtype=np.int64),   # clock
                       np.full((num_layers, experts), -1, dtype=np.int64),  # slot_map
-                      clock_of)                                        # [L] clock of a layer
+                      clock_of,                                        # [L] clock of a layer
+                      np.array([self.clock == "layer"]))               # age by own clock
 
     def holds(self, layer: int, expert: int) -> bool:
         """Whether the cache holds `expert` of MoE layer `layer` now."""
@@ -137,7 +142,7 @@ def _unlink(prev, nxt, head, tail, g, base, s, c):
 def _use(state, g, s, il, e, now):
     """A use of expert e of layer il, in local slot s of group g, at clock `now`: its CRF
     decays to now and gains 1, and the slot moves to the tail of its class's list."""
-    base_all, _, prev, nxt, head, tail, list_of, _, crf, last_use, _, _, _ = state
+    base_all, _, prev, nxt, head, tail, list_of, _, crf, last_use, _, _, _, _ = state
     base = base_all[g]
     value = 1.0
     if last_use[il, e] >= 0:
@@ -162,7 +167,7 @@ def _use(state, g, s, il, e, now):
 def _victim(state, g, il, now, experts):
     """The local slot a miss of layer il takes: an empty one, else the largest age / 2^class
     among each class list's least recently used slot not used by this fetch."""
-    base_all, key_of, _, nxt, head, _, _, filled, _, last_use, clock, _, clock_of = state
+    base_all, key_of, _, nxt, head, _, _, filled, _, last_use, clock, _, clock_of, own = state
     base = base_all[g]
     if filled[g] < base_all[g + 1] - base:
         filled[g] += 1
@@ -180,7 +185,8 @@ def _victim(state, g, il, now, experts):
             continue
         key = key_of[base + s]
         layer, e = key // experts, key % experts
-        score = (clock[clock_of[layer]] - last_use[layer, e]) / 2.0 ** c
+        age = (clock[clock_of[layer]] if own[0] else now) - last_use[layer, e]
+        score = age / 2.0 ** c
         if score > best_score:
             best, best_score = s, score
     return best
@@ -190,7 +196,7 @@ def _victim(state, g, il, now, experts):
 def _fetch(state, g, il, n_tokens, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
     """plan() for layer il of group g over ids[:n_ids] of a ubatch of n_tokens tokens;
     returns (hits, fills) with the fills' experts and slots in fill_e, fill_s."""
-    base_all, key_of, _, _, _, _, _, _, _, _, clock, slot_map, clock_of = state
+    base_all, key_of, _, _, _, _, _, _, _, _, clock, slot_map, clock_of, _ = state
     base = base_all[g]
     clock[clock_of[il]] += n_tokens
     now = clock[clock_of[il]]
