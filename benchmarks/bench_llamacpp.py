@@ -43,6 +43,7 @@ TUNER_CARDS = ("1x-12gb-pcie4", "1x-8gb-pcie3x4", "2x-8gb-pcie4")
 BUILDS = ("b11669", "b12191")  # the last LRU build placer runs (.venv-llama); the newest read
 CALIB_SIZES = (1.0, 0.5)        # the tuner's 2 calibration sizes, of the VRAM -cmoe frees
 CALIB_SHARES = (0.0, 0.5, 0.95)  # scripts/moe-cache-tune.py CALIB_SHARES at b12191
+TUNER_PINNING = (("tuner", False), ("tuner_pinned", True))  # the user's command: mmap, -lm none
 BATCHES = (1, 8)
 NB2 = 2880 // 32 * 17 * 2880  # one MXFP4 expert matrix of gpt-oss-20b, bytes
 
@@ -179,7 +180,8 @@ def clock_section(limit: int | None) -> None:
                   + " | ".join(f"{r:.3f}" for r in rates) + " |")
 
 
-def tuner_pick(machine, tokens: np.ndarray, base_step_s: float, shares: tuple[float, ...]):
+def tuner_pick(machine, tokens: np.ndarray, base_step_s: float, shares: tuple[float, ...],
+               pinned: bool = False):
     """Upstream's tuner on `tokens` ([S, B, L, k], its recorded routing) as
     `scripts/moe-cache-tune.py` (b12191) describes its method: every MoE layer on the host
     (`-cmoe`), the server run at 2 cache sizes x 3 CPU shares, the time per token fitted,
@@ -190,8 +192,9 @@ def tuner_pick(machine, tokens: np.ndarray, base_step_s: float, shares: tuple[fl
     model); the fit is least squares of time per token on the replay's uploaded and
     CPU-computed miss bytes per token (plus a constant); the 2 sizes are all and half of the
     VRAM -cmoe frees (CALIB_SIZES); the grid is placer's TUNER_SIZES x `shares` (the build's:
-    0 alone without --moe-cache-cpu-share); host experts mmap'd (the user's command as
-    docs/moe-cache.md shows it, no -lm). Returns (the Setup, what it fitted)."""
+    0 alone without --moe-cache-cpu-share). The tuner does not choose pinning: it runs the
+    user's command, its host experts mmap'd as docs/moe-cache.md's example has it (no -lm),
+    or pinned (`pinned`: the user added -lm none). Returns (the Setup, what it fitted)."""
     from placer.plan.llamacpp import TUNER_SIZES
     from solvers.errors import SolverError
     from solvers.llamacpp.cost import MIB, cache_full, step_costs, with_cache
@@ -206,7 +209,7 @@ def tuner_pick(machine, tokens: np.ndarray, base_step_s: float, shares: tuple[fl
     def setup(size: float, share: float):
         try:
             return with_cache(machine, f"tuner {size:g} x {share:g}", every,
-                              int(size * room), share, pinned=False)
+                              int(size * room), share, pinned=pinned)
         except SolverError:  # llama.cpp refuses a cache this small
             return None
 
@@ -251,8 +254,9 @@ def tuner_section(limit: int | None, cards: tuple[str, ...] = TUNER_CARDS) -> li
         calib = load_traffic(calib_dir, inv, BATCHES, None, opts.seed)
         held = load_traffic(held_dir, inv, BATCHES, None, opts.seed)
         print("3. placer's choice vs upstream's tuner (its grid, -cmoe), held-out mmlu_dev half")
-        print(f"{'card':>16} {'build':>7} {'B':>2} {'placer':>44} {'tok/s':>8} "
-              f"{'tuner MiB x share':>18} {'tok/s':>8} {'ratio':>6} {'stall ratio [95%]':>22}")
+        print(f"{'card':>16} {'build':>7} {'B':>2} {'placer':>32} {'tok/s':>8} "
+              f"{'tuner (mmap)':>14} {'tok/s':>8} {'tuner (-lm none)':>16} {'tok/s':>8} "
+              f"{'ratio':>6} {'stall ratio [95%]':>22}")
         for card in cards:
             spec = load_spec(card)
             for name in BUILDS:
@@ -264,31 +268,32 @@ def tuner_section(limit: int | None, cards: tuple[str, ...] = TUNER_CARDS) -> li
                 mine = dataclasses.replace(engine_setup(plan), name="placer")
                 shares = TUNER_SHARES if build.has_cpu_share else (0.0,)
                 for b in BATCHES:
-                    pick, fit = tuner_pick(machine, calib.steps[b].tokens,
-                                           spec.base_step_s(b), shares)
-                    pick = dataclasses.replace(pick, name="tuner")
-                    judged = judge(machine, [mine, pick], held.steps[b].tokens,
+                    picks = [dataclasses.replace(tuner_pick(
+                        machine, calib.steps[b].tokens, spec.base_step_s(b), shares,
+                        pinned)[0], name=label) for label, pinned in TUNER_PINNING]
+                    judged = judge(machine, [mine, *picks], held.steps[b].tokens,
                                    held.steps[b].seqs, spec.base_step_s(b), seed=opts.seed)
-                    ratio, ci = judged.ratio("placer", "tuner")
                     row = {"card": card, "build": build.name, "policy": build.policy, "B": b,
                            "placer": plan.engine["choice"], "placer_mib": mine.cache_mib,
                            "placer_cpu_share": mine.cpu_share, "placer_pinned": mine.pinned,
-                           "placer_host_layers": len(mine.host_layers),
-                           "placer_tok_s": judged.figures["placer"]["tokens_per_s"],
-                           "placer_tok_s_ci95": judged.figures["placer"]["tokens_per_s_ci95"],
-                           "tuner_mib": pick.cache_mib, "tuner_cpu_share": pick.cpu_share,
-                           "tuner_tok_s": judged.figures["tuner"]["tokens_per_s"],
-                           "tuner_tok_s_ci95": judged.figures["tuner"]["tokens_per_s_ci95"],
-                           "stall_ratio": ratio, "stall_ratio_ci95": ci, "fit": fit,
-                           "solve_s": seconds}
+                           "placer_host_layers": len(mine.host_layers), "solve_s": seconds}
+                    for who, setup in [("placer", mine), *zip(
+                            [label for label, _ in TUNER_PINNING], picks, strict=True)]:
+                        row[f"{who}_mib"], row[f"{who}_cpu_share"] = (setup.cache_mib,
+                                                                      setup.cpu_share)
+                        row[f"{who}_tok_s"] = judged.figures[who]["tokens_per_s"]
+                        row[f"{who}_tok_s_ci95"] = judged.figures[who]["tokens_per_s_ci95"]
+                        if who != "placer":
+                            row[f"{who}_stall_ratio"], row[f"{who}_stall_ratio_ci95"] = (
+                                judged.ratio("placer", who))
                     rows.append(row)
-                    low, high = ci or (float("nan"),) * 2
-                    print(f"{card:>16} {build.name:>7} {b:>2} {placer_label(row):>44} "
-                          f"{row['placer_tok_s']:8.2f} "
-                          f"{f'{pick.cache_mib} x {pick.cpu_share:g}':>18} "
-                          f"{row['tuner_tok_s']:8.2f} "
+                    low, high = row["tuner_stall_ratio_ci95"] or (float("nan"),) * 2
+                    print(f"{card:>16} {build.name:>7} {b:>2} {placer_label(row):>32} "
+                          f"{row['placer_tok_s']:8.2f} {pick_label(row, 'tuner'):>14} "
+                          f"{row['tuner_tok_s']:8.2f} {pick_label(row, 'tuner_pinned'):>16} "
+                          f"{row['tuner_pinned_tok_s']:8.2f} "
                           f"{row['placer_tok_s'] / row['tuner_tok_s']:6.3f} "
-                          f"{ratio:8.3f} [{low:.3f}, {high:.3f}]")
+                          f"{row['tuner_stall_ratio']:8.3f} [{low:.3f}, {high:.3f}]")
     print(markdown_table(rows))
     return rows
 
@@ -301,19 +306,26 @@ def placer_label(row: dict) -> str:
     return f"{row['placer_host_layers']} host, {cache}{share}{pin}"
 
 
+def pick_label(row: dict, who: str) -> str:
+    """A tuner pick, short: `--moe-cache-mib` x `--moe-cache-cpu-share`."""
+    return f"{row[f'{who}_mib']} x {row[f'{who}_cpu_share']:g}"
+
+
 def markdown_table(rows: list[dict]) -> str:
     """docs/benchmarks.md's table of the tuner comparison."""
-    out = ["| card | build (cache) | B | placer's choice | tok/s [95%] | tuner's pick "
-           "(`--moe-cache-mib` x share, `-cmoe`) | tok/s [95%] | placer / tuner tok/s | "
-           "stall ratio [95%] |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| card | build (cache) | B | placer's choice | tok/s [95%] | tuner's pick, mmap'd "
+           "(MiB x share) | tok/s [95%] | placer / tuner | stall ratio [95%] | tuner's pick, "
+           "`-lm none` | tok/s | placer / tuner |", "|---" * 12 + "|"]
     for r in rows:
         (pl, ph), (tl, th) = r["placer_tok_s_ci95"], r["tuner_tok_s_ci95"]
-        low, high = r["stall_ratio_ci95"] or (float("nan"),) * 2
+        low, high = r["tuner_stall_ratio_ci95"] or (float("nan"),) * 2
         out.append(f"| {r['card']} | {r['build']} ({r['policy']}) | {r['B']} | "
                    f"{placer_label(r)} | {r['placer_tok_s']:.2f} [{pl:.2f}, {ph:.2f}] | "
-                   f"{r['tuner_mib']} x {r['tuner_cpu_share']:g} | {r['tuner_tok_s']:.2f} "
-                   f"[{tl:.2f}, {th:.2f}] | **{r['placer_tok_s'] / r['tuner_tok_s']:.3f}** | "
-                   f"{r['stall_ratio']:.3f} [{low:.3f}, {high:.3f}] |")
+                   f"{pick_label(r, 'tuner')} | {r['tuner_tok_s']:.2f} [{tl:.2f}, {th:.2f}] | "
+                   f"**{r['placer_tok_s'] / r['tuner_tok_s']:.3f}** | "
+                   f"{r['tuner_stall_ratio']:.3f} [{low:.3f}, {high:.3f}] | "
+                   f"{pick_label(r, 'tuner_pinned')} | {r['tuner_pinned_tok_s']:.2f} | "
+                   f"**{r['placer_tok_s'] / r['tuner_pinned_tok_s']:.3f}** |")
     return "\n".join(out)
 
 
