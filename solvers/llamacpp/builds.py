@@ -43,6 +43,8 @@ import re
 from dataclasses import dataclass
 
 from solvers.errors import SolverError
+from solvers.llamacpp.classlru import ClassLruCache
+from solvers.llamacpp.lru import LlamaCppCache
 
 CACHE_FROM = 11480         # b11480: the expert cache (#29887)
 CLASSLRU_FROM = 12170      # b12170: ClassLRU (#31233)
@@ -101,6 +103,12 @@ class Build:
         assumed = ("; assumed: the newest policy known, give --llamacpp-version"
                    if self.assumed else "")
         return f"llama.cpp {self.name} ({policy}{share}{assumed})"
+
+    @property
+    def cache(self) -> type:
+        """The cache class that replays this build's policy (LlamaCppCache for "none" too:
+        a build without the cache is never given one)."""
+        return ClassLruCache if self.policy == "classlru" else LlamaCppCache
 
     def to_json(self) -> dict:
         return {"given": self.given, "number": self.number, "release": self.release,

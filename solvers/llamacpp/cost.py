@@ -125,6 +125,7 @@ class Machine:
     device: tuple[int, ...] = ()
     tensor_split: tuple[float, ...] | None = None
     pageable: float | tuple[float | None, ...] | None = None
+    cache: type = LlamaCppCache  # the build's cache (solvers/llamacpp/builds.py cache_class)
 
     def upload_bandwidth(self, pinned: bool) -> np.ndarray:
         """[D] bytes/s of each GPU's uploads from pinned host experts (`bandwidth`) or from
@@ -231,10 +232,11 @@ def host_costs(machine: Machine, tokens: np.ndarray) -> HostCosts:
 
 
 def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
-               costs: HostCosts | None = None, cache: type = LlamaCppCache) -> np.ndarray:
+               costs: HostCosts | None = None, replays: dict | None = None) -> np.ndarray:
     """[S, 4] FIELDS of each step under `setup`: stall seconds, bytes staged or read by the
-    CPU, experts staged or computed on the CPU, bytes of the selected experts. `cache`: the
-    build's cache class (LlamaCppCache, or ClassLruCache from b12170)."""
+    CPU, experts staged or computed on the CPU, bytes of the selected experts. The cache is
+    the build's (Machine.cache); `replays`: a memo of cache replays by (host layers, slots,
+    tokens), shared by setups that differ only in CPU share or pinning."""
     tokens = np.asarray(tokens)
     costs = costs or host_costs(machine, tokens)
     eb = np.asarray(machine.expert_bytes, dtype=np.float64)
@@ -245,8 +247,13 @@ def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
             / machine.upload_bandwidth(setup.pinned))[machine.layer_device]
     stall = np.where(costs.offloaded[:, None], stall * slow[None], stall)
     if setup.cache_mib:
-        fetches = cache(machine.groups(host), setup.slots, machine.top_k).replay(
-            tokens, held=True)
+        key = (host.tobytes(), setup.slots, id(tokens))
+        fetches = (replays or {}).get(key)
+        if fetches is None:
+            fetches = machine.cache(machine.groups(host), setup.slots, machine.top_k).replay(
+                tokens, held=True)
+            if replays is not None:
+                replays[key] = fetches
         held = (fetches.held * eb[None]).sum(axis=2)
         copied = (moved - held) / machine.host.h2d_bandwidth * slow[None]
         stall = np.where(costs.offloaded[:, None], copied, stall)
@@ -328,16 +335,15 @@ class Judged:
 
 
 def judge(machine: Machine, setups: list[Setup], tokens: np.ndarray, seqs: np.ndarray,
-          base_step_s: float, replicates: int = REPLICATES, seed: int = 0,
-          cache: type = LlamaCppCache) -> Judged:
+          base_step_s: float, replicates: int = REPLICATES, seed: int = 0) -> Judged:
     """Replay `tokens` ([S, B, L, k]; seqs [S, B] sequence ids) under every setup, with
-    paired bootstrap intervals over sequences (`cache`: the build's cache class)."""
+    paired bootstrap intervals over sequences."""
     units = units_of(seqs)
     weights = replicate_weights(units.count, replicates, seed)
     costs = host_costs(machine, tokens)
-    figures, stall = {}, {}
+    figures, stall, replays = {}, {}, {}
     for setup in setups:
-        sums = attribute(units.unit_of, step_costs(machine, setup, tokens, costs, cache),
+        sums = attribute(units.unit_of, step_costs(machine, setup, tokens, costs, replays),
                          units.count)
         figures[setup.name], stall[setup.name] = line_figures(
             sums, units.tokens(), weights, tokens.shape[1], base_step_s)
