@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from placer.cli import app
 from placer.exporters.llamacpp import server_command
+from placer.plan.llamacpp import plan_build
 from placer.plan.placement import read_plan
 from solvers.cpu import Host
 from solvers.llamacpp.cost import MIB, Machine, Setup, layer_devices, step_costs, with_cache
@@ -95,6 +96,8 @@ def test_two_cards_plan_exports_ts_and_overrides_and_evaluates(tmp_path):
         assert plan["cards"][card]["resident_bytes"] == sum(
             e["bytes"] for e in plan["experts"] if e["layer"] in gpu)
     runner = CliRunner()
+    plan["engine"]["gguf"] = "model.gguf"
+    path.write_text(json.dumps(plan))
     command = runner.invoke(app, ["export", "llamacpp", str(path)])
     assert command.exit_code == 0, command.output
     assert command.output.strip().splitlines()[-1].startswith(
@@ -108,7 +111,10 @@ def test_two_cards_plan_exports_ts_and_overrides_and_evaluates(tmp_path):
     layers = "|".join(map(str, option["host_layers"]))
     expected = (f"-ncmoe {option['n_cpu_moe']}" if option["n_cpu_moe"] is not None else
                 f"-ot 'blk\\.({layers})\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU'")
-    assert server_command(spread) == f"llama-server -m model.gguf -ngl all -ts 1,1 {expected}"
+    expected += " -lm none" if option["pinned"] else ""
+    expected += f" -c {engine['context']}" if engine["context"] else ""
+    assert server_command(spread, plan_build(spread)) == (
+        f"llama-server -m model.gguf -ngl all -ts 1,1 {expected}")
     report = runner.invoke(app, ["evaluate", str(path), "--traces", str(held), "--json"])
     assert report.exit_code == 0, report.output
     rows = json.loads(report.output)["results"]

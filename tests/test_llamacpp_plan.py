@@ -14,10 +14,12 @@ from real_routing import GPTOSS, routing_trace
 from typer.testing import CliRunner
 
 from placer.cli import app
+from placer.errors import PlacerError
 from placer.exporters.llamacpp import server_command
-from placer.plan.llamacpp import n_cpu_moe
+from placer.plan.llamacpp import n_cpu_moe, plan_build
 from placer.plan.placement import read_plan
 from solvers.cpu import Host
+from solvers.llamacpp.builds import parse_build
 from solvers.llamacpp.cost import Machine, Setup, judge, step_costs
 
 MS = 1e-3
@@ -115,11 +117,26 @@ def test_gptoss_slow_8gb_card_keeps_the_cache_off(tmp_path):
         assert set(row["options"]) == set(names)
         assert row["options"]["ncmoe"]["ratio_to_ncmoe"] == 1.0
     runner = CliRunner()
-    command = runner.invoke(app, ["export", "llamacpp", str(tmp_path / "1x-8gb-pcie3x4.json")])
+    path = tmp_path / "1x-8gb-pcie3x4.json"
+    refused = runner.invoke(app, ["export", "llamacpp", str(path)])  # solved from a config
+    assert refused.exit_code == 1 and "give --model MODEL.gguf" in refused.output
+    plan["engine"]["gguf"] = "model.gguf"
+    path.write_text(json.dumps(plan))
+    command = runner.invoke(app, ["export", "llamacpp", str(path)])
     assert command.exit_code == 0, command.output
+    assert "# predicted for llama.cpp b12191 (ClassLRU cache, CPU share; assumed" in \
+        command.output
     line = command.output.strip().splitlines()[-1]
     assert line.startswith("llama-server -m model.gguf -ngl all ")
     assert "--moe-cache-mib" not in line
+    # -c: the 1x-8gb-pcie3x4 preset's reserved KV over gpt-oss-20b's f16 K and V per token
+    config = json.loads((GPTOSS / "config.json").read_text())
+    per_token = (2 * config["num_hidden_layers"] * config["num_key_value_heads"]
+                 * config["head_dim"] * 2)
+    from placer.hardware.spec import load_spec
+    kv = load_spec("1x-8gb-pcie3x4").cards[0].reserved_kv
+    assert engine["context"] == kv // per_token // 256 * 256 > 0
+    assert line.endswith(f" -c {engine['context']}")
     layers = "|".join(map(str, engine["host_layers"]))
     assert (f"-ncmoe {engine['n_cpu_moe']}" in line if engine["n_cpu_moe"]
             else f"blk\\.({layers})\\." in line)
@@ -139,13 +156,19 @@ def test_gptoss_12gb_card_plan_exports_its_cache_and_is_checked(tmp_path):
     plan, _ = solve(tmp_path, "1x-12gb-pcie4", calib)
     path = tmp_path / "1x-12gb-pcie4.json"
     engine = plan["engine"]
-    line = server_command(read_plan(path))
+    build = parse_build("b11669")
+    line = server_command(read_plan(path), plan_build(read_plan(path)))
     assert (f"--moe-cache-mib {engine['moe_cache_mib']}" in line) == (engine["moe_cache_mib"]
                                                                       > 0)
+    assert (f"--moe-cache-cpu-share {engine['cpu_share']:g}" in line) == (engine["cpu_share"]
+                                                                          > 0)
+    if engine["cpu_share"]:  # b11669 has no --moe-cache-cpu-share: refused, naming it
+        with pytest.raises(PlacerError, match="b11669"):
+            server_command(read_plan(path), build)
     leading = dataclasses.replace(read_plan(path), engine={
         **engine, "host_layers": [0, 1, 2], "n_cpu_moe": 3, "moe_cache_mib": 100,
-        "slots": [9]})
-    assert server_command(leading, "m.gguf") == (
+        "slots": [9], "pinned": False, "cpu_share": 0.0, "context": None})
+    assert server_command(leading, build, "m.gguf") == (
         "llama-server -m m.gguf -ngl all -ncmoe 3 --moe-cache-mib 100")
     gpu = next(e for e in plan["experts"] if e["layer"] not in engine["host_layers"])
     gpu["resident_bytes"], gpu["pages"][0]["resident"] = 0, False
@@ -194,9 +217,14 @@ def test_a_gguf_plans_with_its_own_expert_tensors(tmp_path):
              ["-ot", "blk\\.(" + "|".join(map(str, engine["host_layers"]))
               + ")\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU"])
     flags += ["--moe-cache-mib", str(engine["moe_cache_mib"])] if engine["moe_cache_mib"] else []
+    flags += ["--moe-cache-cpu-share", f"{engine['cpu_share']:g}"] if engine["cpu_share"] else []
+    flags += ["-lm", "none"] if engine["pinned"] else []
     assert line.output.strip().splitlines()[-1].split() == [
         "llama-server", "-m", str(model), "-ngl", "all",
         *[f"'{f}'" if "|" in f else f for f in flags]]
+    # the plan remembers its GGUF: -m without --model is the same
+    again = runner.invoke(app, ["export", "llamacpp", str(plan)])
+    assert again.output.strip().splitlines()[-1] == line.output.strip().splitlines()[-1]
 
 
 @needs_routing
@@ -245,7 +273,8 @@ def test_the_search_takes_the_cache_where_it_hits_and_not_where_it_thrashes():
     # cache (3 slots: 2 banks of 512 KiB x 4 fit 4 MiB) pay the sync only, 2 ms a step,
     # against 11.5 ms for one layer on the CPU
     found = search(mib_machine(1e9), [scenario([0] * 50)])
-    assert found.best == Candidate("cpu", 2, 1.0)
+    # pinned: its first miss uploads faster than from mmap'd memory
+    assert found.best == Candidate("cpu", 2, 1.0, 0.0, True)
     assert found.scores[Candidate("cpu", 2, 0.25)] is None  # 1 MiB: no slot, refused
     # experts 0 1 2 3 in turn: 3 slots shared by 2 layers miss every time; at 1 MB/s a
     # miss costs a second, so no cache (one host layer on the CPU)

@@ -57,6 +57,10 @@ def register(app: typer.Typer) -> None:
             help="How a cold expert runs: stage (copied to its GPU: placer's runtime), cpu "
                  "(computed by the host CPU: llama.cpp -ot / --n-cpu-moe, KTransformers; needs "
                  "the spec's \\[host]) or both, side by side (default: the plan's).")] = None,
+        llamacpp_version: Annotated[str | None, typer.Option(
+            help="For a plan solved with --engine llamacpp: replay the cache of this llama.cpp "
+                 "build (bNNNNN, vX.Y.Z or the first line of `llama-server --version`) instead "
+                 "of the plan's.")] = None,
         json_out: Annotated[bool, typer.Option("--json", help=(
             "Print the report as JSON: every figure has its 95% bootstrap interval as "
             "<figure>_ci95 (low, high; null over fewer than 5 held-out sequences), except "
@@ -89,6 +93,8 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             check_target(plot, what="--plot")
         plan = read_plan(plan_path)
+        if llamacpp_version is not None:
+            plan = with_build(plan, llamacpp_version)
         trace_dirs = list(traces or [])
         opts = EvalOptions(
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
@@ -104,6 +110,23 @@ def register(app: typer.Typer) -> None:
             print_json({k: v for k, v in report.items() if k != "per_layer"})
         else:
             print_report(report)
+
+
+def with_build(plan, version: str):
+    """`plan` replayed for the llama.cpp build `version` (a plan solved with --engine
+    llamacpp; PlacerError otherwise, or for a version that is none of the three forms)."""
+    import dataclasses
+
+    from solvers.errors import SolverError
+    from solvers.llamacpp.builds import parse_build
+
+    if plan.engine is None:
+        raise PlacerError("--llamacpp-version is for plans solved with --engine llamacpp")
+    try:
+        build = parse_build(version)
+    except SolverError as exc:
+        raise PlacerError(str(exc)) from None
+    return dataclasses.replace(plan, engine={**plan.engine, "llamacpp_build": build.to_json()})
 
 
 def print_report(report: dict) -> None:
@@ -138,6 +161,9 @@ def print_report(report: dict) -> None:
                       f"{r['steps']} steps, interval over {r['interval_units']} "
                       f"{r['interval_over']}; stall / layer offload {ratio_text(r, 'layer')} "
                       f"({r['verdict']}){others}")
+    for build in dict.fromkeys(r["llamacpp_build"] for r in report["results"]
+                               if "llamacpp_build" in r):
+        console.print(f"replayed as {build} runs its cache")
     for note in report["notes"]:
         console.print(f"note: {note}")
     for d in report["drift"]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -9,6 +10,7 @@ import typer
 
 from placer.checkpoint.config import read_config
 from placer.commands.common import command, print_json
+from placer.errors import PlacerError
 from placer.exporters.output import check_out
 from placer.files import write_text_atomic
 
@@ -138,9 +140,17 @@ def register(app: typer.Typer) -> None:
         devices: Annotated[str | None, typer.Option(
             help="Buffer type of each card, comma-separated, as llama.cpp --list-devices names "
                  "them (default CUDA0,CUDA1,...; ROCm0,... on HIP builds).")] = None,
-        model: Annotated[str, typer.Option(
-            help="The GGUF path to put in the llama-server command (plans solved with "
-                 "--engine llamacpp).")] = "model.gguf",
+        model: Annotated[Path | None, typer.Option(
+            help="The GGUF for the llama-server command (plans solved with --engine "
+                 "llamacpp), checked against the plan's model (default: the GGUF the plan "
+                 "was solved from).")] = None,
+        option: Annotated[str | None, typer.Option(
+            help="Print this option of the plan's table instead of its choice (e.g. "
+                 "'ncmoe', 'tuner 4096 MiB, share 0.9'), to A/B by hand.")] = None,
+        llamacpp_version: Annotated[str | None, typer.Option(
+            help="The llama.cpp build to print for: bNNNNN, vX.Y.Z or the first line of "
+                 "`llama-server --version` (default: the plan's); flags it lacks are "
+                 "refused.")] = None,
         json_out: JsonOpt = False,
     ) -> None:
         """For a plan solved with --engine llamacpp: the llama-server command (-ngl all, the
@@ -154,11 +164,17 @@ def register(app: typer.Typer) -> None:
 
         inputs = check_out(plan, out) if out is not None else ()
         p = read_plan(plan)
+        names = None if devices is None else [d.strip() for d in devices.split(",")]
         if p.engine is not None:
-            _engine_export(p, model, out, inputs, json_out)
+            _engine_export(p, EngineExport(model, option, llamacpp_version, names), out,
+                           inputs, json_out)
             return
-        offload = llamacpp_offload(p, None if devices is None
-                                   else [d.strip() for d in devices.split(",")])
+        for flag, given in (("--option", option), ("--llamacpp-version", llamacpp_version),
+                            ("--model", model)):
+            if given is not None:
+                raise PlacerError(f"{flag} is for plans solved with --engine llamacpp; this "
+                                  "plan's export is the layer-offload baseline")
+        offload = llamacpp_offload(p, names)
         if out is not None:
             write_text_atomic(offload.args() + "\n", out, inputs)
         if json_out:
@@ -184,26 +200,59 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"# warning: {warning}")
 
 
-def _engine_export(p, model: str, out: Path | None, inputs: tuple, json_out: bool) -> None:
+@dataclass(frozen=True)
+class EngineExport:
+    """What `export llamacpp` was asked for an --engine llamacpp plan."""
+
+    model: Path | None
+    option: str | None
+    version: str | None
+    devices: list[str] | None
+
+
+def _engine_export(p, asked: EngineExport, out: Path | None, inputs: tuple,
+                   json_out: bool) -> None:
     """Print (and with --out write) the llama-server command of an --engine llamacpp plan."""
-    from placer.exporters.llamacpp import server_command
+    from placer.exporters.llamacpp import check_model, device_names, plan_option, server_command
+    from placer.plan.llamacpp import plan_build
+    from solvers.errors import SolverError
+    from solvers.llamacpp.builds import parse_build
 
     engine = p.engine
-    line = server_command(p, model)
+    try:
+        build = plan_build(p, None if asked.version is None else parse_build(asked.version))
+    except SolverError as exc:
+        raise PlacerError(str(exc)) from None
+    if asked.model is not None:
+        check_model(p, asked.model)
+        model = str(asked.model)
+    elif engine.get("gguf"):
+        model = engine["gguf"]
+    else:
+        raise PlacerError("give --model MODEL.gguf: this plan was solved from a checkpoint or "
+                          "config.json, and placer checks the GGUF against it")
+    names = None if asked.devices is None else device_names(p, asked.devices)
+    chosen = plan_option(p, asked.option)
+    line = server_command(p, build, model, chosen, names)
     if out is not None:
         write_text_atomic(line + "\n", out, inputs)
     if json_out:
-        print_json({"command": line, "host_layers": engine["host_layers"],
-                    "n_cpu_moe": engine["n_cpu_moe"], "moe_cache_mib": engine["moe_cache_mib"],
-                    "slots": engine["slots"], "choice": engine["choice"],
-                    "tensor_split": engine.get("tensor_split"),
-                    "devices": engine.get("devices")})
+        print_json({"command": line, "option": chosen.get("name", "chosen"),
+                    "host_layers": chosen["host_layers"], "n_cpu_moe": chosen["n_cpu_moe"],
+                    "moe_cache_mib": chosen["moe_cache_mib"], "slots": chosen["slots"],
+                    "cpu_share": chosen.get("cpu_share", 0.0),
+                    "pinned": chosen.get("pinned", True), "choice": engine["choice"],
+                    "tensor_split": engine.get("tensor_split"), "context": engine.get("context"),
+                    "devices": engine.get("devices"), "build": build.to_json(),
+                    "build_label": build.label})
         return
-    typer.echo(f"# {engine['choice']}: experts of decoder layers {engine['host_layers']} in "
-               f"host memory, cache {engine['moe_cache_mib']} MiB ({engine['slots'] or 'no'} "
-               "slots per group)")
+    what = (engine["choice"] if asked.option is None else f"option {chosen['name']!r}")
+    typer.echo(f"# {what}: experts of decoder layers {chosen['host_layers']} in host memory, "
+               f"cache {chosen['moe_cache_mib']} MiB ({chosen['slots'] or 'no'} slots per "
+               "group)")
+    typer.echo(f"# predicted for {build.label}")
     if engine.get("tensor_split"):
-        host = set(engine["host_layers"])
+        host = set(chosen["host_layers"])
         for c in range(len(engine["tensor_split"])):
             mine = [x for x, d in zip(p.moe_layers, engine["devices"], strict=True) if d == c]
             typer.echo(f"# card {c} (-ts {engine['tensor_split'][c]:g}): MoE layers {mine}, "

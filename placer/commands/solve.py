@@ -93,6 +93,10 @@ def register(app: typer.Typer) -> None:
                  "placer's cache) or llamacpp (which MoE layers llama.cpp keeps in host "
                  "memory, -ot / -ncmoe, and how big its --moe-cache-mib cache is; several "
                  "cards by -ts; needs the spec's \\[host] table; docs/llamacpp.md).")] = "placer",
+        llamacpp_version: Annotated[str | None, typer.Option(
+            help="With --engine llamacpp: the llama.cpp build to plan for (bNNNNN, vX.Y.Z or "
+                 "the first line of `llama-server --version`): its cache policy and flags "
+                 "(default: the newest policy known, said in the output).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
     ) -> None:
@@ -123,10 +127,19 @@ def register(app: typer.Typer) -> None:
             execution=execution, cache=parse_cache(cache), cache_policy=cache_policy)
         if engine not in ENGINES:
             raise PlacerError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        if llamacpp_version is not None and engine != "llamacpp":
+            raise PlacerError("--llamacpp-version is for --engine llamacpp")
         spec = load_spec(hardware)
         if engine == "llamacpp":
             from placer.plan.llamacpp import solve_llamacpp
-            plan = solve_llamacpp(inv, spec, list(traces or []), opts)
+            from solvers.errors import SolverError
+            from solvers.llamacpp.builds import parse_build
+            try:
+                build = parse_build(llamacpp_version)
+            except SolverError as exc:
+                raise PlacerError(str(exc)) from None
+            gguf = str(model) if model is not None and model.suffix.lower() == ".gguf" else None
+            plan = solve_llamacpp(inv, spec, list(traces or []), opts, build, gguf)
         else:
             with StageSpinner("solve:", opts.time_limit if opts.solver == "ilp" or robust
                               else None, enabled=not json_out and sys.stderr.isatty()) as spinner:
@@ -154,31 +167,47 @@ def print_llamacpp(plan: Plan, out: Path) -> None:
     engine = plan.engine
     judged = ("on held-out folds of the calibration sequences" if engine["folds"]
               else "in sample (too few sequences for folds)")
-    console.print(f"llama.cpp ({engine['source']}): choice judged {judged}: "
+    build = engine.get("llamacpp_build") or {}
+    from solvers.llamacpp.builds import build_from_json
+    console.print(f"{build_from_json(build).label}: choice judged {judged}: "
                   f"{engine['choice']}")
     options = {o["name"]: o for o in engine["options"]}
+    pick = engine.get("tuner_pick")
     for row in plan.predicted:
         table = Table(title=f"{row['profile']} B={row['concurrency']}: predicted decode "
                             "(± 95% bootstrap interval over sequences)")
-        for col in ("option", "host layers", "--moe-cache-mib", "slots", "tok/s",
-                    "stall ms/step", "vs -ncmoe"):
+        for col in ("option", "host layers", "--moe-cache-mib", "slots", "cpu share",
+                    "host experts", "tok/s", "stall ms/step", "vs -ncmoe"):
             table.add_column(col, justify="right")
         for name, fig in row["options"].items():
             o = options[name]
+            if o.get("tuner") and name != pick:
+                continue
             low, high = fig["tokens_per_s_ci95"] or (None, None)
             tok = (f"{fig['tokens_per_s']:.2f}" if low is None
                    else f"{fig['tokens_per_s']:.2f} [{low:.2f}, {high:.2f}]")
-            table.add_row(name, _layers(o), str(o["moe_cache_mib"]),
-                          ",".join(map(str, o["slots"])) or "-", tok,
+            shown = f"{name} (the tuner's pick)" if name == pick else name
+            table.add_row(shown, _layers(o), str(o["moe_cache_mib"]),
+                          ",".join(map(str, o["slots"])) or "-",
+                          f"{o.get('cpu_share', 0.0):g}",
+                          "pinned" if o.get("pinned", True) else "mmap'd", tok,
                           plus_minus(fig, "stall_ms_per_step"),
                           f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}")
         console.print(table)
+    grid = [o["name"] for o in engine["options"] if o.get("tuner")]
+    if grid:
+        console.print(f"upstream's tuner (scripts/moe-cache-tune.py: -cmoe, its sizes x CPU "
+                      f"shares) picks from {len(grid)} options; the table shows the one "
+                      f"placer's replay ranks first; any of them: placer export llamacpp "
+                      f"{out} --option NAME")
     for note in cache_losses(plan):
         console.print(f"note: {note}")
     console.print(f"plan written to {out}; placer export llamacpp {out} prints the command")
 
 
 def _layers(option: dict) -> str:
+    if not option["host_layers"]:
+        return "none"
     if option["n_cpu_moe"] is not None:
         return f"-ncmoe {option['n_cpu_moe']}"
     return f"{len(option['host_layers'])}: {','.join(map(str, option['host_layers']))}"
@@ -195,7 +224,7 @@ def cache_losses(plan: Plan) -> list[str]:
     for row in plan.predicted:
         figs, b = row["options"], row["concurrency"]
         plain = max(v["tokens_per_s"] for k, v in figs.items() if k not in cached)
-        mine = [k for k in figs if k in cached]
+        mine = [k for k in figs if k in cached and not options[k].get("tuner")]
         if not mine or max(figs[k]["tokens_per_s"] for k in mine) >= plain:
             continue
         best = max(mine, key=lambda k: figs[k]["tokens_per_s"])

@@ -37,12 +37,14 @@ import math
 import shlex
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path
 
 import numpy as np
 
 from placer.errors import PlacerError
 from placer.plan.placement import Plan
 from placer.units import format_bytes
+from solvers.llamacpp.builds import CACHE_FLAG, SHARE_FLAG, Build
 
 LLAMACPP_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
@@ -158,11 +160,7 @@ def llamacpp_offload(plan: Plan, devices: list[str] | None = None) -> LlamaCppOf
     """The layer-offload baseline of `plan` in llama.cpp's terms (module docstring);
     `devices`: the buffer type of each card (default CUDA0, CUDA1, ...)."""
     num_cards = len(plan.cards)
-    default = [f"CUDA{c}" for c in range(num_cards)]
-    names = devices or default
-    if len(names) != num_cards or len(set(names)) != num_cards or "CPU" in names:
-        raise PlacerError(f"--devices: give {num_cards} distinct GPU buffer names, one per "
-                          f"card of the plan (e.g. {','.join(default)}), got {','.join(names)}")
+    names = device_names(plan, devices)
     arch = gguf_arch(plan.model.get("model_type") or "")
     warnings = stage_warning(plan)
     layer_bytes = plan.matrix("bytes").sum(axis=1).astype(np.float64)
@@ -183,6 +181,43 @@ def llamacpp_offload(plan: Plan, devices: list[str] | None = None) -> LlamaCppOf
                            warnings=warnings)
 
 
+def device_names(plan: Plan, devices: list[str] | None) -> list[str]:
+    """The buffer / device name of each card (`--devices`; default CUDA0, CUDA1, ...):
+    one per card of the plan, distinct, none of them the CPU."""
+    num_cards = len(plan.cards)
+    default = [f"CUDA{c}" for c in range(num_cards)]
+    names = devices or default
+    if (len(names) != num_cards or len(set(names)) != num_cards or "CPU" in names
+            or not all(names)):
+        raise PlacerError(f"--devices: give {num_cards} distinct GPU buffer names, one per "
+                          f"card of the plan (e.g. {','.join(default)}), got {','.join(names)}")
+    return names
+
+
+def check_model(plan: Plan, model: Path) -> None:
+    """PlacerError unless the GGUF `model` is the model the plan was solved for: the same
+    fingerprint (placer/checkpoint/gguf.py), or for a plan solved from a config.json alone
+    (no real fingerprint) the same MoE layers and bytes of every expert (a plan solved for
+    bf16 experts gives another cache size than a Q8_0 GGUF needs)."""
+    from placer.checkpoint.inventory import read_inventory
+
+    if model.suffix.lower() != ".gguf":
+        raise PlacerError(f"--model {model}: llama-server takes a GGUF file (.gguf)")
+    inv = read_inventory(model)
+    if not plan.model.get("estimated"):
+        if inv.fingerprint != plan.model["fingerprint"]:
+            raise PlacerError(f"--model {model}: fingerprint {inv.fingerprint[:16]} is not the "
+                              f"plan's ({plan.model['fingerprint'][:16]}): solve for this GGUF")
+        return
+    ours, theirs = plan.matrix("bytes"), inv.expert_bytes()
+    if list(inv.moe_layers) != plan.moe_layers or not np.array_equal(theirs, ours):
+        raise PlacerError(f"--model {model}: its experts ({format_bytes(int(theirs.max()))} "
+                          f"each at most, {len(inv.moe_layers)} MoE layers) are not the ones "
+                          f"the plan was solved for ({format_bytes(int(ours.max()))}, "
+                          f"{len(plan.moe_layers)} layers; another quantization?): solve with "
+                          f"--model {model}")
+
+
 def stage_warning(plan: Plan) -> list[str]:
     """A plan solved for staging reserved VRAM llama.cpp does not use."""
     staging = max(c.staging_bytes for c in plan.cards)
@@ -193,30 +228,65 @@ def stage_warning(plan: Plan) -> list[str]:
             "with --execution cpu for llama.cpp"]
 
 
-def engine_args(plan: Plan) -> list[str]:
-    """The llama-server flags of a plan solved with `--engine llamacpp` (placer.plan.llamacpp):
-    every layer on the GPU (`-ngl all`: llama.cpp caches only the host experts of layers
-    assigned to a GPU), over several GPUs by the plan's `-ts` (each layer then goes to the card
-    solvers.llamacpp.layer_devices says, its experts with it unless overridden), the host
-    layers' expert tensors on the CPU (`-ncmoe N` where they are decoder layers 0 .. N - 1,
-    else one `-ot` override), and `--moe-cache-mib N` when the plan gives the cache VRAM
-    (ggml-org/llama.cpp @4b060f27 `common/arg.cpp`: N MiB)."""
+def engine_args(plan: Plan, build: Build, option: dict | None = None,
+                devices: list[str] | None = None) -> list[str]:
+    """The llama-server flags of a plan solved with `--engine llamacpp` (placer.plan.llamacpp),
+    or of one of its options: `-dev` where the cards' device names are given (`--devices`;
+    common/arg.cpp `-dev/--device <dev1,dev2,..>`), every layer on the GPU (`-ngl all`:
+    llama.cpp caches only the host experts of layers assigned to a GPU), over several GPUs by
+    the plan's `-ts` (each layer then goes to the card solvers.llamacpp.layer_devices says,
+    its experts with it unless overridden), the host layers' expert tensors on the CPU
+    (`-ncmoe N` where they are decoder layers 0 .. N - 1, `-cmoe` where they are every MoE
+    layer, else one `-ot` override), `--moe-cache-mib N` and `--moe-cache-cpu-share F` where
+    the option has them (PlacerError naming the build where `build` lacks the flag), `-lm
+    none` where its host experts are pinned, and `-c` the context the spec reserved KV for.
+    (-c, -ngl, -ts, -ot, -ncmoe, -cmoe, -lm, -dev: common/arg.cpp at 0c1e5709;
+    --moe-cache-mib: @4b060f27; --moe-cache-cpu-share: docs/moe-cache.md at b12191.)"""
     engine = plan.engine or {}
     if engine.get("name") != "llamacpp":
         raise PlacerError("this plan was not solved with --engine llamacpp")
-    host = list(engine["host_layers"])
-    args = ["-ngl", "all"]
+    opt = option or engine
+    host = list(opt["host_layers"])
+    args = ["-dev", ",".join(devices)] if devices else []
+    args += ["-ngl", "all"]
     if engine.get("tensor_split"):
         args += ["-ts", ",".join(f"{x:.10g}" for x in engine["tensor_split"])]
-    if engine.get("n_cpu_moe") is not None:
-        args += ["-ncmoe", str(engine["n_cpu_moe"])]
+    if opt.get("n_cpu_moe") is not None:
+        args += ["-ncmoe", str(opt["n_cpu_moe"])]
+    elif host and host == list(plan.moe_layers):
+        args += ["-cmoe"]
     elif host:
         args += ["-ot", override(host, "CPU")]
-    if engine.get("moe_cache_mib"):
-        args += ["--moe-cache-mib", str(engine["moe_cache_mib"])]
+    for flag, value, given in ((CACHE_FLAG, str(opt.get("moe_cache_mib", 0)),
+                                opt.get("moe_cache_mib", 0) > 0),
+                               (SHARE_FLAG, f"{opt.get('cpu_share', 0.0):g}",
+                                opt.get("cpu_share", 0.0) > 0)):
+        if given and flag not in build.flags:
+            raise PlacerError(f"option {opt.get('name', 'chosen')!r} needs {flag}, which "
+                              f"{build.label} does not have: solve for this build "
+                              f"(--llamacpp-version) or name a build that has it")
+        if given:
+            args += [flag, value]
+    if host and opt.get("pinned", True):
+        args += ["-lm", "none"]
+    if engine.get("context"):
+        args += ["-c", str(engine["context"])]
     return args
 
 
-def server_command(plan: Plan, model: str = "model.gguf") -> str:
-    """The llama-server command line of an `--engine llamacpp` plan."""
-    return " ".join(shlex.quote(a) for a in ["llama-server", "-m", model, *engine_args(plan)])
+def server_command(plan: Plan, build: Build, model: str = "model.gguf",
+                   option: dict | None = None, devices: list[str] | None = None) -> str:
+    """The llama-server command line of an `--engine llamacpp` plan (or of one option)."""
+    return " ".join(shlex.quote(a) for a in ["llama-server", "-m", model,
+                                              *engine_args(plan, build, option, devices)])
+
+
+def plan_option(plan: Plan, name: str | None) -> dict:
+    """The option `name` of a llama.cpp plan's table (None: the choice itself)."""
+    options = {o["name"]: o for o in (plan.engine or {}).get("options", [])}
+    if name is None:
+        return options.get("chosen", plan.engine)
+    if name not in options:
+        raise PlacerError(f"--option: the plan has no option {name!r}; its options: "
+                          f"{', '.join(options)}")
+    return options[name]

@@ -15,6 +15,7 @@ A spec file looks like (sizes take units, rates take "/s"):
     reserved_kv = "4GiB"           # KV cache
     reserved_activations = "2GiB"
     h2d_bandwidth = "53GB/s"       # pinned host-to-device copies
+    h2d_pageable_bandwidth = "26GB/s"  # optional: copies from pageable (mmap'd) host memory
     latency_us = 10.0              # fixed cost of one copy
 
     [[link]]                       # cards sharing a host link (socket, PCIe switch)
@@ -65,7 +66,7 @@ from traces.bounded import read_bounded
 from traces.jsontext import MAX_DEPTH, decode_utf8, depth
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
-               "h2d_bandwidth", "latency_us")
+               "h2d_bandwidth", "h2d_pageable_bandwidth", "latency_us")
 SPEC_FIELDS = ("name", "description", "host_ram", "cards", "card", "link", "decode", "host")
 LINK_FIELDS = ("name", "cards", "bandwidth")
 HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets", "offload_min_batch", "expert")
@@ -96,6 +97,7 @@ class Card:
     reserved_activations: int
     h2d_bandwidth: float  # bytes/s
     latency_s: float
+    h2d_pageable_bandwidth: float | None = None  # bytes/s from mmap'd memory (None: unknown)
 
     @property
     def free_bytes(self) -> int:
@@ -284,9 +286,12 @@ def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
     bandwidth = _rate(t["h2d_bandwidth"], f"{where}.h2d_bandwidth")
     scale = 1e6 if seconds else 1.0
     latency = _number(t.get(latency_key, 0.0), f"{where}.{latency_key}", 0.0, MAX_MS / scale)
+    pageable = t.get("h2d_pageable_bandwidth")
     return Card(index, _text(t.get("model", "GPU"), f"{where}.model"), sizes["vram"],
                 sizes["reserved_dense"], sizes["reserved_kv"], sizes["reserved_activations"],
-                bandwidth, latency if seconds else latency / 1e6)
+                bandwidth, latency if seconds else latency / 1e6,
+                None if pageable is None else _rate(pageable,
+                                                    f"{where}.h2d_pageable_bandwidth"))
 
 
 def _link(index: int, t: dict, num_cards: int, at: str) -> Link:

@@ -63,6 +63,8 @@ def _card_fields(card: Card) -> list[str]:
             f"reserved_kv = {_size(card.reserved_kv)}",
             f"reserved_activations = {_size(card.reserved_activations)}",
             f"h2d_bandwidth = {_rate(card.h2d_bandwidth)}",
+            *([f"h2d_pageable_bandwidth = {_rate(card.h2d_pageable_bandwidth)}"]
+              if card.h2d_pageable_bandwidth is not None else []),
             f"latency_us = {_scaled(card.latency_s, 1e6, lambda x: x / 1e6)}"]
 
 

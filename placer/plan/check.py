@@ -24,6 +24,7 @@ import jsonschema
 
 from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
+from placer.plan.engine_check import check_engine
 from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, PLAN_VERSION, page_spans
 from placer.plan.options import CACHE_POLICIES
 from traces.errors import first_line
@@ -88,7 +89,7 @@ def check_plan(d: Any, source: str) -> None:
     _check_calibration(w, d.get("calibration", []), len(layers), experts_per_layer)
     _check_sections(w, d)
     if d.get("engine") is not None:
-        _check_engine(w, d["engine"], d["experts"], layers, cards)
+        check_engine(d, source, layers, cards)
 
 
 @cache
@@ -342,53 +343,3 @@ def _kind(value: Any) -> str:
     if value is None:
         return "null"
     return f"{type(value).__name__} {str(value)[:40]!r}"
-
-
-def _check_engine(w: _Where, engine: Any, experts: list, layers: list[int], cards: list[dict]
-                  ) -> None:
-    """An engine section (placer.plan.llamacpp): llama.cpp's host layers (MoE layers, whose
-    experts the plan keeps cold, every other layer's resident), its cache MiB (each card's
-    -ts share beside its resident experts within its budget), slots, -ts and cards."""
-    if not isinstance(engine, dict) or engine.get("name") != "llamacpp":
-        w.fail("engine", "expected an object with name \"llamacpp\"")
-    host = engine.get("host_layers")
-    if not isinstance(host, list) or any(not _int_in(x, 0, MAX_BYTES) or x not in layers
-                                         for x in host) or len(set(host)) != len(host):
-        w.fail("engine.host_layers", f"expected distinct MoE layers of the plan, got {host!r}")
-    mib = engine.get("moe_cache_mib")
-    if not _int_in(mib, 0, MAX_BYTES >> 20):
-        w.fail("engine.moe_cache_mib", f"expected an integer >= 0, got {mib!r}")
-    slots = engine.get("slots")
-    if not isinstance(slots, list) or any(not _int_in(x, 0, MAX_SLOTS) for x in slots) or (
-            mib > 0) != bool(slots):
-        w.fail("engine.slots", f"expected one slot count per cache group (none without a "
-                               f"cache), got {slots!r}")
-    split = engine.get("tensor_split") or [1.0]
-    devices = engine.get("devices") or [0] * len(layers)
-    if (len(split) != len(cards) or any(not isinstance(x, int | float) or x < 0 for x in split)
-            or len(devices) != len(layers) or any(not _int_in(d, 0, len(cards) - 1)
-                                                  for d in devices)):
-        w.fail("engine.tensor_split", f"expected a -ts proportion per card ({len(cards)}) and "
-                                      f"a card per MoE layer in engine.devices")
-    cached = {d for d, layer in zip(devices, layers, strict=True) if layer in host}
-    total = sum(split[d] for d in cached)
-    for d, card in enumerate(cards):
-        share = (mib << 20) * split[d] / total if d in cached else 0
-        if card["resident_bytes"] + share > card["budget_bytes"]:
-            w.fail("engine.moe_cache_mib", f"{mib} MiB of cache (card {d}'s -ts share) beside "
-                                           f"the resident experts exceed card {d}'s budget")
-    layouts = engine.get("layouts")
-    if not isinstance(layouts, list) or len(layouts) != len(layers) or any(
-            not isinstance(x, list) or len(x) != 2 or not isinstance(x[0], str)
-            or not isinstance(x[1], list) or not x[1]
-            or any(not _int_in(b, 1, MAX_BYTES) for b in x[1]) for x in layouts):
-        w.fail("engine.layouts", f"expected [layout key, [bytes of one expert per expert "
-                                 f"tensor]] for each of the {len(layers)} MoE layers")
-    if not _int_in(engine.get("alignment"), 1, 1 << 20):
-        w.fail("engine.alignment", f"expected a positive integer, got "
-                                   f"{engine.get('alignment')!r}")
-    for i, e in enumerate(experts):
-        if (e["resident_bytes"] > 0) == (e["layer"] in host):
-            w.fail(f"experts[{i}].resident_bytes", f"layer {e['layer']} is "
-                   f"{'a host' if e['layer'] in host else 'a GPU'} layer of engine.host_layers"
-                   f" but this expert is {'resident' if e['resident_bytes'] else 'cold'}")

@@ -9,13 +9,21 @@ is llama.cpp's own (solvers/llamacpp/lru.py, ggml-org/llama.cpp @4b060f27). The 
 writes is a cpu-execution plan (the GPU layers' experts resident, the host layers' cold) with
 an `engine` section: {"name": "llamacpp", "host_layers": decoder layers, "moe_cache_mib": N,
 "slots": per group, "n_cpu_moe": N where the host layers are the first N decoder layers,
+"cpu_share": --moe-cache-cpu-share, "pinned": host experts pinned (-lm none) or mmap'd,
 "alignment", "tensor_split": the -ts proportions (None: one card), "devices": the card of
-each MoE layer, "options": the table solve prints}. `placer export llamacpp` turns it into
-llama-server flags; `placer evaluate` replays it (placer/predict/llamacpp.py).
+each MoE layer, "llamacpp_build": the build planned for (solvers/llamacpp/builds.py),
+"context": -c (the tokens the spec's reserved KV bytes hold, None where the model's
+attention shape is not known), "gguf": the GGUF solved from (None: a checkpoint or config),
+"options": the table solve prints, upstream's tuner grid included ("tuner": true;
+"tuner_pick" names the one placer's replay ranks first)}. `placer export llamacpp` turns it
+(or any option) into llama-server flags; `placer evaluate` replays it
+(placer/predict/llamacpp.py). Where every expert fits the cards, the plan has no host layer
+and no cache (`-ngl all` alone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -27,16 +35,23 @@ from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
-from placer.plan.options import SolveOptions
+from placer.plan.options import SolveOptions, check_options
 from placer.plan.placement import Plan, build_plan
 from placer.plan.solve import calibration_json, host_of
 from placer.plan.traffic import Traffic, load_traffic, traffic_steps
+from placer.units import format_bytes
+from solvers.errors import SolverError
+from solvers.llamacpp.builds import Build, build_from_json, default_build
 from solvers.llamacpp.cost import Machine, Setup, judge, layer_devices
 from solvers.llamacpp.lru import CUDA_ALIGNMENT
 from solvers.llamacpp.search import (
+    CPU_SHARES,
+    Candidate,
     Scenario,
     SearchResult,
+    Space,
     fewest_host,
+    objective,
     search,
     setup_of,
 )
@@ -44,7 +59,11 @@ from traces.errors import TraceError
 from traces.profile import split_sequences
 
 ENGINE = "llamacpp"
-SOURCE = "ggml-org/llama.cpp@4b060f27 src/llama-moe-cache.cpp"
+SOURCE = "ggml-org/llama.cpp src/llama-moe-cache.cpp"
+TUNER_SHARES = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98)  # scripts/moe-cache-tune.py SHARES at b12191
+TUNER_SIZES = (0.25, 0.5, 0.75, 1.0)   # of the VRAM -cmoe frees (its sizes: not readable)
+KV_BYTES = 2                            # llama.cpp's default f16 K and V cache
+CONTEXT_PAD = 256                       # llama.cpp pads n_ctx to a multiple of 256
 _NUMBERS = re.compile(r"\d+")
 
 
@@ -75,7 +94,8 @@ def _bank_order(name: str) -> tuple[int, str]:
     return rank, name
 
 
-def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machine:
+def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions,
+               build: Build | None = None) -> Machine:
     """The model and the cards as the search needs them: each card's VRAM for experts and
     cache (its free VRAM, or --budget), and with several cards `-ts` in proportion to that
     VRAM (MiB, reduced by their gcd), which decides each layer's card (layer_devices)."""
@@ -86,8 +106,9 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machin
     capacity = [opts.budget if opts.budget is not None else c.free_bytes for c in spec.cards]
     for card, cap in zip(spec.cards, capacity, strict=True):
         if cap > card.free_bytes:
-            raise PlacerError(f"--budget {cap} exceeds card {card.index}'s free VRAM "
-                              f"{card.free_bytes}")
+            raise PlacerError(f"--budget {format_bytes(cap)} exceeds card {card.index}'s free "
+                              f"VRAM {format_bytes(card.free_bytes)} (vram minus the spec's "
+                              "reserved bytes)")
     split, device = None, ()
     if len(spec.cards) > 1:
         mib = [max(1, c >> 20) for c in capacity]
@@ -97,7 +118,14 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions) -> Machin
     bandwidth, latency = card_links(spec)
     return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
                    tuple(int(c) for c in capacity), bandwidth, latency, CUDA_ALIGNMENT,
-                   host_of(spec, hidden), device, split)
+                   host_of(spec, hidden), device, split, pageable_of(spec),
+                   (build or default_build()).cache)
+
+
+def pageable_of(spec: HardwareSpec) -> tuple[float | None, ...]:
+    """Each card's uploads from mmap'd host memory (`h2d_pageable_bandwidth`; None: not in
+    the spec, the cost model then takes the pinned bandwidth x PAGEABLE_FACTOR, ESTIMATED)."""
+    return tuple(c.h2d_pageable_bandwidth for c in spec.cards)
 
 
 def card_links(spec: HardwareSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -135,9 +163,43 @@ def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scena
     return out, max(k, 0) if k >= 2 else 0
 
 
-def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: SolveOptions
-                   ) -> Plan:
-    """The llama.cpp plan (module docstring)."""
+def context_of(inv: Inventory, spec: HardwareSpec) -> int | None:
+    """-c: the tokens of KV cache the spec reserves (reserved_kv summed over the cards, which
+    -ts splits the KV over) at llama.cpp's f16 K and V for every layer (a sliding-window
+    layer holds less, so this errs short; MLA models: the compressed KV and rope key per
+    layer), down to a multiple of 256; None where the config lacks the attention shape or the
+    spec reserves less than 256 tokens."""
+    config = inv.config
+    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+    hidden = config.get("hidden_size")
+    if not all(isinstance(x, int) and x > 0 for x in (layers, heads, hidden)):
+        return None
+    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    per_token = 2 * layers * kv_heads * head_dim * KV_BYTES
+    if config.get("kv_lora_rank"):  # MLA (DeepSeek V2/V3): the compressed KV and rope key
+        per_token = layers * (config["kv_lora_rank"] + config.get("qk_rope_head_dim", 0)
+                              ) * KV_BYTES
+    tokens = sum(c.reserved_kv for c in spec.cards) // max(per_token, 1)
+    tokens -= tokens % CONTEXT_PAD
+    return int(tokens) if tokens > 0 else None
+
+
+def space_of(build: Build) -> Space:
+    """The search space the build allows (no cache before b11480, CPU shares from its
+    --moe-cache-cpu-share)."""
+    return Space(cache=build.has_cache,
+                 cpu_shares=CPU_SHARES if build.has_cpu_share else (0.0,))
+
+
+def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: SolveOptions,
+                   build: Build | None = None, gguf: str | None = None) -> Plan:
+    """The llama.cpp plan (module docstring) for `build` (default: the newest policy known);
+    `gguf`: the GGUF path solved from, recorded for export's -m."""
+    build = build or default_build()
+    check_options(opts)  # the placer engine's option checks (--concurrency, --weights, ...)
+    if opts.weights is not None and len(opts.weights) != len(opts.concurrency):
+        raise PlacerError("--weights needs one weight per --concurrency value")
     if not trace_dirs:
         raise PlacerError("--engine llamacpp learns from traffic: give --traces DIR")
     for flag, given in (("--robust", opts.robust), ("--page-size", opts.page_size is not None),
@@ -149,9 +211,8 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
     if opts.num_steps is not None:
         raise PlacerError("--engine llamacpp replays the calibration tokens in order (the "
                           "cache is an LRU): leave --steps out")
-    machine = machine_of(inv, spec, opts)
-    if fewest_host(machine, np.arange(len(inv.moe_layers))) == 0:
-        raise PlacerError("the card holds every expert: nothing needs to stay on the host")
+    machine = machine_of(inv, spec, opts, build)
+    fits = fewest_host(machine, np.arange(len(inv.moe_layers))) == 0
     traffic = [load_traffic(d, inv, opts.concurrency, None, opts.seed) for d in trace_dirs]
     if any(not t.profile.per_token for t in traffic):
         raise PlacerError("--engine llamacpp needs per-token traces (imported counts have no "
@@ -160,34 +221,67 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
     scenarios = [Scenario(s.name, s.tokens, s.seqs, s.folds, s.weight,
                           spec.base_step_s(s.tokens.shape[1])) for s in scenarios]
     began = time.perf_counter()
-    result = search(machine, scenarios)
+    try:
+        result = (everything_fits(machine, scenarios) if fits else
+                  search(machine, scenarios, space_of(build), spec.host_ram))
+    except SolverError as exc:
+        raise PlacerError(str(exc)) from None
     seconds = time.perf_counter() - began
     best = result.best
-    chosen = setup_of(machine, "chosen", result.orders[best.rank], best.count, best.share)
-    setups = option_setups(machine, result, chosen)
+    chosen = setup_of(machine, "chosen", result.orders[best.rank], best.count, best.share,
+                      best.cpu_share, best.pinned)
+    setups = [chosen] if fits else option_setups(machine, result, chosen, build)
     options = [option_json(inv, s) for s in setups]
     predicted = []
     for t in traffic:
         for b in opts.concurrency:
             judged = judge(machine, setups, t.steps[b].tokens, t.steps[b].seqs,
                            spec.base_step_s(b), seed=opts.seed)
+            base = "chosen" if fits else "ncmoe"
             row = {"profile": t.name, "concurrency": b, "options": judged.figures}
             for s in setups:
-                ratio, ci = judged.ratio(s.name, "ncmoe")
+                ratio, ci = judged.ratio(s.name, base)
                 row["options"][s.name]["ratio_to_ncmoe"] = ratio
                 row["options"][s.name]["ratio_to_ncmoe_ci95"] = ci
             predicted.append(row)
     plan = plan_of(inv, spec, machine, chosen, opts, options, predicted, folds, result,
                    traffic)
+    plan.engine.update({"llamacpp_build": build.to_json(), "context": context_of(inv, spec),
+                        "gguf": gguf, "tuner_pick": tuner_pick(options, predicted, opts)})
     plan.solver["seconds"] = seconds
     return plan
 
 
-def option_setups(machine: Machine, result: SearchResult, chosen: Setup) -> list[Setup]:
+def everything_fits(machine: Machine, scenarios: list[Scenario]) -> SearchResult:
+    """The one candidate where every expert fits the cards: no host layer, no cache."""
+    order = np.arange(len(machine.layer_bytes))
+    best = Candidate("ncmoe", 0, 0.0)
+    setup = setup_of(machine, "fits", order, 0, 0.0)
+    held = [(sc.tokens, None, sc.weight, sc.base_step_s) for sc in scenarios]
+    return SearchResult(best, {"ncmoe": order, "cpu": order, "cache": order},
+                        {best: objective(machine, setup, held)})
+
+
+def tuner_pick(options: list[dict], predicted: list[dict], opts: SolveOptions) -> str | None:
+    """The tuner grid's option placer's replay predicts fastest (tok/s weighted over the
+    concurrencies as the objective weighs them, averaged over the traffic sets)."""
+    weights = dict(zip(opts.concurrency, opts.weights or [1.0] * len(opts.concurrency),
+                       strict=True))
+    names = [o["name"] for o in options if o.get("tuner")]
+    if not names:
+        return None
+    return max(names, key=lambda n: sum(weights[r["concurrency"]]
+                                        * r["options"][n]["tokens_per_s"] for r in predicted))
+
+
+def option_setups(machine: Machine, result: SearchResult, chosen: Setup, build: Build
+                  ) -> list[Setup]:
     """The options solve shows: the choice; the best host set with no cache; `-ncmoe N`
     alone (the baseline); the best cached candidate of the search when the choice has no
     cache; every MoE layer on the host with all the VRAM they free as the cache (`-cmoe
-    --moe-cache-mib`, what users try first)."""
+    --moe-cache-mib`, what users try first); and upstream's tuner grid (scripts/
+    moe-cache-tune.py at b12191: `-cmoe`, its shares; its sizes could not be read, here
+    TUNER_SIZES of the VRAM -cmoe frees), mmap'd as the command it wraps runs."""
     orders = result.orders
     out = [chosen,
            setup_of(machine, "no cache", orders["cpu"], fewest_host(machine, orders["cpu"]),
@@ -197,17 +291,29 @@ def option_setups(machine: Machine, result: SearchResult, chosen: Setup) -> list
     cached = {c: v for c, v in result.scores.items() if c.share > 0 and v is not None}
     if chosen.cache_mib == 0 and cached:
         best = max(cached, key=cached.get)
-        out.append(setup_of(machine, "best cache", orders[best.rank], best.count, best.share))
+        out.append(setup_of(machine, "best cache", orders[best.rank], best.count, best.share,
+                            best.cpu_share, best.pinned))
     every = len(orders["ncmoe"])
-    if not (chosen.cache_mib and chosen.host.all()):
+    if build.has_cache and not (chosen.cache_mib and chosen.host.all()):
         out.append(setup_of(machine, "cmoe + cache", orders["ncmoe"], every, 1.0))
-    return [s for s in out if s is not None]
+    shares = TUNER_SHARES if build.has_cpu_share else (0.0,)
+    if build.has_cache:
+        for size in TUNER_SIZES:
+            for share in shares:
+                setup = setup_of(machine, "tuner", orders["ncmoe"], every, size, share)
+                if setup is not None:
+                    out.append(dataclasses.replace(
+                        setup, name=f"tuner {setup.cache_mib} MiB, share {share:g}"))
+    named = {s.name: s for s in out if s is not None}
+    return list(named.values())
 
 
 def option_json(inv: Inventory, setup: Setup) -> dict:
     layers = [inv.moe_layers[i] for i in setup.host_layers]
     return {"name": setup.name, "host_layers": layers, "moe_cache_mib": setup.cache_mib,
-            "slots": list(setup.slots), "n_cpu_moe": n_cpu_moe(layers)}
+            "slots": list(setup.slots), "n_cpu_moe": n_cpu_moe(layers),
+            "cpu_share": setup.cpu_share, "pinned": setup.pinned,
+            "tuner": setup.name.startswith("tuner ")}
 
 
 def n_cpu_moe(layers: list[int]) -> int | None:
@@ -249,25 +355,41 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
 def choice_label(result: SearchResult, layers: int) -> str:
     """How the choice reads: its host layers and cache."""
     best = result.best
+    if best.count == 0:
+        return "every expert on the GPUs (-ngl all), no host layer"
     host = ("every MoE layer on the host" if best.count == layers else
             f"{best.count} of {layers} MoE layers on the host (ranked by {best.rank})")
     cache = ("no cache" if best.share == 0 else
              f"{'all' if best.share == 1 else f'{best.share:g}'} of the VRAM they free as "
-             "--moe-cache-mib")
-    return f"{host}, {cache}"
+             "--moe-cache-mib" + (f", CPU share {best.cpu_share:g}" if best.cpu_share else ""))
+    memory = "pinned (-lm none)" if best.pinned else "mmap'd"
+    return f"{host}, {cache}, {memory}"
 
 
-def engine_setup(plan: Plan, name: str = "placement") -> Setup:
-    """The Setup a llama.cpp plan records."""
-    engine = plan.engine or {}
+def engine_setup(plan: Plan, name: str = "placement", option: dict | None = None) -> Setup:
+    """The Setup a llama.cpp plan records (or one of its options)."""
+    engine = option or plan.engine or {}
     host = np.isin(plan.moe_layers, engine.get("host_layers", []))
     return Setup(name, host, int(engine.get("moe_cache_mib", 0)),
-                 tuple(engine.get("slots", ())))
+                 tuple(engine.get("slots", ())), float(engine.get("cpu_share", 0.0)),
+                 bool(engine.get("pinned", True)))
 
 
-def plan_machine(plan: Plan) -> Machine:
+def plan_build(plan: Plan, override: Build | None = None) -> Build:
+    """The build a llama.cpp plan is replayed and exported for: `override`
+    (--llamacpp-version), else the one it records (a plan from before builds were recorded:
+    the newest policy known, marked assumed)."""
+    if override is not None:
+        return override
+    try:
+        return build_from_json((plan.engine or {}).get("llamacpp_build"))
+    except SolverError as exc:
+        raise PlacerError(str(exc)) from None
+
+
+def plan_machine(plan: Plan, build: Build | None = None) -> Machine:
     """The Machine a llama.cpp plan was solved for (from its experts, hardware and engine
-    section)."""
+    section), replaying `build`'s cache (plan_build)."""
     engine = plan.engine
     flops = plan.model.get("expert_flops")
     if plan.hardware.host is None or flops is None or not plan.model.get("hidden_size"):
@@ -280,4 +402,5 @@ def plan_machine(plan: Plan) -> Machine:
                    int(plan.model["top_k"]), tuple(int(c.budget_bytes) for c in plan.cards),
                    bandwidth, latency, int(engine["alignment"]),
                    host_of(plan.hardware, int(plan.model["hidden_size"])),
-                   tuple(engine.get("devices") or ()), tuple(split) if split else None)
+                   tuple(engine.get("devices") or ()), tuple(split) if split else None,
+                   pageable_of(plan.hardware), plan_build(plan, build).cache)

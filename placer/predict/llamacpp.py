@@ -1,13 +1,15 @@
 """`placer evaluate` of a plan solved with `--engine llamacpp`: its host layers and cache
 replayed on held-out traffic (solvers/llamacpp/cost.py) against, at the same VRAM, `-ncmoe N`
 alone (the "layer" line: the first MoE layers on the host, as few as fit) and its own host
-layers without the cache ("nocache"), with paired 95% intervals over sequences."""
+layers without the cache ("nocache"), with paired 95% intervals over sequences. The cache
+replayed is the plan's build's (its `llamacpp_build`; `evaluate --llamacpp-version`
+replaces it before this runs)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from placer.plan.llamacpp import engine_setup, plan_machine
+from placer.plan.llamacpp import engine_setup, plan_build, plan_machine
 from placer.plan.placement import Plan
 from solvers.intervals import REPLICATES, verdict
 from solvers.llamacpp.cost import Setup, judge
@@ -23,7 +25,7 @@ def llamacpp_lines(plan: Plan) -> list[Setup]:
     order = np.arange(len(plan.moe_layers))
     mine = engine_setup(plan)
     return [mine, setup_of(machine, "layer", order, fewest_host(machine, order), 0.0),
-            Setup("nocache", mine.host)]
+            Setup("nocache", mine.host, pinned=mine.pinned)]
 
 
 def llamacpp_row(plan: Plan, name: str, steps: TokenSteps, seed: int,
@@ -40,4 +42,5 @@ def llamacpp_row(plan: Plan, name: str, steps: TokenSteps, seed: int,
         ratio, ci = judged.ratio("placement", other)
         row[f"ratio_to_{other}"], row[f"ratio_to_{other}_ci95"] = ratio, ci
     row["verdict"] = verdict(row["ratio_to_layer_ci95"])
+    row["llamacpp_build"] = plan_build(plan).label
     return row

@@ -22,6 +22,30 @@ cache on the one CPU.
 
 A step's cost is split among its tokens equally (solvers.intervals.attribute), so the
 intervals here are over sequences like evaluate's, with equal shares per token.
+
+**The CPU share** (`--moe-cache-cpu-share F`, v1.0.0, ggml-org/llama.cpp #30966; read from
+`docs/moe-cache.md` at b12191 and the `llama_moe_cache` constructor comment in the
+llama-cpp-native 0.32 crate's vendored `src/llama-moe-cache.h`: "cpu_share is the share of
+the misses computed on the CPU instead of uploaded"): once the cache is full, "the CPU
+computes a share F of the misses while the device computes the hits and uploads the other
+misses into the cache"; until it is full every miss is uploaded. The code that picks which
+misses go to the CPU (and how F x misses is rounded) could not be read (docs/llamacpp.md);
+the reading here: a used fetch of a group whose slots have all been filled by earlier fetches
+sends F x misses (the expected count, unrounded) to the CPU and uploads the rest, the two
+running at once ("while"), so the fetch costs the selection's read-back plus the longer of
+(1 - F) of its uploads and the CPU's share of the time the cpu model gives the layer (its
+selected experts, minus the per-layer sync the fetch pays already) in proportion F x misses
+over the experts it selects. The replay still puts every miss into the cache (the CPU's
+misses are not uploaded, so llama.cpp evicts less than the replay: the prediction errs
+towards more misses).
+
+**Pinned or mmap'd host experts** (the same page): `-lm none|mlock|dio` load the host
+experts into pinned memory (unless `--no-host`), which "the device uploads at the full speed
+of the link"; mmap'd (llama.cpp's default) experts upload slower. A Setup says which
+(`pinned`): pinned ones copy at the card's `h2d_bandwidth`, mmap'd ones at its pageable
+bandwidth (Machine.pageable; the spec's `h2d_pageable_bandwidth`, else the pinned bandwidth x
+PAGEABLE_FACTOR, ESTIMATED), for the cache's uploads and op-offloaded copies alike; the CPU
+reads either at the same speed.
 """
 
 from __future__ import annotations
@@ -52,6 +76,7 @@ from solvers.llamacpp.lru import (
 )
 
 MIB = 1024 * 1024
+PAGEABLE_FACTOR = 0.5  # ESTIMATED: mmap'd (pageable) over pinned upload bandwidth, no spec figure
 
 
 def layer_devices(n_layer: int, tensor_split: Sequence[float]) -> np.ndarray:
@@ -99,6 +124,18 @@ class Machine:
     host: Host
     device: tuple[int, ...] = ()
     tensor_split: tuple[float, ...] | None = None
+    pageable: float | tuple[float | None, ...] | None = None
+    cache: type = LlamaCppCache  # the build's cache (solvers/llamacpp/builds.py cache_class)
+
+    def upload_bandwidth(self, pinned: bool) -> np.ndarray:
+        """[D] bytes/s of each GPU's uploads from pinned host experts (`bandwidth`) or from
+        mmap'd ones (`pageable`, per GPU; None: bandwidth x PAGEABLE_FACTOR, ESTIMATED)."""
+        pinned_bw = self.per_device(self.bandwidth)
+        if pinned:
+            return pinned_bw
+        given = np.broadcast_to(np.asarray(self.pageable, dtype=object), pinned_bw.shape)
+        return np.array([PAGEABLE_FACTOR * bw if g is None else min(float(g), bw)
+                         for g, bw in zip(given, pinned_bw, strict=True)])
 
     @property
     def layer_bytes(self) -> np.ndarray:
@@ -144,26 +181,32 @@ class Machine:
 @dataclass(frozen=True)
 class Setup:
     """One way to run llama.cpp: `host` [L] bool, the MoE layers whose experts stay in host
-    memory, and `cache_mib` (0: no --moe-cache-mib); `slots` [G] of its groups."""
+    memory, and `cache_mib` (0: no --moe-cache-mib); `slots` [G] of its groups; `cpu_share`
+    (--moe-cache-cpu-share, 0 without it); `pinned`: the host experts pinned (`-lm none`)
+    rather than mmap'd (llama.cpp's default)."""
 
     name: str
     host: np.ndarray
     cache_mib: int = 0
     slots: tuple[int, ...] = ()
+    cpu_share: float = 0.0
+    pinned: bool = True
 
     @property
     def host_layers(self) -> list[int]:
         return [int(i) for i in np.flatnonzero(self.host)]
 
 
-def with_cache(machine: Machine, name: str, host: np.ndarray, cache_mib: int) -> Setup:
+def with_cache(machine: Machine, name: str, host: np.ndarray, cache_mib: int,
+               cpu_share: float = 0.0, pinned: bool = True) -> Setup:
     """A Setup with its slot counts (SolverError where llama.cpp refuses the cache)."""
     if cache_mib == 0:
-        return Setup(name, np.asarray(host, dtype=bool))
+        return Setup(name, np.asarray(host, dtype=bool), pinned=pinned)
     groups = machine.groups(host)
     slots = group_slots(cache_mib * MIB, groups, machine.top_k,
                         tensor_split=machine.tensor_split, alignment=machine.alignment)
-    return Setup(name, np.asarray(host, dtype=bool), int(cache_mib), tuple(map(int, slots)))
+    return Setup(name, np.asarray(host, dtype=bool), int(cache_mib), tuple(map(int, slots)),
+                 float(cpu_share), pinned)
 
 
 @dataclass(frozen=True)
@@ -189,22 +232,33 @@ def host_costs(machine: Machine, tokens: np.ndarray) -> HostCosts:
 
 
 def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
-               costs: HostCosts | None = None) -> np.ndarray:
+               costs: HostCosts | None = None, replays: dict | None = None) -> np.ndarray:
     """[S, 4] FIELDS of each step under `setup`: stall seconds, bytes staged or read by the
-    CPU, experts staged or computed on the CPU, bytes of the selected experts."""
+    CPU, experts staged or computed on the CPU, bytes of the selected experts. The cache is
+    the build's (Machine.cache); `replays`: a memo of cache replays by (host layers, slots,
+    tokens), shared by setups that differ only in CPU share or pinning."""
     tokens = np.asarray(tokens)
     costs = costs or host_costs(machine, tokens)
     eb = np.asarray(machine.expert_bytes, dtype=np.float64)
     host = np.asarray(setup.host, dtype=bool)
     stall, moved, experts = costs.stall.copy(), costs.moved.copy(), costs.experts.copy()
+    # op-offloaded copies at the upload bandwidth of pinned or mmap'd host experts
+    slow = (machine.per_device(machine.bandwidth)
+            / machine.upload_bandwidth(setup.pinned))[machine.layer_device]
+    stall = np.where(costs.offloaded[:, None], stall * slow[None], stall)
     if setup.cache_mib:
-        fetches = LlamaCppCache(machine.groups(host), setup.slots, machine.top_k).replay(
-            tokens, held=True)
+        key = (host.tobytes(), setup.slots, id(tokens))
+        fetches = (replays or {}).get(key)
+        if fetches is None:
+            fetches = machine.cache(machine.groups(host), setup.slots, machine.top_k).replay(
+                tokens, held=True)
+            if replays is not None:
+                replays[key] = fetches
         held = (fetches.held * eb[None]).sum(axis=2)
-        copied = (moved - held) / machine.host.h2d_bandwidth
+        copied = (moved - held) / machine.host.h2d_bandwidth * slow[None]
         stall = np.where(costs.offloaded[:, None], copied, stall)
         moved = np.where(costs.offloaded[:, None], moved - held, moved)
-        cached = cache_stall(machine, setup, fetches)
+        cached = cache_stall(machine, setup, fetches, costs.stall)
         stall = np.where(fetches.used, cached, stall)
         moved = np.where(fetches.used, fetches.misses * eb.max(axis=1)[None], moved)
         experts = np.where(fetches.used, fetches.misses, experts)
@@ -219,18 +273,44 @@ def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
                      experts[:, host].sum(axis=1), selected], axis=1)
 
 
-def cache_stall(machine: Machine, setup: Setup, fetches: Fetches) -> np.ndarray:
+def cache_stall(machine: Machine, setup: Setup, fetches: Fetches,
+                cpu_stall: np.ndarray | None = None) -> np.ndarray:
     """[S, L] seconds of the fetches that went through the cache: the selection's read-back
     (sync_s), `runs` uploads per expert tensor at the latency of the layer's GPU, the misses'
-    bytes at its bandwidth."""
+    bytes at its upload bandwidth (pinned or mmap'd); with a CPU share, once the group is
+    full, the longer of (1 - F) of those uploads and the CPU's share (module docstring; its
+    time from `cpu_stall` [S, L], the cpu model's time of each layer on the host)."""
     groups = machine.groups(setup.host)
     tensors = np.array([len(groups.expert_bytes[g]) if g >= 0 else 0
                         for g in groups.layer_group])
     per_miss = np.array([groups.slot_bytes(g) if g >= 0 else 0 for g in groups.layer_group])
     latency = machine.per_device(machine.latency_s)[machine.layer_device]
-    bandwidth = machine.per_device(machine.bandwidth)[machine.layer_device]
-    return (machine.host.sync_s + fetches.runs * tensors[None] * latency[None]
-            + fetches.misses * per_miss[None] / bandwidth[None])
+    bandwidth = machine.upload_bandwidth(setup.pinned)[machine.layer_device]
+    upload = (fetches.runs * tensors[None] * latency[None]
+              + fetches.misses * per_miss[None] / bandwidth[None])
+    if not setup.cpu_share or cpu_stall is None:
+        return machine.host.sync_s + upload
+    share = np.where(cache_full(groups.layer_group, setup.slots, fetches), setup.cpu_share, 0.0)
+    selected = np.maximum(fetches.hits + fetches.misses, 1)
+    cpu = (share * fetches.misses / selected
+           * np.maximum(np.asarray(cpu_stall) - machine.host.sync_s, 0.0))
+    return machine.host.sync_s + np.maximum((1.0 - share) * upload, cpu)
+
+
+def cache_full(layer_group: Sequence[int], slots: Sequence[int], fetches: Fetches
+               ) -> np.ndarray:
+    """[S, L] whether each fetch finds its group's slots all filled by earlier steps' misses
+    (a group fills from empty; every miss takes a slot until none is left)."""
+    layer_group = np.asarray(layer_group)
+    full = np.zeros(fetches.misses.shape, dtype=bool)
+    for g, n in enumerate(slots):
+        mine = layer_group == g
+        if not mine.any():
+            continue
+        filled = np.cumsum(fetches.misses[:, mine].sum(axis=1)) - fetches.misses[:, mine].sum(
+            axis=1)
+        full[:, mine] = (filled >= n)[:, None]
+    return full
 
 
 @dataclass(frozen=True)
@@ -261,9 +341,10 @@ def judge(machine: Machine, setups: list[Setup], tokens: np.ndarray, seqs: np.nd
     units = units_of(seqs)
     weights = replicate_weights(units.count, replicates, seed)
     costs = host_costs(machine, tokens)
-    figures, stall = {}, {}
+    figures, stall, replays = {}, {}, {}
     for setup in setups:
-        sums = attribute(units.unit_of, step_costs(machine, setup, tokens, costs), units.count)
+        sums = attribute(units.unit_of, step_costs(machine, setup, tokens, costs, replays),
+                         units.count)
         figures[setup.name], stall[setup.name] = line_figures(
             sums, units.tokens(), weights, tokens.shape[1], base_step_s)
         if not estimable(units):

@@ -12,6 +12,13 @@ several GPUs a ranking first puts on the host, per GPU, the fewest of that GPU's
 its order that let the rest fit (fit_first), then goes on in its order. The
 `-ncmoe N` baseline is the first N MoE layers, N the fewest that fit.
 
+Each cached candidate is also tried with the build's `--moe-cache-cpu-share` values
+(`Space.cpu_shares`: 0 and a few; 0 alone for a build without the flag), and every candidate
+with its host experts mmap'd (llama.cpp's default) and pinned (`-lm none`): pinned experts
+upload faster but take host RAM for the whole model (refused where the spec's host_ram is
+less than the host layers' bytes). A build without the cache (before b11480) gets no cached
+candidate. The cache replay of a (host layers, slots) is shared by its shares and pinnings.
+
 Every candidate is judged on held-out folds of the calibration sequences: for each fold the
 rankings are fitted on the other folds and the candidate replayed on the fold itself, so a
 setup is chosen on traffic it was not fitted on. The objective is predicted decode tok/s,
@@ -41,6 +48,16 @@ from traces.profile import step_mask
 SHARES = (0.0, 0.25, 0.5, 1.0)  # of the VRAM the host layers free, given to the cache
 COUNTS = 5                        # host-layer counts tried, from the fewest to every layer
 RANKINGS = ("cpu", "cache")
+CPU_SHARES = (0.0, 0.5, 0.9)      # --moe-cache-cpu-share values tried where the build has it
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the build and the box allow: the cache at all, its CPU shares, and pinning."""
+
+    cache: bool = True
+    cpu_shares: tuple[float, ...] = (0.0,)
+    pinned: tuple[bool, ...] = (False, True)
 
 
 @dataclass(frozen=True)
@@ -64,11 +81,15 @@ class Candidate:
     rank: str
     count: int
     share: float
+    cpu_share: float = 0.0
+    pinned: bool = False
 
     @property
     def label(self) -> str:
         cache = "no cache" if self.share == 0 else f"cache {self.share:g} of freed VRAM"
-        return f"{self.count} host layers by {self.rank}, {cache}"
+        cpu = f", cpu share {self.cpu_share:g}" if self.cpu_share else ""
+        return (f"{self.count} host layers by {self.rank}, {cache}{cpu}, "
+                f"{'pinned' if self.pinned else 'mmap'}")
 
 
 def rank_layers(machine: Machine, rank: str, steps: list[tuple[np.ndarray, float]]
@@ -125,38 +146,46 @@ def host_mask(order: np.ndarray, count: int) -> np.ndarray:
     return out
 
 
-def setup_of(machine: Machine, name: str, order: np.ndarray, count: int, share: float
+def setup_of(machine: Machine, name: str, order: np.ndarray, count: int, share: float,
+             cpu_share: float = 0.0, pinned: bool = False, host_ram: int = 0
              ) -> Setup | None:
-    """The setup of a candidate (None where llama.cpp would refuse its cache)."""
+    """The setup of a candidate (None where llama.cpp would refuse its cache, or pinned host
+    experts would not fit `host_ram` bytes; 0: not known, not checked)."""
     host = host_mask(order, count)
+    if pinned and host_ram and machine.layer_bytes[host].sum() > host_ram:
+        return None
     mib = int(share * machine.bank_room(host) // MIB)
     if share > 0 and mib == 0:
         return None
     try:
-        return with_cache(machine, name, host, mib)
+        return with_cache(machine, name, host, mib, cpu_share if mib else 0.0, pinned)
     except SolverError:
         return None
 
 
-def candidates(machine: Machine, orders: dict[str, np.ndarray]) -> list[Candidate]:
+def candidates(machine: Machine, orders: dict[str, np.ndarray], space: Space = Space()
+               ) -> list[Candidate]:
     """Every candidate of the search (module docstring)."""
     num_layers = machine.expert_bytes.shape[0]
-    out = [Candidate("ncmoe", fewest_host(machine, orders["ncmoe"]), 0.0)]
+    base = [Candidate("ncmoe", fewest_host(machine, orders["ncmoe"]), 0.0)]
     for rank in RANKINGS:
         low = fewest_host(machine, orders[rank])
         counts = sorted({int(round(c)) for c in np.linspace(low, num_layers, COUNTS)})
-        out.append(Candidate(rank, low, 0.0))
-        out += [Candidate(rank, c, s) for c in counts if c > 0 for s in SHARES[1:]]
+        base.append(Candidate(rank, low, 0.0))
+        if space.cache:
+            base += [Candidate(rank, c, s) for c in counts if c > 0 for s in SHARES[1:]]
+    out = [Candidate(c.rank, c.count, c.share, f, p) for c in dict.fromkeys(base)
+           for f in (space.cpu_shares if c.share else (0.0,)) for p in space.pinned]
     return list(dict.fromkeys(out))
 
 
 def objective(machine: Machine, setup: Setup, held: list[tuple[np.ndarray, HostCosts,
-              float, float]]) -> float:
+              float, float]], replays: dict | None = None) -> float:
     """Predicted tok/s, weighted: sum of weight x B / (base + mean stall) over `held`
-    [(tokens, their HostCosts, weight, base step seconds)]."""
+    [(tokens, their HostCosts, weight, base step seconds)]; `replays`: step_costs' memo."""
     total = 0.0
     for tokens, costs, weight, base in held:
-        stall = (float(step_costs(machine, setup, tokens, costs)[:, 0].mean())
+        stall = (float(step_costs(machine, setup, tokens, costs, replays)[:, 0].mean())
                  if len(tokens) else 0.0)
         total += weight * tokens.shape[1] / (base + stall)
     return total
@@ -172,8 +201,10 @@ class SearchResult:
     scores: dict[Candidate, float | None]
 
 
-def search(machine: Machine, scenarios: list[Scenario]) -> SearchResult:
-    """The candidate with the best held-out objective (module docstring)."""
+def search(machine: Machine, scenarios: list[Scenario], space: Space = Space(),
+           host_ram: int = 0) -> SearchResult:
+    """The candidate with the best held-out objective (module docstring); `host_ram`: the
+    host's bytes for pinned experts (0: not known)."""
     folds = len(scenarios[0].folds)
     totals: dict[Candidate, float | None] = {}
     for f in range(folds):
@@ -181,16 +212,21 @@ def search(machine: Machine, scenarios: list[Scenario]) -> SearchResult:
         orders = {r: rank_layers(machine, r, train) for r in (*RANKINGS, "ncmoe")}
         held = [(sc.folds[f][1], host_costs(machine, sc.folds[f][1]), sc.weight,
                  sc.base_step_s) for sc in scenarios]
-        for cand in candidates(machine, orders):
-            setup = setup_of(machine, cand.label, orders[cand.rank], cand.count, cand.share)
+        replays: dict = {}
+        for cand in candidates(machine, orders, space):
+            setup = setup_of(machine, cand.label, orders[cand.rank], cand.count, cand.share,
+                             cand.cpu_share, cand.pinned, host_ram)
             if setup is None:
                 totals[cand] = None
             elif totals.get(cand, 0.0) is not None:
-                totals[cand] = totals.get(cand, 0.0) + objective(machine, setup, held) / folds
+                totals[cand] = (totals.get(cand, 0.0)
+                                + objective(machine, setup, held, replays) / folds)
     scored = {c: v for c, v in totals.items() if v is not None}
     top = max(scored.values())
-    # ties (to 1e-9, float sums in another order) go to no cache, then to plain -ncmoe N
-    best = max(scored, key=lambda c: (round(scored[c] / top, 9), -c.share, c.rank == "ncmoe"))
+    # ties (to 1e-9, float sums in another order) go to no cache, then to plain -ncmoe N,
+    # then to no CPU share and to mmap'd experts (llama.cpp's defaults: fewer flags)
+    best = max(scored, key=lambda c: (round(scored[c] / top, 9), -c.share, c.rank == "ncmoe",
+                                      -c.cpu_share, not c.pinned))
     whole = [(sc.tokens, sc.weight) for sc in scenarios]
     orders = {r: rank_layers(machine, r, whole) for r in (*RANKINGS, "ncmoe")}
     return SearchResult(best, orders, totals)
