@@ -1,12 +1,13 @@
 """The README's llama.cpp block runs as written on a tiny GGUF (llama.cpp's own converter of
 a tiny qwen3_moe, tests/gguf_models.py), through llama.cpp itself (`make llama-env`'s side
 environment), as tests/test_examples.py runs the quickstart: its very lines, `placer` the CLI
-of this checkout, a chat corpus as chat.jsonl. Two lines are left out: `make llama-env` (the
+of this checkout, 24 prose blocks as chat.jsonl. Two lines are left out: `make llama-env` (the
 side environment is there already) and `placer probe --host` (it prints a measured curve the
 block does not use; the probe fixes own that line)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,8 +31,10 @@ def test_readme_llamacpp_block_runs_as_written(gguf_pair, tmp_path):
     lines = llamacpp_block(REPO / "README.md")
     assert any("traces split" in x for x in lines)  # the held-out set the block evaluates on
     (tmp_path / "model.gguf").symlink_to(gguf)
-    chats = (REPO / "examples" / "data" / "vicuna_bench_questions.jsonl").read_text()
-    (tmp_path / "chat.jsonl").write_text("\n".join(chats.splitlines()[:24]) + "\n")
+    # {"text": ...} lines (the tiny GGUF has no chat template llama.cpp knows)
+    prose = (REPO / "examples" / "data" / "shakespeare_head.txt").read_text().split("\n\n")
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"text": p[:300]}) + "\n"
+                                                 for p in prose[:24]))
     kept = [x for x in lines if not x.startswith(("make ", "placer probe"))]
     script = "\n".join(["set -euo pipefail",
                         f'placer() {{ "{sys.executable}" -m placer "$@"; }}', *kept])

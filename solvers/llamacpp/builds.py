@@ -43,8 +43,6 @@ import re
 from dataclasses import dataclass
 
 from solvers.errors import SolverError
-from solvers.llamacpp.classlru import ClassLruCache
-from solvers.llamacpp.lru import LlamaCppCache
 
 CACHE_FROM = 11480         # b11480: the expert cache (#29887)
 CLASSLRU_FROM = 12170      # b12170: ClassLRU (#31233)
@@ -107,7 +105,11 @@ class Build:
     @property
     def cache(self) -> type:
         """The cache class that replays this build's policy (LlamaCppCache for "none" too:
-        a build without the cache is never given one)."""
+        a build without the cache is never given one). Imported here: numba only where a
+        cache is replayed."""
+        from solvers.llamacpp.classlru import ClassLruCache
+        from solvers.llamacpp.lru import LlamaCppCache
+
         return ClassLruCache if self.policy == "classlru" else LlamaCppCache
 
     def to_json(self) -> dict:

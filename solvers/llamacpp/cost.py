@@ -213,12 +213,14 @@ def with_cache(machine: Machine, name: str, host: np.ndarray, cache_mib: int,
 class HostCosts:
     """The cpu model's figures of every MoE layer as if it were a host layer, for one set of
     steps ([S, L] each): stall, bytes the CPU reads or copies, experts it computes or
-    copies; offloaded: [S] whether a step is op-offloaded."""
+    copies; offloaded: [S] whether a step is op-offloaded; selected: [S] bytes of the
+    experts each step selects (any setup's)."""
 
     stall: np.ndarray
     moved: np.ndarray
     experts: np.ndarray
     offloaded: np.ndarray
+    selected: np.ndarray
 
 
 def host_costs(machine: Machine, tokens: np.ndarray) -> HostCosts:
@@ -227,8 +229,15 @@ def host_costs(machine: Machine, tokens: np.ndarray) -> HostCosts:
     eb = np.asarray(machine.expert_bytes)
     loads = cpu_loads(eb, machine.expert_flops, machine.host, np.ones(eb.shape, dtype=bool),
                       tokens)
+    selected = np.zeros(len(tokens))
+    for layer in range(tokens.shape[2]):
+        ids = tokens[:, :, layer, :]
+        mask = np.zeros((len(tokens), eb.shape[1]), dtype=bool)
+        step, _, _ = np.nonzero(ids >= 0)
+        mask[step, ids[ids >= 0]] = True
+        selected += mask @ np.asarray(eb[layer], dtype=np.float64)
     return HostCosts(loads.layer_stall, loads.cold_bytes, loads.cold_experts,
-                     machine.host.offloads(step_tokens(tokens)))
+                     machine.host.offloads(step_tokens(tokens)), selected)
 
 
 def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
@@ -248,13 +257,13 @@ def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
     stall = np.where(costs.offloaded[:, None], stall * slow[None], stall)
     if setup.cache_mib:
         key = (host.tobytes(), setup.slots, id(tokens))
-        fetches = (replays or {}).get(key)
+        fetches, held = (replays or {}).get(key, (None, None))
         if fetches is None:
             fetches = machine.cache(machine.groups(host), setup.slots, machine.top_k).replay(
                 tokens, held=True)
+            held = (fetches.held * eb[None]).sum(axis=2)
             if replays is not None:
-                replays[key] = fetches
-        held = (fetches.held * eb[None]).sum(axis=2)
+                replays[key] = fetches, held
         copied = (moved - held) / machine.host.h2d_bandwidth * slow[None]
         stall = np.where(costs.offloaded[:, None], copied, stall)
         moved = np.where(costs.offloaded[:, None], moved - held, moved)
@@ -262,15 +271,8 @@ def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
         stall = np.where(fetches.used, cached, stall)
         moved = np.where(fetches.used, fetches.misses * eb.max(axis=1)[None], moved)
         experts = np.where(fetches.used, fetches.misses, experts)
-    selected = np.zeros(len(tokens))
-    for layer in range(tokens.shape[2]):
-        ids = tokens[:, :, layer, :]
-        mask = np.zeros((len(tokens), eb.shape[1]), dtype=bool)
-        step, _, _ = np.nonzero(ids >= 0)
-        mask[step, ids[ids >= 0]] = True
-        selected += mask @ eb[layer]
     return np.stack([stall[:, host].sum(axis=1), moved[:, host].sum(axis=1),
-                     experts[:, host].sum(axis=1), selected], axis=1)
+                     experts[:, host].sum(axis=1), costs.selected], axis=1)
 
 
 def cache_stall(machine: Machine, setup: Setup, fetches: Fetches,

@@ -27,6 +27,7 @@ B / (base step + mean stall), weighted over the scenarios (traffic x concurrency
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,7 @@ class Space:
     cache: bool = True
     cpu_shares: tuple[float, ...] = (0.0,)
     pinned: tuple[bool, ...] = (False, True)
+    offloads: bool = True  # some step is op-offloaded (search sets it from the traffic)
 
 
 @dataclass(frozen=True)
@@ -174,8 +176,12 @@ def candidates(machine: Machine, orders: dict[str, np.ndarray], space: Space = S
         base.append(Candidate(rank, low, 0.0))
         if space.cache:
             base += [Candidate(rank, c, s) for c in counts if c > 0 for s in SHARES[1:]]
+    # without a cache, pinning changes only op-offloaded copies (steps of offload_min_batch
+    # tokens or more): where no step is that large, mmap'd alone is tried
+    plain = space.pinned if space.offloads else (False,)
     out = [Candidate(c.rank, c.count, c.share, f, p) for c in dict.fromkeys(base)
-           for f in (space.cpu_shares if c.share else (0.0,)) for p in space.pinned]
+           for f in (space.cpu_shares if c.share else (0.0,))
+           for p in (space.pinned if c.share else plain)]
     return list(dict.fromkeys(out))
 
 
@@ -206,6 +212,8 @@ def search(machine: Machine, scenarios: list[Scenario], space: Space = Space(),
     """The candidate with the best held-out objective (module docstring); `host_ram`: the
     host's bytes for pinned experts (0: not known)."""
     folds = len(scenarios[0].folds)
+    big = max(sc.tokens.shape[1] for sc in scenarios)
+    space = dataclasses.replace(space, offloads=bool(machine.host.offloads(big)))
     totals: dict[Candidate, float | None] = {}
     for f in range(folds):
         train = [(sc.folds[f][0], sc.weight) for sc in scenarios]
