@@ -55,36 +55,72 @@ def test_each_layer_and_card_has_its_own_slots():
 
 
 class Reference:
-    """One card's per-layer caches in plain Python: per access (ascending keys of a fetch) the
-    clock ticks; a hit counts; a miss takes a free slot of its layer, else the slot whose
-    key has the lowest score (ties: the lowest key) among those no key of the fetch holds, else
-    goes uncached."""
+    """One card's caches in plain Python: per access (ascending keys of a fetch) the clock
+    ticks; a hit counts; a miss takes a free slot of its partition (its layer's; the card's
+    one pool where pooled), else the slot whose key has the lowest score (ties: the least
+    recently used for lfuda, then the lowest key) among those no key of the fetch holds, else
+    goes uncached. lfuda: BigRig 0.9.1's rules (solvers/cache/lfuda.py), the count kept per
+    key; learned: the weights over the features of solvers/cache/learned.py, the token clock
+    given per fetch."""
 
-    def __init__(self, quotas: list[int], experts: int, policy: str) -> None:
-        self.quotas, self.experts, self.policy = quotas, experts, policy
-        self.held: dict[int, dict[int, list[int]]] = {layer: {} for layer in range(len(quotas))}
+    def __init__(self, quotas: list[int], experts: int, policy: str, pooled: bool = False,
+                 weights: list[float] | None = None,
+                 calibration: np.ndarray | None = None) -> None:
+        self.experts, self.policy, self.pooled = experts, policy, pooled
+        self.quotas = [sum(quotas)] if pooled else list(quotas)
+        self.held: dict[int, dict[int, list[float]]] = {p: {} for p in range(len(self.quotas))}
+        self.age = dict.fromkeys(range(len(self.quotas)), 0.0)  # lfuda's L per partition
+        self.count: dict[int, float] = {}  # lfuda's kept counts
+        self.decayed: dict[int, tuple[int, list[float]]] = {}  # learned: (last use, counts)
+        self.weights, self.calibration = weights, calibration
         self.clock = 0
 
-    def score(self, freq_last: list[int]) -> float:
-        freq, last = freq_last
-        return last if self.policy == "lru" else freq / (self.clock - last + 1)
+    def features(self, key: int, t: int) -> list[float]:
+        used, counts = self.decayed.get(key, (0, [0.0, 0.0, 0.0]))
+        decayed = [n * 2 ** (-(t - used) / h) for n, h in zip(counts, (4, 16, 64), strict=True)]
+        return [t - used, *decayed, float(self.calibration[key]), 1.0]
 
-    def fetch(self, keys: list[int]) -> list[bool]:
-        layer = keys[0] // self.experts
-        held, out = self.held[layer], []
+    def score(self, key: int, entry: list[float], t: int) -> tuple[float, float, int]:
+        freq, last, priority = entry
+        if self.policy == "lru":
+            return last, 0, key
+        if self.policy == "lfru":
+            return freq / (self.clock - last + 1), 0, key
+        if self.policy == "lfuda":
+            return priority, last, key
+        return float(np.dot(self.weights, self.features(key, t))), 0, key
+
+    def use(self, key: int, part: int, t: int) -> float:
+        """Count one use of `key` in its own memory; lfuda's priority after it."""
+        if self.policy == "lfuda":
+            self.count[key] = min(self.count.get(key, 0.0) + 1, 12.0)
+            return self.age[part] + self.count[key]
+        if self.policy == "learned":
+            self.decayed[key] = (t, [f + 1 for f in self.features(key, t)[1:4]])
+        return 0.0
+
+    def fetch(self, keys: list[int], t: int = 0) -> list[bool]:
+        part = 0 if self.pooled else keys[0] // self.experts
+        held, out = self.held[part], []
         for k in sorted(keys):
             self.clock += 1
+            priority = self.use(k, part, t)
             if k in held:
-                held[k] = [held[k][0] + 1, self.clock]
+                held[k] = [held[k][0] + 1, self.clock, priority]
                 out.append(True)
                 continue
             out.append(False)
-            if len(held) >= self.quotas[layer]:
+            if len(held) >= self.quotas[part]:
                 others = [v for v in held if v not in keys]
                 if not others:
                     continue
-                del held[min(others, key=lambda v: (self.score(held[v]), v))]
-            held[k] = [1, self.clock]
+                victim = min(others, key=lambda v: self.score(v, held[v], t))
+                if self.policy == "lfuda":
+                    self.age[part] = max(self.age[part], held[victim][2])
+                    self.count[victim] *= 0.5
+                    priority = self.age[part] + self.count[k]
+                del held[victim]
+            held[k] = [1, self.clock, priority]
         return out
 
 
@@ -142,6 +178,45 @@ def test_lru_and_lfru_choose_different_victims():
         for keys in ([1], [1], [1], [2], [3]):
             cache.lookup(0, keys)
         assert cache.cached(0) == kept, policy
+
+
+def test_lfuda_keeps_halved_counts_and_ages_by_the_victim():
+    """BigRig 0.9.1's LFUDA worked by hand (2 slots, one layer): priority = age + count."""
+    cache = make_policy("lfuda", [[2]], 8)
+    held = []
+    for keys in ([0], [0], [1], [2], [3], [0], [1]):
+        cache.lookup(0, keys)
+        held.append(cache.cached(0))
+    # [2]: 1 (priority 1) out, not 0 (2); age 1. [3]: 0 and 2 tie at 2, the least recent (0)
+    # out, age 2. [0]: its kept count 2 / 2 + 1 = 2 beats 3's 1: 2 out, 0 in at 2 + 2 = 4.
+    # [1]: 3 (priority 3) out, not 0 (4).
+    assert held == [{0}, {0}, {0, 1}, {0, 2}, {2, 3}, {0, 3}, {0, 1}]
+    kept = cache.state[12][0, :, 0]
+    assert kept[:4].tolist() == [2.0, 1.5, 0.5, 0.5]
+    for _ in range(20):
+        cache.lookup(0, [5])
+    assert kept[5] == 12.0  # capped
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("seed", range(2))
+def test_pooled_equals_the_reference_and_evicts_across_layers(policy: str, seed: int):
+    selected, cold, home = random_traffic(seed, cards=2)
+    quotas = np.array([[1, 2, 0], [2, 0, 1]])
+    hits = cache_hits(make_policy(policy, quotas, 24, pooled=True), selected, cold, home)
+    refs = [Reference(list(q), 8, policy, pooled=True) for q in quotas]
+    for s, layer in itertools.product(range(len(selected)), range(3)):
+        for c, ref in enumerate(refs):
+            mine = np.flatnonzero(selected[s, layer] & (cold[layer] > 0) & (home[layer] == c))
+            if len(mine):
+                want = ref.fetch([layer * 8 + int(e) for e in mine], s + 1)
+                assert hits[s, layer, mine].tolist() == want
+    pooled = make_policy(policy, [[1, 1]], 8, pooled=True)
+    assert pooled.partition(0, 0) == pooled.partition(0, 1) == range(0, 2)
+    pooled.lookup(0, [0, 1])  # layer 0 takes both slots of the card
+    assert pooled.cached(0) == {0, 1}
+    assert pooled.lookup(0, [5])[0].slot is not None  # layer 1 evicts one of layer 0's
+    assert len(pooled.cached(0) & {0, 1}) == 1
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

@@ -11,7 +11,8 @@ from placer.hardware.spec import MAX_BYTES  # a budget or page past it is a typo
 SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
-CACHE_POLICIES = ("lfru", "lru")  # solvers.cache.POLICIES, named here without importing numba
+# solvers.cache.POLICIES, named here without importing numba
+CACHE_POLICIES = ("lfru", "lfuda", "lru")
 MAX_CACHE_SLOTS = 1 << 24
 
 
