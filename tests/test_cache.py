@@ -63,22 +63,21 @@ class Reference:
     key; learned: the weights over the features of solvers/cache/learned.py, the token clock
     given per fetch."""
 
-    def __init__(self, quotas: list[int], experts: int, policy: str, pooled: bool = False,
-                 weights: list[float] | None = None,
-                 calibration: np.ndarray | None = None) -> None:
+    def __init__(self, quotas: list[int], experts: int, policy: str, pooled: bool = False
+                 ) -> None:
         self.experts, self.policy, self.pooled = experts, policy, pooled
         self.quotas = [sum(quotas)] if pooled else list(quotas)
         self.held: dict[int, dict[int, list[float]]] = {p: {} for p in range(len(self.quotas))}
         self.age = dict.fromkeys(range(len(self.quotas)), 0.0)  # lfuda's L per partition
         self.count: dict[int, float] = {}  # lfuda's kept counts
         self.decayed: dict[int, tuple[int, list[float]]] = {}  # learned: (last use, counts)
-        self.weights, self.calibration = weights, calibration
+        self.crf: dict[int, tuple[int, float]] = {}  # classlru: (last use, CRF)
         self.clock = 0
 
     def features(self, key: int, t: int) -> list[float]:
         used, counts = self.decayed.get(key, (0, [0.0, 0.0, 0.0]))
         decayed = [n * 2 ** (-(t - used) / h) for n, h in zip(counts, (4, 16, 64), strict=True)]
-        return [t - used, *decayed, float(self.calibration[key]), 1.0]
+        return [t - used, *decayed, calibration(key), 1.0]
 
     def score(self, key: int, entry: list[float], t: int) -> tuple[float, float, int]:
         freq, last, priority = entry
@@ -88,7 +87,11 @@ class Reference:
             return freq / (self.clock - last + 1), 0, key
         if self.policy == "lfuda":
             return priority, last, key
-        return float(np.dot(self.weights, self.features(key, t))), 0, key
+        if self.policy == "classlru":
+            used, crf = self.crf[key]
+            klass = min(int(np.floor(np.log2(crf))), 7)
+            return -((t - used) / 2.0 ** klass), klass, last
+        return float(np.dot(LEARNED, self.features(key, t))), 0, key
 
     def use(self, key: int, part: int, t: int) -> float:
         """Count one use of `key` in its own memory; lfuda's priority after it."""
@@ -97,19 +100,25 @@ class Reference:
             return self.age[part] + self.count[key]
         if self.policy == "learned":
             self.decayed[key] = (t, [f + 1 for f in self.features(key, t)[1:4]])
+        if self.policy == "classlru":
+            used, crf = self.crf.get(key, (0, 0.0))
+            self.crf[key] = (t, float(np.float32(crf * 2.0 ** (-(t - used) / 128) + 1)))
         return 0.0
 
     def fetch(self, keys: list[int], t: int = 0) -> list[bool]:
         part = 0 if self.pooled else keys[0] // self.experts
-        held, out = self.held[part], []
-        for k in sorted(keys):
+        held, out = self.held[part], {}
+        order = sorted(keys)
+        if self.policy == "classlru":  # hits first, then misses
+            order = [k for k in order if k in held] + [k for k in order if k not in held]
+        for k in order:
             self.clock += 1
             priority = self.use(k, part, t)
             if k in held:
                 held[k] = [held[k][0] + 1, self.clock, priority]
-                out.append(True)
+                out[k] = True
                 continue
-            out.append(False)
+            out[k] = False
             if len(held) >= self.quotas[part]:
                 others = [v for v in held if v not in keys]
                 if not others:
@@ -121,7 +130,25 @@ class Reference:
                     priority = self.age[part] + self.count[k]
                 del held[victim]
             held[k] = [1, self.clock, priority]
-        return out
+        return [out[k] for k in sorted(keys)]
+
+
+LEARNED = [-0.5, 3.0, 1.0, 0.5, 4.0, 0.1]  # some weights of the learned score
+
+
+def calibration(key: int) -> float:
+    """Some calibration frequency of each key, for the learned score."""
+    return (key * 7 % 11) / 11
+
+
+def options(policy: str, num_keys: int) -> dict:
+    """The learned score's weights and frequencies where it needs them."""
+    return {} if policy != "learned" else {
+        "weights": LEARNED, "calibration": [calibration(k) for k in range(num_keys)]}
+
+
+def build(policy: str, quotas, num_keys: int, pooled: bool = False):
+    return make_policy(policy, quotas, num_keys, pooled=pooled, **options(policy, num_keys))
 
 
 def random_traffic(seed: int = 0, steps: int = 40, layers: int = 3, experts: int = 8,
@@ -138,13 +165,13 @@ def random_traffic(seed: int = 0, steps: int = 40, layers: int = 3, experts: int
 def test_compiled_policy_equals_the_reference(policy: str, seed: int):
     selected, cold, home = random_traffic(seed, cards=2)
     quotas = np.array([[1, 2, 3], [2 + seed, 0, 1]])
-    hits = cache_hits(make_policy(policy, quotas, 24), selected, cold, home)
+    hits = cache_hits(build(policy, quotas, 24), selected, cold, home)
     refs = [Reference(list(q), 8, policy) for q in quotas]
     for s, layer in itertools.product(range(len(selected)), range(3)):
         for c, ref in enumerate(refs):
             mine = np.flatnonzero(selected[s, layer] & (cold[layer] > 0) & (home[layer] == c))
             if len(mine):
-                want = ref.fetch([layer * 8 + int(e) for e in mine])
+                want = ref.fetch([layer * 8 + int(e) for e in mine], s + 1)
                 assert hits[s, layer, mine].tolist() == want
 
 
@@ -155,26 +182,26 @@ def test_misses_counted_in_the_walk_are_the_missed_hits_and_the_lookups(policy: 
     with no slots every cacheable selection misses."""
     selected, cold, home = random_traffic(2)
     quotas = np.array([[1, 2, 1], [2, 0, 3]])
-    hits = cache_hits(make_policy(policy, quotas, 24), selected, cold, home)
+    hits = cache_hits(build(policy, quotas, 24), selected, cold, home)
     missed = selected & (cold > 0) & ~hits
     requests = Requests.of(selected)
     assert missed.sum() > 0 and hits.sum() > 0
-    assert np.array_equal(requests.misses(make_policy(policy, quotas, 24), cold > 0, home),
+    assert np.array_equal(requests.misses(build(policy, quotas, 24), cold > 0, home),
                           missed.sum(axis=0))
-    assert np.array_equal(requests.misses(make_policy(policy, 0 * quotas, 24), cold > 0, home),
+    assert np.array_equal(requests.misses(build(policy, 0 * quotas, 24), cold > 0, home),
                           (selected & (cold > 0)).sum(axis=0))
-    cache = make_policy(policy, quotas, 24)
+    cache = build(policy, quotas, 24)
     for s, layer, c in itertools.product(range(len(selected)), range(3), range(2)):
         mine = np.flatnonzero(selected[s, layer] & (cold[layer] > 0) & (home[layer] == c))
         if len(mine):
-            found = cache.lookup(c, [layer * 8 + int(e) for e in mine])
+            found = cache.lookup(c, [layer * 8 + int(e) for e in mine], now=s + 1)
             assert [f.hit for f in found] == hits[s, layer, mine].tolist()
 
 
 def test_lru_and_lfru_choose_different_victims():
     """1 is used often, 2 once, most recently: at a miss LRU evicts 1, LFRU keeps it."""
     for policy, kept in (("lru", {2, 3}), ("lfru", {1, 3})):
-        cache = make_policy(policy, [[2]], 4)
+        cache = build(policy, [[2]], 4)
         for keys in ([1], [1], [1], [2], [3]):
             cache.lookup(0, keys)
         assert cache.cached(0) == kept, policy
@@ -198,12 +225,61 @@ def test_lfuda_keeps_halved_counts_and_ages_by_the_victim():
     assert kept[5] == 12.0  # capped
 
 
+def test_classlru_evicts_by_age_over_class():
+    """/work/notes/classlru-rules.md's worked example: 0 used thrice (class 1), 1 once (class
+    0); at 2's miss both score 1 (ages 2 / 2^1 and 1 / 2^0): the lowest class goes, 1, where
+    LRU evicts 0. 1's CRF is kept: back at token 6 it is 1 * 2^(-2/128) + 1."""
+    for policy, kept in (("classlru", {0, 2}), ("lru", {1, 2})):
+        cache = make_policy(policy, [[2]], 4)
+        for now, keys in enumerate(([0], [0], [0], [1], [2]), start=1):
+            cache.lookup(0, keys, now=now)
+        assert cache.cached(0) == kept, policy
+    cache.lookup(0, [1], now=6)
+    crf = make_policy("classlru", [[2]], 4)
+    for now, keys in enumerate(([0], [0], [0], [1], [2], [1]), start=1):
+        crf.lookup(0, keys, now=now)
+    assert crf.state[12][0, 1, 0] == np.float32(2 ** (-2 / 128) + 1)
+    assert crf.state[12][0, 0, 0] == np.float32(np.float32(2 ** (-1 / 128) + 1)
+                                                * 2 ** (-1 / 128) + 1)
+    with pytest.raises(ValueError, match="before"):
+        crf.lookup(0, [3], now=5)
+
+
+def test_learned_evicts_the_lowest_score_and_checks_its_inputs():
+    """Weights on the calibration frequency alone keep the most frequent key; on the age
+    alone (negative) they are an LRU on the token clock; a recent burst (decayed_4) beats
+    an old long run (decayed_64)."""
+    freqs = [0.9, 0.1, 0.5, 0.0]
+    by_calibration = make_policy("learned", [[2]], 4, weights=[0, 0, 0, 0, 1, 0],
+                                 calibration=freqs)
+    by_age = make_policy("learned", [[2]], 4, weights=[-1, 0, 0, 0, 0, 0], calibration=freqs)
+    for cache in (by_calibration, by_age):
+        for now, keys in enumerate(([1], [0], [2]), start=1):
+            cache.lookup(0, keys, now=now)
+    assert by_calibration.cached(0) == {0, 2} and by_age.cached(0) == {0, 2}
+    by_calibration.lookup(0, [1], now=4)
+    by_age.lookup(0, [1], now=4)
+    assert by_calibration.cached(0) == {0, 1} and by_age.cached(0) == {2, 1}
+    burst = make_policy("learned", [[2]], 4, weights=[0, 1, 0, -0.2, 0, 0], calibration=freqs)
+    for now in range(1, 31):
+        burst.lookup(0, [0], now=now)  # 0: a long run, long ago
+    for now in (60, 61):
+        burst.lookup(0, [1], now=now)  # 1: a burst just now
+    burst.lookup(0, [2], now=62)
+    assert burst.cached(0) == {1, 2}
+    for bad in ({"weights": [1, 2]}, {"weights": [0] * 5 + [np.nan]}, {"calibration": [0.5]},
+                {"weights": None}):
+        with pytest.raises(ValueError, match="learned"):
+            make_policy("learned", [[2]], 4, **({"weights": [0] * 6, "calibration": freqs}
+                                                | bad))
+
+
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("seed", range(2))
 def test_pooled_equals_the_reference_and_evicts_across_layers(policy: str, seed: int):
     selected, cold, home = random_traffic(seed, cards=2)
     quotas = np.array([[1, 2, 0], [2, 0, 1]])
-    hits = cache_hits(make_policy(policy, quotas, 24, pooled=True), selected, cold, home)
+    hits = cache_hits(build(policy, quotas, 24, pooled=True), selected, cold, home)
     refs = [Reference(list(q), 8, policy, pooled=True) for q in quotas]
     for s, layer in itertools.product(range(len(selected)), range(3)):
         for c, ref in enumerate(refs):
@@ -211,7 +287,7 @@ def test_pooled_equals_the_reference_and_evicts_across_layers(policy: str, seed:
             if len(mine):
                 want = ref.fetch([layer * 8 + int(e) for e in mine], s + 1)
                 assert hits[s, layer, mine].tolist() == want
-    pooled = make_policy(policy, [[1, 1]], 8, pooled=True)
+    pooled = build(policy, [[1, 1]], 8, pooled=True)
     assert pooled.partition(0, 0) == pooled.partition(0, 1) == range(0, 2)
     pooled.lookup(0, [0, 1])  # layer 0 takes both slots of the card
     assert pooled.cached(0) == {0, 1}
@@ -223,8 +299,8 @@ def test_pooled_equals_the_reference_and_evicts_across_layers(policy: str, seed:
 def test_replay_in_chunks_equals_replay_at_once(policy: str):
     selected, cold, home = random_traffic(1)
     quotas = np.array([[1, 2, 1], [2, 1, 1]])
-    whole = cache_hits(make_policy(policy, quotas, 24), selected, cold, home)
-    policy = make_policy(policy, quotas, 24)
+    whole = cache_hits(build(policy, quotas, 24), selected, cold, home)
+    policy = build(policy, quotas, 24)
     parts = [cache_hits(policy, selected[a:a + 7], cold, home) for a in range(0, 40, 7)]
     assert np.array_equal(np.concatenate(parts), whole)
 
@@ -242,9 +318,9 @@ def test_without_cache_the_prediction_is_the_cost_model_union():
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_slots_stage_less_and_enough_slots_stage_each_expert_once(policy: str):
     selected, cold, home = random_traffic()
-    none = simulate(selected, cold, home, 2, 0, policy)
-    some = simulate(selected, cold, home, 2, 3, policy)
-    every = simulate(selected, cold, home, 2, 24, policy)
+    none = simulate(selected, cold, home, 2, 0, policy, **options(policy, 24))
+    some = simulate(selected, cold, home, 2, 3, policy, **options(policy, 24))
+    every = simulate(selected, cold, home, 2, 24, policy, **options(policy, 24))
     assert every.bytes.sum() <= some.bytes.sum() <= none.bytes.sum()
     ever = (selected & (cold > 0)).any(axis=0)
     assert every.copies.sum() == ever.sum() and every.bytes.sum() == (ever * cold).sum()

@@ -12,7 +12,7 @@ SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
 # solvers.cache.POLICIES, named here without importing numba
-CACHE_POLICIES = ("lfru", "lfuda", "lru")
+CACHE_POLICIES = ("classlru", "learned", "lfru", "lfuda", "lru")
 MAX_CACHE_SLOTS = 1 << 24
 
 

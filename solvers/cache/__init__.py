@@ -16,13 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from solvers.cache.classlru import ClassLRU
+from solvers.cache.learned import Learned
 from solvers.cache.lfru import LFRU
 from solvers.cache.lfuda import LFUDA
 from solvers.cache.lru import LRU
 from solvers.cache.policy import CachePolicy, Lookup
 from solvers.cache.replay import StagingCounts, cache_hits, staging_counts
 
-POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (LFRU, LFUDA, LRU)}
+POLICIES: dict[str, type[CachePolicy]] = {
+    p.name: p for p in (ClassLRU, Learned, LFRU, LFUDA, LRU)}
 DEFAULT_POLICY = "lfru"
 
 __all__ = ["POLICIES", "DEFAULT_POLICY", "CachePolicy", "Lookup", "StagingCounts", "cache_hits",
@@ -49,13 +52,15 @@ def even_quotas(slots: Sequence[int], num_layers: int) -> np.ndarray:
 
 
 def simulate(selected: np.ndarray, cold_bytes: np.ndarray, home: np.ndarray, num_cards: int,
-             slots: int | Sequence[int], policy: str = DEFAULT_POLICY) -> StagingCounts:
-    """What the runtime stages for `selected` ([S, L, E] bool, in order) with `slots` cache
-    slots per card (one count for all cards, or one per card), split evenly over the
-    layers, under `policy`."""
+             slots: int | Sequence[int], policy: str = DEFAULT_POLICY, *,
+             pooled: bool = False, **options: Any) -> StagingCounts:
+    """What the runtime stages for `selected` ([S, L, E] bool, in order, one token per step)
+    with `slots` cache slots per card (one count for all cards, or one per card), split
+    evenly over the layers (pooled: one pool per card), under `policy` (and its `options`)."""
     selected = np.asarray(selected, dtype=bool)
     per_card = [slots] * num_cards if isinstance(slots, int | np.integer) else list(slots)
     quotas = even_quotas(per_card, selected.shape[1])
-    cache = make_policy(policy, quotas, selected.shape[1] * selected.shape[2])
+    cache = make_policy(policy, quotas, selected.shape[1] * selected.shape[2], pooled=pooled,
+                        **options)
     hits = cache_hits(cache, selected, cold_bytes, home)
     return staging_counts(selected, hits, cold_bytes, home, num_cards)

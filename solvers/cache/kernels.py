@@ -82,17 +82,23 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                 s = key_slot[c, buf[c, i]]
                 if s >= 0:
                     seen[c, s] = fetch
-            for i in range(n):
-                clock[c] += 1
-                k = buf[c, i]
+            # classlru updates the fetch's hits first, then its misses (llama.cpp's plan())
+            for i in range(n * (2 if score == CLASSLRU_SCORE else 1)):
+                k = buf[c, i % n]
                 s = key_slot[c, k]
+                if score == CLASSLRU_SCORE and (s >= 0) != (i < n):
+                    continue
+                clock[c] += 1
+                a = at[c, i % n]
                 if len(hits):
-                    hits[at[c, i]] = s >= 0
+                    hits[a] = s >= 0
                 # the key's own memory, which outlives its slot: every use counts
                 if score == LFUDA_SCORE:
                     kept[c, k, 0] = min(kept[c, k, 0] + 1.0, params[0])
                 elif score == CLASSLRU_SCORE:
-                    kept[c, k, 0] = kept[c, k, 0] * 2.0 ** (-(t - used[c, k]) / params[0]) + 1.0
+                    # llama.cpp's CRF, stored as a C float
+                    kept[c, k, 0] = np.float64(np.float32(
+                        kept[c, k, 0] * 2.0 ** (-(t - used[c, k]) / params[0]) + 1.0))
                     used[c, k] = t
                 elif score == LEARNED_SCORE:
                     dt = t - used[c, k]
@@ -106,7 +112,7 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                     else:
                         freq[c, s] += 1
                     if len(slots):
-                        slots[at[c, i]] = s
+                        slots[a] = s
                     continue
                 if len(misses):
                     misses[k] += 1
@@ -115,36 +121,35 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                     count[c, p] += 1
                 else:
                     s = -1
-                    best = np.inf
-                    tie = 0
+                    best, rank, tie = np.inf, 0, 0
                     for u in range(base, base + cap):
                         if seen[c, u] == fetch:
                             continue
                         v = slot_key[c, u]
+                        first, second = 0, 0  # ties: the lowest of these, then of the key
                         if score == LRU_SCORE:
                             value = float(last[c, u])
                         elif score == LFRU_SCORE:
                             value = freq[c, u] / (clock[c] - last[c, u] + 1)
                         elif score == LFUDA_SCORE:
                             value = freq[c, u]
+                            first = last[c, u]
                         elif score == CLASSLRU_SCORE:
-                            # age / 2^class; class = floor(log2(decayed uses)), 0 .. top
-                            uses = kept[c, v, 0] * 2.0 ** (-(t - used[c, v]) / params[0])
-                            klass = min(max(np.floor(np.log2(max(uses, 1.0))), 0.0),
-                                        params[1])
-                            value = -float(t - used[c, v]) / 2.0 ** klass
+                            # the largest age / 2^class, class as of the last use; ties: the
+                            # lowest class, then the least recently used (its list's head)
+                            first = min(int(np.floor(np.log2(kept[c, v, 0]))), int(params[1]))
+                            second = last[c, u]
+                            value = -((t - used[c, v]) / 2.0 ** first)
                         else:
                             dt = float(t - used[c, v])
                             value = params[0] * dt + params[4] * calibration[v] + params[5]
                             for j in range(3):
                                 value += (params[1 + j] * kept[c, v, j]
                                           * 2.0 ** (-dt / HALF_LIVES[j]))
-                        # ties: the least recently used for lfuda, else the lowest key
-                        order = last[c, u] if score == LFUDA_SCORE else 0
-                        if value < best or (value == best and (
-                                order < tie or (order == tie and v < slot_key[c, s]))):
-                            best = value
-                            tie = order
+                        if value < best or (value == best and (first < rank or (
+                                first == rank and (second < tie or (
+                                    second == tie and v < slot_key[c, s]))))):
+                            best, rank, tie = value, first, second
                             s = u
                     if s >= 0:
                         victim = slot_key[c, s]
@@ -153,7 +158,7 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                             age[c, p] = max(age[c, p], freq[c, s])
                             kept[c, victim, 0] *= params[1]
                 if len(slots):
-                    slots[at[c, i]] = s
+                    slots[a] = s
                 if s < 0:
                     continue
                 slot_key[c, s] = k
