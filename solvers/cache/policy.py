@@ -3,18 +3,21 @@ walk of fetches (`replay_requests`, solvers/cache/kernels.py) under the policy's
 
 A card's cache holds cold experts staged earlier, each in one device slot, `quotas[c, l]`
 slots for MoE layer l (a layer's fetch uses only its own: solvers/cache/partition.py says
-why). Experts are keys `layer_row * E + expert` (layer_row: the MoE layer's ordinal). The
-runtime asks a card's cache about one layer's fetch at a time (`CachePolicy.lookup`), and the
-replay (`solvers.cache.replay`) walks recorded steps through the very same compiled walk (a
-lookup is a walk of one fetch), so a prediction and the runtime's counters agree by
-construction.
+why; or, `pooled`, the card's slots are one pool every layer's fetch shares). Experts are
+keys `layer_row * E + expert` (layer_row: the MoE layer's ordinal). The runtime asks a card's
+cache about one layer's fetch at a time (`CachePolicy.lookup`), and the replay
+(`solvers.cache.replay`) walks recorded steps through the very same compiled walk (a lookup
+is a walk of one fetch), so a prediction and the runtime's counters agree by construction.
 
 A fetch is the set of distinct cold experts one layer of one step needs on one card. Their
 weights are used together, so no expert of a fetch is evicted by that fetch. Each key, in
-ascending order: a hit stays; a miss takes a free slot of its layer, else the slot of the
-victim the policy's score picks among those that hold no expert of this fetch, else none
-(every slot holds an expert this fetch needs, or there are no slots): it is staged into the
-staging buffer and not cached. Either way a miss costs one copy of its cold bytes.
+ascending order (classlru: its hits first): a hit stays; a miss takes a free slot of its
+partition, else the slot of the victim the policy's score picks among those that hold no
+expert of this fetch, else none (every slot holds an expert this fetch needs, or there are no
+slots): it is staged into the staging buffer and not cached. Either way a miss costs one copy
+of its cold bytes. Policies with memory (lfuda, classlru, learned) keep per-key state across
+evictions, and count every use, an uncached miss too; classlru and learned age on the token
+clock (solvers/cache/kernels.py), which a lookup takes as `now`.
 """
 
 from __future__ import annotations
