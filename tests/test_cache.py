@@ -10,9 +10,10 @@ import itertools
 import numpy as np
 import pytest
 
-from placer.plan.options import CACHE_POLICIES
+from placer.plan.options import CACHE_POLICIES, LEARNED_FEATURES
 from solvers.cache import POLICIES, Lookup, make_policy, simulate
 from solvers.cache.belady import BeladyReplay, _min_hits
+from solvers.cache.kernels import FEATURES
 from solvers.cache.replay import Requests, cache_hits
 
 
@@ -408,3 +409,4 @@ def test_the_cli_names_every_policy_and_only_those():
     """`placer solve --cache-policy` and the plan check name the policies without importing
     the compiled caches: the names must be exactly the classes'."""
     assert CACHE_POLICIES == tuple(POLICIES)
+    assert LEARNED_FEATURES == FEATURES  # the plan check's names of the learned weights
