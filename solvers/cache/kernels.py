@@ -24,7 +24,8 @@ from numba import njit
 LRU_SCORE, LFRU_SCORE, LFUDA_SCORE, CLASSLRU_SCORE, LEARNED_SCORE = 0, 1, 2, 3, 4
 
 # learned's features, in the order of its weights (solvers/cache/learned.py)
-HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts
+HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts (each 4x the last:
+# the walk takes one exp2 per key, for 64, and the others as its 4th and 16th powers)
 FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
 
 # state: (shape [2]: experts per layer, pooled; offset [C, P], quota [C, P], count [C, P],
@@ -101,14 +102,18 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                         kept[c, k, 0] * 2.0 ** (-(t - used[c, k]) / params[0]) + 1.0))
                     used[c, k] = t
                 elif score == LEARNED_SCORE:
-                    dt = t - used[c, k]
-                    for j in range(3):
-                        kept[c, k, j] = kept[c, k, j] * 2.0 ** (-dt / HALF_LIVES[j]) + 1.0
+                    slow = 2.0 ** (-(t - used[c, k]) / HALF_LIVES[2])
+                    mid = slow * slow * slow * slow
+                    kept[c, k, 0] = kept[c, k, 0] * (mid * mid * mid * mid) + 1.0
+                    kept[c, k, 1] = kept[c, k, 1] * mid + 1.0
+                    kept[c, k, 2] = kept[c, k, 2] * slow + 1.0
                     used[c, k] = t
                 if s >= 0:
                     last[c, s] = clock[c]
                     if score == LFUDA_SCORE:
                         freq[c, s] = age[c, p] + kept[c, k, 0]
+                    elif score == CLASSLRU_SCORE:  # 2^class, class as of this use
+                        freq[c, s] = 2.0 ** min(np.floor(np.log2(kept[c, k, 0])), params[1])
                     else:
                         freq[c, s] += 1
                     if len(slots):
@@ -121,31 +126,33 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                     count[c, p] += 1
                 else:
                     s = -1
-                    best, rank, tie = np.inf, 0, 0
+                    best, rank, tie = np.inf, 0.0, 0
                     for u in range(base, base + cap):
                         if seen[c, u] == fetch:
                             continue
                         v = slot_key[c, u]
-                        first, second = 0, 0  # ties: the lowest of these, then of the key
+                        first, second = 0.0, 0  # ties: the lowest of these, then of the key
                         if score == LRU_SCORE:
                             value = float(last[c, u])
                         elif score == LFRU_SCORE:
                             value = freq[c, u] / (clock[c] - last[c, u] + 1)
                         elif score == LFUDA_SCORE:
                             value = freq[c, u]
-                            first = last[c, u]
+                            first = float(last[c, u])
                         elif score == CLASSLRU_SCORE:
                             # the largest age / 2^class, class as of the last use; ties: the
                             # lowest class, then the least recently used (its list's head)
-                            first = min(int(np.floor(np.log2(kept[c, v, 0]))), int(params[1]))
+                            first = freq[c, u]  # 2^class
                             second = last[c, u]
-                            value = -((t - used[c, v]) / 2.0 ** first)
+                            value = -((t - used[c, v]) / first)
                         else:
                             dt = float(t - used[c, v])
-                            value = params[0] * dt + params[4] * calibration[v] + params[5]
-                            for j in range(3):
-                                value += (params[1 + j] * kept[c, v, j]
-                                          * 2.0 ** (-dt / HALF_LIVES[j]))
+                            slow = 2.0 ** (-dt / HALF_LIVES[2])
+                            mid = slow * slow * slow * slow
+                            value = (params[0] * dt + params[1] * kept[c, v, 0] * (
+                                mid * mid * mid * mid) + params[2] * kept[c, v, 1] * mid
+                                + params[3] * kept[c, v, 2] * slow
+                                + params[4] * calibration[v] + params[5])
                         if value < best or (value == best and (first < rank or (
                                 first == rank and (second < tie or (
                                     second == tie and v < slot_key[c, s]))))):
@@ -164,6 +171,11 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                 slot_key[c, s] = k
                 key_slot[c, k] = s
                 last[c, s] = clock[c]
-                freq[c, s] = age[c, p] + kept[c, k, 0] if score == LFUDA_SCORE else 1.0
+                if score == LFUDA_SCORE:
+                    freq[c, s] = age[c, p] + kept[c, k, 0]
+                elif score == CLASSLRU_SCORE:
+                    freq[c, s] = 2.0 ** min(np.floor(np.log2(kept[c, k, 0])), params[1])
+                else:
+                    freq[c, s] = 1.0
                 seen[c, s] = fetch
     now[0] = t
