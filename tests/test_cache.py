@@ -219,7 +219,7 @@ def test_lfuda_keeps_halved_counts_and_ages_by_the_victim():
     # out, age 2. [0]: its kept count 2 / 2 + 1 = 2 beats 3's 1: 2 out, 0 in at 2 + 2 = 4.
     # [1]: 3 (priority 3) out, not 0 (4).
     assert held == [{0}, {0}, {0, 1}, {0, 2}, {2, 3}, {0, 3}, {0, 1}]
-    kept = cache.state[12][0, :, 0]
+    kept = cache.kept[0, :, 0]
     assert kept[:4].tolist() == [2.0, 1.5, 0.5, 0.5]
     for _ in range(20):
         cache.lookup(0, [5])
@@ -239,8 +239,8 @@ def test_classlru_evicts_by_age_over_class():
     crf = make_policy("classlru", [[2]], 4)
     for now, keys in enumerate(([0], [0], [0], [1], [2], [1]), start=1):
         crf.lookup(0, keys, now=now)
-    assert crf.state[12][0, 1, 0] == np.float32(2 ** (-2 / 128) + 1)
-    assert crf.state[12][0, 0, 0] == np.float32(np.float32(2 ** (-1 / 128) + 1)
+    assert crf.kept[0, 1, 0] == np.float32(2 ** (-2 / 128) + 1)
+    assert crf.kept[0, 0, 0] == np.float32(np.float32(2 ** (-1 / 128) + 1)
                                                 * 2 ** (-1 / 128) + 1)
     with pytest.raises(ValueError, match="before"):
         crf.lookup(0, [3], now=5)

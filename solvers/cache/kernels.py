@@ -28,11 +28,12 @@ HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts (each 
 # the walk takes one exp2 per key, for 64, and the others as its 4th and 16th powers)
 FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
 
-# state: (shape [2]: experts per layer, pooled; offset [C, P], quota [C, P], count [C, P],
-#         slot_key [C, W], key_slot [C, K], last [C, W], freq [C, W], seen [C, W],
-#         clock [C], fetches [C], age [C, P], kept [C, K', F], used [C, K'], params [n],
-#         calibration [K'], now [1]), P = L partitions or 1 (pooled); K' = K where the policy
-#         keeps per-key memory, else 0.
+# state, 11 arrays (each array argument costs the runtime's lookup a fraction of a
+# microsecond to unbox, so they are stacked): (head [3]: experts per layer, pooled, now (the
+# token time of the last step walked); parts [3, C, P]: offset, quota, count of each
+# partition; age [C, P]; slot [3, C, W]: slot_key, last, seen; freq [C, W]; key_slot [C, K];
+# card [2, C]: clock, fetches; kept [C, K', F]; used [C, K']; params [n]; calibration [K']),
+# P = L partitions or 1 (pooled); K' = K where the policy keeps per-key memory, else 0.
 
 
 @njit(cache=True, nogil=True)
@@ -48,15 +49,17 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
     One loop for every fetch, the policy inline: a fetch as a function of its own, called
     per card and layer, cost three times the walk (numba's reference counting of a dozen
     array arguments per call, ~90 ns where the fetch itself is ~30)."""
-    (shape, offset, quota, count, slot_key, key_slot, last, freq, seen, clock, fetches, age,
-     kept, used, params, calibration, now) = state
-    pooled = shape[1] == 1
+    head, parts, age, slot, freq, key_slot, card, kept, used, params, calibration = state
+    offset, quota, count = parts[0], parts[1], parts[2]
+    slot_key, last, seen = slot[0], slot[1], slot[2]
+    clock, fetches = card[0], card[1]
+    pooled = head[1] == 1
     layers = key_slot.shape[1] // experts
     buf = np.empty((num_cards, experts), dtype=np.int64)
     at = np.empty((num_cards, experts), dtype=np.int64)
     counts = np.zeros(num_cards, dtype=np.int64)
     step, layer = 0, 0
-    t = now[0]
+    t = head[2]
     for g in range(len(offsets) - 1):
         t = times[step]
         layer += 1
@@ -178,4 +181,4 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                 else:
                     freq[c, s] = 1.0
                 seen[c, s] = fetch
-    now[0] = t
+    head[2] = t
