@@ -42,7 +42,8 @@ from solvers.cache.replay import Requests
 
 HALF_LIVES = (4.0, 16.0, 64.0)
 FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
-DECAY_FLOOR = 1.0 / 64      # log2(decayed + DECAY_FLOOR)
+LOG_DECAYED = False         # the kernel's decayed counts: linear (True: log2(d + DECAY_FLOOR))
+DECAY_FLOOR = 1.0 / 64
 SHARE_FLOOR = 1.0 / 1024    # calibration = log2(share + SHARE_FLOOR)
 ROUNDS = 3
 FIT_REQUESTS = 4_000_000    # requests replayed per round, at most (a prefix of each fold)
@@ -105,8 +106,9 @@ def walk(keys, offsets, times, part_of, quota, weights, calibration, record_ever
                             continue
                         feats[0] = now - last[c]
                         for h in range(nh):
-                            feats[1 + h] = np.log2(decayed[c, h] * np.exp2(
-                                -(now - last[c]) / halves[h]) + DECAY_FLOOR)
+                            feats[1 + h] = decayed[c, h] * np.exp2(-(now - last[c]) / halves[h])
+                            if LOG_DECAYED:
+                                feats[1 + h] = np.log2(feats[1 + h] + DECAY_FLOOR)
                         feats[1 + nh] = calibration[c]
                         v = 0.0
                         for f in range(len(weights)):
