@@ -55,37 +55,100 @@ def test_each_layer_and_card_has_its_own_slots():
 
 
 class Reference:
-    """One card's per-layer caches in plain Python: per access (ascending keys of a fetch) the
-    clock ticks; a hit counts; a miss takes a free slot of its layer, else the slot whose
-    key has the lowest score (ties: the lowest key) among those no key of the fetch holds, else
-    goes uncached."""
+    """One card's caches in plain Python: per access (ascending keys of a fetch) the clock
+    ticks; a hit counts; a miss takes a free slot of its partition (its layer's; the card's
+    one pool where pooled), else the slot whose key has the lowest score (ties: the least
+    recently used for lfuda, then the lowest key) among those no key of the fetch holds, else
+    goes uncached. lfuda: BigRig 0.9.1's rules (solvers/cache/lfuda.py), the count kept per
+    key; learned: the weights over the features of solvers/cache/learned.py, the token clock
+    given per fetch."""
 
-    def __init__(self, quotas: list[int], experts: int, policy: str) -> None:
-        self.quotas, self.experts, self.policy = quotas, experts, policy
-        self.held: dict[int, dict[int, list[int]]] = {layer: {} for layer in range(len(quotas))}
+    def __init__(self, quotas: list[int], experts: int, policy: str, pooled: bool = False
+                 ) -> None:
+        self.experts, self.policy, self.pooled = experts, policy, pooled
+        self.quotas = [sum(quotas)] if pooled else list(quotas)
+        self.held: dict[int, dict[int, list[float]]] = {p: {} for p in range(len(self.quotas))}
+        self.age = dict.fromkeys(range(len(self.quotas)), 0.0)  # lfuda's L per partition
+        self.count: dict[int, float] = {}  # lfuda's kept counts
+        self.decayed: dict[int, tuple[int, list[float]]] = {}  # learned: (last use, counts)
+        self.crf: dict[int, tuple[int, float]] = {}  # classlru: (last use, CRF)
         self.clock = 0
 
-    def score(self, freq_last: list[int]) -> float:
-        freq, last = freq_last
-        return last if self.policy == "lru" else freq / (self.clock - last + 1)
+    def features(self, key: int, t: int) -> list[float]:
+        used, counts = self.decayed.get(key, (0, [0.0, 0.0, 0.0]))
+        decayed = [n * 2 ** (-(t - used) / h) for n, h in zip(counts, (4, 16, 64), strict=True)]
+        return [t - used, *decayed, calibration(key), 1.0]
 
-    def fetch(self, keys: list[int]) -> list[bool]:
-        layer = keys[0] // self.experts
-        held, out = self.held[layer], []
-        for k in sorted(keys):
+    def score(self, key: int, entry: list[float], t: int) -> tuple[float, float, int]:
+        freq, last, priority = entry
+        if self.policy == "lru":
+            return last, 0, key
+        if self.policy == "lfru":
+            return freq / (self.clock - last + 1), 0, key
+        if self.policy == "lfuda":
+            return priority, last, key
+        if self.policy == "classlru":
+            used, crf = self.crf[key]
+            klass = min(int(np.floor(np.log2(crf))), 7)
+            return -((t - used) / 2.0 ** klass), klass, last
+        return float(np.dot(LEARNED, self.features(key, t))), 0, key
+
+    def use(self, key: int, part: int, t: int) -> float:
+        """Count one use of `key` in its own memory; lfuda's priority after it."""
+        if self.policy == "lfuda":
+            self.count[key] = min(self.count.get(key, 0.0) + 1, 12.0)
+            return self.age[part] + self.count[key]
+        if self.policy == "learned":
+            self.decayed[key] = (t, [f + 1 for f in self.features(key, t)[1:4]])
+        if self.policy == "classlru":
+            used, crf = self.crf.get(key, (0, 0.0))
+            self.crf[key] = (t, float(np.float32(crf * 2.0 ** (-(t - used) / 128) + 1)))
+        return 0.0
+
+    def fetch(self, keys: list[int], t: int = 0) -> list[bool]:
+        part = 0 if self.pooled else keys[0] // self.experts
+        held, out = self.held[part], {}
+        order = sorted(keys)
+        if self.policy == "classlru":  # hits first, then misses
+            order = [k for k in order if k in held] + [k for k in order if k not in held]
+        for k in order:
             self.clock += 1
+            priority = self.use(k, part, t)
             if k in held:
-                held[k] = [held[k][0] + 1, self.clock]
-                out.append(True)
+                held[k] = [held[k][0] + 1, self.clock, priority]
+                out[k] = True
                 continue
-            out.append(False)
-            if len(held) >= self.quotas[layer]:
+            out[k] = False
+            if len(held) >= self.quotas[part]:
                 others = [v for v in held if v not in keys]
                 if not others:
                     continue
-                del held[min(others, key=lambda v: (self.score(held[v]), v))]
-            held[k] = [1, self.clock]
-        return out
+                victim = min(others, key=lambda v: self.score(v, held[v], t))
+                if self.policy == "lfuda":
+                    self.age[part] = max(self.age[part], held[victim][2])
+                    self.count[victim] *= 0.5
+                    priority = self.age[part] + self.count[k]
+                del held[victim]
+            held[k] = [1, self.clock, priority]
+        return [out[k] for k in sorted(keys)]
+
+
+LEARNED = [-0.5, 3.0, 1.0, 0.5, 4.0, 0.1]  # some weights of the learned score
+
+
+def calibration(key: int) -> float:
+    """Some calibration frequency of each key, for the learned score."""
+    return (key * 7 % 11) / 11
+
+
+def options(policy: str, num_keys: int) -> dict:
+    """The learned score's weights and frequencies where it needs them."""
+    return {} if policy != "learned" else {
+        "weights": LEARNED, "calibration": [calibration(k) for k in range(num_keys)]}
+
+
+def build(policy: str, quotas, num_keys: int, pooled: bool = False):
+    return make_policy(policy, quotas, num_keys, pooled=pooled, **options(policy, num_keys))
 
 
 def random_traffic(seed: int = 0, steps: int = 40, layers: int = 3, experts: int = 8,
@@ -102,13 +165,13 @@ def random_traffic(seed: int = 0, steps: int = 40, layers: int = 3, experts: int
 def test_compiled_policy_equals_the_reference(policy: str, seed: int):
     selected, cold, home = random_traffic(seed, cards=2)
     quotas = np.array([[1, 2, 3], [2 + seed, 0, 1]])
-    hits = cache_hits(make_policy(policy, quotas, 24), selected, cold, home)
+    hits = cache_hits(build(policy, quotas, 24), selected, cold, home)
     refs = [Reference(list(q), 8, policy) for q in quotas]
     for s, layer in itertools.product(range(len(selected)), range(3)):
         for c, ref in enumerate(refs):
             mine = np.flatnonzero(selected[s, layer] & (cold[layer] > 0) & (home[layer] == c))
             if len(mine):
-                want = ref.fetch([layer * 8 + int(e) for e in mine])
+                want = ref.fetch([layer * 8 + int(e) for e in mine], s + 1)
                 assert hits[s, layer, mine].tolist() == want
 
 
@@ -119,37 +182,125 @@ def test_misses_counted_in_the_walk_are_the_missed_hits_and_the_lookups(policy: 
     with no slots every cacheable selection misses."""
     selected, cold, home = random_traffic(2)
     quotas = np.array([[1, 2, 1], [2, 0, 3]])
-    hits = cache_hits(make_policy(policy, quotas, 24), selected, cold, home)
+    hits = cache_hits(build(policy, quotas, 24), selected, cold, home)
     missed = selected & (cold > 0) & ~hits
     requests = Requests.of(selected)
     assert missed.sum() > 0 and hits.sum() > 0
-    assert np.array_equal(requests.misses(make_policy(policy, quotas, 24), cold > 0, home),
+    assert np.array_equal(requests.misses(build(policy, quotas, 24), cold > 0, home),
                           missed.sum(axis=0))
-    assert np.array_equal(requests.misses(make_policy(policy, 0 * quotas, 24), cold > 0, home),
+    assert np.array_equal(requests.misses(build(policy, 0 * quotas, 24), cold > 0, home),
                           (selected & (cold > 0)).sum(axis=0))
-    cache = make_policy(policy, quotas, 24)
+    cache = build(policy, quotas, 24)
     for s, layer, c in itertools.product(range(len(selected)), range(3), range(2)):
         mine = np.flatnonzero(selected[s, layer] & (cold[layer] > 0) & (home[layer] == c))
         if len(mine):
-            found = cache.lookup(c, [layer * 8 + int(e) for e in mine])
+            found = cache.lookup(c, [layer * 8 + int(e) for e in mine], now=s + 1)
             assert [f.hit for f in found] == hits[s, layer, mine].tolist()
 
 
 def test_lru_and_lfru_choose_different_victims():
     """1 is used often, 2 once, most recently: at a miss LRU evicts 1, LFRU keeps it."""
     for policy, kept in (("lru", {2, 3}), ("lfru", {1, 3})):
-        cache = make_policy(policy, [[2]], 4)
+        cache = build(policy, [[2]], 4)
         for keys in ([1], [1], [1], [2], [3]):
             cache.lookup(0, keys)
         assert cache.cached(0) == kept, policy
+
+
+def test_lfuda_keeps_halved_counts_and_ages_by_the_victim():
+    """BigRig 0.9.1's LFUDA worked by hand (2 slots, one layer): priority = age + count."""
+    cache = make_policy("lfuda", [[2]], 8)
+    held = []
+    for keys in ([0], [0], [1], [2], [3], [0], [1]):
+        cache.lookup(0, keys)
+        held.append(cache.cached(0))
+    # [2]: 1 (priority 1) out, not 0 (2); age 1. [3]: 0 and 2 tie at 2, the least recent (0)
+    # out, age 2. [0]: its kept count 2 / 2 + 1 = 2 beats 3's 1: 2 out, 0 in at 2 + 2 = 4.
+    # [1]: 3 (priority 3) out, not 0 (4).
+    assert held == [{0}, {0}, {0, 1}, {0, 2}, {2, 3}, {0, 3}, {0, 1}]
+    kept = cache.state[12][0, :, 0]
+    assert kept[:4].tolist() == [2.0, 1.5, 0.5, 0.5]
+    for _ in range(20):
+        cache.lookup(0, [5])
+    assert kept[5] == 12.0  # capped
+
+
+def test_classlru_evicts_by_age_over_class():
+    """/work/notes/classlru-rules.md's worked example: 0 used thrice (class 1), 1 once (class
+    0); at 2's miss both score 1 (ages 2 / 2^1 and 1 / 2^0): the lowest class goes, 1, where
+    LRU evicts 0. 1's CRF is kept: back at token 6 it is 1 * 2^(-2/128) + 1."""
+    for policy, kept in (("classlru", {0, 2}), ("lru", {1, 2})):
+        cache = make_policy(policy, [[2]], 4)
+        for now, keys in enumerate(([0], [0], [0], [1], [2]), start=1):
+            cache.lookup(0, keys, now=now)
+        assert cache.cached(0) == kept, policy
+    cache.lookup(0, [1], now=6)
+    crf = make_policy("classlru", [[2]], 4)
+    for now, keys in enumerate(([0], [0], [0], [1], [2], [1]), start=1):
+        crf.lookup(0, keys, now=now)
+    assert crf.state[12][0, 1, 0] == np.float32(2 ** (-2 / 128) + 1)
+    assert crf.state[12][0, 0, 0] == np.float32(np.float32(2 ** (-1 / 128) + 1)
+                                                * 2 ** (-1 / 128) + 1)
+    with pytest.raises(ValueError, match="before"):
+        crf.lookup(0, [3], now=5)
+
+
+def test_learned_evicts_the_lowest_score_and_checks_its_inputs():
+    """Weights on the calibration frequency alone keep the most frequent key; on the age
+    alone (negative) they are an LRU on the token clock; a recent burst (decayed_4) beats
+    an old long run (decayed_64)."""
+    freqs = [0.9, 0.1, 0.5, 0.0]
+    by_calibration = make_policy("learned", [[2]], 4, weights=[0, 0, 0, 0, 1, 0],
+                                 calibration=freqs)
+    by_age = make_policy("learned", [[2]], 4, weights=[-1, 0, 0, 0, 0, 0], calibration=freqs)
+    for cache in (by_calibration, by_age):
+        for now, keys in enumerate(([1], [0], [2]), start=1):
+            cache.lookup(0, keys, now=now)
+    assert by_calibration.cached(0) == {0, 2} and by_age.cached(0) == {0, 2}
+    by_calibration.lookup(0, [1], now=4)
+    by_age.lookup(0, [1], now=4)
+    assert by_calibration.cached(0) == {0, 1} and by_age.cached(0) == {2, 1}
+    burst = make_policy("learned", [[2]], 4, weights=[0, 1, 0, -0.2, 0, 0], calibration=freqs)
+    for now in range(1, 31):
+        burst.lookup(0, [0], now=now)  # 0: a long run, long ago
+    for now in (60, 61):
+        burst.lookup(0, [1], now=now)  # 1: a burst just now
+    burst.lookup(0, [2], now=62)
+    assert burst.cached(0) == {1, 2}
+    for bad in ({"weights": [1, 2]}, {"weights": [0] * 5 + [np.nan]}, {"calibration": [0.5]},
+                {"weights": None}):
+        with pytest.raises(ValueError, match="learned"):
+            make_policy("learned", [[2]], 4, **({"weights": [0] * 6, "calibration": freqs}
+                                                | bad))
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("seed", range(2))
+def test_pooled_equals_the_reference_and_evicts_across_layers(policy: str, seed: int):
+    selected, cold, home = random_traffic(seed, cards=2)
+    quotas = np.array([[1, 2, 0], [2, 0, 1]])
+    hits = cache_hits(build(policy, quotas, 24, pooled=True), selected, cold, home)
+    refs = [Reference(list(q), 8, policy, pooled=True) for q in quotas]
+    for s, layer in itertools.product(range(len(selected)), range(3)):
+        for c, ref in enumerate(refs):
+            mine = np.flatnonzero(selected[s, layer] & (cold[layer] > 0) & (home[layer] == c))
+            if len(mine):
+                want = ref.fetch([layer * 8 + int(e) for e in mine], s + 1)
+                assert hits[s, layer, mine].tolist() == want
+    pooled = build(policy, [[1, 1]], 8, pooled=True)
+    assert pooled.partition(0, 0) == pooled.partition(0, 1) == range(0, 2)
+    pooled.lookup(0, [0, 1])  # layer 0 takes both slots of the card
+    assert pooled.cached(0) == {0, 1}
+    assert pooled.lookup(0, [5])[0].slot is not None  # layer 1 evicts one of layer 0's
+    assert len(pooled.cached(0) & {0, 1}) == 1
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_replay_in_chunks_equals_replay_at_once(policy: str):
     selected, cold, home = random_traffic(1)
     quotas = np.array([[1, 2, 1], [2, 1, 1]])
-    whole = cache_hits(make_policy(policy, quotas, 24), selected, cold, home)
-    policy = make_policy(policy, quotas, 24)
+    whole = cache_hits(build(policy, quotas, 24), selected, cold, home)
+    policy = build(policy, quotas, 24)
     parts = [cache_hits(policy, selected[a:a + 7], cold, home) for a in range(0, 40, 7)]
     assert np.array_equal(np.concatenate(parts), whole)
 
@@ -167,9 +318,9 @@ def test_without_cache_the_prediction_is_the_cost_model_union():
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_slots_stage_less_and_enough_slots_stage_each_expert_once(policy: str):
     selected, cold, home = random_traffic()
-    none = simulate(selected, cold, home, 2, 0, policy)
-    some = simulate(selected, cold, home, 2, 3, policy)
-    every = simulate(selected, cold, home, 2, 24, policy)
+    none = simulate(selected, cold, home, 2, 0, policy, **options(policy, 24))
+    some = simulate(selected, cold, home, 2, 3, policy, **options(policy, 24))
+    every = simulate(selected, cold, home, 2, 24, policy, **options(policy, 24))
     assert every.bytes.sum() <= some.bytes.sum() <= none.bytes.sum()
     ever = (selected & (cold > 0)).any(axis=0)
     assert every.copies.sum() == ever.sum() and every.bytes.sum() == (ever * cold).sum()

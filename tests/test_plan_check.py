@@ -139,7 +139,7 @@ CASES = {
     "concurrency": (_set("budget.concurrency", [0]), "budget.concurrency"),
     "calibration counts": (_set("calibration", [{"counts": [[1, 2]]}]),
                            "calibration[0].counts: expected 2 rows of 4 counts"),
-    "version": (_set("version", 2), "plan version 2 is not supported"),
+    "version": (_set("version", 3), "plan version 3 is not supported"),
 }
 COMMANDS = ("emit", "evaluate", "export llamacpp")
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
-from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, PLAN_VERSION, page_spans
-from placer.plan.options import CACHE_POLICIES
+from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, READ_VERSIONS, page_spans
+from placer.plan.options import CACHE_POLICIES, LEARNED_FEATURES
 
 REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
 CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")
@@ -45,9 +45,9 @@ def check_plan(d: Any, source: str) -> None:
     if d.get("format") not in (PLAN_FORMAT, MANIFEST_FORMAT):
         raise PlacerError(f"{source}: not a placer plan or manifest "
                           f"(no 'format': '{PLAN_FORMAT}')")
-    if d.get("version") != PLAN_VERSION:
+    if d.get("version") not in READ_VERSIONS:
         raise PlacerError(f"{source}: plan version {d.get('version')!r} is not supported "
-                          f"(this placer reads version {PLAN_VERSION})")
+                          f"(this placer reads versions {', '.join(map(str, READ_VERSIONS))})")
     for key in REQUIRED:
         if key not in d:
             w.fail(key, "missing")
@@ -84,6 +84,7 @@ def check_plan(d: Any, source: str) -> None:
             w.fail(f"cards[{c}].homed_bytes", f"{card['homed_bytes']} but the experts homed on "
                    f"card {c} hold {homed}")
     _check_calibration(w, d.get("calibration", []), len(layers), experts_per_layer)
+    _check_cache_params(w, d, cards, len(layers), experts_per_layer)
     if d.get("engine") is not None:
         _check_engine(w, d["engine"], d["experts"], layers, cards)
     if not isinstance(d.get("predicted", []), list):
@@ -203,6 +204,37 @@ def _check_cache(w: _Where, at: str, card: dict, layers: int) -> int:
     if slots * unit > MAX_BYTES:
         w.fail(f"{at}.cache_slots", f"{slots} slots of {unit} bytes is beyond any card")
     return slots * unit
+
+
+def _check_cache_params(w: _Where, d: dict, cards: list[dict], layers: int, experts: int
+                        ) -> None:
+    """cache_params (version 2; absent or null: per-layer slots, no weights): pooled, and the
+    learned policy's weights and calibration frequencies, which it requires."""
+    params = d.get("cache_params")
+    learned = any(c.get("cache_policy") == "learned" for c in cards)
+    if params is None:
+        if learned:
+            w.fail("cache_params", "expected the learned cache policy's weights and "
+                   "calibration frequencies, got none")
+        return
+    if d["version"] < 2:
+        w.fail("cache_params", f"a version {d['version']} plan has none, got {_kind(params)}")
+    if not isinstance(params, dict):
+        w.fail("cache_params", f"expected null or an object, got {_kind(params)}")
+    if not isinstance(params.get("pooled", False), bool):
+        w.fail("cache_params.pooled", f"expected true or false, got {params['pooled']!r}")
+    weights, freqs = params.get("weights"), params.get("calibration")
+    if (weights is not None or learned) and not (
+            isinstance(weights, list) and len(weights) == len(LEARNED_FEATURES)
+            and all(_number(v) and math.isfinite(v) for v in weights)):
+        w.fail("cache_params.weights", f"expected {len(LEARNED_FEATURES)} finite numbers "
+               f"({', '.join(LEARNED_FEATURES)}), got {weights!r}")
+    if (freqs is not None or learned) and not (
+            isinstance(freqs, list) and len(freqs) == layers
+            and all(isinstance(row, list) and len(row) == experts
+                    and all(_number(v) and math.isfinite(v) for v in row) for row in freqs)):
+        w.fail("cache_params.calibration", f"expected [{layers}][{experts}] finite numbers "
+               "(each expert's calibration frequency)")
 
 
 def _check_experts(w: _Where, experts: Any, layers: list[int], per_layer: int, num_cards: int,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 PLAN_FORMAT = "placer-plan"
 MANIFEST_FORMAT = "placer-manifest"
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: cache_params (pooled slots, the learned policy's weights); reads 1 too
+READ_VERSIONS = (1, 2)
 PLACER_VERSION = "0.1.0"
 
 

@@ -11,7 +11,10 @@ from placer.hardware.spec import MAX_BYTES  # a budget or page past it is a typo
 SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
-CACHE_POLICIES = ("lfru", "lru")  # solvers.cache.POLICIES, named here without importing numba
+# solvers.cache.POLICIES, named here without importing numba
+CACHE_POLICIES = ("classlru", "learned", "lfru", "lfuda", "lru")
+# solvers.cache.kernels.FEATURES: the learned policy's features, in the order of its weights
+LEARNED_FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
 MAX_CACHE_SLOTS = 1 << 24
 
 

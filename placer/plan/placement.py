@@ -92,6 +92,9 @@ class Plan:
     execution: str = "stage"    # how cold experts run: staged to their card, or on the CPU
     cache: dict | None = None   # how the cache split was chosen (placer.plan.cache)
     engine: dict | None = None  # an engine's own setup (placer.plan.llamacpp), if any
+    # how the cards' caches run beyond their policy's name (version 2; None: per-layer slots,
+    # no weights): {"pooled": bool, "weights": [6] | None, "calibration": [L][E] | None}
+    cache_params: dict | None = None
 
     @property
     def moe_layers(self) -> list[int]:
@@ -126,7 +129,7 @@ class Plan:
                                     "resident": p.resident} for p in e.pages]}
                         for e in self.experts],
             "calibration": self.calibration, "predicted": self.predicted, "robust": self.robust,
-            "execution": self.execution, "cache": self.cache,
+            "execution": self.execution, "cache": self.cache, "cache_params": self.cache_params,
         } | ({"engine": self.engine} if self.engine is not None else {})
 
 
@@ -142,14 +145,18 @@ def plan_quotas(plan: Plan, cache_slots: int | None = None) -> np.ndarray:
 
 
 def plan_caches(plan: Plan, cache_slots: int | None = None) -> CachePolicy:
-    """Fresh caches as the plan's cards run them: each card's slots per layer under the
-    plan's policy, or `cache_slots` slots on every card instead (under the plan's policy,
-    else the default) when given."""
+    """Fresh caches as the plan's cards run them: each card's slots per layer (or pooled, as
+    its cache_params say) under the plan's policy and its parameters, or `cache_slots` slots
+    on every card instead (under the plan's policy, else the default) when given."""
     from solvers.cache import DEFAULT_POLICY, make_policy
 
     policy = next((c.cache_policy for c in plan.cards if c.cache_policy), DEFAULT_POLICY)
+    params = plan.cache_params or {}
+    options = {} if policy != "learned" else {"weights": params.get("weights"),
+                                               "calibration": params.get("calibration")}
     return make_policy(policy, plan_quotas(plan, cache_slots),
-                       len(plan.moe_layers) * plan.experts_per_layer)
+                       len(plan.moe_layers) * plan.experts_per_layer,
+                       pooled=bool(params.get("pooled", False)), **options)
 
 
 def plan_from_json(d: dict, source: str = "plan") -> Plan:
@@ -171,7 +178,7 @@ def plan_from_json(d: dict, source: str = "plan") -> Plan:
                      for e in d["experts"]],
             calibration=d.get("calibration", []), predicted=d.get("predicted", []),
             robust=d.get("robust"), execution=d.get("execution", "stage"),
-            cache=d.get("cache"), engine=d.get("engine"))
+            cache=d.get("cache"), engine=d.get("engine"), cache_params=d.get("cache_params"))
     except (KeyError, TypeError) as exc:
         raise PlacerError(f"malformed plan: missing or bad field {exc}") from None
 
@@ -195,12 +202,12 @@ def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
                resident_pages: np.ndarray, page_size: int | None, budget_bytes: np.ndarray,
                staging_bytes: np.ndarray, budget: dict, ep: str, solver: dict,
                execution: str = "stage", quotas: np.ndarray | None = None,
-               cache_policy: str | None = None) -> Plan:
+               cache_policy: str | None = None, cache_params: dict | None = None) -> Plan:
     """Assemble a plan from a solved placement.
 
     home, resident_pages: [L, E] int (card of each expert, leading pages resident);
     budget_bytes, staging_bytes: [C] int; quotas: [C, L] cache slots per card and layer
-    (None: no cache).
+    (None: no cache); cache_params: how the caches run beyond the policy's name (Plan).
     """
     experts = []
     for i, ex in enumerate(inv.experts):
@@ -226,4 +233,4 @@ def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
              "hidden_size": inv.config.get("hidden_size"),
              "expert_flops": expert_flops(inv).tolist()}
     return Plan(model, spec, budget, page_size, ep, solver, cards, experts,
-                execution=execution)
+                execution=execution, cache_params=cache_params)

@@ -12,26 +12,34 @@ per group of layers and has its own replay, which `placer solve --engine llamacp
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from solvers.cache.classlru import ClassLRU
+from solvers.cache.learned import Learned
 from solvers.cache.lfru import LFRU
+from solvers.cache.lfuda import LFUDA
 from solvers.cache.lru import LRU
 from solvers.cache.policy import CachePolicy, Lookup
 from solvers.cache.replay import StagingCounts, cache_hits, staging_counts
 
-POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (LFRU, LRU)}
+POLICIES: dict[str, type[CachePolicy]] = {
+    p.name: p for p in (ClassLRU, Learned, LFRU, LFUDA, LRU)}
 DEFAULT_POLICY = "lfru"
 
 __all__ = ["POLICIES", "DEFAULT_POLICY", "CachePolicy", "Lookup", "StagingCounts", "cache_hits",
            "even_quotas", "make_policy", "simulate", "staging_counts"]
 
 
-def make_policy(name: str, quotas: np.ndarray, num_keys: int) -> CachePolicy:
-    """A fresh `name` cache on every card, quotas[c, l] slots for layer l of card c."""
+def make_policy(name: str, quotas: np.ndarray, num_keys: int, *, pooled: bool = False,
+                **options: Any) -> CachePolicy:
+    """A fresh `name` cache on every card, quotas[c, l] slots for layer l of card c (pooled:
+    their sum, one pool per card that every layer shares: solvers/cache/partition.py);
+    `options` are the policy's own (learned's weights and calibration frequencies)."""
     if name not in POLICIES:
         raise ValueError(f"unknown cache policy {name!r}; choose from {', '.join(POLICIES)}")
-    return POLICIES[name](quotas, num_keys)
+    return POLICIES[name](quotas, num_keys, pooled=pooled, **options)
 
 
 def even_quotas(slots: Sequence[int], num_layers: int) -> np.ndarray:
@@ -44,13 +52,15 @@ def even_quotas(slots: Sequence[int], num_layers: int) -> np.ndarray:
 
 
 def simulate(selected: np.ndarray, cold_bytes: np.ndarray, home: np.ndarray, num_cards: int,
-             slots: int | Sequence[int], policy: str = DEFAULT_POLICY) -> StagingCounts:
-    """What the runtime stages for `selected` ([S, L, E] bool, in order) with `slots` cache
-    slots per card (one count for all cards, or one per card), split evenly over the
-    layers, under `policy`."""
+             slots: int | Sequence[int], policy: str = DEFAULT_POLICY, *,
+             pooled: bool = False, **options: Any) -> StagingCounts:
+    """What the runtime stages for `selected` ([S, L, E] bool, in order, one token per step)
+    with `slots` cache slots per card (one count for all cards, or one per card), split
+    evenly over the layers (pooled: one pool per card), under `policy` (and its `options`)."""
     selected = np.asarray(selected, dtype=bool)
     per_card = [slots] * num_cards if isinstance(slots, int | np.integer) else list(slots)
     quotas = even_quotas(per_card, selected.shape[1])
-    cache = make_policy(policy, quotas, selected.shape[1] * selected.shape[2])
+    cache = make_policy(policy, quotas, selected.shape[1] * selected.shape[2], pooled=pooled,
+                        **options)
     hits = cache_hits(cache, selected, cold_bytes, home)
     return staging_counts(selected, hits, cold_bytes, home, num_cards)

@@ -5,8 +5,15 @@ The runtime's lookup (solvers/cache/policy.py) is a walk of one fetch, the repla
 each compiled function on disk and checks only its own source file for changes: a kernel
 that calls another would live here too. A policy is a `score` for `replay_requests` (not a
 function passed in: a call through a function pointer is not inlined, and cost a third of
-the replay's time). The policies (solvers/cache/lru.py, lfru.py) and the replay
-(solvers/cache/replay.py) say what they do.
+the replay's time). The policies (solvers/cache/lru.py, lfru.py, lfuda.py, classlru.py,
+learned.py) and the replay (solvers/cache/replay.py) say what they do.
+
+Two clocks. The card's access clock ticks once per access (each key of each fetch, ascending):
+`last` is a slot's last access on it (lru's order, lfru's recency, lfuda's tie-break). The
+token clock is the count of tokens served: each walked step s has a token time `times[s]`, the
+tokens of every step up to and including it (1, 2, 3, .. at B = 1; B, 2B, .. for decode steps
+of B sequences; a prefill forward of P tokens advances it by P), the same for all layers of a
+step. The policies whose memory decays (classlru, learned) measure ages and half-lives on it.
 """
 
 from __future__ import annotations
@@ -14,29 +21,46 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-LRU_SCORE, LFRU_SCORE = 0, 1
+LRU_SCORE, LFRU_SCORE, LFUDA_SCORE, CLASSLRU_SCORE, LEARNED_SCORE = 0, 1, 2, 3, 4
 
-# state: (experts [1], offset [C, L], quota [C, L], count [C, L], slot_key [C, W],
-#         key_slot [C, K], last [C, W], freq [C, W], seen [C, W], clock [C], fetches [C])
+# learned's features, in the order of its weights (solvers/cache/learned.py)
+HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts
+FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
+
+# state: (shape [2]: experts per layer, pooled; offset [C, P], quota [C, P], count [C, P],
+#         slot_key [C, W], key_slot [C, K], last [C, W], freq [C, W], seen [C, W],
+#         clock [C], fetches [C], age [C, P], kept [C, K', F], used [C, K'], params [n],
+#         calibration [K'], now [1]), P = L partitions or 1 (pooled); K' = K where the policy
+#         keeps per-key memory, else 0.
 
 
 @njit(cache=True, nogil=True)
-def replay_requests(state, score, keys, offsets, cacheable, home, num_cards, experts, hits,
-                    slots, misses):
+def replay_requests(state, score, keys, offsets, times, cacheable, home, num_cards, experts,
+                    hits, slots, misses):
     """Walk the requests (keys [N] of group g = step * L + layer at offsets[g] ..
     offsets[g + 1] - 1, ascending) through the caches, one fetch per card with cacheable
-    keys (cacheable, home: [L * E] per key). Each output is filled unless it is empty:
-    hits [N] bool, whether request a hit; slots [N] int64, the slot that served or took it
-    (-1: staged, not cached); misses [L * E] int64, += the misses of each key.
+    keys (cacheable, home: [L * E] per key), step s at token time times[s]. Each output is
+    filled unless it is empty: hits [N] bool, whether request a hit; slots [N] int64, the slot
+    that served or took it (-1: staged, not cached); misses [L * E] int64, += the misses of
+    each key.
 
     One loop for every fetch, the policy inline: a fetch as a function of its own, called
     per card and layer, cost three times the walk (numba's reference counting of a dozen
     array arguments per call, ~90 ns where the fetch itself is ~30)."""
-    _, offset, quota, count, slot_key, key_slot, last, freq, seen, clock, fetches = state
+    (shape, offset, quota, count, slot_key, key_slot, last, freq, seen, clock, fetches, age,
+     kept, used, params, calibration, now) = state
+    pooled = shape[1] == 1
+    layers = key_slot.shape[1] // experts
     buf = np.empty((num_cards, experts), dtype=np.int64)
     at = np.empty((num_cards, experts), dtype=np.int64)
     counts = np.zeros(num_cards, dtype=np.int64)
+    step, layer = 0, 0
+    t = now[0]
     for g in range(len(offsets) - 1):
+        t = times[step]
+        layer += 1
+        if layer == layers:
+            step, layer = step + 1, 0
         counts[:] = 0
         for a in range(offsets[g], offsets[g + 1]):
             k = keys[a]
@@ -50,50 +74,96 @@ def replay_requests(state, score, keys, offsets, cacheable, home, num_cards, exp
             if n == 0:
                 continue
             # one fetch: the n keys buf[c, :n] of one layer on card c
-            layer = buf[c, 0] // experts
-            base, cap = offset[c, layer], quota[c, layer]
+            p = 0 if pooled else buf[c, 0] // experts
+            base, cap = offset[c, p], quota[c, p]
             fetches[c] += 1
-            now = fetches[c]
+            fetch = fetches[c]
             for i in range(n):
                 s = key_slot[c, buf[c, i]]
                 if s >= 0:
-                    seen[c, s] = now
-            for i in range(n):
-                clock[c] += 1
-                k = buf[c, i]
+                    seen[c, s] = fetch
+            # classlru updates the fetch's hits first, then its misses (llama.cpp's plan())
+            for i in range(n * (2 if score == CLASSLRU_SCORE else 1)):
+                k = buf[c, i % n]
                 s = key_slot[c, k]
+                if score == CLASSLRU_SCORE and (s >= 0) != (i < n):
+                    continue
+                clock[c] += 1
+                a = at[c, i % n]
                 if len(hits):
-                    hits[at[c, i]] = s >= 0
+                    hits[a] = s >= 0
+                # the key's own memory, which outlives its slot: every use counts
+                if score == LFUDA_SCORE:
+                    kept[c, k, 0] = min(kept[c, k, 0] + 1.0, params[0])
+                elif score == CLASSLRU_SCORE:
+                    # llama.cpp's CRF, stored as a C float
+                    kept[c, k, 0] = np.float64(np.float32(
+                        kept[c, k, 0] * 2.0 ** (-(t - used[c, k]) / params[0]) + 1.0))
+                    used[c, k] = t
+                elif score == LEARNED_SCORE:
+                    dt = t - used[c, k]
+                    for j in range(3):
+                        kept[c, k, j] = kept[c, k, j] * 2.0 ** (-dt / HALF_LIVES[j]) + 1.0
+                    used[c, k] = t
                 if s >= 0:
-                    freq[c, s] += 1
                     last[c, s] = clock[c]
+                    if score == LFUDA_SCORE:
+                        freq[c, s] = age[c, p] + kept[c, k, 0]
+                    else:
+                        freq[c, s] += 1
                     if len(slots):
-                        slots[at[c, i]] = s
+                        slots[a] = s
                     continue
                 if len(misses):
                     misses[k] += 1
-                if count[c, layer] < cap:
-                    s = base + count[c, layer]
-                    count[c, layer] += 1
+                if count[c, p] < cap:
+                    s = base + count[c, p]
+                    count[c, p] += 1
                 else:
                     s = -1
-                    best = np.inf
-                    for t in range(base, base + cap):
-                        if seen[c, t] == now:
+                    best, rank, tie = np.inf, 0, 0
+                    for u in range(base, base + cap):
+                        if seen[c, u] == fetch:
                             continue
-                        value = (last[c, t] if score == LRU_SCORE
-                                 else freq[c, t] / (clock[c] - last[c, t] + 1))
-                        if value < best or (value == best and slot_key[c, t] < slot_key[c, s]):
-                            best = value
-                            s = t
+                        v = slot_key[c, u]
+                        first, second = 0, 0  # ties: the lowest of these, then of the key
+                        if score == LRU_SCORE:
+                            value = float(last[c, u])
+                        elif score == LFRU_SCORE:
+                            value = freq[c, u] / (clock[c] - last[c, u] + 1)
+                        elif score == LFUDA_SCORE:
+                            value = freq[c, u]
+                            first = last[c, u]
+                        elif score == CLASSLRU_SCORE:
+                            # the largest age / 2^class, class as of the last use; ties: the
+                            # lowest class, then the least recently used (its list's head)
+                            first = min(int(np.floor(np.log2(kept[c, v, 0]))), int(params[1]))
+                            second = last[c, u]
+                            value = -((t - used[c, v]) / 2.0 ** first)
+                        else:
+                            dt = float(t - used[c, v])
+                            value = params[0] * dt + params[4] * calibration[v] + params[5]
+                            for j in range(3):
+                                value += (params[1 + j] * kept[c, v, j]
+                                          * 2.0 ** (-dt / HALF_LIVES[j]))
+                        if value < best or (value == best and (first < rank or (
+                                first == rank and (second < tie or (
+                                    second == tie and v < slot_key[c, s]))))):
+                            best, rank, tie = value, first, second
+                            s = u
                     if s >= 0:
-                        key_slot[c, slot_key[c, s]] = -1
+                        victim = slot_key[c, s]
+                        key_slot[c, victim] = -1
+                        if score == LFUDA_SCORE:
+                            age[c, p] = max(age[c, p], freq[c, s])
+                            kept[c, victim, 0] *= params[1]
                 if len(slots):
-                    slots[at[c, i]] = s
+                    slots[a] = s
                 if s < 0:
                     continue
                 slot_key[c, s] = k
                 key_slot[c, k] = s
                 last[c, s] = clock[c]
-                freq[c, s] = 1
-                seen[c, s] = now
+                freq[c, s] = age[c, p] + kept[c, k, 0] if score == LFUDA_SCORE else 1.0
+                seen[c, s] = fetch
+    now[0] = t

@@ -1,4 +1,4 @@
-"""Per-layer caches: each card's slots split into one partition per MoE layer.
+"""Per-layer caches: each card's slots split into one partition per MoE layer, or pooled.
 
 A layer's fetch only ever uses its own layer's partition (its quota of slots, `quotas[c, l]`).
 Partitioning is what makes a cache work at B > 1: one decode step of 8 sequences touches
@@ -14,6 +14,14 @@ new key. A policy is a victim rule over the partition's members (solvers/cache/k
 the member with the lowest score (ties: the lowest key) that no key of the current fetch
 holds. Every access ticks the card's clock; a hit refreshes its key's `last` access and
 counts it in `freq`, an admitted key starts at freq 1.
+
+Pooled (`pooled=True`, any policy): one partition per card, all of its slots (the sum of its
+layers' quotas), which every layer's fetch shares: a miss may evict any slot of the card that
+no key of this fetch holds, whichever layer's expert it keeps. It wins where layers are unequal
+and slots many: on gpt-oss-20b's decode routing at B = 1 a pooled LRU beats per-layer LRU at
+16 slots per layer and loses at 6 (issue #42); at B > 1 a pool sees each step's scan of
+every layer's experts and loses (above). The policy's own memory (lfuda's age) is then one
+per card, not one per layer.
 """
 
 from __future__ import annotations
@@ -24,20 +32,28 @@ from solvers.cache.policy import CachePolicy
 
 
 class PartitionedCache(CachePolicy):
-    """Per-layer partitions of every card's slots (see module docstring)."""
+    """Per-layer partitions of every card's slots, or one pool per card (see module
+    docstring)."""
 
-    @staticmethod
-    def new_state(quotas: np.ndarray, num_keys: int) -> tuple[np.ndarray, ...]:
+    def new_state(self) -> tuple[np.ndarray, ...]:
+        quotas, num_keys = self.quotas, self.num_keys
         cards, layers = quotas.shape
-        offset = np.zeros_like(quotas)
-        offset[:, 1:] = np.cumsum(quotas, axis=1)[:, :-1]
+        parts = quotas.sum(axis=1, keepdims=True) if self.pooled else quotas
+        offset = np.zeros_like(parts)
+        offset[:, 1:] = np.cumsum(parts, axis=1)[:, :-1]
         width = max(1, int(quotas.sum(axis=1).max(initial=0)))
-        return (np.array([num_keys // layers], dtype=np.int64), offset, quotas.copy(),
-                np.zeros_like(quotas), np.full((cards, width), -1, dtype=np.int64),
+        remembered = num_keys if self.keeps else 0
+        return (np.array([num_keys // layers, int(self.pooled)], dtype=np.int64), offset,
+                parts.copy(), np.zeros_like(parts), np.full((cards, width), -1, dtype=np.int64),
                 np.full((cards, num_keys), -1, dtype=np.int64),
                 np.zeros((cards, width), dtype=np.int64), np.zeros((cards, width)),
                 np.zeros((cards, width), dtype=np.int64), np.zeros(cards, dtype=np.int64),
-                np.zeros(cards, dtype=np.int64))
+                np.zeros(cards, dtype=np.int64), np.zeros(parts.shape),
+                np.zeros((cards, remembered, self.keeps)),
+                np.zeros((cards, remembered), dtype=np.int64),
+                np.ascontiguousarray(self.params(), dtype=np.float64),
+                np.ascontiguousarray(self.calibration(), dtype=np.float64),
+                np.zeros(1, dtype=np.int64))
 
     def cached(self, card: int) -> set[int]:
         return {int(k) for k in self.state[4][card] if k >= 0}
@@ -46,5 +62,6 @@ class PartitionedCache(CachePolicy):
         return bool(self.state[5][card, key] >= 0)
 
     def partition(self, card: int, row: int) -> range:
-        start = int(self.state[1][card, row])
-        return range(start, start + int(self.quotas[card, row]))
+        part = 0 if self.pooled else row
+        start = int(self.state[1][card, part])
+        return range(start, start + int(self.state[2][card, part]))

@@ -44,15 +44,17 @@ class CachePolicy:
 
     name: ClassVar[str]
     score: ClassVar[int]  # which victim rule replay_requests applies (solvers/cache/kernels.py)
+    keeps: ClassVar[int] = 0  # per-key values the policy keeps across eviction (kept [C, K, F])
 
-    def __init__(self, quotas: np.ndarray, num_keys: int) -> None:
+    def __init__(self, quotas: np.ndarray, num_keys: int, *, pooled: bool = False) -> None:
         self.quotas = np.array(quotas, dtype=np.int64, ndmin=2)
         if self.quotas.ndim != 2 or (self.quotas < 0).any():
             raise ValueError(f"cache slots must be [cards, layers] counts >= 0, got {quotas!r}")
         if num_keys % self.quotas.shape[1]:
             raise ValueError(f"{num_keys} keys do not split into {self.quotas.shape[1]} layers")
         self.num_keys = int(num_keys)
-        self.state = self.new_state(self.quotas, self.num_keys)
+        self.pooled = bool(pooled)
+        self.state = self.new_state()
         width = self.num_keys // self.quotas.shape[1]
         self._hit = np.zeros(width, dtype=np.bool_)  # a fetch's answers, reused
         self._slot = np.zeros(width, dtype=np.int64)
@@ -64,19 +66,33 @@ class CachePolicy:
         """[C] slots of each card."""
         return self.quotas.sum(axis=1)
 
-    @staticmethod
-    def new_state(quotas: np.ndarray, num_keys: int) -> tuple[np.ndarray, ...]:
+    def params(self) -> np.ndarray:
+        """The policy's constants as the kernel reads them (solvers/cache/kernels.py)."""
+        return np.zeros(0)
+
+    def calibration(self) -> np.ndarray:
+        """[K] per-key calibration frequencies the kernel reads (empty where unused)."""
+        return np.zeros(0)
+
+    def new_state(self) -> tuple[np.ndarray, ...]:
         raise NotImplementedError
 
-    def reset(self) -> None:
-        """Empty every card's cache."""
-        self.state = self.new_state(self.quotas, self.num_keys)
+    @property
+    def now(self) -> int:
+        """The token time of the last step walked (solvers/cache/kernels.py: the token
+        clock); a replay's steps continue from it."""
+        return int(self.state[-1][0])
 
-    def lookup(self, card: int, keys: Sequence[int]) -> list[Lookup]:
+    def reset(self) -> None:
+        """Empty every card's cache (the memory kept across eviction too)."""
+        self.state = self.new_state()
+
+    def lookup(self, card: int, keys: Sequence[int], now: int | None = None) -> list[Lookup]:
         """Look up one fetch's distinct keys on `card` (any order); admit the misses. The
-        answer is in the order of `keys`: a walk of this one fetch (solvers/cache/kernels.py).
-        (The runtime calls this once per layer and card of every forward: plain Python on a
-        handful of keys, no numpy beyond the kernel's arguments.)"""
+        answer is in the order of `keys`: a walk of this one fetch (solvers/cache/kernels.py)
+        at token time `now` (the tokens served so far, this forward's included; None: the
+        last one, no tokens since). (The runtime calls this once per layer and card of every
+        forward: plain Python on a handful of keys, no numpy beyond the kernel's arguments.)"""
         ordered = sorted(int(k) for k in keys)
         if not ordered:
             return []
@@ -89,13 +105,17 @@ class CachePolicy:
             raise ValueError("keys of one fetch must belong to one layer")
         if not 0 <= card < len(self.quotas):
             raise ValueError(f"card {card} is not one of the {len(self.quotas)} cards")
+        if now is not None and now < self.now:
+            raise ValueError(f"token time {now} is before the cache's {self.now}")
         n = len(ordered)
         if card not in self._on_card:
             self._on_card[card] = np.full(self.num_keys, card, dtype=np.int64)
         hit, slot = self._hit[:n], self._slot[:n]
         replay_requests(self.state, self.score, np.array(ordered, dtype=np.int32),
-                        np.array([0, n], dtype=np.int64), self._cacheable, self._on_card[card],
-                        len(self.quotas), width, hit, slot, np.zeros(0, dtype=np.int64))
+                        np.array([0, n], dtype=np.int64),
+                        np.array([self.now if now is None else now], dtype=np.int64),
+                        self._cacheable, self._on_card[card], len(self.quotas), width, hit,
+                        slot, np.zeros(0, dtype=np.int64))
         found = {k: Lookup(bool(h), s if s >= 0 else None)
                  for k, h, s in zip(ordered, hit.tolist(), slot.tolist(), strict=True)}
         return [found[int(k)] for k in keys]
@@ -110,5 +130,5 @@ class CachePolicy:
 
     def partition(self, card: int, row: int) -> range:
         """The slot ids `card`'s cache gives MoE layer row `row` (`Lookup.slot` lies in it
-        for that layer's keys)."""
+        for that layer's keys; pooled: all of the card's slots)."""
         raise NotImplementedError

@@ -27,27 +27,36 @@ class Requests:
     """Selections as the caches see them: keys [N] int32 (layer * E + expert) of the experts each
     step selected at each MoE layer, grouped by (step, layer) in the order served, ascending
     within a group, group g = step * L + layer spanning offsets[g] .. offsets[g + 1] - 1.
-    As long as selections are sparse (top-k of E), walking them beats scanning [S, L, E]."""
+    As long as selections are sparse (top-k of E), walking them beats scanning [S, L, E].
+    tokens: the tokens of each step (one count for all, or [S]): what the token clock of the
+    policies with decaying memory advances by (solvers/cache/kernels.py)."""
 
     keys: np.ndarray
     offsets: np.ndarray
     shape: tuple[int, int, int]
+    tokens: int | np.ndarray = 1
+
+    def times(self, start: int) -> np.ndarray:
+        """[S] int64: the token time of each step, the walk starting after token time
+        `start`."""
+        per_step = np.broadcast_to(np.asarray(self.tokens, dtype=np.int64), self.shape[:1])
+        return start + np.cumsum(per_step, dtype=np.int64)
 
     @classmethod
-    def of(cls, selected: np.ndarray) -> Requests:
-        """The requests of [S, L, E] bool selections."""
+    def of(cls, selected: np.ndarray, tokens: int | np.ndarray = 1) -> Requests:
+        """The requests of [S, L, E] bool selections, `tokens` tokens in each step."""
         steps, layers, experts = selected.shape
         group, expert = np.nonzero(selected.reshape(steps * layers, experts))
         keys = (group % layers) * experts + expert
         offsets = np.zeros(steps * layers + 1, dtype=np.int64)
         np.cumsum(np.bincount(group, minlength=steps * layers), out=offsets[1:])
-        return cls(keys.astype(np.int32), offsets, (steps, layers, experts))
+        return cls(keys.astype(np.int32), offsets, (steps, layers, experts), tokens)
 
     @classmethod
     def of_tokens(cls, tokens: np.ndarray, experts: int, chunk: int = 1 << 20) -> Requests:
         """The requests of decode steps given as their tokens, [S, B, L, k] expert ids (-1:
         none), without the [S, L, E] mask (`chunk` (step, layer) groups at a time): the
-        same as `of(step_mask(tokens, experts))` in a fraction of the memory."""
+        same as `of(step_mask(tokens, experts), B)` in a fraction of the memory."""
         steps, batch, layers, k = tokens.shape
         groups = np.asarray(tokens).transpose(0, 2, 1, 3).reshape(steps * layers, batch * k)
         keys, counts = [], np.zeros(steps * layers, dtype=np.int64)
@@ -62,7 +71,7 @@ class Requests:
         offsets = np.zeros(steps * layers + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         return cls(np.concatenate(keys) if keys else np.zeros(0, np.int32), offsets,
-                    (steps, layers, experts))
+                   (steps, layers, experts), batch)
 
     def relabeled(self, home: np.ndarray, seed: int) -> Requests:
         """The same steps with each layer's experts renamed by a seeded permutation within
@@ -83,7 +92,8 @@ class Requests:
                             np.diff(self.offsets))
         ordered += rename[self.keys]
         ordered.sort()
-        return Requests((ordered % width).astype(np.int32), self.offsets, self.shape)
+        return Requests((ordered % width).astype(np.int32), self.offsets, self.shape,
+                        self.tokens)
 
     def hits(self, policy: CachePolicy, cacheable: np.ndarray, home: np.ndarray) -> np.ndarray:
         """[N] bool: which requests `policy`'s caches hold when they come (state carries)."""
@@ -105,10 +115,14 @@ class Requests:
               hits: np.ndarray, misses: np.ndarray) -> bool:
         """The compiled walk (solvers/cache/kernels.py) into hits [N] and misses [L * E]
         (either empty: not filled); False, nothing walked, where there are no requests or
-        no slots (every request misses)."""
+        no slots (every request misses). Either way the policy's token clock ends at this
+        walk's last step."""
+        times = self.times(policy.now)
         if not (len(self.keys) and policy.slots.any()):
+            if len(times):
+                policy.state[-1][0] = times[-1]
             return False
-        replay_requests(policy.state, policy.score, self.keys, self.offsets,
+        replay_requests(policy.state, policy.score, self.keys, self.offsets, times,
                         np.ascontiguousarray(cacheable, dtype=np.bool_).ravel(),
                         np.ascontiguousarray(home, dtype=np.int64).ravel(),
                         len(policy.slots), self.shape[2], hits, np.zeros(0, dtype=np.int64),
@@ -117,15 +131,16 @@ class Requests:
 
 
 def cache_hits(policy: CachePolicy, selected: np.ndarray, cold_bytes: np.ndarray,
-               home: np.ndarray) -> np.ndarray:
+               home: np.ndarray, tokens: int | np.ndarray = 1) -> np.ndarray:
     """[S, L, E] bool: which selected cold experts the caches hold when their fetch comes.
 
     selected: [S, L, E] bool, the experts each step's tokens selected (union over its tokens)
     at each MoE layer, in the order served; cold_bytes: [L, E] bytes of each expert that are
-    not resident (0: fully resident, never cached); home: [L, E] card of each expert. The
-    policy's state carries over from call to call, so long traffic can go in chunks."""
+    not resident (0: fully resident, never cached); home: [L, E] card of each expert;
+    tokens: of each step (one count for all, or [S]). The policy's state carries over from
+    call to call, so long traffic can go in chunks."""
     selected = np.asarray(selected, dtype=np.bool_)
-    requests = Requests.of(selected)
+    requests = Requests.of(selected, tokens)
     out = np.zeros(selected.shape, dtype=np.bool_)
     hit = requests.hits(policy, np.asarray(cold_bytes) > 0, home)
     flat = out.reshape(-1)

@@ -265,13 +265,33 @@ class LlamaCppCache:
         ubatch), in router order; `held`: also say which selected experts it held."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         num_steps, _, num_layers, _ = tokens.shape
-        experts = self.groups.num_experts
-        used = np.zeros((num_steps, num_layers), dtype=np.bool_)
+        n_tokens, used = usable_fetches(tokens, self.groups, self.slots, self.n_expert_used)
         counts = np.zeros((3, num_steps, num_layers), dtype=np.int32)
-        where = np.zeros((num_steps if held else 0, num_layers, experts), dtype=np.bool_)
-        _replay(self.state, self.slots, np.asarray(self.groups.layer_group, dtype=np.int64),
-                tokens, self.n_expert_used, experts, used, counts, where, held)
+        where = np.zeros((num_steps if held else 0, num_layers, self.groups.num_experts),
+                         dtype=np.bool_)
+        self._walk(tokens, n_tokens, used, counts, where, held)
         return Fetches(used, counts[0], counts[1], counts[2], where if held else None)
+
+    def _walk(self, tokens: np.ndarray, n_tokens: np.ndarray, used: np.ndarray,
+              counts: np.ndarray, where: np.ndarray, held: bool) -> None:
+        """The policy's kernel: fill counts [3, S, L] (hits, misses, runs) of the `used`
+        fetches, and where [S, L, E] (if held) the selected experts held before each."""
+        _replay(self.state, np.asarray(self.groups.layer_group, dtype=np.int64), tokens,
+                used, self.groups.num_experts, counts, where, held)
+
+
+def usable_fetches(tokens: np.ndarray, groups: Groups, slots: np.ndarray,
+                   n_expert_used: int) -> tuple[np.ndarray, np.ndarray]:
+    """([S] tokens of each ubatch, [S, L] bool whether its fetch at each layer goes through
+    the cache): `get_slot_map` lets a cached layer's ubatch of 1 .. MAX_BATCH tokens in when
+    min(tokens * n_expert_used, E) <= its group's slots. The same for every policy."""
+    n_tokens = (tokens >= 0).any(axis=(2, 3)).sum(axis=1).astype(np.int64)
+    group = np.asarray(groups.layer_group, dtype=np.int64)
+    room = np.where(group >= 0, np.append(np.asarray(slots, dtype=np.int64), 0)[group], 0)
+    need = np.minimum(n_tokens * n_expert_used, groups.num_experts)
+    used = ((room[None, :] > 0) & (n_tokens[:, None] > 0) & (n_tokens[:, None] <= MAX_BATCH)
+            & (need[:, None] <= room[None, :]))
+    return n_tokens, used
 
 
 def log_stats(fetches: Fetches, tokens_per_step: np.ndarray, groups: Groups) -> dict:
@@ -349,8 +369,7 @@ def _fetch(state, g, il, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
 
 
 @njit(cache=True, nogil=True)
-def _replay(state, slots, layer_group, tokens, n_expert_used, experts, used, counts, held,
-            want_held):
+def _replay(state, layer_group, tokens, used, experts, counts, held, want_held):
     num_steps, batch, num_layers, k = tokens.shape
     slot_map = state[6]
     ids = np.empty(batch * k, dtype=np.int64)
@@ -359,15 +378,6 @@ def _replay(state, slots, layer_group, tokens, n_expert_used, experts, used, cou
     fill_e = np.empty(experts, dtype=np.int64)
     fill_s = np.empty(experts, dtype=np.int64)
     for s in range(num_steps):
-        n_tokens = 0
-        for b in range(batch):
-            present = False
-            for il in range(num_layers):
-                for j in range(k):
-                    if tokens[s, b, il, j] >= 0:
-                        present = True
-            if present:
-                n_tokens += 1
         for il in range(num_layers):
             n = 0
             for b in range(batch):
@@ -380,12 +390,9 @@ def _replay(state, slots, layer_group, tokens, n_expert_used, experts, used, cou
             if want_held:
                 for i in range(n):
                     held[s, il, ids[i]] = g >= 0 and slot_map[il, ids[i]] >= 0
-            if g < 0 or slots[g] == 0 or n_tokens == 0 or n_tokens > MAX_BATCH:
-                continue
-            if min(n_tokens * n_expert_used, experts) > slots[g]:
+            if not used[s, il]:
                 continue
             n_hit, n_fill = _fetch(state, g, il, ids, n, experts, uniq, mark, fill_e, fill_s)
-            used[s, il] = True
             counts[0, s, il] = n_hit
             counts[1, s, il] = n_fill
             i = 0

@@ -1,0 +1,59 @@
+"""A learned eviction score: a miss evicts the slot whose key scores lowest under a linear
+score over features the runtime keeps cheaply per (card, key), across evictions.
+
+The features, in the order of the weights (`solvers.cache.kernels.FEATURES`), of a cached key
+v at token time t (the token clock of solvers/cache/kernels.py: tokens served, this step's
+included):
+
+- age: t - the token time of v's last use (0 if never used);
+- decayed_4, decayed_16, decayed_64: v's uses, each weighted 2^(-(t - its time) / h) for the
+  half-lives h = 4, 16 and 64 tokens (a use: v in a fetch, a hit or a miss, once per step);
+- calibration: v's calibration frequency, given per key (the plan's);
+- bias: 1.
+
+score = weights . features; the victim is the slot of lowest score among those no key of this
+fetch holds (ties: the lowest key). Weights (-1, 0, 0, 0, 0, 0) are an LRU on the token clock.
+The weights are fitted offline on the calibration folds (to pick Belady's victims, or to
+replay fewer misses) and shipped in the plan and the manifest (`cache_params`), which the
+runtime's kernel reads. docs/benchmarks.md ("How much of that gap an online policy could still
+close") measured the research version of this score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from solvers.cache.kernels import FEATURES, LEARNED_SCORE
+from solvers.cache.partition import PartitionedCache
+
+
+class Learned(PartitionedCache):
+    """A linear score over age, decayed selection counts and calibration frequency."""
+
+    name = "learned"
+    score = LEARNED_SCORE
+    keeps = 3  # the decayed counts of each key
+
+    def __init__(self, quotas: np.ndarray, num_keys: int, *, pooled: bool = False,
+                 weights: Sequence[float] | None = None,
+                 calibration: np.ndarray | None = None) -> None:
+        if weights is None or calibration is None:
+            raise ValueError("the learned cache policy needs its weights and the calibration "
+                             "frequency of each key (fitted with the plan)")
+        self.weights = np.array(weights, dtype=np.float64)
+        if self.weights.shape != (len(FEATURES),) or not np.isfinite(self.weights).all():
+            raise ValueError(f"learned weights must be {len(FEATURES)} finite numbers "
+                             f"({', '.join(FEATURES)}), got {weights!r}")
+        self.frequencies = np.array(calibration, dtype=np.float64).ravel()
+        if self.frequencies.shape != (num_keys,) or not np.isfinite(self.frequencies).all():
+            raise ValueError(f"learned calibration frequencies must be {num_keys} finite "
+                             f"numbers, one per key, got shape {np.shape(calibration)}")
+        super().__init__(quotas, num_keys, pooled=pooled)
+
+    def params(self) -> np.ndarray:
+        return self.weights
+
+    def calibration(self) -> np.ndarray:
+        return self.frequencies

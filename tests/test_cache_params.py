@@ -1,0 +1,97 @@
+"""How a plan and a manifest carry the cache policy's parameters (version 2 `cache_params`:
+pooled slots, the learned policy's weights and calibration frequencies), read back by the
+runtime's caches (`plan_caches`); version 1 plans still read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import jsonschema
+import pytest
+
+from placer.errors import PlacerError
+from placer.placed.manifest import manifest_schema
+from placer.plan.placement import plan_caches, plan_from_json
+from solvers.cache.learned import Learned
+from tests.test_plan_check import valid_plan
+
+WEIGHTS = [-0.5, 3.0, 1.0, 0.5, 4.0, 0.1]
+FREQS = [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]
+
+
+def with_cache(policy: str, params: dict | None) -> dict:
+    """valid_plan with 2 slots on card 0 (one per layer) under `policy`, and `params`."""
+    d = valid_plan()
+    d["cards"][0].update(cache_slots=2, slot_bytes=10_000, layer_slots=[1, 1],
+                         cache_policy=policy, capacity_bytes=d["cards"][0]["capacity_bytes"]
+                         - 20_000)
+    d["cache_params"] = params
+    return d
+
+
+def test_a_learned_plan_carries_its_weights_to_the_caches():
+    plan = plan_from_json(with_cache("learned", {"pooled": False, "weights": WEIGHTS,
+                                                 "calibration": FREQS}))
+    cache = plan_caches(plan)
+    assert isinstance(cache, Learned) and not cache.pooled
+    assert cache.weights.tolist() == WEIGHTS
+    assert cache.frequencies.tolist() == sum(FREQS, [])
+    again = plan_from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.cache_params == plan.cache_params and again.to_json()["version"] == 2
+
+
+def test_pooled_is_any_policys_and_version_1_still_reads():
+    pooled = plan_caches(plan_from_json(with_cache("lfuda", {"pooled": True})))
+    assert pooled.name == "lfuda" and pooled.pooled
+    assert pooled.partition(0, 0) == pooled.partition(0, 1) == range(0, 2)
+    old = with_cache("lru", None)
+    del old["cache_params"]
+    old["version"] = 1
+    cache = plan_caches(plan_from_json(old))
+    assert cache.name == "lru" and not cache.pooled and cache.partition(0, 1) == range(1, 2)
+
+
+def _v1_with_params(d: dict) -> dict:
+    d["version"] = 1
+    return d
+
+
+BAD: dict[str, tuple[Callable[[], dict], str]] = {
+    "learned without": (lambda: with_cache("learned", None),
+                        "cache_params: expected the learned cache policy's weights"),
+    "learned, pooled only": (lambda: with_cache("learned", {"pooled": True}),
+                             "cache_params.weights: expected 6 finite numbers"),
+    "short weights": (lambda: with_cache("learned", {"weights": [1, 2], "calibration": FREQS}),
+                      "cache_params.weights: expected 6 finite numbers (age, decayed_4"),
+    "calibration shape": (lambda: with_cache("learned", {"weights": WEIGHTS,
+                                                         "calibration": [[0.1] * 4]}),
+                          "cache_params.calibration: expected [2][4] finite numbers"),
+    "pooled not a bool": (lambda: with_cache("lru", {"pooled": "yes"}),
+                          "cache_params.pooled: expected true or false"),
+    "not an object": (lambda: with_cache("lru", [1]), "cache_params: expected null or an"),
+    "in version 1": (lambda: _v1_with_params(with_cache("lru", {"pooled": True})),
+                     "cache_params: a version 1 plan has none"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_cache_params_name_the_field(case: str):
+    make, needle = BAD[case]
+    with pytest.raises(PlacerError, match="^plan.json: " + needle.replace("[", r"\[")
+                       .replace("(", r"\(")):
+        plan_from_json(make(), "plan.json")
+
+
+def test_the_schema_takes_cache_params_and_both_versions():
+    schema = manifest_schema()
+    sub = {"$defs": schema.get("$defs", {}), **schema["properties"]["cache_params"]}
+    jsonschema.validate({"pooled": True, "weights": WEIGHTS, "calibration": FREQS}, sub)
+    jsonschema.validate(None, sub)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"weights": [1.0]}, sub)
+    version = schema["properties"]["version"]
+    jsonschema.validate(1, version)
+    jsonschema.validate(2, version)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(3, version)
