@@ -33,7 +33,7 @@ class SolveOptions:
     num_steps: int | None = None   # None: every calibration token (counts: DEFAULT_STEPS)
     execution: str = "stage"       # how a cold expert runs: staged to its card, or on the CPU
     cache: int | None = None       # cache slots per card; None: the best split (auto)
-    cache_policy: str = "lfru"     # a policy of solvers.cache
+    cache_policy: str = "auto"     # a policy of solvers.cache, or auto: chosen with the split
     folds: int = 4                 # auto: folds over calibration sequences
 
 
@@ -61,9 +61,9 @@ def check_options(opts: SolveOptions) -> None:
     if opts.cache is not None and not 0 <= opts.cache <= MAX_CACHE_SLOTS:
         raise PlacerError(f"--cache must be auto or a slot count in 0..{MAX_CACHE_SLOTS}, not "
                           f"{opts.cache}")
-    if opts.cache_policy not in CACHE_POLICIES:
-        raise PlacerError(f"--cache-policy must be one of {', '.join(CACHE_POLICIES)}, not "
-                          f"{opts.cache_policy!r}")
+    if opts.cache_policy != "auto" and opts.cache_policy not in CACHE_POLICIES:
+        raise PlacerError(f"--cache-policy must be auto or one of {', '.join(CACHE_POLICIES)}, "
+                          f"not {opts.cache_policy!r}")
     if opts.folds < 2:
         raise PlacerError(f"folds must be >= 2, not {opts.folds}")
     if any(b < 1 for b in opts.concurrency):

@@ -45,14 +45,14 @@ FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias
 LOG_DECAYED = False         # the kernel's decayed counts: linear (True: log2(d + DECAY_FLOOR))
 DECAY_FLOOR = 1.0 / 64
 SHARE_FLOOR = 1.0 / 1024    # calibration = log2(share + SHARE_FLOOR)
-ROUNDS = 3
+ROUNDS = 2
 FIT_REQUESTS = 4_000_000    # requests replayed per round, at most (a prefix of each fold)
 RECORD_ROWS = 600_000       # candidates recorded per round, at most
-PAIRS = 400_000             # pairs the ranking is fitted on
+PAIRS = 100_000             # pairs the ranking is fitted on
 LRU_WEIGHTS = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def walk(keys, offsets, times, part_of, quota, weights, calibration, record_every, nxt,
          rec_x, rec_dec, rec_dist):
     """Replay fetches through per-partition caches under the linear score; (misses, rows).
@@ -229,15 +229,20 @@ class LearnedFit:
 
 def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
                 quotas: np.ndarray, pooled: bool = False, rounds: int = ROUNDS,
-                seed: int = 0) -> LearnedFit:
+                seed: int = 0, units: list[int] | None = None,
+                limit: int = FIT_REQUESTS) -> LearnedFit:
     """The learned score's weights for quotas [C, L] slots (cacheable [L, E]: not pinned),
-    fitted on `folds` (the calibration's, never held-out traffic): see the module docstring."""
+    fitted on `folds` (the calibration's, never held-out traffic): see the module docstring.
+    units: which sequences each fold holds (folds of one unit share them: the same
+    sequences at another concurrency); a fold's calibration share is the other units'.
+    limit: requests replayed per round, at most (a prefix of each fold)."""
+    units = list(range(len(folds))) if units is None else list(units)
     home = np.asarray(home, dtype=np.int64)
     part_of, quota = partitions(home, np.asarray(quotas), pooled)
-    share = [calibration_feature([f for j, f in enumerate(folds) if j != i] or [folds[i]])
-             for i in range(len(folds))]
+    share = [calibration_feature([f for j, f in enumerate(folds) if units[j] != units[i]]
+                                 or [folds[i]]) for i in range(len(folds))]
     total = sum(len(f.keys) for f in folds)
-    fetches = [Fetches.of(f, cacheable, home, FIT_REQUESTS * len(f.keys) // max(total, 1) + 1)
+    fetches = [Fetches.of(f, cacheable, home, limit * len(f.keys) // max(total, 1) + 1)
                for f in folds]
     nexts = [f.next_use() for f in fetches]
     per_row = max(1, int(quota.max(initial=1)))
