@@ -94,11 +94,14 @@ def main() -> None:
             seconds, peak, plan = solve(root, traffic(root, tokens))
             cache = plan["cache"]
             best = min(c["held_out_stall_ms_per_step"] for c in cache["candidates"])
-            gap = cache["held_out_stall_ms_per_step"] / best - 1
+            (mine,) = [c for c in cache["candidates"] if c["chosen"]]  # under the split's policy
+            gap = mine["held_out_stall_ms_per_step"] / best - 1
             runs.append(seconds)
             peaks.append(peak)
             print(f"  {tokens:7d} tokens: {seconds:6.1f} s, peak {peak:.2f} GB, "
-                  f"{cache['replays']} replays; chose {cache['chosen']} "
+                  f"{cache['replays']} replays; chose {cache['chosen']} served by "
+                  f"{cache['policy']}{' pooled' if cache.get('pooled') else ''} "
+                  f"({cache.get('policy_choice')}) "
                   f"({cache['held_out_stall_ms_per_step']:.2f} ms/step held out, "
                   f"{100 * gap:.2f}% above the best candidate: "
                   f"{'PASS' if gap <= 0.01 else 'MISS'}, target <= 1%); load average "

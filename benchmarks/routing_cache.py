@@ -14,6 +14,13 @@ cache and Belady's bound, on held-out real routing (`placer solve` + `placer eva
     the whole unseen task.
 6d. How the split is chosen, on the same held-out traffic (B = 1): pins ranked by frequency
     or by the misses they save (placer's); the policy; the candidate each chose.
+6e. The policies on 6a's split (its pins and slots, gpt-oss mmlu_dev's held-out half, B = 1
+    and 8): misses of lru, lfru, lfuda, classlru and learned, per layer and pooled (learned's
+    weights fitted on the calibration half's four folds only, as `placer solve` fits them),
+    and their stall over Belady's (MIN over each card's slots with the same pins, the
+    `belady` line of `placer evaluate`; one card and one expert size, so the stall ratio is
+    the ratio of misses). Targets at B = 1: the chosen policy's misses at least 12% below
+    lfru's; its stall at most 1.90x Belady's (lfru's: 2.20x when this was set).
 
 Lines (tok/s with their 95% intervals, bootstrap over held-out sequences): static (`--cache
 0`, the ILP), lru (the whole budget as per-layer LRU caches, nothing pinned), split (placer's
@@ -232,6 +239,63 @@ def methods(root: Path) -> None:
                   f"{chosen})")
 
 
+def policies(root: Path, batches: tuple[int, ...]) -> None:
+    """6e, through the solver's API on 6a's plans (gpt-split-B.json) and halves."""
+    from solvers.cache import make_policy
+    from solvers.cache.belady import BeladyReplay
+    from solvers.cache.choice import CHOICES
+    from solvers.cache.learn import fit_learned
+    from solvers.cache.replay import Requests
+    from traces.profile import batched_steps, every_token_steps, split_sequences, step_mask
+
+    layers, experts = 24, 32
+    print("\n6e. cache policies serving 6a's split on mmlu_dev's held-out half (misses; stall "
+          "/ Belady's = misses / MIN's, one card; learned fitted on the calibration folds)")
+    for b in batches:
+        plan = json.loads((root / f"gpt-split-{b}.json").read_text())
+        pinned = np.zeros((layers, experts), dtype=bool)
+        for e in plan["experts"]:
+            pinned[plan["model"]["moe_layers"].index(e["layer"]), e["expert"]] |= \
+                e["resident_bytes"] > 0
+        quotas = np.array([c["layer_slots"] for c in plan["cards"]], dtype=np.int64)
+        home = np.zeros((layers, experts), dtype=np.int64)
+        held_steps = every_token_steps(root / "gpt-1", b, groupings=1, seed=0)
+        held = Requests.of_tokens(held_steps.tokens, experts)
+        single = every_token_steps(root / "gpt-0", 1, groupings=1, seed=0)
+        folds = [Requests.of_tokens(batched_steps(single, b, 0, ids).tokens, experts)
+                 for ids in split_sequences(root / "gpt-0", 4, 0)]
+        params = plan.get("cache_params") or {}
+        if plan["cache"]["policy"] != "learned":
+            fit = fit_learned(folds, ~pinned, home, quotas)
+            params = {"weights": fit.weights, "calibration": fit.calibration}
+        belady = BeladyReplay([step_mask(held_steps.tokens, experts)], (~pinned).astype(int),
+                              home, quotas.sum(axis=1))
+        selected = step_mask(held_steps.tokens, experts) & ~pinned
+        least = int(selected.sum() - belady.hits(0, len(held_steps)).sum())
+        misses = {}
+        for name in CHOICES:
+            for pooled in (False, True):
+                extra = {"weights": params["weights"], "calibration": params["calibration"]} \
+                    if name == "learned" else {}
+                cache = make_policy(name, quotas, layers * experts, pooled=pooled, **extra)
+                misses[(name, pooled)] = int(held.misses(cache, ~pinned, home).sum())
+        chosen = (plan["cache"]["policy"], bool(plan["cache"].get("pooled")))
+        lfru = misses[("lfru", False)]
+        print(f"  B={b}: {plan['cache']['chosen']}, {int(pinned.sum())} pinned, "
+              f"{int(quotas.sum())} slots; Belady (MIN) {least} misses")
+        for (name, pooled), m in misses.items():
+            mark = "*" if (name, pooled) == chosen else " "
+            print(f"   {mark} {name:9s} {'pooled   ' if pooled else 'per layer'} {m:8d} misses "
+                  f"({100 * (1 - m / lfru):+5.1f}% below lfru), stall / Belady's "
+                  f"{m / max(least, 1):.2f}")
+        if b == 1:
+            m = misses[chosen]
+            print(f"    chosen at B=1: {100 * (1 - m / lfru):.1f}% below lfru "
+                  f"({'PASS' if m <= 0.88 * lfru else 'MISS'}, target >= 12%); stall / "
+                  f"Belady's {m / least:.2f} ({'PASS' if m / least <= 1.90 else 'MISS'}, "
+                  f"target <= 1.90)")
+
+
 def cache_section(root: Path, quick: bool) -> None:
     if not GPTOSS.is_dir():
         print("\n6. skipped: no gpt-oss routing")
@@ -241,7 +305,17 @@ def cache_section(root: Path, quick: bool) -> None:
     root = root / "cache"
     root.mkdir()
     gptoss(root, batches)
+    policies(root, batches)
     esft(root, batches, tasks)
     if not quick:
         esft_lotos(root, batches, tasks)
         methods(root)
+
+
+if __name__ == "__main__":  # 6a and 6e alone: python benchmarks/routing_cache.py [--quick]
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="routing-cache-") as tmp:
+        (Path(tmp) / "cache").mkdir()
+        gptoss(Path(tmp) / "cache", (1,) if "--quick" in sys.argv else (1, 8))
+        policies(Path(tmp) / "cache", (1,) if "--quick" in sys.argv else (1, 8))
