@@ -100,17 +100,24 @@ def tok(figures: dict) -> str:
 
 
 def compare(name: str, static: dict, split: dict, b: int) -> list[float]:
-    """Print one traffic's lines; [split / better of static and lru, split / static] tok/s."""
+    """Print one traffic's lines; [split / better of static and lru tok/s, split / static,
+    1 if the split's stall is above the better of lru and lfuda beyond its interval else 0]."""
     best = max(static["placement"]["tokens_per_s"], split["lru"]["tokens_per_s"])
     to_best = split["placement"]["tokens_per_s"] / best
     to_static = split["placement"]["tokens_per_s"] / static["placement"]["tokens_per_s"]
     ratio = f"{split['ratio_to_belady']:.2f} [{split['ratio_to_belady_ci95'][0]:.2f}, " \
             f"{split['ratio_to_belady_ci95'][1]:.2f}]"
+    engine = min(("lru", "lfuda"), key=lambda k: split[k]["stall_ms_per_step"])
+    low, high = split[f"ratio_to_{engine}_ci95"]
+    policy = split["cache"]["placement"]["policy"] + (
+        " pooled" if split["cache"]["placement"].get("pooled") else "")
     print(f"  {name:22s} B={b}: static {tok(static['placement'])}  lru {tok(split['lru'])}  "
-          f"split {tok(split['placement'])}  belady {tok(split['belady'])}  static oracle "
-          f"{tok(static['oracle'])}; split / better of static and lru {to_best:.3f}, / static "
-          f"{to_static:.2f}x, stall / belady's {ratio}")
-    return [to_best, to_static]
+          f"lfuda {tok(split['lfuda'])}  split ({policy}) {tok(split['placement'])}  belady "
+          f"{tok(split['belady'])}  static oracle {tok(static['oracle'])}; split / better of "
+          f"static and lru {to_best:.3f}, / static {to_static:.2f}x, stall / belady's {ratio}, "
+          f"stall / {engine}'s (the better engine cache) {split[f'ratio_to_{engine}']:.3f} "
+          f"[{low:.3f}, {high:.3f}] ({'MISS: above it' if low > 1 else 'PASS'})")
+    return [to_best, to_static, float(low > 1)]
 
 
 def gptoss(root: Path, batches: tuple[int, ...]) -> None:
@@ -312,10 +319,15 @@ def cache_section(root: Path, quick: bool) -> None:
         methods(root)
 
 
-if __name__ == "__main__":  # 6a and 6e alone: python benchmarks/routing_cache.py [--quick]
+if __name__ == "__main__":  # alone: routing_cache.py [--quick] [--esft]: 6a and 6e, or 6b
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="routing-cache-") as tmp:
-        (Path(tmp) / "cache").mkdir()
-        gptoss(Path(tmp) / "cache", (1,) if "--quick" in sys.argv else (1, 8))
-        policies(Path(tmp) / "cache", (1,) if "--quick" in sys.argv else (1, 8))
+        here = Path(tmp) / "cache"
+        here.mkdir()
+        sizes = (1,) if "--quick" in sys.argv else (1, 8)
+        if "--esft" in sys.argv:
+            esft(here, sizes, TASKS)
+        else:
+            gptoss(here, sizes)
+            policies(here, sizes)
