@@ -7,8 +7,9 @@ Traffic: gpt-oss-20b decode routing (../shared/data/routing/gptoss20b-decode/mml
 24,629 tokens, repeated) to 200,000 tokens x 24 MoE layers x top-4 (19.2M selections), one
 card, 11 slots per layer (264 in all), nothing pinned; a synthetic skewed traffic of the same
 shape where ../shared is absent. Prints the seconds of the compiled replay per policy
-(`solvers.cache`, what `placer solve` and `placer evaluate` run; target: under 10 s on two
-cores) and of Belady's MIN, and their speed against a plain Python loop of the same LRU over
+(`solvers.cache`, what `placer solve` and `placer evaluate` run: lru, lfru, lfuda, classlru,
+learned with fixed weights, and lru over one pool of the card's slots; target: under 10 s on
+two cores) and of Belady's MIN, and their speed against a plain Python loop of the same LRU over
 the first 5,000 tokens, extrapolated (placer's replay before this one, a Python loop with
 numpy calls per step and layer, took about 4 minutes for 80k tokens).
 """
@@ -25,6 +26,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data" / "routing" / "gptoss20b-decode" / "mmlu_dev.npz"
 LAYERS, EXPERTS, TOP_K, SLOTS = 24, 32, 4, 11
+POLICY_ORDER = ("lru", "lfru", "lfuda", "classlru", "learned")
+# the learned policy's cost, not its quality: fixed weights (age, decayed_4, decayed_16,
+# decayed_64, calibration, bias), its calibration frequencies this traffic's own
+LEARNED_WEIGHTS = [-0.05, 2.0, 1.0, -0.5, 3.0, 0.0]
 
 
 def traffic(tokens: int) -> np.ndarray:
@@ -82,14 +87,19 @@ def main() -> None:
     requests = Requests.of(selected)
     print(f"  requests from [S, L, E] selections: {time.perf_counter() - start:.2f} s")
     seconds, hits_of = {}, {}
-    for name in ("lru", "lfru"):
-        requests.hits(make_policy(name, quotas, LAYERS * EXPERTS), cold, home)  # compiled
+    learned = {"weights": LEARNED_WEIGHTS,
+               "calibration": np.bincount(requests.keys, minlength=LAYERS * EXPERTS) / tokens}
+    for name, pooled in [(p, False) for p in POLICY_ORDER] + [("lru", True)]:
+        label = name + (" pooled" if pooled else "")
+        options = learned if name == "learned" else {}
+        requests.hits(make_policy(name, quotas, LAYERS * EXPERTS, pooled=pooled, **options),
+                      cold, home)  # compiled
         start = time.perf_counter()
-        hits = hits_of[name] = requests.hits(make_policy(name, quotas, LAYERS * EXPERTS),
-                                             cold, home)
-        seconds[name] = time.perf_counter() - start
-        print(f"  {name:6s} replay: {seconds[name]:.2f} s, hit rate {hits.mean():.3f} "
-              f"({'PASS' if seconds[name] < 10 else 'MISS'}, target < 10 s)")
+        hits = hits_of[label] = requests.hits(
+            make_policy(name, quotas, LAYERS * EXPERTS, pooled=pooled, **options), cold, home)
+        seconds[label] = time.perf_counter() - start
+        print(f"  {label:10s} replay: {seconds[label]:.2f} s, hit rate {hits.mean():.3f} "
+              f"({'PASS' if seconds[label] < 10 else 'MISS'}, target < 10 s)", flush=True)
     start = time.perf_counter()
     BeladyReplay([selected], cold, home, quotas.sum(axis=1))
     print(f"  belady (MIN) replay: {time.perf_counter() - start:.2f} s")

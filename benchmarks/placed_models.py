@@ -46,9 +46,11 @@ def one_card(bandwidth: str = "50GB/s", base_step_ms: dict[str, float] | None = 
                        "decode": {"base_step_ms": base_step_ms or {"1": 10.0}}})
 
 
-def place(model: Path, out: Path, every: int = 0, seed: int = 0) -> Path:
+def place(model: Path, out: Path, every: int = 0, seed: int = 0, layer_slots: int = 0,
+          cache_policy: str | None = None, cache_params: dict | None = None) -> Path:
     """Emit a placement of `model` into `out`: every expert resident (`every` = 0), or one
-    expert in `every` cold, drawn at random per layer; whole experts on one card."""
+    expert in `every` cold, drawn at random per layer; whole experts on one card; with
+    `layer_slots` cache slots per layer under `cache_policy` (and its `cache_params`)."""
     inv = read_inventory(model)
     sizes = inv.expert_bytes()
     layers, experts = sizes.shape
@@ -58,12 +60,15 @@ def place(model: Path, out: Path, every: int = 0, seed: int = 0) -> Path:
         for row in resident:
             row[rng.choice(experts, experts // every, replace=False)] = 0
     staging = int(sizes.max()) * min(experts, 8 * inv.top_k) if every else 0
+    quotas = np.full((1, layers), layer_slots) if layer_slots else None
     plan = build_plan(inv, one_card(), home=np.zeros((layers, experts), dtype=int),
                       resident_pages=resident, page_size=None,
-                      budget_bytes=np.array([int(sizes.sum()) + staging]),
+                      budget_bytes=np.array([int(sizes.sum()) + staging
+                                             + layers * layer_slots * int(sizes.max())]),
                       staging_bytes=np.array([staging]),
                       budget={"mode": "budget", "value": None, "concurrency": [1, 8]},
-                      ep="contiguous", solver={"name": "bench"})
+                      ep="contiguous", solver={"name": "bench"}, quotas=quotas,
+                      cache_policy=cache_policy, cache_params=cache_params)
     emit_placement(plan, model, out)
     return out
 

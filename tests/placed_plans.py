@@ -49,9 +49,17 @@ def mixed_plan(model: Path, out: Path, staging_bytes: int = 0) -> Path:
     return write_plan(inv, out, resident, staging + (1 << 26), staging, page_size=page)
 
 
-def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int) -> Path:
+# some weights of the learned policy (age, decayed_4, decayed_16, decayed_64, calibration,
+# bias): not fitted, just not an LRU
+LEARNED_WEIGHTS = [-0.05, 2.0, 1.0, -0.5, 3.0, 0.0]
+
+
+def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int,
+                pooled: bool = False) -> Path:
     """out/plan.json: every third expert pinned, the rest cold, and 1-3 cache slots per
-    MoE layer on each card under `policy` (whole experts: what a cache split plans)."""
+    MoE layer on each card under `policy` (whole experts: what a cache split plans); pooled:
+    one pool of each card's slots; learned: LEARNED_WEIGHTS and some calibration
+    frequencies."""
     inv = read_inventory(model)
     sizes = inv.expert_bytes()
     layers, experts = sizes.shape
@@ -59,8 +67,13 @@ def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int) -> Path
     quotas = np.array([[1 + (c + layer) % 3 for layer in range(layers)] for c in range(2)])
     staging = np.full(2, staging_bytes)
     slots = quotas.sum(axis=1) * int(sizes.max())
+    params = {"pooled": pooled, "weights": None, "calibration": None}
+    if policy == "learned":
+        params |= {"weights": LEARNED_WEIGHTS,
+                   "calibration": ((np.arange(layers * experts).reshape(layers, experts) * 7
+                                    % 11) / 11).tolist()}
     return write_plan(inv, out, pinned.astype(np.int64), staging + slots + (1 << 26), staging,
-                      page_size=None, quotas=quotas, cache_policy=policy)
+                      page_size=None, quotas=quotas, cache_policy=policy, cache_params=params)
 
 
 def resident_plan(model: Path, out: Path) -> Path:

@@ -10,9 +10,10 @@ import itertools
 import numpy as np
 import pytest
 
-from placer.plan.options import CACHE_POLICIES
+from placer.plan.options import CACHE_POLICIES, LEARNED_FEATURES
 from solvers.cache import POLICIES, Lookup, make_policy, simulate
 from solvers.cache.belady import BeladyReplay, _min_hits
+from solvers.cache.kernels import FEATURES
 from solvers.cache.replay import Requests, cache_hits
 
 
@@ -218,7 +219,7 @@ def test_lfuda_keeps_halved_counts_and_ages_by_the_victim():
     # out, age 2. [0]: its kept count 2 / 2 + 1 = 2 beats 3's 1: 2 out, 0 in at 2 + 2 = 4.
     # [1]: 3 (priority 3) out, not 0 (4).
     assert held == [{0}, {0}, {0, 1}, {0, 2}, {2, 3}, {0, 3}, {0, 1}]
-    kept = cache.state[12][0, :, 0]
+    kept = cache.kept[0, :, 0]
     assert kept[:4].tolist() == [2.0, 1.5, 0.5, 0.5]
     for _ in range(20):
         cache.lookup(0, [5])
@@ -238,8 +239,8 @@ def test_classlru_evicts_by_age_over_class():
     crf = make_policy("classlru", [[2]], 4)
     for now, keys in enumerate(([0], [0], [0], [1], [2], [1]), start=1):
         crf.lookup(0, keys, now=now)
-    assert crf.state[12][0, 1, 0] == np.float32(2 ** (-2 / 128) + 1)
-    assert crf.state[12][0, 0, 0] == np.float32(np.float32(2 ** (-1 / 128) + 1)
+    assert crf.kept[0, 1, 0] == np.float32(2 ** (-2 / 128) + 1)
+    assert crf.kept[0, 0, 0] == np.float32(np.float32(2 ** (-1 / 128) + 1)
                                                 * 2 ** (-1 / 128) + 1)
     with pytest.raises(ValueError, match="before"):
         crf.lookup(0, [3], now=5)
@@ -408,3 +409,4 @@ def test_the_cli_names_every_policy_and_only_those():
     """`placer solve --cache-policy` and the plan check name the policies without importing
     the compiled caches: the names must be exactly the classes'."""
     assert CACHE_POLICIES == tuple(POLICIES)
+    assert LEARNED_FEATURES == FEATURES  # the plan check's names of the learned weights

@@ -54,19 +54,23 @@ def test_logits_and_staging_match(arch, cache_slots, trace_models, tmp_path, cli
     assert predicted.bytes.sum() > 0  # the batch really staged something
 
 
-@pytest.mark.parametrize(("arch", "policy"), [("qwen3_moe", "lfru"), ("gpt_oss", "lru")])
-def test_a_cached_plan_stages_what_its_replay_predicts(arch, policy, trace_models, tmp_path,
-                                                       cli):
-    """The runtime takes each card's slots per layer and policy from the manifest; over a
-    batch and then three greedy decode steps its counters equal the replay of the same
-    selections through the same cache class, and its logits the original model's."""
+@pytest.mark.parametrize(("arch", "policy", "pooled"), [
+    ("qwen3_moe", "lfru", False), ("gpt_oss", "lru", False), ("qwen3_moe", "lfuda", False),
+    ("gpt_oss", "classlru", False), ("qwen3_moe", "learned", False),
+    ("gpt_oss", "learned", True), ("qwen3_moe", "classlru", True)])
+def test_a_cached_plan_stages_what_its_replay_predicts(arch, policy, pooled, trace_models,
+                                                       tmp_path, cli):
+    """The runtime takes each card's slots per layer (or pooled), policy and its parameters
+    from the manifest; over a batch and then three greedy decode steps its counters equal the
+    replay of the same selections, each forward's tokens on the clock, through the same cache
+    class, and its logits the original model's."""
     checkpoint = trace_models[arch]
     largest_layer = int(read_inventory(checkpoint).expert_bytes().sum(axis=1).max())
-    plan_path = cached_plan(checkpoint, tmp_path, policy, largest_layer)
+    plan_path = cached_plan(checkpoint, tmp_path, policy, largest_layer, pooled)
     cli("emit", "--plan", plan_path, "--model", checkpoint, "--out", tmp_path / "placed")
     runtime = load_placed(tmp_path / "placed", device="cpu")
     plan = read_plan(tmp_path / "placed")
-    assert runtime.cache.name == policy
+    assert runtime.cache.name == policy and runtime.cache.pooled == pooled
     assert runtime.cache.quotas.tolist() == [list(c.layer_slots) for c in plan.cards]
     staged = load_staged_model(checkpoint, runtime)
     batch = padded_batch(checkpoint)
@@ -79,7 +83,10 @@ def test_a_cached_plan_stages_what_its_replay_predicts(arch, policy, trace_model
     with torch.no_grad():
         assert torch.equal(got, original_model(checkpoint)(**batch).logits)
     selected = recorder.selected(plan.moe_layers, plan.experts_per_layer)
-    predicted = expected_staging(plan, selected)
+    assert recorder.tokens().tolist() == [batch["input_ids"].numel(), *range(
+        batch["input_ids"].shape[1], batch["input_ids"].shape[1] + 3)]
+    assert runtime.now == recorder.tokens().sum()
+    predicted = expected_staging(plan, selected, tokens=recorder.tokens())
     assert runtime.counters.bytes.tolist() == predicted.bytes.sum(axis=0).tolist()
     assert runtime.counters.copies.tolist() == predicted.copies.sum(axis=0).tolist()
     assert runtime.counters.hits.tolist() == predicted.hits.sum(axis=0).tolist()

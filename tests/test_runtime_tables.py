@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from placed_plans import resident_plan
+from placed_plans import cached_plan, resident_plan
 from test_runtime import PROMPTS, original_model, padded_batch
 from test_runtime_placed import placed_model
 
+from placer.checkpoint.inventory import read_inventory
 from placer.plan.placement import read_plan
 from placer.predict.staging import expected_staging
 from placer.runtime.experts import StagedExperts
@@ -68,8 +69,10 @@ def run_and_predict(staged, runtime, checkpoint: Path, placed: Path, slots: int)
     expected_tokens, expected_logits = generate_logits(plain, checkpoint)
     assert torch.equal(tokens, expected_tokens) and torch.equal(logits, expected_logits)
     plan = read_plan(placed)
+    assert runtime.now == recorder.tokens().sum()
     predicted = expected_staging(plan, recorder.selected(plan.moe_layers,
-                                                         plan.experts_per_layer), slots)
+                                                         plan.experts_per_layer), slots,
+                                 recorder.tokens())
     counters = runtime.counters
     assert counters.bytes.tolist() == predicted.bytes.sum(axis=0).tolist()
     assert counters.copies.tolist() == predicted.copies.sum(axis=0).tolist()
@@ -91,6 +94,24 @@ def test_tables_are_exact_and_stage_what_is_predicted(arch, spare, trace_models,
     calls = compact_calls(monkeypatch)
     run_and_predict(staged, runtime, checkpoint, placed, 2)
     assert (1 in calls) == (spare == 0)  # a one-token forward that took the compact path
+
+
+@pytest.mark.parametrize(("arch", "policy", "pooled"), [
+    ("qwen3_moe", "lfuda", False), ("gpt_oss", "classlru", False), ("qwen3_moe", "learned", True)])
+def test_tables_run_every_policy_as_predicted(arch, policy, pooled, trace_models, tmp_path,
+                                              cli):
+    """The tables (what `placer serve` computes on) under the policies that remember evicted
+    experts, per layer and pooled: the original's logits and the replay's counters, prefill
+    and decode forwards on the token clock."""
+    checkpoint = trace_models[arch]
+    largest_layer = int(read_inventory(checkpoint).expert_bytes().sum(axis=1).max())
+    cli("emit", "--plan", cached_plan(checkpoint, tmp_path, policy, largest_layer, pooled),
+        "--model", checkpoint, "--out", tmp_path / "placed")
+    runtime = load_placed(tmp_path / "placed", device="cpu")
+    assert runtime.cache.name == policy and runtime.cache.pooled == pooled
+    staged = load_staged_model(checkpoint, runtime)
+    run_and_predict(staged, runtime, checkpoint, tmp_path / "placed", None)
+    assert runtime.counters.hits.sum() > 0
 
 
 def gathered(monkeypatch: pytest.MonkeyPatch) -> list[int]:

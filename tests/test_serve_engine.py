@@ -8,9 +8,11 @@ import asyncio
 
 import pytest
 import torch
-from test_runtime import PROMPTS
+from placed_plans import cached_plan
+from test_runtime import PROMPTS, original_model
 from test_runtime_placed import placed_model
 
+from placer.checkpoint.inventory import read_inventory
 from placer.errors import PlacerError
 from placer.runtime.placed_model import load_placed_model
 from placer.serve import engine as engines
@@ -50,6 +52,31 @@ def test_engines_generate_what_model_generate_does(loaded, batching):
     finally:
         engine.stop(timeout=30)
     assert got == expected
+
+
+@pytest.mark.parametrize(("policy", "pooled"), [("classlru", False), ("learned", True)])
+def test_the_engine_serves_the_policies_that_remember(policy, pooled, trace_models, tmp_path,
+                                                      cli):
+    """`placer serve`'s engine on a plan whose caches remember evicted experts (classlru per
+    layer, learned pooled with its weights from the manifest): plain transformers' greedy
+    tokens, the caches hit, and their token clock counts every forward's tokens."""
+    checkpoint = trace_models["qwen3_moe"]
+    largest_layer = int(read_inventory(checkpoint).expert_bytes().sum(axis=1).max())
+    cli("emit", "--plan", cached_plan(checkpoint, tmp_path, policy, largest_layer, pooled),
+        "--model", checkpoint, "--out", tmp_path / "placed")
+    loaded = load_placed_model(tmp_path / "placed", checkpoint, device="cpu")
+    assert loaded.runtime.cache.name == policy and loaded.runtime.cache.pooled == pooled
+    prompts = [encode_text(loaded.tokenizer, p) for p in PROMPTS[:2]]
+    plain = original_model(checkpoint)
+    expected = [engines.greedy_tokens(plain, p, NEW) for p in prompts]
+    engine, _ = engines.start_engine(loaded.model, prompts[0], "auto")
+    try:
+        got = [asyncio.run(generate_all(engine, [p], NEW))[0] for p in prompts]
+    finally:
+        engine.stop(timeout=30)
+    assert got == expected
+    assert loaded.runtime.counters.hits.sum() > 0
+    assert loaded.runtime.now >= sum(len(p) + NEW - 1 for p in prompts)
 
 
 def test_auto_falls_back_to_serial_when_the_probe_disagrees(loaded, monkeypatch):

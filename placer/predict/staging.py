@@ -14,11 +14,11 @@ def plan_cold_bytes(plan: Plan) -> np.ndarray:
     return plan.matrix("bytes") - plan.matrix("resident_bytes")
 
 
-def expected_staging(plan: Plan, selected: np.ndarray, cache_slots: int | None = None
-                     ) -> StagingCounts:
+def expected_staging(plan: Plan, selected: np.ndarray, cache_slots: int | None = None,
+                     tokens: int | np.ndarray = 1) -> StagingCounts:
     """What the runtime loaded from `plan` stages for `selected` ([S, L, E] bool, in the
-    order served), with the plan's caches (or `cache_slots` on every card, as
-    `placer run --cache-slots` has)."""
+    order served; `tokens` in each step, one count or [S]: the token clock), with the plan's
+    caches (or `cache_slots` on every card, as `placer run --cache-slots` has)."""
     cold, home = plan_cold_bytes(plan), plan.matrix("card")
-    hits = cache_hits(plan_caches(plan, cache_slots), selected, cold, home)
+    hits = cache_hits(plan_caches(plan, cache_slots), selected, cold, home, tokens)
     return staging_counts(selected, hits, cold, home, len(plan.cards))

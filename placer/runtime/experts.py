@@ -38,6 +38,9 @@ class ExpertSource(Protocol):
         expert from tensor name to the expert's tensor (checkpoint dtype and shape)."""
         ...
 
+    # Optionally `advance(layer, tokens)`: told at each experts module's forward, before any
+    # fetch, how many tokens it computes (the placed runtime's token clock, PlacedRuntime).
+
 
 class ExpertTable(Protocol):
     """A layer's experts held in the original module's layout (`placer.runtime.tables`)."""
@@ -96,6 +99,11 @@ class StagedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        # a source with a token clock (the placed runtime: its caches' clock) counts the
+        # tokens of each forward
+        advance = getattr(self.source, "advance", None)
+        if advance is not None:
+            advance(self.layer, hidden_states.numel() // hidden_states.shape[-1])
         table = self.table
         if table is not None:
             if table.identity:

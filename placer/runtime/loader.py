@@ -133,6 +133,9 @@ class PlacedRuntime:
                          if e.card == c.index and e.cold is not None), default=0)
                     for c in self.plan.cards]
         self.cache = plan_caches(self.plan, cache_slots)
+        # the token clock of the caches (solvers/cache/kernels.py): the tokens of every forward
+        # so far, this one's included; a forward starts at a MoE layer no later than the last
+        self.now, self._last_row = 0, len(moe_layers)
         self.holders: dict[int, SlotRows] = {}  # layer -> the table holding its slots
         self.stagers = [CardStager(c.index, device, staging_bytes=c.staging_bytes,
                                    slot_bytes=cold_max[c.index], cache=self.cache,
@@ -147,6 +150,15 @@ class PlacedRuntime:
         the stagers never allocate slots of their own for it)."""
         self.holders[layer] = rows
         self.cache.reset()
+        self.now, self._last_row = 0, len(self.row)
+
+    def advance(self, layer: int, tokens: int) -> None:
+        """Decoder layer `layer`'s experts compute `tokens` tokens now: at a forward's first
+        MoE layer the token clock advances by them (the caches' `now`)."""
+        row = self.row[layer]
+        if row <= self._last_row:
+            self.now += int(tokens)
+        self._last_row = row
 
     def stage(self, layer: int, experts: Sequence[int]) -> list[Staged]:
         """Stage the cold parts of `experts` (distinct, each with cold bytes) of decoder
@@ -161,7 +173,7 @@ class PlacedRuntime:
         for card, ids in by_card.items():
             found, views = self.stagers[card].stage(
                 row, [row * width + e for e in ids], [self.experts[(layer, e)].cold for e in ids],
-                into_slots=holder is None)
+                into_slots=holder is None, now=self.now)
             for e, f, view in zip(ids, found, views, strict=True):
                 weights = None if view is None else self._tensors(self.experts[(layer, e)], view)
                 if holder is not None and weights is not None and f.slot is not None:

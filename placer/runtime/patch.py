@@ -130,6 +130,11 @@ class SelectionRecorder:
                     out[s, i, np.unique(step[layer])] = True
         return out
 
+    def tokens(self) -> np.ndarray:
+        """[S] the tokens each forward computed (what the caches' token clock advances by)."""
+        return np.array([len(next(iter(step.values()))) if step else 0
+                         for step in self.steps], dtype=np.int64)
+
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()

@@ -1,15 +1,16 @@
 """One card's staging: copies selected cold experts from host memory into device memory.
 
 Each card has one staging buffer, preallocated at the size the plan gives it, and optionally
-cache slots (each as large as the card's largest cold part) under the plan's cache policy,
-the very class the replay predicts with (`solvers.cache`). A fetch stages exactly the cold
-bytes of the selected experts that are not cached: one copy per expert (its cold part is one
-contiguous host range), into a cache slot when the policy admits it, else into the staging
-buffer at a `ALIGN`-aligned offset. Where the layers' tables hold the slots as rows
-(placer.runtime.tables), a hit needs nothing from here and every miss lands in the buffer for
-the table to keep. On CUDA the copies run on a side stream from pinned memory; the compute
-stream waits on an event, and the side stream first waits for the compute stream, so a buffer
-is never overwritten while earlier compute still reads it.
+cache slots (each as large as the card's largest cold part) under the plan's cache policy
+(any of `solvers.cache.POLICIES`, per layer or pooled, with the plan's `cache_params`), the
+very class the replay predicts with (`solvers.cache`), on the runtime's token clock. A fetch
+stages exactly the cold bytes of the selected experts that are not cached: one copy per
+expert (its cold part is one contiguous host range), into a cache slot when the policy admits
+it, else into the staging buffer at a `ALIGN`-aligned offset. Where the layers' tables hold
+the slots as rows (placer.runtime.tables), a hit needs nothing from here and every miss lands
+in the buffer for the table to keep. On CUDA the copies run on a side stream from pinned
+memory; the compute stream waits on an event, and the side stream first waits for the
+compute stream, so a buffer is never overwritten while earlier compute still reads it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class CardStager:
         self.grown = 0  # fetches whose staged bytes exceeded the buffer, which then grew
 
     def stage(self, row: int, keys: Sequence[int], cold: Sequence[torch.Tensor], *,
-              into_slots: bool = True) -> tuple[list[Lookup], list[torch.Tensor | None]]:
+              into_slots: bool = True, now: int | None = None
+              ) -> tuple[list[Lookup], list[torch.Tensor | None]]:
         """The cache's answer for each selected cold part and its device bytes: `cold[i]`
         (host uint8) is that of expert key `keys[i]` (row * experts per layer + expert, as
         the cache numbers them).
@@ -56,9 +58,10 @@ class CardStager:
         With `into_slots` False the layer's slots are held elsewhere (its table's rows,
         placer.runtime.tables): every miss is staged into the staging buffer for the holder
         to keep, and a hit has no view here (None). The views stay valid until this card's
-        next fetch.
+        next fetch. `now`: the token clock (tokens served, this forward's included) for the
+        policies that age by it (classlru, learned; None: no tokens since the last fetch).
         """
-        lookups = self.cache.lookup(self.card, keys)
+        lookups = self.cache.lookup(self.card, keys, now)
         slotted = [into_slots and f.slot is not None for f in lookups]
         if any(slotted) and not self.slots.numel():
             self.slots = torch.empty(self.slot_shape, dtype=torch.uint8, device=self.device)

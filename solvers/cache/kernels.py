@@ -24,14 +24,16 @@ from numba import njit
 LRU_SCORE, LFRU_SCORE, LFUDA_SCORE, CLASSLRU_SCORE, LEARNED_SCORE = 0, 1, 2, 3, 4
 
 # learned's features, in the order of its weights (solvers/cache/learned.py)
-HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts
+HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts (each 4x the last:
+# the walk takes one exp2 per key, for 64, and the others as its 4th and 16th powers)
 FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
 
-# state: (shape [2]: experts per layer, pooled; offset [C, P], quota [C, P], count [C, P],
-#         slot_key [C, W], key_slot [C, K], last [C, W], freq [C, W], seen [C, W],
-#         clock [C], fetches [C], age [C, P], kept [C, K', F], used [C, K'], params [n],
-#         calibration [K'], now [1]), P = L partitions or 1 (pooled); K' = K where the policy
-#         keeps per-key memory, else 0.
+# state, 11 arrays (each array argument costs the runtime's lookup a fraction of a
+# microsecond to unbox, so they are stacked): (head [3]: experts per layer, pooled, now (the
+# token time of the last step walked); parts [3, C, P]: offset, quota, count of each
+# partition; age [C, P]; slot [3, C, W]: slot_key, last, seen; freq [C, W]; key_slot [C, K];
+# card [2, C]: clock, fetches; kept [C, K', F]; used [C, K']; params [n]; calibration [K']),
+# P = L partitions or 1 (pooled); K' = K where the policy keeps per-key memory, else 0.
 
 
 @njit(cache=True, nogil=True)
@@ -47,15 +49,17 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
     One loop for every fetch, the policy inline: a fetch as a function of its own, called
     per card and layer, cost three times the walk (numba's reference counting of a dozen
     array arguments per call, ~90 ns where the fetch itself is ~30)."""
-    (shape, offset, quota, count, slot_key, key_slot, last, freq, seen, clock, fetches, age,
-     kept, used, params, calibration, now) = state
-    pooled = shape[1] == 1
+    head, parts, age, slot, freq, key_slot, card, kept, used, params, calibration = state
+    offset, quota, count = parts[0], parts[1], parts[2]
+    slot_key, last, seen = slot[0], slot[1], slot[2]
+    clock, fetches = card[0], card[1]
+    pooled = head[1] == 1
     layers = key_slot.shape[1] // experts
     buf = np.empty((num_cards, experts), dtype=np.int64)
     at = np.empty((num_cards, experts), dtype=np.int64)
     counts = np.zeros(num_cards, dtype=np.int64)
     step, layer = 0, 0
-    t = now[0]
+    t = head[2]
     for g in range(len(offsets) - 1):
         t = times[step]
         layer += 1
@@ -82,14 +86,60 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                 s = key_slot[c, buf[c, i]]
                 if s >= 0:
                     seen[c, s] = fetch
-            # classlru updates the fetch's hits first, then its misses (llama.cpp's plan())
+            if score <= LFRU_SCORE:
+                # lru and lfru keep no memory beyond the slot: their own loop, as it was
+                # before the policies with memory (whose branches cost lru's walk 10-15%)
+                for i in range(n):
+                    clock[c] += 1
+                    k = buf[c, i]
+                    s = key_slot[c, k]
+                    if len(hits):
+                        hits[at[c, i]] = s >= 0
+                    if s >= 0:
+                        freq[c, s] += 1
+                        last[c, s] = clock[c]
+                        if len(slots):
+                            slots[at[c, i]] = s
+                        continue
+                    if len(misses):
+                        misses[k] += 1
+                    if count[c, p] < cap:
+                        s = base + count[c, p]
+                        count[c, p] += 1
+                    else:
+                        s = -1
+                        best = np.inf
+                        for u in range(base, base + cap):
+                            if seen[c, u] == fetch:
+                                continue
+                            value = (last[c, u] if score == LRU_SCORE
+                                     else freq[c, u] / (clock[c] - last[c, u] + 1))
+                            if value < best or (value == best
+                                                and slot_key[c, u] < slot_key[c, s]):
+                                best = value
+                                s = u
+                        if s >= 0:
+                            key_slot[c, slot_key[c, s]] = -1
+                    if len(slots):
+                        slots[at[c, i]] = s
+                    if s < 0:
+                        continue
+                    slot_key[c, s] = k
+                    key_slot[c, k] = s
+                    last[c, s] = clock[c]
+                    freq[c, s] = 1
+                    seen[c, s] = fetch
+                continue
+            # lfuda, classlru, learned; classlru updates the fetch's hits first, then its
+            # misses (llama.cpp's plan())
             for i in range(n * (2 if score == CLASSLRU_SCORE else 1)):
-                k = buf[c, i % n]
+                j = i if i < n else i - n
+                k = buf[c, j]
                 s = key_slot[c, k]
                 if score == CLASSLRU_SCORE and (s >= 0) != (i < n):
                     continue
                 clock[c] += 1
-                a = at[c, i % n]
+                a = at[c, j]
                 if len(hits):
                     hits[a] = s >= 0
                 # the key's own memory, which outlives its slot: every use counts
@@ -101,16 +151,18 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                         kept[c, k, 0] * 2.0 ** (-(t - used[c, k]) / params[0]) + 1.0))
                     used[c, k] = t
                 elif score == LEARNED_SCORE:
-                    dt = t - used[c, k]
-                    for j in range(3):
-                        kept[c, k, j] = kept[c, k, j] * 2.0 ** (-dt / HALF_LIVES[j]) + 1.0
+                    slow = 2.0 ** (-(t - used[c, k]) / HALF_LIVES[2])
+                    mid = slow * slow * slow * slow
+                    kept[c, k, 0] = kept[c, k, 0] * (mid * mid * mid * mid) + 1.0
+                    kept[c, k, 1] = kept[c, k, 1] * mid + 1.0
+                    kept[c, k, 2] = kept[c, k, 2] * slow + 1.0
                     used[c, k] = t
                 if s >= 0:
                     last[c, s] = clock[c]
                     if score == LFUDA_SCORE:
                         freq[c, s] = age[c, p] + kept[c, k, 0]
-                    else:
-                        freq[c, s] += 1
+                    elif score == CLASSLRU_SCORE:  # 2^class, class as of this use
+                        freq[c, s] = 2.0 ** min(np.floor(np.log2(kept[c, k, 0])), params[1])
                     if len(slots):
                         slots[a] = s
                     continue
@@ -121,34 +173,32 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                     count[c, p] += 1
                 else:
                     s = -1
-                    best, rank, tie = np.inf, 0, 0
+                    best, rank, tie = np.inf, 0.0, 0
                     for u in range(base, base + cap):
                         if seen[c, u] == fetch:
                             continue
-                        v = slot_key[c, u]
-                        first, second = 0, 0  # ties: the lowest of these, then of the key
-                        if score == LRU_SCORE:
-                            value = float(last[c, u])
-                        elif score == LFRU_SCORE:
-                            value = freq[c, u] / (clock[c] - last[c, u] + 1)
-                        elif score == LFUDA_SCORE:
+                        first, second = 0.0, 0  # ties: the lowest of these, then of the key
+                        if score == LFUDA_SCORE:
                             value = freq[c, u]
-                            first = last[c, u]
+                            first = float(last[c, u])
                         elif score == CLASSLRU_SCORE:
                             # the largest age / 2^class, class as of the last use; ties: the
                             # lowest class, then the least recently used (its list's head)
-                            first = min(int(np.floor(np.log2(kept[c, v, 0]))), int(params[1]))
+                            first = freq[c, u]  # 2^class
                             second = last[c, u]
-                            value = -((t - used[c, v]) / 2.0 ** first)
+                            value = -((t - used[c, slot_key[c, u]]) / first)
                         else:
+                            v = slot_key[c, u]
                             dt = float(t - used[c, v])
-                            value = params[0] * dt + params[4] * calibration[v] + params[5]
-                            for j in range(3):
-                                value += (params[1 + j] * kept[c, v, j]
-                                          * 2.0 ** (-dt / HALF_LIVES[j]))
+                            slow = 2.0 ** (-dt / HALF_LIVES[2])
+                            mid = slow * slow * slow * slow
+                            value = (params[0] * dt + params[1] * kept[c, v, 0] * (
+                                mid * mid * mid * mid) + params[2] * kept[c, v, 1] * mid
+                                + params[3] * kept[c, v, 2] * slow
+                                + params[4] * calibration[v] + params[5])
                         if value < best or (value == best and (first < rank or (
                                 first == rank and (second < tie or (
-                                    second == tie and v < slot_key[c, s]))))):
+                                    second == tie and slot_key[c, u] < slot_key[c, s]))))):
                             best, rank, tie = value, first, second
                             s = u
                     if s >= 0:
@@ -164,6 +214,9 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                 slot_key[c, s] = k
                 key_slot[c, k] = s
                 last[c, s] = clock[c]
-                freq[c, s] = age[c, p] + kept[c, k, 0] if score == LFUDA_SCORE else 1.0
+                if score == LFUDA_SCORE:
+                    freq[c, s] = age[c, p] + kept[c, k, 0]
+                elif score == CLASSLRU_SCORE:
+                    freq[c, s] = 2.0 ** min(np.floor(np.log2(kept[c, k, 0])), params[1])
                 seen[c, s] = fetch
-    now[0] = t
+    head[2] = t

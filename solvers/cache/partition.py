@@ -43,25 +43,23 @@ class PartitionedCache(CachePolicy):
         offset[:, 1:] = np.cumsum(parts, axis=1)[:, :-1]
         width = max(1, int(quotas.sum(axis=1).max(initial=0)))
         remembered = num_keys if self.keeps else 0
-        return (np.array([num_keys // layers, int(self.pooled)], dtype=np.int64), offset,
-                parts.copy(), np.zeros_like(parts), np.full((cards, width), -1, dtype=np.int64),
-                np.full((cards, num_keys), -1, dtype=np.int64),
-                np.zeros((cards, width), dtype=np.int64), np.zeros((cards, width)),
-                np.zeros((cards, width), dtype=np.int64), np.zeros(cards, dtype=np.int64),
-                np.zeros(cards, dtype=np.int64), np.zeros(parts.shape),
-                np.zeros((cards, remembered, self.keeps)),
+        slot = np.zeros((3, cards, width), dtype=np.int64)
+        slot[0] = -1  # no key
+        return (np.array([num_keys // layers, int(self.pooled), 0], dtype=np.int64),
+                np.stack([offset, parts, np.zeros_like(parts)]), np.zeros(parts.shape), slot,
+                np.zeros((cards, width)), np.full((cards, num_keys), -1, dtype=np.int64),
+                np.zeros((2, cards), dtype=np.int64), np.zeros((cards, remembered, self.keeps)),
                 np.zeros((cards, remembered), dtype=np.int64),
                 np.ascontiguousarray(self.params(), dtype=np.float64),
-                np.ascontiguousarray(self.calibration(), dtype=np.float64),
-                np.zeros(1, dtype=np.int64))
+                np.ascontiguousarray(self.calibration(), dtype=np.float64))
 
     def cached(self, card: int) -> set[int]:
-        return {int(k) for k in self.state[4][card] if k >= 0}
+        return {int(k) for k in self.state[3][0, card] if k >= 0}
 
     def holds(self, card: int, key: int) -> bool:
         return bool(self.state[5][card, key] >= 0)
 
     def partition(self, card: int, row: int) -> range:
         part = 0 if self.pooled else row
-        start = int(self.state[1][card, part])
-        return range(start, start + int(self.state[2][card, part]))
+        start, size = self.state[1][:2, card, part].tolist()
+        return range(start, start + size)

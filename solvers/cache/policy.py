@@ -3,18 +3,21 @@ walk of fetches (`replay_requests`, solvers/cache/kernels.py) under the policy's
 
 A card's cache holds cold experts staged earlier, each in one device slot, `quotas[c, l]`
 slots for MoE layer l (a layer's fetch uses only its own: solvers/cache/partition.py says
-why). Experts are keys `layer_row * E + expert` (layer_row: the MoE layer's ordinal). The
-runtime asks a card's cache about one layer's fetch at a time (`CachePolicy.lookup`), and the
-replay (`solvers.cache.replay`) walks recorded steps through the very same compiled walk (a
-lookup is a walk of one fetch), so a prediction and the runtime's counters agree by
-construction.
+why; or, `pooled`, the card's slots are one pool every layer's fetch shares). Experts are
+keys `layer_row * E + expert` (layer_row: the MoE layer's ordinal). The runtime asks a card's
+cache about one layer's fetch at a time (`CachePolicy.lookup`), and the replay
+(`solvers.cache.replay`) walks recorded steps through the very same compiled walk (a lookup
+is a walk of one fetch), so a prediction and the runtime's counters agree by construction.
 
 A fetch is the set of distinct cold experts one layer of one step needs on one card. Their
 weights are used together, so no expert of a fetch is evicted by that fetch. Each key, in
-ascending order: a hit stays; a miss takes a free slot of its layer, else the slot of the
-victim the policy's score picks among those that hold no expert of this fetch, else none
-(every slot holds an expert this fetch needs, or there are no slots): it is staged into the
-staging buffer and not cached. Either way a miss costs one copy of its cold bytes.
+ascending order (classlru: its hits first): a hit stays; a miss takes a free slot of its
+partition, else the slot of the victim the policy's score picks among those that hold no
+expert of this fetch, else none (every slot holds an expert this fetch needs, or there are no
+slots): it is staged into the staging buffer and not cached. Either way a miss costs one copy
+of its cold bytes. Policies with memory (lfuda, classlru, learned) keep per-key state across
+evictions, and count every use, an uncached miss too; classlru and learned age on the token
+clock (solvers/cache/kernels.py), which a lookup takes as `now`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ class CachePolicy:
         self._hit = np.zeros(width, dtype=np.bool_)  # a fetch's answers, reused
         self._slot = np.zeros(width, dtype=np.int64)
         self._cacheable = np.ones(self.num_keys, dtype=np.bool_)
+        self._time = np.zeros(1, dtype=np.int64)  # a lookup's token time, reused
+        self._offsets = [np.array([0, n], dtype=np.int64) for n in range(width + 1)]
+        self._none = np.zeros(0, dtype=np.int64)  # misses: not counted
         self._on_card: dict[int, np.ndarray] = {}  # card -> [num_keys] home: that card
 
     @property
@@ -81,7 +87,13 @@ class CachePolicy:
     def now(self) -> int:
         """The token time of the last step walked (solvers/cache/kernels.py: the token
         clock); a replay's steps continue from it."""
-        return int(self.state[-1][0])
+        return int(self.state[0][2])
+
+    @property
+    def kept(self) -> np.ndarray:
+        """[C, K, F] the per-key values the policy keeps across eviction (lfuda's counts,
+        classlru's CRF, learned's decayed counts; F = `keeps`; K = 0 where none)."""
+        return self.state[7]
 
     def reset(self) -> None:
         """Empty every card's cache (the memory kept across eviction too)."""
@@ -111,11 +123,10 @@ class CachePolicy:
         if card not in self._on_card:
             self._on_card[card] = np.full(self.num_keys, card, dtype=np.int64)
         hit, slot = self._hit[:n], self._slot[:n]
+        self._time[0] = self.now if now is None else now
         replay_requests(self.state, self.score, np.array(ordered, dtype=np.int32),
-                        np.array([0, n], dtype=np.int64),
-                        np.array([self.now if now is None else now], dtype=np.int64),
-                        self._cacheable, self._on_card[card], len(self.quotas), width, hit,
-                        slot, np.zeros(0, dtype=np.int64))
+                        self._offsets[n], self._time, self._cacheable, self._on_card[card],
+                        len(self.quotas), width, hit, slot, self._none)
         found = {k: Lookup(bool(h), s if s >= 0 else None)
                  for k, h, s in zip(ordered, hit.tolist(), slot.tolist(), strict=True)}
         return [found[int(k)] for k in keys]

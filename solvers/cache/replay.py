@@ -120,7 +120,7 @@ class Requests:
         times = self.times(policy.now)
         if not (len(self.keys) and policy.slots.any()):
             if len(times):
-                policy.state[-1][0] = times[-1]
+                policy.state[0][2] = times[-1]
             return False
         replay_requests(policy.state, policy.score, self.keys, self.offsets, times,
                         np.ascontiguousarray(cacheable, dtype=np.bool_).ravel(),
