@@ -21,6 +21,9 @@ cache and Belady's bound, on held-out real routing (`placer solve` + `placer eva
     `belady` line of `placer evaluate`; one card and one expert size, so the stall ratio is
     the ratio of misses). Targets at B = 1: the chosen policy's misses at least 12% below
     lfru's; its stall at most 1.90x Belady's (lfru's: 2.20x when this was set).
+6f. The issue's protocol on mmlu_dev (first 48 sequences warm, other 49 scored, equal
+    per-layer slots, nothing pinned): every policy's hit rate, learned's weights fitted on
+    the 48 warm sequences.
 
 Lines (tok/s with their 95% intervals, bootstrap over held-out sequences): static (`--cache
 0`, the ILP), lru (the whole budget as per-layer LRU caches, nothing pinned), split (placer's
@@ -303,6 +306,52 @@ def policies(root: Path, batches: tuple[int, ...]) -> None:
                   f"target <= 1.90)")
 
 
+def equal_slots(sizes: tuple[int, ...] = (6, 11, 16)) -> None:
+    """6f. The issue's protocol: gpt-oss mmlu_dev in its own order, the first 48 sequences warm
+    the caches (and are learned's calibration: weights fitted on 4 folds of them), the other
+    49 are scored; per-layer caches of equal size (or pooled), nothing pinned, B = 1."""
+    from solvers.cache import make_policy
+    from solvers.cache.belady import BeladyReplay
+    from solvers.cache.choice import CHOICES
+    from solvers.cache.learn import fit_learned
+    from solvers.cache.replay import Requests
+    from traces.profile import step_mask
+
+    data = np.load(GPTOSS / "mmlu_dev.npz")
+    ids, lens = data["expert_ids"].astype(np.int64), data["seq_lens"]
+    warm = int(lens[:48].sum())
+    layers, experts = ids.shape[1], 32
+    every = Requests.of_tokens(ids[:, None], experts)
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    folds = [Requests.of_tokens(np.concatenate([ids[starts[s]:starts[s + 1]]
+                                                for s in range(i, 48, 4)])[:, None], experts)
+             for i in range(4)]
+    home = np.zeros((layers, experts), dtype=np.int64)
+    free = np.ones((layers, experts), dtype=bool)
+    scored = int(every.offsets[warm * layers])
+    print("\n6f. gpt-oss mmlu_dev, first 48 sequences warm, the other 49 scored, nothing "
+          "pinned, B = 1: hits of all selections (misses below lfru's)")
+    for slots in sizes:
+        quotas = np.full((1, layers), slots)
+        fit = fit_learned(folds, free, home, quotas)
+        row = {}
+        for name in CHOICES:
+            for pooled in (False, True):
+                extra = {"weights": fit.weights, "calibration": fit.calibration} \
+                    if name == "learned" else {}
+                cache = make_policy(name, quotas, layers * experts, pooled=pooled, **extra)
+                row[(name, pooled)] = int((~every.hits(cache, free, home)[scored:]).sum())
+        belady = BeladyReplay([step_mask(ids[:, None], experts)], free.astype(int), home,
+                              np.array([slots * layers]))
+        total = len(every.keys) - scored
+        least = total - int(belady.hits(warm, len(ids)).sum())
+        lfru = row[("lfru", False)]
+        print(f"  {slots:2d} slots per layer: " + ", ".join(
+            f"{name}{' pooled' if pooled else ''} {1 - m / total:.1%} ({1 - m / lfru:+.1%})"
+            for (name, pooled), m in row.items())
+            + f"; Belady (MIN, one pool) {1 - least / total:.1%}")
+
+
 def cache_section(root: Path, quick: bool) -> None:
     if not GPTOSS.is_dir():
         print("\n6. skipped: no gpt-oss routing")
@@ -313,6 +362,8 @@ def cache_section(root: Path, quick: bool) -> None:
     root.mkdir()
     gptoss(root, batches)
     policies(root, batches)
+    if not quick:
+        equal_slots()
     esft(root, batches, tasks)
     if not quick:
         esft_lotos(root, batches, tasks)
@@ -328,6 +379,8 @@ if __name__ == "__main__":  # alone: routing_cache.py [--quick] [--esft]: 6a and
         sizes = (1,) if "--quick" in sys.argv else (1, 8)
         if "--esft" in sys.argv:
             esft(here, sizes, TASKS)
+        elif "--equal" in sys.argv:
+            equal_slots()
         else:
             gptoss(here, sizes)
             policies(here, sizes)
