@@ -61,16 +61,16 @@ def traffic(root: Path, tokens: int) -> Path:
     return out
 
 
-def solve(root: Path, traces: Path) -> tuple[float, float, dict]:
-    """(wall seconds, peak resident GB, plan) of one `placer solve --cache auto` (run alone in
-    a child process, so the peak is its own)."""
-    plan = root / f"{traces.name}.json"
+def solve(root: Path, traces: Path, *extra: str) -> tuple[float, float, dict]:
+    """(wall seconds, peak resident GB, plan) of one `placer solve --cache auto` (or `extra`
+    options; run alone in a child process, so the peak is its own)."""
+    plan = root / f"{traces.name}{'-'.join(('', *extra))}.json"
     cmd = [sys.executable, "-c", "import resource, subprocess, sys; "
            "subprocess.run(sys.argv[1:], check=True); "
            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
            sys.executable, "-m", "placer", "solve", "--config", str(CONFIG), "--expert-dtype",
            "mxfp4", "--hardware", "8x-rtx5090d-pcie5", "--offload", "0.5", "--concurrency",
-           "1,8", "--solver", "greedy", "--traces", str(traces), "--out", str(plan)]
+           "1,8", "--solver", "greedy", "--traces", str(traces), "--out", str(plan), *extra]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -83,6 +83,9 @@ def solve(root: Path, traces: Path) -> tuple[float, float, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2k and 20k tokens")
+    parser.add_argument("--cache-slots", type=int, default=None, help=(
+        "also solve the largest size with --cache N (N slots per card, the rest pinned): the "
+        "policy choice (--cache-policy auto) runs, as it does not where static is chosen"))
     args = parser.parse_args()
     sizes = (2_000, 20_000) if args.quick else (20_000, 200_000)
     print(f"solve --cache auto, DeepSeek-V3 shape, 8x-rtx5090d-pcie5, --offload 0.5, B = 1, 8 "
@@ -94,14 +97,30 @@ def main() -> None:
             seconds, peak, plan = solve(root, traffic(root, tokens))
             cache = plan["cache"]
             best = min(c["held_out_stall_ms_per_step"] for c in cache["candidates"])
-            gap = cache["held_out_stall_ms_per_step"] / best - 1
+            (mine,) = [c for c in cache["candidates"] if c["chosen"]]  # under the split's policy
+            gap = mine["held_out_stall_ms_per_step"] / best - 1
             runs.append(seconds)
             peaks.append(peak)
             print(f"  {tokens:7d} tokens: {seconds:6.1f} s, peak {peak:.2f} GB, "
-                  f"{cache['replays']} replays; chose {cache['chosen']} "
+                  f"{cache['replays']} replays; chose {cache['chosen']} served by "
+                  f"{cache['policy']}{' pooled' if cache.get('pooled') else ''} "
+                  f"({cache.get('policy_choice')}) "
                   f"({cache['held_out_stall_ms_per_step']:.2f} ms/step held out, "
                   f"{100 * gap:.2f}% above the best candidate: "
                   f"{'PASS' if gap <= 0.01 else 'MISS'}, target <= 1%); load average "
+                  f"{os.getloadavg()[0]:.1f}")
+        if args.cache_slots is not None:
+            seconds, peak, plan = solve(root, root / f"ds3-{sizes[-1]}", "--cache",
+                                        str(args.cache_slots))
+            cache = plan["cache"]
+            rows = {(r["policy"], r["pooled"]): r["held_out_stall_ms_per_step"]
+                    for r in cache["policies"]}
+            print(f"  {sizes[-1]:7d} tokens, --cache {args.cache_slots}: {seconds:6.1f} s, peak "
+                  f"{peak:.2f} GB; served by {cache['policy']}"
+                  f"{' pooled' if cache['pooled'] else ''} "
+                  f"({cache['held_out_stall_ms_per_step']:.2f} ms/step held out; lfru per layer "
+                  f"{rows.get(('lfru', False), float('nan')):.2f}; judged on "
+                  f"{cache.get('policy_judged_share', 1.0):.0%} of each fold); load average "
                   f"{os.getloadavg()[0]:.1f}")
     grow = sizes[-1] / sizes[0]
     print(f"  {grow:.0f}x the tokens: {runs[-1] / runs[0]:.2f}x the seconds of the first run")

@@ -49,11 +49,13 @@ BELADY = "belady"
 class Line:
     """How a line serves the traffic: its pinned pages and cache slots per card and layer
     (`quotas` [C, L]) under `cache` (a policy of solvers.cache, or BELADY: MIN over each
-    card's slots, the offline limit; None: no cache)."""
+    card's slots, the offline limit; None: no cache), with `options` (make_policy's: pooled,
+    the learned policy's weights and calibration)."""
 
     placement: Placement
     cache: str | None = None
     quotas: np.ndarray | None = None
+    options: dict | None = None  # the policy's own: pooled, learned's weights and calibration
 
     @property
     def slots(self) -> list[int]:
@@ -74,8 +76,11 @@ def hits_of(problem: Problem, line: Line, steps: TokenSteps, chunk: int
         belady = BeladyReplay(_masks(steps, problem.num_experts, chunk), cold, home,
                               np.asarray(line.slots))
         return lambda start, selected: belady.hits(start, start + len(selected))
-    policy = make_policy(line.cache, line.quotas, problem.num_layers * problem.num_experts)
-    return lambda start, selected: cache_hits(policy, selected, cold, home)
+    policy = make_policy(line.cache, line.quotas, problem.num_layers * problem.num_experts,
+                         **(line.options or {}))
+    tokens = np.maximum(1, (steps.seqs >= 0).sum(axis=1))  # the token clock's step sizes
+    return lambda start, selected: cache_hits(policy, selected, cold, home,
+                                              tokens[start:start + len(selected)])
 
 
 def _masks(steps: TokenSteps, num_experts: int, chunk: int) -> Iterator[np.ndarray]:

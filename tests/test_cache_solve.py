@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from solvers.cache.choice import CHOICES
+
 pytest_plugins = ["fixtures_models"]
 REPO = Path(__file__).resolve().parent.parent
 BOX = REPO / "examples" / "tiny-box.toml"
@@ -41,20 +43,45 @@ def test_every_card_fits_pins_slots_and_staging_in_its_budget(solved, name):
         assert sum(c["layer_slots"]) == c["cache_slots"]
 
 
+def chosen_policy(cache: dict) -> dict:
+    """The plan's policy row (--cache-policy auto), checked to be the least of its table,
+    the split's own policy (lfru per layer) giving the chosen candidate's figure."""
+    policies = cache["policies"]
+    assert {(r["policy"], r["pooled"]) for r in policies} == {
+        (name, pooled) for name in CHOICES for pooled in (False, True)}
+    (row,) = [r for r in policies if r["chosen"]]
+    assert (row["policy"], row["pooled"]) == (cache["policy"], cache["pooled"])
+    assert row["held_out_objective"] == min(r["held_out_objective"] for r in policies)
+    (split,) = [r for r in policies if (r["policy"], r["pooled"]) == ("lfru", False)]
+    (candidate,) = [r for r in cache["candidates"] if r["chosen"]]
+    assert split["held_out_stall_ms_per_step"] == pytest.approx(  # (see test_cache_split)
+        candidate["held_out_stall_ms_per_step"], rel=0.05)
+    assert cache["held_out_stall_ms_per_step"] == row["held_out_stall_ms_per_step"]
+    return row
+
+
 def test_auto_splits_and_records_how(solved):
     plan = json.loads(solved["auto"].read_text())
-    assert plan["cache"]["mode"] == "auto" and plan["cache"]["policy"] == "lfru"
-    assert all(c["cache_slots"] > 0 and c["cache_policy"] == "lfru" for c in plan["cards"])
+    cache = plan["cache"]
+    assert cache["mode"] == "auto" and cache["policy_choice"] == "auto"
+    chosen_policy(cache)
+    assert all(c["cache_slots"] > 0 and c["cache_policy"] == cache["policy"]
+               for c in plan["cards"])
+    params = plan["cache_params"]
+    if cache["policy"] == "learned" or cache["pooled"]:
+        assert params["pooled"] == cache["pooled"]
+        assert (params["weights"] is not None) == (cache["policy"] == "learned")
+    else:
+        assert params is None
     assert plan["solver"]["name"] == "split" and plan["solver"]["bound"] is None
-    rows = plan["cache"]["candidates"]
+    rows = cache["candidates"]
     assert {r["kind"] for r in rows} == {"static", "cache", "split", "slots"}
     (chosen,) = [r for r in rows if r["chosen"]]
-    assert chosen["name"] == plan["cache"]["chosen"]
+    assert chosen["name"] == cache["chosen"]
     assert chosen["held_out_stall_ms_per_step"] == min(r["held_out_stall_ms_per_step"]
                                                        for r in rows)
-    assert plan["cache"]["held_out_stall_ms_per_step"] == chosen["held_out_stall_ms_per_step"]
     assert plan["solver"]["objective"] * 1e3 == pytest.approx(
-        plan["cache"]["held_out_stall_ms_per_step"], rel=1e-12)
+        cache["held_out_stall_ms_per_step"], rel=1e-12)
     curve = [r for r in rows if r["kind"] == "slots"]
     assert [r["slots_share"] for r in curve] == [0.25, 0.5, 0.75, 1.0]
     for r in curve:  # what the split would use: that many slots in each layer of each card
@@ -73,15 +100,16 @@ def test_robust_regret_is_a_ratio_in_the_table_the_json_and_the_plan(solved, pla
     assert rows["cache"]["held_out_regret"] == pytest.approx(1.0, rel=1e-12)
     (chosen,) = [r for r in cache["candidates"] if r["chosen"]]
     assert chosen["held_out_regret"] == min(r["held_out_regret"] for r in cache["candidates"])
-    assert cache["held_out_regret"] == chosen["held_out_regret"] <= 1.0
-    assert cache["held_out_stall_ms_per_step"] == chosen["held_out_stall_ms_per_step"]
+    policy = chosen_policy(cache)  # the policy served the split: its regret no worse
+    assert cache["held_out_regret"] == policy["held_out_objective"] <= chosen[
+        "held_out_regret"] <= 1.0
     if plan["solver"]["name"] == "split":
         assert plan["solver"]["objective"] == cache["held_out_regret"]
         assert plan["solver"]["objective_unit"].startswith("ratio")
     assert f"regret {cache['held_out_regret']:.4f} (mean stall / the plain cache's)" in \
         result.output
     renamed = cache["held_out_unlike_stall_ms_per_step"]
-    assert renamed == chosen["held_out_unlike_stall_ms_per_step"] > 0
+    assert renamed == policy["held_out_unlike_stall_ms_per_step"] > 0
     assert f"{renamed:.4f} on the same folds with experts renamed" in result.output
     assert all(r["held_out_unlike_stall_ms_per_step"] is not None for r in cache["candidates"])
     default = json.loads(solved["auto"].read_text())["cache"]  # its choice and the plain cache
@@ -222,3 +250,30 @@ def test_a_fold_is_batched_from_the_single_steps_as_a_read_of_its_sequences_woul
         got = batched_steps(single, batch, 3, ids)
         np.testing.assert_array_equal(got.tokens, want.tokens)
         np.testing.assert_array_equal(got.seqs, want.seqs)
+
+
+def test_a_forced_policy_is_kept_and_evaluate_prints_the_plans_policy_beside_lru_and_lfuda(
+        solved, placer_run):
+    """--cache-policy NAME serves the split with NAME, nothing chosen; evaluate replays the
+    plan under its own policy (and cache_params) beside the plain lru and lfuda caches and
+    belady, each with its interval."""
+    forced = solved["root"] / "lru.json"
+    placer_run("solve", *solved["common"], "--cache-policy", "lru", "--out", forced)
+    plan = json.loads(forced.read_text())
+    assert plan["cache"]["policy"] == "lru" and plan["cache"]["policy_choice"] == "forced"
+    assert plan["cache"]["policies"] == [] and plan["cache_params"] is None
+    assert all(c["cache_policy"] == "lru" for c in plan["cards"] if c["cache_slots"])
+    auto = json.loads(solved["auto"].read_text())["cache"]
+    for path, policy in ((forced, "lru"), (solved["auto"], auto["policy"])):
+        report = json.loads(placer_run("evaluate", path, "--traces", solved["traces"],
+                                       "--concurrency", "1", "--json").output)
+        row = report["results"][0]
+        assert row["cache"]["placement"]["policy"] == policy
+        assert row["cache"]["lfuda"]["policy"] == "lfuda"
+        assert row["cache"]["lfuda"]["slots"] == row["cache"]["lru"]["slots"]
+        for line in ("lru", "lfuda", "belady"):
+            assert row[f"ratio_to_{line}_ci95"] is not None
+        assert row["better_baseline"] in ("lru", "lfuda", "oracle")
+    printed = placer_run("evaluate", solved["auto"], "--traces", solved["traces"],
+                         "--concurrency", "1").output
+    assert auto["policy"] in printed and "/ lfuda " in printed  # (the table wraps names)

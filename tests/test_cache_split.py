@@ -209,3 +209,49 @@ def test_requests_from_tokens_are_those_of_the_mask():
     assert a.shape == b.shape
     np.testing.assert_array_equal(a.keys, b.keys)
     np.testing.assert_array_equal(a.offsets, b.offsets)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_policy_served_is_the_least_on_the_held_out_folds_and_learned_never_sees_them(
+        seed: int, monkeypatch: pytest.MonkeyPatch):
+    """choose: each policy (per layer and pooled) serves the chosen split on its held-out
+    folds; the split's own policy per layer gives the chosen candidate's figure, the one
+    returned is the least of them, and every fold's learned weights are fitted on folds other
+    than the one it is judged on (the final weights on every calibration fold)."""
+    from solvers.cache import choice
+
+    seen: list[list[int]] = []
+    real = choice.fit_learned
+
+    def spy(folds, *args, **kwargs):
+        seen.append([id(f) for f in folds])
+        return real(folds, *args, **kwargs)
+
+    monkeypatch.setattr(choice, "fit_learned", spy)
+    sc = scenario(traffic(seed, 240), folds=3)
+    base = problem(12, cards=1 + seed % 2)
+    prob = SplitProblem(base.home, base.miss_s, base.units, base.fetch_limit, "lfru",
+                        choose=choice.CHOICES)
+    split = solve_split(prob, [sc], slots=6)  # slots: the choice has something to serve
+    rows = split.policy.rows
+    assert {(r["policy"], r["pooled"]) for r in rows} == {
+        (name, pooled) for name in choice.CHOICES for pooled in (False, True)}
+    (best,) = [r for r in rows if r["chosen"]]
+    assert best["objective"] == min(r["objective"] for r in rows)
+    assert (split.policy.name, split.policy.pooled) == (best["policy"], best["pooled"])
+    assert split.stall_s == best["stall_s"]
+    (mine,) = [c for c in split.candidates if c["chosen"]]
+    (lfru,) = [r for r in rows if (r["policy"], r["pooled"]) == ("lfru", False)]
+    # the same plan, replayed as served (the table sums per-cell replays with one pin count
+    # in every layer: lfru's score reads the card's access clock, which other layers' pins move)
+    assert lfru["stall_s"] == pytest.approx(mine["stall_s"], rel=0.05)
+    held_out = [[id(f)] for f in sc.folds]
+    nested = seen[:len(sc.folds)]
+    assert len(nested) == len(sc.folds)
+    for fitted in nested:
+        assert len(fitted) == len(sc.folds) - 1
+    assert sorted(set(map(tuple, nested))) == sorted(
+        tuple(i for i in map(id, sc.folds) if [i] != held) for held in held_out)
+    if split.policy.name == "learned":
+        assert seen[-1] == [id(f) for f in sc.folds]  # the plan's: every calibration fold
+        assert split.policy.weights.shape == (6,)

@@ -69,8 +69,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay held-out traffic against a placement as deployed (pinned pages and its cache
         of staged experts) and, at the same VRAM budget, layer offload, uniform, the static
-        oracle (the best pinned set for this very traffic, no cache), lru (the whole budget
-        as an LRU cache, nothing pinned) and belady (the plan's pinned set and slots under
+        oracle (the best pinned set for this very traffic, no cache), lru and lfuda (the
+        whole budget as per-layer LRU or LFUDA caches, nothing pinned: llama.cpp PR
+        #27861's and BigRig 0.9.1's engine caches) and belady (the plan's pinned set and slots under
         Belady's offline-optimal replacement: the limit of any cache policy for that split);
         warn where the placement is predicted worse than layer offload or than lru.
 
@@ -154,7 +155,7 @@ def print_report(report: dict) -> None:
     print_table(table, console)
     for r in report["results"]:
         others = "".join(f", / {LINE_NAMES[k]} {ratio_text(r, k)}"
-                         for k in ("oracle", "lru", "belady", "nocache")
+                         for k in ("oracle", "lru", "lfuda", "belady", "nocache")
                          if f"ratio_to_{k}" in r)
         console.print(f"{r['traces']} B={r['concurrency']} {r['execution']}: {r['tokens']} "
                       f"tokens in "
@@ -189,7 +190,7 @@ def print_report(report: dict) -> None:
 
 
 LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",
-              "oracle": "static oracle", "lru": "lru", "belady": "belady",
+              "oracle": "static oracle", "lru": "lru", "lfuda": "lfuda", "belady": "belady",
               "nocache": "no cache"}  # nocache: a llama.cpp plan's host layers, no cache
 
 
@@ -215,7 +216,8 @@ def line_name(row: dict, line: str) -> str:
     slots = sorted(set(cache["slots"]))
     each = f"{slots[0]}" if len(slots) == 1 else "/".join(map(str, cache["slots"]))
     policy = "" if cache["policy"] == line else f"{cache['policy']}, "
-    return f"{LINE_NAMES[line]} ({policy}{each} slots)"
+    pooled = ", pooled" if cache.get("pooled") else ""
+    return f"{LINE_NAMES[line]} ({policy}{each} slots{pooled})"
 
 
 def _drift(drift: dict) -> str:

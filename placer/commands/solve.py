@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from placer.checkpoint.config import DTYPE_HELP
@@ -79,10 +80,14 @@ def register(app: typer.Typer) -> None:
                  "held-out folds of the calibration sequences), N (N slots per card, the "
                  "rest pinned) or 0 (a static placement by --solver).")] = "auto",
         cache_policy: Annotated[str, typer.Option(
-            help=f"Which staged expert a full layer's slots evict: {' | '.join(CACHE_POLICIES)}"
-                 ". lfru: fewest hits since admission over accesses since the last one "
-                 "(vLLM PR #37190); lru: least recently used (llama.cpp PR #27861).")
-        ] = "lfru",
+            help=f"Which staged expert a full cache evicts: auto | {' | '.join(CACHE_POLICIES)}"
+                 ". auto: each policy, per layer and pooled, serves the chosen split on its "
+                 "held-out folds and the least stall wins (learned: a linear score whose "
+                 "weights are fitted on the calibration folds and stored in the plan). lfru: "
+                 "fewest hits since admission over accesses since the last one (vLLM PR "
+                 "#37190); lru: least recently used (llama.cpp PR #27861); lfuda: BigRig "
+                 "0.9.1's; classlru: llama.cpp b12170's.")
+        ] = "auto",
         execution: Annotated[str, typer.Option(
             help=f"How a cold expert runs: {' | '.join(EXECUTIONS)}. stage: its cold bytes "
                  "are copied to its GPU, which computes it (placer's runtime); cpu: the host "
@@ -304,7 +309,8 @@ def print_cache(cache: dict) -> None:
         + (f" ({cache['folds']})" if cache["folds"] else ""))
     regret = cache.get("held_out_regret")
     unlike = cache.get("held_out_unlike_stall_ms_per_step")
-    console.print(f"cache: {cache['policy']} per layer, {cache['mode']}: {cache['chosen']}, "
+    how = "pooled (one pool per card)" if cache.get("pooled") else "per layer"
+    console.print(f"cache: {cache['policy']} {how}, {cache['mode']}: {cache['chosen']}, "
                   f"judged {judged}: held-out stall {cache['held_out_stall_ms_per_step']:.4f} "
                   f"ms/step" + ("" if unlike is None else
                                 f", {unlike:.4f} on the same folds with experts renamed "
@@ -328,6 +334,7 @@ def print_cache(cache: dict) -> None:
             row.append(f"{c['held_out_regret']:.4f}")
         table.add_row(*row, style="bold" if c["chosen"] else None)
     print_table(table, console)
+    print_policies(cache, console)
     for note in cache.get("notes", []):
         console.print(f"note: {note}")
     if unlike is not None and regret is None and plain is not None \
@@ -337,6 +344,27 @@ def print_cache(cache: dict) -> None:
                       f"stalls {unlike / plain['held_out_unlike_stall_ms_per_step']:.2f}x the "
                       f"plain cache; if the serving traffic may differ from the calibration, "
                       f"--robust weighs that in")
+
+
+def print_policies(cache: dict, console: Console) -> None:
+    """The policies the chosen split was judged under (--cache-policy auto), the chosen one
+    marked: held-out stall per step on the same folds (the learned weights of each fold fitted
+    on the other folds)."""
+    rows = cache.get("policies") or []
+    if not rows:
+        return
+    judged = cache.get("policy_judged_share", 1.0)
+    table = Table(title="cache policies serving the chosen split, on the same held-out folds"
+                  + ("" if judged >= 1.0 else f" (the first {judged:.0%} of each fold's "
+                     "requests, scaled to the split's figure)"))
+    for col in ("policy", "slots", "stall ms/step"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in rows:
+        table.add_row(("* " if r["chosen"] else "  ") + r["policy"],
+                      "pooled" if r["pooled"] else "per layer",
+                      f"{r['held_out_stall_ms_per_step']:.4f}",
+                      style="bold" if r["chosen"] else None)
+    print_table(table, console)
 
 
 def prediction_table(rows: list[dict], title: str) -> Table:

@@ -1,8 +1,11 @@
 """The bridge from a solve's traffic, budget and cards to the cache split (`solvers.cache.split`).
 
 `placer solve --cache auto` (the default) splits each card's budget between pinned experts
-and per-layer cache slots under `--cache-policy`, judged on held-out folds of the calibration
-sequences; `--cache N` gives every card N slots (spread over its layers) and pins the rest;
+and per-layer cache slots, judged on held-out folds of the calibration sequences, and with
+`--cache-policy auto` (the default) chooses on the same folds the policy that serves it
+(solvers/cache/choice.py: lru, lfru, lfuda, classlru, learned, per layer or pooled; the
+learned weights fitted on the calibration folds go in the plan's `cache_params`);
+`--cache N` gives every card N slots (spread over its layers) and pins the rest;
 `--cache 0` is a static placement (`--solver`). Where a cache cannot be predicted, auto
 falls back to a static placement and says why (`no_cache_reason`), and N is refused.
 
@@ -25,6 +28,8 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions
 from placer.plan.traffic import Traffic, traffic_steps
+from solvers.cache import DEFAULT_POLICY
+from solvers.cache.choice import CHOICES
 from solvers.cache.costs import unlike
 from solvers.cache.replay import Requests
 from solvers.cache.split import (
@@ -81,7 +86,8 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
                          for i, c in enumerate(spec.cards)]),
         units=np.asarray(budget, dtype=np.int64) // np.maximum(unit, 1),
         fetch_limit=fetch_limit(home, num_cards, max(opts.concurrency), inv.top_k),
-        policy=opts.cache_policy)
+        policy=DEFAULT_POLICY if opts.cache_policy == "auto" else opts.cache_policy,
+        choose=CHOICES if opts.cache_policy == "auto" else ())
     scenarios, folds, notes = scenarios_of(traffic, opts, inv.experts_per_layer)
     if opts.robust:
         scenarios = unlike(scenarios, home, opts.seed)
@@ -98,7 +104,7 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
         notes.append("the split was not judged on renamed folds (traffic unlike the "
                      f"calibration): that replays over {RENAMED_KEYS:.0e} requests here; "
                      "--robust judges every candidate so")
-    info = {"mode": "auto" if opts.cache is None else "fixed", "policy": opts.cache_policy,
+    info = {"mode": "auto" if opts.cache is None else "fixed", **policy_json(split, problem),
             "folds": folds, "held_out": "each --traces set against the others" if several
             else "folds over the calibration sequences" if folds else "in sample",
             "chosen": next(c["name"] for c in split.candidates if c["chosen"]),
@@ -111,6 +117,35 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
             "candidates": [candidate_json(c, opts.robust) for c in split.candidates],
             "replays": total, "seconds": time.perf_counter() - began, "notes": notes}
     return split, info
+
+
+def policy_json(split: Split, problem: SplitProblem) -> dict:
+    """What the plan records of the policy: its name, whether pooled, and where it was chosen
+    (auto) every candidate's held-out figures (ms/step) and the share of each fold judged."""
+    choice = split.policy
+    if choice is None:
+        return {"policy": problem.policy, "pooled": False, "policy_choice": "forced"
+                if not problem.choose else "none (no cache slots)", "policies": []}
+    return {"policy": choice.name, "pooled": choice.pooled, "policy_choice": "auto",
+            "policy_judged_share": choice.judged,
+            "policies": [{"policy": r["policy"], "pooled": r["pooled"],
+                          "held_out_stall_ms_per_step": r["stall_s"] * 1e3,
+                          "held_out_objective": r["objective"],
+                          "held_out_unlike_stall_ms_per_step": None
+                          if r["unlike_stall_s"] is None else r["unlike_stall_s"] * 1e3,
+                          "chosen": r["chosen"]} for r in choice.rows]}
+
+
+def cache_params(split: Split) -> dict | None:
+    """The plan's `cache_params`: pooled, and the learned policy's weights and calibration
+    feature ([L][E]); None for a per-layer cache of a policy without parameters."""
+    choice = split.policy
+    if choice is None or (not choice.pooled and choice.name != "learned"):
+        return None
+    learned = choice.name == "learned"
+    return {"pooled": choice.pooled,
+            "weights": [float(w) for w in choice.weights] if learned else None,
+            "calibration": choice.calibration.tolist() if learned else None}
 
 
 def candidate_json(c: dict, robust: bool) -> dict:

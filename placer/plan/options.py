@@ -32,7 +32,7 @@ class SolveOptions:
     num_steps: int | None = None   # None: every calibration token (counts: DEFAULT_STEPS)
     execution: str = "stage"       # how a cold expert runs: staged to its card, or on the CPU
     cache: int | None = None       # cache slots per card; None: the best split (auto)
-    cache_policy: str = "lfru"     # a policy of solvers.cache
+    cache_policy: str = "auto"     # a policy of solvers.cache, or auto: chosen with the split
     folds: int = 4                 # auto: folds over calibration sequences
 
 
@@ -53,7 +53,7 @@ def check_options(opts: SolveOptions) -> None:
     for flag, value, low in (("--budget", opts.budget, 0), ("--page-size", opts.page_size, 1)):
         if value is not None and not low <= value <= MAX_BYTES:
             raise PlacerError(f"{flag} must be {low}..2**60 bytes, not {value}")
-    if opts.cache_policy not in CACHE_POLICIES:
-        raise PlacerError(f"--cache-policy must be one of {', '.join(CACHE_POLICIES)}, not "
-                          f"{opts.cache_policy!r}")
+    if opts.cache_policy != "auto" and opts.cache_policy not in CACHE_POLICIES:
+        raise PlacerError(f"--cache-policy must be auto or one of {', '.join(CACHE_POLICIES)}, "
+                          f"not {opts.cache_policy!r}")
 

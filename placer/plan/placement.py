@@ -152,12 +152,18 @@ def plan_caches(plan: Plan, cache_slots: int | None = None) -> CachePolicy:
     from solvers.cache import DEFAULT_POLICY, make_policy
 
     policy = next((c.cache_policy for c in plan.cards if c.cache_policy), DEFAULT_POLICY)
+    return make_policy(policy, plan_quotas(plan, cache_slots),
+                       len(plan.moe_layers) * plan.experts_per_layer, **plan_cache_options(plan))
+
+
+def plan_cache_options(plan: Plan) -> dict:
+    """make_policy's keyword arguments of the plan's caches (its cache_params): pooled, and
+    the learned policy's weights and calibration frequencies."""
+    policy = next((c.cache_policy for c in plan.cards if c.cache_policy), None)
     params = plan.cache_params or {}
     options = {} if policy != "learned" else {"weights": params.get("weights"),
                                                "calibration": params.get("calibration")}
-    return make_policy(policy, plan_quotas(plan, cache_slots),
-                       len(plan.moe_layers) * plan.experts_per_layer,
-                       pooled=bool(params.get("pooled", False)), **options)
+    return {"pooled": bool(params.get("pooled", False)), **options}
 
 
 def plan_from_json(d: dict, source: str = "plan") -> Plan:

@@ -18,9 +18,15 @@ from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
-from placer.plan.cache import Split, check_cache_options, no_cache_reason, solve_cache
+from placer.plan.cache import (
+    Split,
+    cache_params,
+    check_cache_options,
+    no_cache_reason,
+    solve_cache,
+)
 from placer.plan.options import SOLVERS, SolveOptions, check_options
-from placer.plan.placement import Plan, build_plan
+from placer.plan.placement import Plan, build_plan, plan_cache_options
 from placer.plan.traffic import Traffic, load_traffic
 from placer.units import format_bytes
 from solvers import baselines, greedy, homes, ilp, robust
@@ -319,8 +325,10 @@ def _cached_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: n
     plan = build_plan(inv, spec, home=home, resident_pages=pins, page_size=None,
                       budget_bytes=budget, staging_bytes=split.staging * unit,
                       budget=_budget_json(opts), ep=opts.ep, solver=solver, execution="stage",
-                      quotas=split.quotas, cache_policy=opts.cache_policy)
-    return plan, {"placement": Line(Placement(pins), opts.cache_policy, split.quotas)}
+                      quotas=split.quotas, cache_policy=info["policy"],
+                      cache_params=cache_params(split))
+    return plan, {"placement": Line(Placement(pins), info["policy"], split.quotas,
+                                    plan_cache_options(plan))}
 
 
 SPLIT_STALL = ("seconds of stall per decode step on held-out folds of the calibration "

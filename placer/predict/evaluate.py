@@ -28,7 +28,7 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
-from placer.plan.placement import Plan, plan_caches
+from placer.plan.placement import Plan, plan_cache_options, plan_caches
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from placer.predict.llamacpp import llamacpp_row
@@ -51,7 +51,7 @@ from traces.profile import (
 )
 from traces.stats import dropped_prefill
 
-CACHED_LINES = ("lru", "belady")  # stage execution only
+CACHED_LINES = ("lru", "lfuda", "belady")  # stage execution only
 BEHIND_LRU = "worse than lru"    # a trace verdict: above the plain cache beyond noise
 
 
@@ -249,7 +249,8 @@ def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
     row: dict = {"traces": name, "concurrency": batch, "execution": execution,
                  "steps": len(steps), "tokens": int(units.tokens().sum()),
                  "interval_units": units.count, "interval_over": units.over,
-                 "cache": {k: {"policy": v.cache, "slots": v.slots}
+                 "cache": {k: {"policy": v.cache, "slots": v.slots,
+                               "pooled": bool((v.options or {}).get("pooled", False))}
                            for k, v in lines.items() if v.cache is not None},
                  **replayed.figures, "oracle_gap": best.gap,
                  **replayed.ratio("ratio_to_layer", "layer"),
@@ -259,7 +260,8 @@ def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
             row.update(replayed.ratio(f"ratio_to_{other}", other))
     row["verdict"] = verdict(row["ratio_to_layer_ci95"])
     if "lru" in lines:  # the bar a plan must clear beside layer offload
-        better = min(("lru", "oracle"), key=lambda k: replayed.figures[k]["stall_ms_per_step"])
+        better = min(("lru", "lfuda", "oracle"),
+                     key=lambda k: replayed.figures[k]["stall_ms_per_step"])
         row.update({"better_baseline": better,
                     **replayed.ratio("ratio_to_better_baseline", better),
                     "cache_verdict": verdict(row["ratio_to_lru_ci95"])})
@@ -272,19 +274,21 @@ def cache_lines(plan: Plan, problem: Problem, placement: Placement, cache_slots:
     """The plan as deployed (its pinned pages and cache slots per layer, or `cache_slots` on
     every card), the whole budget as per-layer LRU caches with nothing pinned (what an
     engine's expert cache does with the same VRAM: llama.cpp PR #27861, vLLM PR #37190), and
-    Belady's MIN with the plan's slots and pinned set (the limit of any policy for that
-    split, solvers/cache/belady.py)."""
+    the same as per-layer LFUDA caches (BigRig 0.9.1's engine cache), and Belady's MIN with
+    the plan's slots and pinned set (the limit of any policy for that split,
+    solvers/cache/belady.py). The plan's line runs its own policy and cache_params."""
     caches = plan_caches(plan, cache_slots)
     budget = np.array([c.budget_bytes for c in plan.cards], dtype=np.int64)
     unit = slot_unit(problem.expert_bytes, problem.home, problem.num_cards)
     limit = fetch_limit(problem.home, problem.num_cards,
                         max(plan.budget.get("concurrency") or [1]), int(plan.model["top_k"]))
     whole = cache_only_slots(budget // np.maximum(unit, 1), limit, problem.num_layers)
-    out = {"lru": Line(Placement(np.zeros_like(placement.resident_pages)), "lru",
-                       even_quotas(whole, problem.num_layers)),
+    bare = Placement(np.zeros_like(placement.resident_pages))
+    out = {"lru": Line(bare, "lru", even_quotas(whole, problem.num_layers)),
+           "lfuda": Line(bare, "lfuda", even_quotas(whole, problem.num_layers)),
            "belady": Line(placement, BELADY, caches.quotas)}
     if caches.slots.any():
-        out["placement"] = Line(placement, caches.name, caches.quotas)
+        out["placement"] = Line(placement, caches.name, caches.quotas, plan_cache_options(plan))
     return out
 
 

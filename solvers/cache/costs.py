@@ -138,7 +138,7 @@ class CostTable:
         for p, q in cells:
             per = [held[((p, q), n)] if p > 0 and q > 0 else self._direct(n, p, q)
                    for n in range(len(self.entries))]
-            self.cost[(p, q)] = np.stack([self._seconds(n, m) for n, m in enumerate(per)])
+            self.cost[(p, q)] = np.stack([self.seconds(n, m) for n, m in enumerate(per)])
 
     def _free(self, n: int, q: int, tick: Callable[[], None]) -> np.ndarray:
         steps = self.entries[n].requests
@@ -179,7 +179,7 @@ class CostTable:
             pinned |= pins_of(self.rank(n, int(slots)), first(np.where(q == slots, p, 0),
                                                                home.shape[1]), home)
         steps = entry.requests.relabeled(home, seed + entry.fold)
-        return self._seconds(n, expert_misses(self.problem, steps, pinned, q))
+        return self.seconds(n, expert_misses(self.problem, steps, pinned, q))
 
     def _direct(self, n: int, p: int, q: int) -> np.ndarray:
         """[L, E] misses of a cell needing no replay: no pins (the free replay) or no slots
@@ -188,7 +188,7 @@ class CostTable:
             return self.free[(n, q)]
         return self.sel[n] * ~self.pins(n, p, 0) if p > 0 else self.sel[n]
 
-    def _seconds(self, n: int, per_expert: np.ndarray) -> np.ndarray:
+    def seconds(self, n: int, per_expert: np.ndarray) -> np.ndarray:
         sc = self.scenarios[self.entries[n].scenario]
         return (per_card(per_expert, self.problem.home, self.problem.num_cards)
                 * self.problem.miss_s[:, None] / sc.steps)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.cache import even_quotas
+from solvers.cache.choice import PolicyChoice, choose_policy, with_weights
 from solvers.cache.costs import Cell, CostProblem, CostTable, Scenario, first, pin_order, pins_of
 from solvers.staging import cache_only_slots
 
@@ -70,6 +71,7 @@ class SplitProblem:
     policy: str
     caps: tuple[float, ...] = CAPS
     pin_rule: str = "misses"  # or "frequency": rank pins by selections (the static way)
+    choose: tuple[str, ...] = ()  # policies to choose among (solvers/cache/choice.py)
 
     @property
     def num_cards(self) -> int:
@@ -104,7 +106,9 @@ class Split:
     shares); objective: what was minimized (the stall, or under regret weights the mean
     ratio of each scenario's stall to its plain cache's); candidates: every candidate's
     figures, the chosen one marked; unlike_stall_s: its held-out stall on the renamed twins
-    of the scenarios (traffic unlike the calibration; None where there are none)."""
+    of the scenarios (traffic unlike the calibration; None where there are none); policy:
+    the policy chosen to serve it (problem.choose; None: problem.policy), whose figures
+    stall_s, objective and unlike_stall_s then are."""
 
     pinned: np.ndarray
     quotas: np.ndarray
@@ -114,6 +118,7 @@ class Split:
     objective: float
     candidates: list[dict] = field(default_factory=list)
     unlike_stall_s: float | None = None
+    policy: PolicyChoice | None = None
 
 
 def families(problem: SplitProblem, slots: int | None, step: int) -> list[Family]:
@@ -221,12 +226,20 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
                            "unlike_stall_s": unlike if renamed.any() else risk.get(fam.name),
                            "objective": objective,
                            "chosen": fam is best[0]})
-    fam, objective, (stall, unlike), _ = best
+    fam, objective, (stall, unlike), plans = best
     plan = _fit(problem, table.weighted(weight), fam)
     pinned = pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
                      first(plan.p, problem.home.shape[1]), problem.home)
-    return Split(pinned, plan.q, plan.staging, fam.kind, stall, objective, candidates,
-                 unlike if renamed.any() else risk.get(fam.name))
+    unlike = unlike if renamed.any() else risk.get(fam.name)
+    choice = None
+    if problem.choose and plan.q.any():
+        choice = choose_policy(table, plans, weight, share, renamed, stall, seed,
+                               problem.choose)
+        choice = with_weights(choice, table, pinned, plan.q, seed)
+        stall, objective = choice.stall_s, choice.objective
+        unlike = choice.unlike_stall_s if renamed.any() else unlike  # else: the pins' risk
+    return Split(pinned, plan.q, plan.staging, fam.kind, stall, objective, candidates, unlike,
+                 choice)
 
 
 def _regret_weights(problem: SplitProblem, table: CostTable, scenario_of: np.ndarray,

@@ -1,0 +1,307 @@
+"""The `learned` cache policy's weights: a linear eviction score fitted on calibration folds.
+
+The score of a cached expert v at token time t (the runtime's, solvers/cache/kernels.py,
+FEATURES in this order; the victim is the lowest score among the partition's slots that no
+key of the fetch holds, ties: the lowest key):
+
+    w0 * age + w1..w3 * log2(decayed_h + 1/64) (h = 4, 16, 64 tokens) + w4 * calibration + w5
+
+age = t - the token time of v's last use; decayed_h = sum over v's past uses u of
+2^(-(t - u) / h) (a use: v in a fetch, once per step), both kept across eviction; calibration
+= log2(share + 1/1024), share = the calibration tokens that selected v over all calibration
+tokens (its frequency, computed on the calibration traffic and stored in the plan beside the
+weights). The logarithms are worth 0.7 points of the misses below lfru on gpt-oss mmlu_dev (the
+same fit with every feature linear: 10.6% below lfru at 11 slots per layer; with them 11.3%).
+
+How the weights are fitted, on the calibration folds only (never on held-out traffic):
+imitation of Belady's MIN with the policy's own states (DAgger): replay each fold through
+the policy (first LRU: weights (-1, 0, ...)), and at sampled evictions record every
+candidate's features and the distance to its next use in that fold; fit a pairwise ranking
+(logistic, each pair of one eviction weighed by how far apart their log next-use distances
+lie: the expert needed later should score lower); replay with the new weights, add their
+evictions, refit; ROUNDS times. Each fold is replayed with the calibration share of the
+other folds, as held-out traffic sees shares it did not make. Deterministic (a seeded pair
+sample, L-BFGS from zero); the replays cover at most FIT_REQUESTS requests per round (a
+prefix of each fold) and record at most RECORD_ROWS candidates, so a fit costs seconds at
+DeepSeek-V3 scale.
+
+`walk` is a plain reference replay of the same rules, written here apart from the runtime's
+kernel (it records the evictions the fit needs, which the kernel does not); tests check the
+two agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+from scipy.optimize import minimize
+
+from solvers.cache.replay import Requests
+
+HALF_LIVES = (4.0, 16.0, 64.0)
+FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
+LOG_DECAYED = False         # the kernel's decayed counts: linear (True: log2(d + DECAY_FLOOR))
+DECAY_FLOOR = 1.0 / 64
+SHARE_FLOOR = 1.0 / 1024    # calibration = log2(share + SHARE_FLOOR)
+ROUNDS = 2
+FIT_REQUESTS = 4_000_000    # requests replayed per round, at most (a prefix of each fold)
+RECORD_ROWS = 600_000       # candidates recorded per round, at most
+PAIRS = 100_000             # pairs the ranking is fitted on
+LRU_WEIGHTS = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@njit(cache=True, nogil=True)
+def walk(keys, offsets, times, part_of, quota, weights, calibration, record_every, nxt,
+         rec_x, rec_dec, rec_dist):
+    """Replay fetches through per-partition caches under the linear score; (misses, rows).
+
+    Fetch g is keys[offsets[g]:offsets[g + 1]] (distinct, ascending, one partition
+    part_of[key], at token time times[g]); partition p has quota[p] slots. Every
+    record_every-th eviction (0: none) writes each candidate's features into rec_x [R, 6], the
+    eviction's ordinal among those recorded into rec_dec and the requests until its next use
+    (nxt: the next request index of each request's key, len(keys) if none) into rec_dist,
+    while rows are left."""
+    num_keys = len(part_of)
+    width = 1
+    for p in range(len(quota)):
+        width = max(width, quota[p])
+    slot_key = np.full((len(quota), width), -1, dtype=np.int64)
+    count = np.zeros(len(quota), dtype=np.int64)
+    cached = np.zeros(num_keys, dtype=np.bool_)
+    fetching = np.zeros(num_keys, dtype=np.bool_)
+    last = np.zeros(num_keys, dtype=np.int64)
+    last_request = np.zeros(num_keys, dtype=np.int64)
+    nh = len(HALF_LIVES)
+    halves = np.array(HALF_LIVES)
+    decayed = np.zeros((num_keys, nh))
+    feats = np.zeros(len(weights))
+    feats[len(weights) - 1] = 1.0
+    misses, evictions, recorded, rows = 0, 0, 0, 0
+    for g in range(len(offsets) - 1):
+        lo, hi = offsets[g], offsets[g + 1]
+        if lo == hi:
+            continue
+        p = part_of[keys[lo]]
+        now = times[g]
+        for a in range(lo, hi):
+            fetching[keys[a]] = True
+        for a in range(lo, hi):
+            k = keys[a]
+            if not cached[k]:
+                misses += 1
+                if count[p] < quota[p]:
+                    slot_key[p, count[p]] = k
+                    count[p] += 1
+                    cached[k] = True
+                elif quota[p] > 0:
+                    take = (record_every > 0 and evictions % record_every == 0
+                            and rows + quota[p] <= len(rec_dec))
+                    evictions += 1
+                    best, victim = np.inf, -1
+                    for s in range(quota[p]):
+                        c = slot_key[p, s]
+                        if fetching[c]:
+                            continue
+                        feats[0] = now - last[c]
+                        for h in range(nh):
+                            feats[1 + h] = decayed[c, h] * np.exp2(-(now - last[c]) / halves[h])
+                            if LOG_DECAYED:
+                                feats[1 + h] = np.log2(feats[1 + h] + DECAY_FLOOR)
+                        feats[1 + nh] = calibration[c]
+                        v = 0.0
+                        for f in range(len(weights)):
+                            v += weights[f] * feats[f]
+                        if v < best or (v == best and c < slot_key[p, victim]):
+                            best, victim = v, s
+                        if take:
+                            rec_x[rows] = feats
+                            rec_dec[rows] = recorded
+                            rec_dist[rows] = nxt[last_request[c]] - a
+                            rows += 1
+                    if take:
+                        recorded += 1
+                    if victim >= 0:
+                        cached[slot_key[p, victim]] = False
+                        slot_key[p, victim] = k
+                        cached[k] = True
+            for h in range(nh):
+                decayed[k, h] = decayed[k, h] * np.exp2(-(now - last[k]) / halves[h]) + 1.0
+            last[k] = now
+            last_request[k] = a
+        for a in range(lo, hi):
+            fetching[keys[a]] = False
+    return misses, rows
+
+
+@dataclass(frozen=True)
+class Fetches:
+    """Requests as `walk` takes them: one fetch per (step, layer, card) of cacheable keys."""
+
+    keys: np.ndarray     # [N] int64
+    offsets: np.ndarray  # [G + 1]
+    times: np.ndarray    # [G] token time of each fetch
+
+    @classmethod
+    def of(cls, requests: Requests, cacheable: np.ndarray, home: np.ndarray,
+           limit: int | None = None) -> Fetches:
+        """The fetches of `requests`, only their first steps up to `limit` requests where
+        given. Token time: the tokens of every step up to and including a fetch's."""
+        steps, layers, _ = requests.shape
+        keys = requests.keys.astype(np.int64)
+        groups = np.repeat(np.arange(steps * layers), np.diff(requests.offsets))
+        if limit is not None and len(keys) > limit:
+            cut = int(np.searchsorted(requests.offsets, limit, side="right")) // layers * layers
+            keys, groups = keys[:requests.offsets[cut]], groups[:requests.offsets[cut]]
+        keep = np.ravel(cacheable)[keys]
+        keys, groups = keys[keep], groups[keep]
+        cards = int(np.max(home)) + 1
+        fetch = groups * cards + np.ravel(home)[keys]
+        order = np.argsort(fetch, kind="stable")
+        keys, fetch = keys[order], fetch[order]
+        start = np.flatnonzero(np.r_[True, fetch[1:] != fetch[:-1]]) if len(fetch) else \
+            np.zeros(0, np.int64)
+        clock = np.cumsum(np.broadcast_to(np.asarray(getattr(requests, "tokens", 1),
+                                                     dtype=np.int64), (steps,)))
+        times = clock[fetch[start] // cards // layers] if len(start) else start
+        return cls(keys, np.r_[start, len(keys)].astype(np.int64), times.astype(np.int64))
+
+    def next_use(self) -> np.ndarray:
+        """[N + 1] the index of each request's key's next request (N where none)."""
+        n = len(self.keys)
+        order = np.lexsort((np.arange(n), self.keys))
+        out = np.full(n + 1, n, dtype=np.int64)
+        same = self.keys[order[1:]] == self.keys[order[:-1]]
+        out[order[:-1][same]] = order[1:][same]
+        return out
+
+
+def partitions(home: np.ndarray, quotas: np.ndarray, pooled: bool
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(part_of [L * E], quota [P]): per (card, layer), or with `pooled` one per card."""
+    layers, experts = home.shape
+    if pooled:
+        return np.ravel(home).astype(np.int64), quotas.sum(axis=1).astype(np.int64)
+    part = np.ravel(home * layers + np.arange(layers)[:, None]).astype(np.int64)
+    return part, np.ravel(quotas).astype(np.int64)
+
+
+def calibration_feature(requests: list[Requests]) -> np.ndarray:
+    """[L * E] log2(share + SHARE_FLOOR): each key's selections over all tokens of `requests`
+    (steps x tokens per step)."""
+    _, layers, experts = requests[0].shape
+    counts = sum(np.bincount(r.keys, minlength=layers * experts) for r in requests)
+    tokens = sum(_tokens(r) for r in requests)
+    return np.log2(counts / max(tokens, 1) + SHARE_FLOOR)
+
+
+def _tokens(requests: Requests) -> int:
+    """Tokens of all steps of `requests` (one per step unless the Requests carry a batch)."""
+    return int(np.sum(np.broadcast_to(np.asarray(getattr(requests, "tokens", 1)),
+                                      (requests.shape[0],))))
+
+
+def replay_misses(requests: Requests, cacheable: np.ndarray, home: np.ndarray,
+                  quotas: np.ndarray, weights: np.ndarray, calibration: np.ndarray,
+                  pooled: bool = False) -> int:
+    """Misses of the learned score over `requests` (cold caches), by the reference walk."""
+    fetches = Fetches.of(requests, cacheable, home)
+    part_of, quota = partitions(home, quotas, pooled)
+    empty = np.zeros(0, dtype=np.int64)
+    misses, _ = walk(fetches.keys, fetches.offsets, fetches.times, part_of, quota,
+                     np.asarray(weights, dtype=np.float64), calibration, 0, empty,
+                     np.zeros((0, len(FEATURES))), empty, empty)
+    return int(misses)
+
+
+@dataclass(frozen=True)
+class LearnedFit:
+    """weights: [6] in FEATURES order; calibration: [L, E] the calibration feature;
+    misses: the calibration folds' misses of each round's policy (round 0: LRU);
+    evictions: candidate rows the ranking was fitted on."""
+
+    weights: np.ndarray
+    calibration: np.ndarray
+    misses: list[int]
+    rows: int
+
+
+def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
+                quotas: np.ndarray, pooled: bool = False, rounds: int = ROUNDS,
+                seed: int = 0, units: list[int] | None = None,
+                limit: int = FIT_REQUESTS) -> LearnedFit:
+    """The learned score's weights for quotas [C, L] slots (cacheable [L, E]: not pinned),
+    fitted on `folds` (the calibration's, never held-out traffic): see the module docstring.
+    units: which sequences each fold holds (folds of one unit share them: the same
+    sequences at another concurrency); a fold's calibration share is the other units'.
+    limit: requests replayed per round, at most (a prefix of each fold)."""
+    units = list(range(len(folds))) if units is None else list(units)
+    home = np.asarray(home, dtype=np.int64)
+    part_of, quota = partitions(home, np.asarray(quotas), pooled)
+    share = [calibration_feature([f for j, f in enumerate(folds) if units[j] != units[i]]
+                                 or [folds[i]]) for i in range(len(folds))]
+    total = sum(len(f.keys) for f in folds)
+    fetches = [Fetches.of(f, cacheable, home, limit * len(f.keys) // max(total, 1) + 1)
+               for f in folds]
+    nexts = [f.next_use() for f in fetches]
+    per_row = max(1, int(quota.max(initial=1)))
+    weights = np.array(LRU_WEIGHTS)
+    xs, decs, dists, misses, offset = [], [], [], [], 0
+    for _ in range(rounds + 1):
+        done = 0
+        for i, f in enumerate(fetches):
+            room = RECORD_ROWS * len(f.keys) // max(1, sum(len(g.keys) for g in fetches))
+            every = max(1, int(len(f.keys) * per_row // max(room, 1)))
+            x = np.zeros((room, len(FEATURES)))
+            dec = np.zeros(room, dtype=np.int64)
+            dist = np.zeros(room, dtype=np.int64)
+            m, rows = walk(f.keys, f.offsets, f.times, part_of, quota, weights, share[i],
+                           every, nexts[i], x, dec, dist)
+            done += m
+            if rows:
+                xs.append(x[:rows])
+                decs.append(dec[:rows] + offset)
+                dists.append(dist[:rows])
+                offset += int(dec[rows - 1]) + 1
+        misses.append(int(done))
+        if len(misses) > rounds or not xs:
+            break
+        weights = rank_fit(np.concatenate(xs), np.concatenate(decs), np.concatenate(dists),
+                           seed)
+    return LearnedFit(weights, calibration_feature(folds).reshape(home.shape), misses,
+                      sum(len(x) for x in xs))
+
+
+def rank_fit(x: np.ndarray, dec: np.ndarray, dist: np.ndarray, seed: int = 0,
+             l2: float = 1e-3) -> np.ndarray:
+    """[6] weights ranking each eviction's candidates by their next use, the furthest lowest:
+    logistic over pairs of one eviction (PAIRS, seeded), each weighed by the difference of
+    their log2 next-use distances; the largest |weight| scaled to 1, the bias 0."""
+    features = x[:, :-1]
+    mu, sd = features.mean(axis=0), features.std(axis=0)
+    sd = np.where(sd > 0, sd, 1.0)
+    z = (features - mu) / sd
+    rng = np.random.default_rng(seed)
+    i = rng.integers(0, len(z), 3 * PAIRS)
+    j = np.clip(i + rng.integers(-16, 17, len(i)), 0, len(z) - 1)
+    far = np.log2(np.maximum(dist, 1).astype(np.float64))
+    ok = (dec[i] == dec[j]) & (far[i] != far[j])
+    i, j = i[ok][:PAIRS], j[ok][:PAIRS]
+    out = np.zeros(x.shape[1])
+    if not len(i):
+        out[0] = -1.0
+        return out
+    sign = np.where(far[i] > far[j], 1.0, -1.0)  # +1: i is needed later, should score lower
+    weight = np.abs(far[i] - far[j])
+    weight /= weight.sum()
+    diff = (z[j] - z[i]) * sign[:, None]  # margin: score(kept) - score(evicted)
+
+    def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
+        m = diff @ w
+        grad = -(weight / (1.0 + np.exp(m))) @ diff
+        return float(weight @ np.logaddexp(0.0, -m) + l2 * w @ w), grad + 2 * l2 * w
+
+    w = minimize(loss, np.zeros(z.shape[1]), jac=True, method="L-BFGS-B").x / sd
+    out[:-1] = w / max(np.abs(w).max(), 1e-12)
+    return out
