@@ -3,7 +3,9 @@
 This file runs as a script under the side environment's Python (`make llama-env`:
 `.venv-llama`, Python 3.12, the `cyllama-vulkan` wheel, whose `cyllama_vulkan.libs/` holds
 llama.cpp b11669's shared libraries). It imports nothing from placer: placer (Python 3.11)
-starts it as a subprocess (`traces.llamacpp.runner`) and talks JSON lines over its pipes.
+starts it as a subprocess (`traces.llamacpp.runner`): requests are JSON lines on its stdin,
+replies are frames on a pipe of their own (`frames.py`, channel.py), which llama.cpp's prints and an
+abort's gdb backtrace on stdout cannot reach.
 
 How the selection is observed (llama.cpp b11669; sources read at ggml-org/llama.cpp
 434f71a5 `src/llama-graph.cpp` and 4b060f27 `src/llama-moe-cache.cpp`):
@@ -26,7 +28,7 @@ Struct layouts are b11669's, as the cyllama-vulkan 0.7.0 wheel compiled them (re
 `LlamaModelParams` / `LlamaContextParams` objects); `check_layout` refuses another build.
 
 Protocol: argv[1] is a JSON object of options (`runner.EngineOptions`); the worker answers
-{"ready": true, "n_vocab": V}, then one JSON reply per stdin request line:
+{"ready": true, "n_vocab": V}, then one reply frame per stdin request line:
 - {"op": "tokenize", "text": ..., "chat": [messages] | null} -> {"tokens": [...]}
 - {"op": "run", "tokens": [...], "max_new_tokens": n} -> {"tokens": [...], "prompt": P,
   "generated": [...], "layers": [...], "experts": [[[e, ...] per layer] per token],
@@ -35,7 +37,7 @@ Protocol: argv[1] is a JSON object of options (`runner.EngineOptions`); the work
   end-of-generation token.
 - {"op": "close"} -> frees everything: {"alignment": the GPU buffer alignment, "log": the
   cache's log lines}.
-Errors: {"error": "..."} on one line, exit 1.
+Errors: an {"error": "..."} frame, exit 1.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ from ctypes import (
     c_uint32,
     c_void_p,
 )
+
+from frames import reply
 
 MODEL_PARAMS_SIZE = 80  # sizeof(llama_model_params) at b11669 (cyllama's compiled object)
 CONTEXT_PARAMS_SIZE = 160  # sizeof(llama_context_params) at b11669
@@ -115,8 +119,7 @@ class TensorHead(ctypes.Structure):
 
 
 def fail(message: str) -> None:
-    sys.stdout.write(json.dumps({"error": message}) + "\n")
-    sys.stdout.flush()
+    reply({"error": message})
     sys.exit(1)
 
 
@@ -389,23 +392,17 @@ class Runner:
 
 def main() -> None:
     runner = Runner(json.loads(sys.argv[1]))
-    out = sys.stdout
     n_vocab = runner.libs["llama"].llama_vocab_n_tokens(runner.vocab)
-    out.write(json.dumps({"ready": True, "n_vocab": n_vocab}) + "\n")
-    out.flush()
+    reply({"ready": True, "n_vocab": n_vocab})
     for line in sys.stdin:
         req = json.loads(line)
         if req["op"] == "tokenize":
-            reply = {"tokens": runner.tokenize(req.get("text") or "", req.get("chat"))}
+            reply({"tokens": runner.tokenize(req.get("text") or "", req.get("chat"))})
         elif req["op"] == "run":
-            reply = runner.run(req["tokens"], int(req.get("max_new_tokens", 0)))
+            reply(runner.run(req["tokens"], int(req.get("max_new_tokens", 0))))
         else:
-            reply = runner.close()
-            out.write(json.dumps(reply) + "\n")
-            out.flush()
+            reply(runner.close())
             return
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
 
 
 if __name__ == "__main__":
