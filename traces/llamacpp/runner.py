@@ -42,7 +42,10 @@ class EngineOptions:
     run (layers offloaded, or a cache) uses Vulkan's first device (`GGML_VK_VISIBLE_DEVICES`
     defaults to 0, Mesa's software device where there is no GPU). `host_experts` keeps every
     `*_exps` tensor in host memory (`-ot exps=CPU`); `moe_cache_bytes` is
-    `--moe-cache-mib N` x 2^20. `n_expert_used` only sizes the fetch records."""
+    `--moe-cache-mib N` x 2^20. `n_expert_used` only sizes the fetch records. `host_layers`
+    keeps the expert tensors of those decoder layers only in host memory (`-ot` with the
+    pattern export prints); `tensor_split` is `-ts`. `record` false runs without the eval
+    callback that records routing and fetches (for timing: see worker.py)."""
 
     gguf: str
     threads: int = max(1, min(8, os.cpu_count() or 1))
@@ -52,6 +55,9 @@ class EngineOptions:
     n_ctx: int = 4096
     n_batch: int = 512
     n_expert_used: int = 1
+    host_layers: tuple[int, ...] | None = None
+    tensor_split: tuple[float, ...] | None = None
+    record: bool = True
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,18 @@ class Run:
     layers: list[int]
     experts: np.ndarray
     fetches: list[dict]
+
+
+@dataclass(frozen=True)
+class Fed:
+    """One given token sequence through llama.cpp (`LlamaCpp.feed`): the prompt's seconds,
+    each following token's decode seconds, and with recording its routing (as Run)."""
+
+    prefill_s: float
+    decode_s: list[float]
+    layers: list[int] | None
+    experts: np.ndarray | None
+    fetches: list[dict] | None
 
 
 def side_python() -> Path:
@@ -140,6 +158,23 @@ class LlamaCpp:
             len(r["tokens"]), len(r["layers"]), -1)
         return Run(np.asarray(r["tokens"], dtype=np.int64), r["prompt"], r["generated"],
                    r["layers"], experts, r["fetches"])
+
+    def feed(self, tokens: list[int], prompt: int) -> Fed:
+        """`tokens` as a fresh sequence, tokens[:prompt] in one llama_decode, then one token
+        a decode, each timed (teacher forced: nothing is sampled)."""
+        if not 0 < prompt <= min(len(tokens), self.options.n_batch) or (
+                len(tokens) > self.options.n_ctx):
+            raise TraceError(f"a sequence of {len(tokens)} tokens (prompt {prompt}) does not "
+                             f"fit llama.cpp's batch of {self.options.n_batch} and context of "
+                             f"{self.options.n_ctx}")
+        r = self.worker.ask({"op": "feed", "tokens": [int(t) for t in tokens],
+                             "prompt": int(prompt)})
+        experts = None
+        if "experts" in r:
+            experts = np.asarray(r["experts"], dtype=np.int16).reshape(
+                len(tokens), len(r["layers"]), -1)
+        return Fed(float(r["prefill_s"]), [float(x) for x in r["decode_s"]], r.get("layers"),
+                   experts, r.get("fetches"))
 
     def close(self) -> dict:
         """Free the context and model: {"log": the cache's log lines, "alignment": the GPU
