@@ -27,6 +27,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_cache.py": ["--quick"],
     "bench_gguf.py": ["--quick"],
     "bench_llamacpp.py": ["--quick"],
+    "bench_llamacpp_measured.py": ["--quick"],
     "bench_split.py": ["--quick"],
     "bench_startup.py": ["--quick"],
 }

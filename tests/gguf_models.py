@@ -54,3 +54,14 @@ def gguf_pair(tmp_path_factory: pytest.TempPathFactory, prose: list[str]) -> tup
     model = build_tiny_model("qwen3_moe", root / "qwen3_moe", texts=prose[:600],
                              router_scale=3.0)
     return model, convert(model, root / "qwen3_moe-f32.gguf")
+
+
+@pytest.fixture(scope="session")
+def gguf_bench(tmp_path_factory: pytest.TempPathFactory, prose: list[str]) -> tuple[Path, Path]:
+    """(checkpoint dir, F32 GGUF) of a tiny qwen3_moe whose experts are big enough for a
+    1 MiB --moe-cache-mib to hold a fraction of them: hidden 128 (experts of 96 KiB), 16
+    experts, 3 layers, top-2."""
+    root = tmp_path_factory.mktemp("gguf-bench")
+    model = build_tiny_model("qwen3_moe", root / "qwen3_moe", texts=prose[:600],
+                             router_scale=3.0, hidden=128, experts=16)
+    return model, convert(model, root / "qwen3_moe-f32.gguf")

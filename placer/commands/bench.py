@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
     def bench_cmd(
         placed: Annotated[list[Path], typer.Argument(
             help="Placed directories to compare (the first is the reference of the ratios), "
-                 "e.g. a plan and its --solver layer twin at the same budget.")],
+                 "e.g. a plan and its --solver layer twin at the same budget; with --engine "
+                 "llamacpp, one plan.json of `solve --engine llamacpp`.")],
         prompts: Annotated[Path, typer.Option(
             help="Prompts: .txt (blank-line-separated blocks), .jsonl (text, messages or "
                  "turns: the first turn) or .parquet; at least the largest concurrency.")],
@@ -51,6 +52,23 @@ def register(app: typer.Typer) -> None:
         plot: Annotated[Path | None, typer.Option(
             help="Write a PNG of measured and predicted tokens/s per arm (a .png path).")
         ] = None,
+        engine: Annotated[str, typer.Option(
+            help="placer (placer's runtime on placed directories) or llamacpp (real llama.cpp "
+                 "on a llama.cpp plan's options: --model the GGUF).")] = "placer",
+        options: Annotated[str | None, typer.Option(
+            help="--engine llamacpp: the options of the plan's table to run, e.g. "
+                 "'chosen,ncmoe' (default: every row).")] = None,
+        server: Annotated[str | None, typer.Option(
+            help="--engine llamacpp: run your own llama-server instead of the bundled "
+                 "llama.cpp, e.g. 'llama-server -m model.gguf' (placer adds each option's "
+                 "flags and --host 127.0.0.1 --port, and stops it after).")] = None,
+        max_prompt_tokens: Annotated[int, typer.Option(
+            help="--engine llamacpp: prompts cut to this many tokens.")] = 256,
+        threads: Annotated[int | None, typer.Option(
+            help="--engine llamacpp: CPU threads of llama.cpp (default: up to 8).")] = None,
+        calibrate_on: Annotated[str | None, typer.Option(
+            help="--engine llamacpp --spec-out: the (at most 3) options whose measured "
+                 "times the spec is fitted to (default: 3 chosen to differ most).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help=(
             "Print the report as JSON: {\"arms\": [{placed, concurrency, "
             "measured_tokens_per_s, measured_tokens_per_s_ci95, predicted_tokens_per_s, "
@@ -65,6 +83,24 @@ def register(app: typer.Typer) -> None:
         through `placer evaluate`'s cost model (plan's hardware spec, base step included),
         so measured and predicted see the same tokens (95% interval over prompts). Each
         arm's ratio to the first arm is shown for both."""
+        if engine == "llamacpp":
+            from placer.commands.bench_llamacpp import run_llamacpp_bench
+
+            run_llamacpp_bench(
+                placed, model, prompts, trials=trials, max_new_tokens=max_new_tokens,
+                max_prompt_tokens=max_prompt_tokens, threads=threads, options=options,
+                server=server, seed=seed, spec_out=spec_out, calibrate_on=calibrate_on,
+                json_out=json_out, ignored={"--concurrency": concurrency != "1,8",
+                                            "--device": device != "auto",
+                                            "--cache-slots": cache_slots is not None,
+                                            "--plot": plot is not None})
+            return
+        if engine != "placer":
+            raise PlacerError(f"--engine: expected placer or llamacpp, got {engine!r}")
+        for flag, value in (("--options", options), ("--server", server),
+                            ("--threads", threads), ("--calibrate-on", calibrate_on)):
+            if value is not None:
+                raise PlacerError(f"{flag} goes with --engine llamacpp")
         from placer.serve.bench import BenchOptions, bench
         from placer.serve.bench_plot import plot_bench
 

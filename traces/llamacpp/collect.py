@@ -29,7 +29,7 @@ from traces.collect import (
 )
 from traces.corpora import Corpus, Document, random_corpus
 from traces.errors import TraceError
-from traces.llamacpp.runner import EngineOptions, LlamaCpp
+from traces.llamacpp.runner import MAX_CONTEXT, EngineOptions, LlamaCpp
 from traces.runs import check_request, collect_meta, refuse_duplicates
 from traces.writer import TraceWriter
 
@@ -40,6 +40,10 @@ def collect_gguf(gguf: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     """Run the GGUF over every corpus (plus `random_tokens` uniform random token ids, tag
     `random`, in documents of `max_length`) and write one trace file per corpus."""
     check_options(options)
+    if options.max_length + options.max_new_tokens + 8 > MAX_CONTEXT:
+        raise TraceError(f"--max-length {options.max_length} and --max-new-tokens "
+                         f"{options.max_new_tokens} ask llama.cpp for more than {MAX_CONTEXT} "
+                         "tokens of context")
     out_dir = check_request(corpora, out_dir, identity, random_tokens)
     tokenizer = (load_tokenizer(options.tokenizer, options.tokenizer)
                  if options.tokenizer is not None else None)
@@ -66,9 +70,9 @@ def _tokens(llama: LlamaCpp, tokenizer, doc: Document, options: CollectOptions) 
     elif tokenizer is not None:
         ids = encode_document(doc, tokenizer, options.mode == "generate")
     elif doc.messages is not None:
-        ids = llama.tokenize(chat=list(doc.messages))
+        ids = llama.tokenize(chat=list(doc.messages), max_tokens=options.max_length)
     else:
-        ids = llama.tokenize(text=doc.text)
+        ids = llama.tokenize(text=doc.text, max_tokens=options.max_length)
     return ids[:options.max_length]
 
 

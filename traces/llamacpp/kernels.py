@@ -3,7 +3,8 @@
 Run as a script by `traces.llamacpp.runner.time_expert` with the side environment's Python
 (see worker.py), argv[1] a JSON object: hidden, inter, type (a ggml type name, e.g. "Q4_K"),
 tokens [n...], pool (experts), threads, rounds, min_calls, min_s, budget_s. It prints one JSON
-line {"seconds": [[t...] per token count]} (or {"error": ...}).
+frame {"seconds": [[t...] per token count]} (or {"error": ...}) on the reply channel
+(frames.py).
 
 A host layer of llama.cpp computes its selected experts with `ggml_mul_mat_id` on the CPU
 backend (`build_moe_ffn`, `src/llama-graph.cpp` at ggml-org/llama.cpp 434f71a5): gate and up
@@ -32,6 +33,7 @@ import time
 from array import array
 from ctypes import POINTER, c_bool, c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p
 
+from frames import reply
 from worker import fail, libraries
 
 GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26
@@ -156,7 +158,7 @@ def main() -> None:
             break
     libs["base"].ggml_backend_free(backend)
     base.ggml_free(ctx)
-    sys.stdout.write(json.dumps({"seconds": times}) + "\n")
+    reply({"seconds": times})
 
 
 if __name__ == "__main__":

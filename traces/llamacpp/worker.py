@@ -3,7 +3,9 @@
 This file runs as a script under the side environment's Python (`make llama-env`:
 `.venv-llama`, Python 3.12, the `cyllama-vulkan` wheel, whose `cyllama_vulkan.libs/` holds
 llama.cpp b11669's shared libraries). It imports nothing from placer: placer (Python 3.11)
-starts it as a subprocess (`traces.llamacpp.runner`) and talks JSON lines over its pipes.
+starts it as a subprocess (`traces.llamacpp.runner`): requests are JSON lines on its stdin,
+replies are frames on a pipe of their own (`frames.py`, channel.py), which llama.cpp's prints and an
+abort's gdb backtrace on stdout cannot reach.
 
 How the selection is observed (llama.cpp b11669; sources read at ggml-org/llama.cpp
 434f71a5 `src/llama-graph.cpp` and 4b060f27 `src/llama-moe-cache.cpp`):
@@ -26,16 +28,22 @@ Struct layouts are b11669's, as the cyllama-vulkan 0.7.0 wheel compiled them (re
 `LlamaModelParams` / `LlamaContextParams` objects); `check_layout` refuses another build.
 
 Protocol: argv[1] is a JSON object of options (`runner.EngineOptions`); the worker answers
-{"ready": true, "n_vocab": V}, then one JSON reply per stdin request line:
+{"ready": true, "n_vocab": V}, then one reply frame per stdin request line:
 - {"op": "tokenize", "text": ..., "chat": [messages] | null} -> {"tokens": [...]}
 - {"op": "run", "tokens": [...], "max_new_tokens": n} -> {"tokens": [...], "prompt": P,
   "generated": [...], "layers": [...], "experts": [[[e, ...] per layer] per token],
   "fetches": [...]}: the prompt is one llama_decode, then with max_new_tokens > 0 greedy
   decoding, each generated token but the last fed back one at a time, stopping before an
   end-of-generation token.
+- {"op": "feed", "tokens": [...], "prompt": P} -> {"prefill_s": s, "decode_s": [s, ...],
+  and with `record` the "layers", "experts" and "fetches" of "run"}: a fresh sequence whose
+  first P tokens are one llama_decode, then each following token one llama_decode (teacher
+  forced: the tokens are given, none sampled), each timed to `llama_synchronize`. With
+  `record` false (option) the context has no eval callback at all: the scheduler then runs
+  each graph split whole, as llama-server does, so the times are the engine's own.
 - {"op": "close"} -> frees everything: {"alignment": the GPU buffer alignment, "log": the
   cache's log lines}.
-Errors: {"error": "..."} on one line, exit 1.
+Errors: an {"error": "..."} frame, exit 1.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import json
 import os
 import re
 import sys
+import time
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -59,6 +68,8 @@ from ctypes import (
     c_uint32,
     c_void_p,
 )
+
+from frames import reply
 
 MODEL_PARAMS_SIZE = 80  # sizeof(llama_model_params) at b11669 (cyllama's compiled object)
 CONTEXT_PARAMS_SIZE = 160  # sizeof(llama_context_params) at b11669
@@ -115,8 +126,7 @@ class TensorHead(ctypes.Structure):
 
 
 def fail(message: str) -> None:
-    sys.stdout.write(json.dumps({"error": message}) + "\n")
-    sys.stdout.flush()
+    reply({"error": message})
     sys.exit(1)
 
 
@@ -168,6 +178,7 @@ def declare(libs: dict[str, ctypes.CDLL]) -> None:
         (L, "llama_sampler_sample"): (c_int32, [c_void_p, c_void_p, c_int32]),
         (L, "llama_sampler_free"): (None, [c_void_p]),
         (L, "llama_free"): (None, [c_void_p]),
+        (L, "llama_synchronize"): (None, [c_void_p]),
         (L, "llama_model_free"): (None, [c_void_p]),
         (B, "ggml_get_name"): (c_char_p, [c_void_p]),
         (B, "ggml_nbytes"): (c_size_t, [c_void_p]),
@@ -227,10 +238,15 @@ class Runner:
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = int(opts.get("n_gpu_layers", 0))
         self._overrides = None
-        if opts.get("host_experts"):
+        pattern = host_pattern(opts)
+        if pattern is not None:
             buft = self.libs["cpu"].ggml_backend_cpu_buffer_type()
-            self._overrides = (BufOverride * 2)(BufOverride(b"_exps", buft), BufOverride())
+            self._overrides = (BufOverride * 2)(BufOverride(pattern, buft), BufOverride())
             mp.tensor_buft_overrides = ctypes.cast(self._overrides, c_void_p)
+        self._split = None
+        if opts.get("tensor_split"):
+            self._split = (c_float * 128)(*[float(x) for x in opts["tensor_split"]])
+            mp.tensor_split = ctypes.cast(self._split, c_void_p)
         self.model = L.llama_model_load_from_file(opts["gguf"].encode(), mp)
         if not self.model:
             fail(f"llama.cpp cannot load {opts['gguf']}: " + self._last_error())
@@ -239,8 +255,10 @@ class Runner:
         cp.n_batch = cp.n_ubatch = int(opts.get("n_batch", 512))
         cp.n_threads = cp.n_threads_batch = int(opts.get("threads", os.cpu_count() or 1))
         cp.moe_cache_size = int(opts.get("moe_cache_bytes", 0))
+        self.record = bool(opts.get("record", True))
         self._eval_cb = EVAL_CB(self._on_eval)
-        cp.cb_eval = self._eval_cb
+        if self.record:
+            cp.cb_eval = self._eval_cb
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             fail("llama.cpp cannot create a context: " + self._last_error())
@@ -363,6 +381,34 @@ class Runner:
         return {"tokens": fed, "prompt": len(tokens), "generated": generated,
                 "layers": layers, "experts": experts, "fetches": self.fetches}
 
+    def feed(self, tokens: list[int], prompt: int) -> dict:
+        """A fresh sequence of given tokens: tokens[:prompt] in one llama_decode, then one
+        token a decode; the seconds of each to llama_synchronize (see the protocol)."""
+        L = self.libs["llama"]
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        self.topk, self.fetches = {}, []
+        start = time.perf_counter()
+        self._decode(tokens[:prompt])
+        L.llama_synchronize(self.ctx)
+        prefill = time.perf_counter() - start
+        seconds = []
+        for token in tokens[prompt:]:
+            start = time.perf_counter()
+            self._decode([token])
+            L.llama_synchronize(self.ctx)
+            seconds.append(time.perf_counter() - start)
+        out = {"prefill_s": prefill, "decode_s": seconds}
+        if self.record:
+            layers = sorted(self.topk)
+            rows = [self.topk[il] for il in layers]
+            if any(len(r) != len(tokens) for r in rows):
+                fail(f"expected {len(tokens)} selections per layer, got "
+                     f"{[len(r) for r in rows]}")
+            out.update(layers=layers, fetches=self.fetches,
+                       experts=[[rows[i][t] for i in range(len(layers))]
+                                for t in range(len(tokens))])
+        return out
+
     def gpu_alignment(self) -> int | None:
         """The buffer alignment of the first GPU device (the cache pads its banks to it)."""
         G = self.libs["ggml"]
@@ -387,25 +433,34 @@ class Runner:
                         or "MoE cache" in x]}
 
 
+def host_pattern(opts: dict) -> bytes | None:
+    """The tensor-override pattern that keeps expert tensors in host memory: every layer's
+    (`host_experts`, `-ot exps=CPU`) or those of the decoder layers `host_layers` (the
+    pattern `placer export llamacpp` prints for `-ot`); None: no override."""
+    if opts.get("host_experts"):
+        return b"_exps"
+    layers = opts.get("host_layers")
+    if not layers:
+        return None
+    return ("blk\\.(" + "|".join(str(int(i)) for i in layers)
+            + ")\\.ffn_(up|down|gate|gate_up)_(ch|)exps").encode()
+
+
 def main() -> None:
     runner = Runner(json.loads(sys.argv[1]))
-    out = sys.stdout
     n_vocab = runner.libs["llama"].llama_vocab_n_tokens(runner.vocab)
-    out.write(json.dumps({"ready": True, "n_vocab": n_vocab}) + "\n")
-    out.flush()
+    reply({"ready": True, "n_vocab": n_vocab})
     for line in sys.stdin:
         req = json.loads(line)
         if req["op"] == "tokenize":
-            reply = {"tokens": runner.tokenize(req.get("text") or "", req.get("chat"))}
+            reply({"tokens": runner.tokenize(req.get("text") or "", req.get("chat"))})
         elif req["op"] == "run":
-            reply = runner.run(req["tokens"], int(req.get("max_new_tokens", 0)))
+            reply(runner.run(req["tokens"], int(req.get("max_new_tokens", 0))))
+        elif req["op"] == "feed":
+            reply(runner.feed(req["tokens"], int(req["prompt"])))
         else:
-            reply = runner.close()
-            out.write(json.dumps(reply) + "\n")
-            out.flush()
+            reply(runner.close())
             return
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
 
 
 if __name__ == "__main__":
