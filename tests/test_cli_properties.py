@@ -573,6 +573,8 @@ def command_base(pipe: Pipeline, work: Path) -> dict[str, list]:
                      work / "placed"],
             "evaluate": evaluate(pipe, work), "run": run(pipe, work),
             "probe": ["probe", "--host"],
+            "hardware new": ["hardware", "new", "--card", "RTX 3060", "--pcie", "4.0x16",
+                             "--ram", "ddr5-6000x2"],
             "traces import": ["traces", "import", pipe.traces, "--out", work / "i"],
             "traces split": ["traces", "split", pipe.traces, "--out-a", work / "a",
                              "--out-b", work / "b"],

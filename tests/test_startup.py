@@ -57,14 +57,22 @@ def test_ctrl_c_while_printing_help_is_one_line_and_130() -> None:
     assert result.stderr == "error: interrupted by SIGINT; nothing was done\n", result.stderr
 
 
-# The child imports the console entry point as the `placer` script does (Python's own start,
-# site and all, and that import of a module of two names are not placer's to handle: see
-# placer/cli.py), says so, then runs it.
+# The child runs the console entry point as the `placer` script does, and says "started" as
+# `main` begins to import the command line (Python's own start, site and all, the import of
+# placer.cli, a module of two names, and the child's own lines before `main` are not
+# placer's to handle: see placer/cli.py).
 STARTED = """
 import sys
-from placer.cli import main
-sys.stderr.write("started\\n"); sys.stderr.flush()
+class Started:
+    def find_spec(self, name, path=None, target=None):
+        if name == "placer.commands.app":
+            sys.meta_path.remove(self)
+            sys.stderr.write("started\\n")
+            sys.stderr.flush()
+        return None
+sys.meta_path.insert(0, Started())
 sys.argv = ["placer", *{argv!r}]
+from placer.cli import main
 main()
 """
 
