@@ -64,6 +64,9 @@ def check_options(opts: SolveOptions) -> None:
     if opts.cache_policy not in CACHE_POLICIES:
         raise PlacerError(f"--cache-policy must be one of {', '.join(CACHE_POLICIES)}, not "
                           f"{opts.cache_policy!r}")
+    if opts.cache_policy == "learned":  # until solve fits its weights on the calibration
+        raise PlacerError("--cache-policy learned needs weights fitted on the calibration, "
+                          "which solve does not fit yet: choose another policy")
     if opts.folds < 2:
         raise PlacerError(f"folds must be >= 2, not {opts.folds}")
     if any(b < 1 for b in opts.concurrency):
