@@ -95,3 +95,12 @@ def test_the_schema_takes_cache_params_and_both_versions():
     jsonschema.validate(2, version)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(3, version)
+
+
+def test_solve_refuses_learned_until_it_fits_weights_and_takes_the_others():
+    from placer.plan.options import CACHE_POLICIES, SolveOptions, check_options
+
+    with pytest.raises(PlacerError, match="--cache-policy learned needs weights"):
+        check_options(SolveOptions(offload=0.5, cache_policy="learned"))
+    for policy in set(CACHE_POLICIES) - {"learned"}:
+        check_options(SolveOptions(offload=0.5, cache_policy=policy))
