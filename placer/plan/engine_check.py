@@ -181,10 +181,11 @@ def _check_budgets(fail, engine: dict, d: dict, layers: list[int], cards: list[d
             fail("engine.moe_cache_mib", f"{mib} MiB of cache (card {c}'s -ts share) beside "
                  f"the resident experts exceed card {c}'s budget")
     for i, e in enumerate(d["experts"]):
-        if (e["resident_bytes"] > 0) == (e["layer"] in host):
+        resident = any(p["resident"] for p in e["pages"])  # pages checked by check_plan
+        if resident == (e["layer"] in host):
             fail(f"experts[{i}].resident_bytes", f"layer {e['layer']} is "
                  f"{'a host' if e['layer'] in host else 'a GPU'} layer of engine.host_layers"
-                 f" but this expert is {'resident' if e['resident_bytes'] else 'cold'}")
+                 f" but this expert is {'resident' if resident else 'cold'}")
 
 
 def _short(text: Any, limit: int = 120) -> str:
