@@ -22,7 +22,8 @@ Prints:
    method as `tuner_pick` reads it), per card (the two above and 2x-8gb-pcie4), build (b11669:
    LRU, no CPU share; b12191: ClassLRU and `--moe-cache-cpu-share`) and B (1, 8), both
    replayed on the held-out half: tok/s of each, their ratio, and the stall ratio with its
-   95% paired interval over held-out sequences. The markdown table of docs/benchmarks.md.
+   95% paired interval over held-out sequences. The markdown table of docs/benchmarks.md
+   (about 20 minutes on two shared cores; --quick: 1x-8gb-pcie3x4 alone, 16 sequences).
 4. the hit rate of b11669's LRU and of ClassLRU under each reading of its unread clock rule
    (docs/llamacpp.md), at 4 cache sizes and B = 1, 8.
 """
@@ -338,7 +339,10 @@ def main() -> None:
         return
     planner_section(16 if args.quick else None)
     replay_section(20_000 if args.quick else 200_000)
-    tuner_section(16 if args.quick else None)
+    if args.quick:  # a smoke run: the card where the two part ways (docs/benchmarks.md)
+        tuner_section(16, ("1x-8gb-pcie3x4",))
+    else:
+        tuner_section(None)
     clock_section(16 if args.quick else None)
 
 
