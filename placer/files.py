@@ -126,14 +126,14 @@ def check_target(target: Path, inputs: Inputs = (), *, what: str = "--out",
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         st = None
-    except OSError as exc:
-        raise PlacerError(f"{what} {target}: {(exc.strerror or 'cannot stat').lower()}"
-                          ) from None
+    except OSError as exc:  # worded as write_bytes_atomic words it
+        raise PlacerError(f"cannot write {target}: {exc.strerror or exc}") from None
     if st is not None:
+        if not directory and stat.S_ISDIR(st.st_mode):  # worded as write_text_atomic words it
+            raise PlacerError(f"cannot write {target}: it is a directory (name a file)")
         if directory != stat.S_ISDIR(st.st_mode) and not (
                 not directory and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode))):
-            raise PlacerError(f"{what} {target} is {'not ' if directory else ''}a directory: "
-                              f"name {'a directory' if directory else 'a file'}")
+            raise PlacerError(f"{what} {target} is not a {'directory' if directory else 'file'}")
         if not os.access(path, os.W_OK):
             raise PlacerError(f"{what} {target}: permission denied (cannot write it)")
         return

@@ -212,7 +212,8 @@ def test_output_targets_are_checked_before_any_work(tmp_path: Path) -> None:
     (tmp_path / "d.png").mkdir()
     result = CliRunner().invoke(app, ["evaluate", str(tmp_path / "nowhere.json"), "--traces",
                                       str(tmp_path), "--plot", str(tmp_path / "d.png")])
-    assert_one_line_error(result, "--plot", "is a directory: name a file")
+    assert_one_line_error(result, f"cannot write {tmp_path / 'd.png'}: it is a directory "
+                          "(name a file)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "file"]
 
 
