@@ -34,6 +34,8 @@ MAX_SOLVE_SLOTS = 1 << 24     # solve --cache
 MAX_POSITION = 2**31 - 1      # token positions and lengths: int32 in traces and llama.cpp
 MAX_STEPS = 1 << 24           # decode steps sampled per profile and concurrency (plan schema)
 MAX_ALIGN = 1 << 30           # emit --align: a shard's data offset alignment
+MAX_CARDS = 1024              # cards in a spec (placer.hardware.spec)
+MAX_CORES = 1024              # hardware new --cpu-cores, bench --threads
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ RULES: dict[str, Rule] = {
     "align": Rule(int, 8, MAX_ALIGN, power_of_two=True),
     "expert_tokens": Rule(int, 1, MAX_INT, many=True),
     "batch": Rule(int, 1, MAX_INT, many=True),
+    "cards": Rule(int, 1, MAX_CARDS), "cpu_cores": Rule(int, 1, MAX_CORES),
+    "threads": Rule(int, 1, MAX_CORES), "max_prompt_tokens": Rule(int, 1, MAX_POSITION),
 }
 OVERRIDES: dict[tuple[str, str], Rule | None] = {  # (command, name): the rule there
     ("evaluate", "cache_slots"): Rule(int, 0, MAX_PLAN_SLOTS),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from placer.errors import PlacerError
 from placer.hardware.cards import (
     DDR_SOURCE,
     H2D_SHARE,
@@ -25,14 +24,13 @@ from placer.hardware.cards import (
     ddr_memory,
     pcie_link,
 )
-from placer.hardware.spec import MAX_CARDS, Card, HardwareSpec, Host
+from placer.hardware.spec import Card, HardwareSpec, Host
 
 GIB = 2**30
 RESERVED_SHARES = {"reserved_dense": 0.15, "reserved_kv": 0.10, "reserved_activations": 0.05}
 LATENCY_US = 10.0     # per copy, typical of a PCIe card (the presets' figure)
 SYNC_US = 30.0        # a layer's hand-off to the CPU and back, typical
 FLOPS_PER_CORE = 6e10  # effective bf16 FLOP/s of a desktop core in torch (1 TFLOPS on 16)
-MAX_CORES = 1024
 BATCHES = (1, 8)
 
 
@@ -52,10 +50,6 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
     """The spec of `cards` x `card` on `pcie` links with `ram` host memory and `cpu_cores`
     cores; `steps` (batch, ms) where a model's step was estimated (`step_how` says how),
     else the dense-reserve floor (module docstring)."""
-    if not 1 <= cards <= MAX_CARDS:
-        raise PlacerError(f"--cards: expected 1..{MAX_CARDS} cards, got {cards}")
-    if not 1 <= cpu_cores <= MAX_CORES:
-        raise PlacerError(f"--cpu-cores: expected 1..{MAX_CORES} cores, got {cpu_cores}")
     gen, lanes, link_peak = pcie_link(pcie)
     kind, rate, channels, ram_peak = ddr_memory(ram)
     vram = round(card.vram_gib * GIB)

@@ -64,6 +64,7 @@ from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
 from traces.bounded import read_bounded
 from traces.jsontext import MAX_DEPTH, decode_utf8, depth
+from traces.options import MAX_CARDS as OPTION_MAX_CARDS
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "h2d_pageable_bandwidth", "latency_us")
@@ -74,7 +75,7 @@ MAX_BYTES = 2**60          # sizes and bytes/s beyond this are typos, not hardwa
 MIN_RATE = 1e6             # bytes/s below this (a floppy disk's) are typos too
 MAX_FLOPS = 1e18
 MIN_FLOPS = 1e6
-MAX_CARDS = 1024
+MAX_CARDS = OPTION_MAX_CARDS  # traces.options bounds --cards by the same
 MAX_BATCH = 1 << 20
 MAX_MS = 1e6               # a decode step, latency or sync longer than this is a typo
 MAX_SOCKETS = 64
