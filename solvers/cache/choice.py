@@ -4,10 +4,11 @@ The split (solvers/cache/split.py) is chosen under one policy (its cost table's)
 and slots are then served, fold by fold, by each policy of CHOICES, per layer and pooled
 (one pool of each card's slots that every layer shares): for each held-out unit the plan the
 split judged there (chosen on the other units), its pins ranked as the split ranked them for
-that fold, and its misses counted on the held-out fold itself. `learned`'s weights for a fold
-are fitted on that fold's training entries only (solvers/cache/learn.py), never on the fold
-it is judged on. The policy of least held-out objective (the split's: stall, or the regret
-under --robust) is chosen; the plan's own weights are then fitted on every calibration fold.
+that fold, and its misses counted on the held-out fold itself. `learned`'s weights for a
+fold are fitted on that fold's training entries only (solvers/cache/learn.py), never on the
+fold it is judged on (per layer; the pooled learned policy runs the same weights). The
+policy of least held-out objective (the split's: stall, or the regret under --robust) is
+chosen; the plan's own weights are then fitted on every calibration fold.
 
 Cost: one replay per policy, pooling and held-out entry, and one fit of the learned weights
 per training set. Beyond POLICY_KEYS requests in all, each fold is judged on its first steps
@@ -48,12 +49,6 @@ class PolicyChoice:
     weights: np.ndarray | None = None
     calibration: np.ndarray | None = None
     rows: list[dict] = field(default_factory=list)
-
-    def options(self) -> dict:
-        """make_policy's keyword arguments for this choice."""
-        extra = ({"weights": self.weights, "calibration": self.calibration}
-                 if self.name == "learned" else {})
-        return {"pooled": self.pooled, **extra}
 
 
 def entry_pins(table: CostTable, n: int, p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -136,11 +131,12 @@ def with_weights(choice: PolicyChoice, table: CostTable, pinned: np.ndarray,
                  quotas: np.ndarray, seed: int = 0) -> PolicyChoice:
     """The choice with the learned weights of the final plan (pinned [L, E], quotas [C, L]),
     fitted on every calibration fold (each fold's calibration share from the folds of other
-    sequences), where the learned policy was chosen."""
+    sequences), where the learned policy was chosen. Fitted per layer, pooled or not, as the
+    folds' weights were: the pooled learned policy is judged with them."""
     if choice.name != "learned":
         return choice
     calib = table.calibration
     fit = fit_learned([table.entries[n].requests for n in calib], ~pinned, table.problem.home,
-                      quotas, pooled=choice.pooled, seed=seed,
+                      quotas, seed=seed,
                       units=[table.entries[n].unit for n in calib])
     return replace(choice, weights=fit.weights, calibration=fit.calibration)
