@@ -8,7 +8,6 @@ Skipped where ../shared/data/routing is absent (the plan is solved from gpt-oss 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import tempfile
@@ -27,11 +26,6 @@ from placer.plan.check import check_plan
 
 pytestmark = [
     pytest.mark.skipif(not GPTOSS.is_dir(), reason="no ../shared/data/routing"),
-    # TODO(lead): the engine check this property holds is the llplan branch's
-    # (placer/plan/engine_check.py); before that merge, export trusts engine.choice (the
-    # property finds KeyError: 'choice' in a few dozen cases). Runs once it is merged.
-    pytest.mark.skipif(importlib.util.find_spec("placer.plan.engine_check") is None,
-                       reason="the llama.cpp engine check (llplan branch) is not merged"),
 ]
 CASES = int(os.environ.get("PLACER_HOSTILE_CASES", "6"))
 JSON = st.recursive(

@@ -70,7 +70,7 @@ def test_an_output_it_did_not_write_is_never_replaced(user, tmp_path):
 
 
 @pytest.mark.parametrize(("extra", "said"), [
-    (["--fraction", "1"], "--fraction must lie strictly between 0 and 1"),
+    (["--fraction", "1"], "--fraction must be in (0, 1), got 1"),
     (["--engine", "vllm"], "--engine must be one of placer, llamacpp"),
     (["--seed", "-1"], "--seed"),
 ])
