@@ -69,7 +69,7 @@ $(LLAMA_SERVER): $(LLAMA_STAMP)
 	cp $(LLAMA_VENV)/server-build/bin/llama-server $(LLAMA_SERVER)
 	rm -rf $(LLAMA_VENV)/server-src $(LLAMA_VENV)/server-build
 
-test: install llama-env
+test: install llama-env llama-server
 	$(PY) -m pytest
 
 demo: install
