@@ -16,7 +16,15 @@ LLAMA_SDIST := llama-cpp-python==0.3.36
 LLAMA_SRC := llama_cpp_python-0.3.36/vendor/llama.cpp
 VULKAN_DEBS := libvulkan1 mesa-vulkan-drivers
 
-.PHONY: install llama-env test demo bench bench-gpu lint clean
+# llama-server for `placer bench --engine llamacpp --server` (tests/test_llamacpp_server.py):
+# built once per machine, CPU backend, from the llama.cpp llama-cpp-python 0.3.36 vendors (a
+# build without the expert cache: the driver's test runs the options without one).
+LLAMA_SERVER := $(LLAMA_VENV)/bin/llama-server
+LLAMA_SERVER_FLAGS := -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+  -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF
+
+.PHONY: install llama-env llama-server test demo bench bench-gpu lint clean
 
 install: $(STAMP)
 
@@ -47,7 +55,21 @@ $(LLAMA_STAMP): Makefile
 	rm -rf $(LLAMA_VENV)/sdist
 	touch $(LLAMA_STAMP)
 
-test: install llama-env
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): $(LLAMA_STAMP)
+	rm -rf $(LLAMA_VENV)/server-src $(LLAMA_VENV)/server-build
+	mkdir -p $(LLAMA_VENV)/server-src
+	$(LLAMA_VENV)/bin/pip download -q --no-deps --no-binary :all: $(LLAMA_SDIST) \
+	  -d $(LLAMA_VENV)/server-src
+	tar xzf $(LLAMA_VENV)/server-src/*.tar.gz -C $(LLAMA_VENV)/server-src \
+	  --strip-components=3 $(LLAMA_SRC)
+	cmake -S $(LLAMA_VENV)/server-src -B $(LLAMA_VENV)/server-build $(LLAMA_SERVER_FLAGS)
+	cmake --build $(LLAMA_VENV)/server-build --target llama-server -j $$(nproc)
+	cp $(LLAMA_VENV)/server-build/bin/llama-server $(LLAMA_SERVER)
+	rm -rf $(LLAMA_VENV)/server-src $(LLAMA_VENV)/server-build
+
+test: install llama-env llama-server
 	$(PY) -m pytest
 
 demo: install

@@ -75,7 +75,7 @@ def main() -> None:
         plan, gguf, prompt_file = build(root, prompts)
         report = json.loads(placer(
             "bench", "--engine", "llamacpp", plan, "--model", gguf, "--prompts", prompt_file,
-            "--trials", trials, "--max-new-tokens", new, "--max-prompt-tokens", 32,
+            "--trials", trials, "--max-new-tokens", new, "--max-prompt-tokens", 4,
             "--threads", 2, "--spec-out", root / "calibrated.toml", "--json"))
     cal = report["calibration"]
     predicted = {r["option"]: r["predicted_tokens_per_s"] for r in report["options"]}

@@ -18,7 +18,15 @@ from placer.hardware.spec import parse_spec
 
 pytest_plugins = ["gguf_models", "fixtures_models"]
 
-BENCH = ("--trials", 3, "--max-new-tokens", 4, "--max-prompt-tokens", 16, "--threads", 2)
+BENCH = ("--trials", 3, "--max-new-tokens", 3, "--max-prompt-tokens", 4, "--threads", 2)
+
+
+def four_options(plan: Path) -> str:
+    """The choice, -ncmoe N, the first cached row of the table and the bench's `cmoe`
+    reference: four different setups (the plan's table may repeat one under two names)."""
+    rows = json.loads(plan.read_text())["engine"]["options"]
+    cached = next(r["name"] for r in rows if r["moe_cache_mib"])
+    return ",".join(["chosen", "ncmoe", cached, "cmoe"])
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +61,13 @@ def test_bench_llamacpp_measures_predicts_replays_and_calibrates(bench_plan, pla
     plan, gguf, prompts = bench_plan
     out = tmp_path / "calibrated.toml"
     result = placer_run("bench", "--engine", "llamacpp", plan, "--model", gguf, "--prompts",
-                        prompts, *BENCH, "--spec-out", out, "--json")
+                        prompts, *BENCH, "--options", four_options(plan), "--spec-out", out,
+                        "--json")
     report = json.loads(result.stdout)
     assert report["build"] == "b11669" and report["num_prompts"] == 5
     rows = report["options"]
-    assert len(rows) >= 4
+    assert len(rows) == 4 and len({(tuple(r["host_layers"]), r["moe_cache_mib"])
+                                   for r in rows}) == 4
     assert rows[0]["option"] == "chosen"
     for r in rows:
         low, high = r["measured_tokens_per_s_ci95"]

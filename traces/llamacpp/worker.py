@@ -37,8 +37,10 @@ Protocol: argv[1] is a JSON object of options (`runner.EngineOptions`); the work
   end-of-generation token.
 - {"op": "feed", "tokens": [...], "prompt": P} -> {"prefill_s": s, "decode_s": [s, ...],
   and with `record` the "layers", "experts" and "fetches" of "run"}: a fresh sequence whose
-  first P tokens are one llama_decode, then each following token one llama_decode (teacher
-  forced: the tokens are given, none sampled), each timed to `llama_synchronize`. With
+  first P tokens are one llama_decode with the last one an output (as llama-server decodes
+  a prompt; the last layer then routes that token only: the others' ids there are -1),
+  then each following token one llama_decode (teacher forced: the tokens are given, none
+  sampled), each timed to `llama_synchronize`. With
   `record` false (option) the context has no eval callback at all: the scheduler then runs
   each graph split whole, as llama-server does, so the times are the engine's own.
 - {"op": "close"} -> frees everything: {"alignment": the GPU buffer alignment, "log": the
@@ -347,12 +349,14 @@ class Runner:
                  "messages with Hugging Face's")
         return buf.raw[:n].decode(errors="replace")
 
-    def _decode(self, tokens: list[int]) -> None:
-        """One llama_decode of `tokens` (next positions of sequence 0), every token an output:
-        the last layer computes only the output tokens (`inp_out_ids`), so a prompt decoded
-        for its last logits alone would route only its last token there."""
+    def _decode(self, tokens: list[int], every_output: bool = True) -> None:
+        """One llama_decode of `tokens` (next positions of sequence 0), every token an output
+        (or only the last, as llama-server decodes a prompt): the last layer computes only
+        the output tokens (`inp_out_ids`), so a prompt decoded for its last logits alone
+        routes only its last token there."""
         arr = (c_int32 * len(tokens))(*tokens)
-        outputs = (ctypes.c_int8 * len(tokens))(*([1] * len(tokens)))
+        flags = [1] * len(tokens) if every_output else [0] * (len(tokens) - 1) + [1]
+        outputs = (ctypes.c_int8 * len(tokens))(*flags)
         batch = Batch(len(tokens), arr, None, None, None, None,
                       ctypes.cast(outputs, c_void_p))
         rc = self.libs["llama"].llama_decode(self.ctx, batch)
@@ -388,7 +392,7 @@ class Runner:
         L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
         self.topk, self.fetches = {}, []
         start = time.perf_counter()
-        self._decode(tokens[:prompt])
+        self._decode(tokens[:prompt], every_output=False)
         L.llama_synchronize(self.ctx)
         prefill = time.perf_counter() - start
         seconds = []
@@ -400,7 +404,10 @@ class Runner:
         out = {"prefill_s": prefill, "decode_s": seconds}
         if self.record:
             layers = sorted(self.topk)
-            rows = [self.topk[il] for il in layers]
+            # the last layer computes the output tokens only: the prompt's last, then each
+            pad = [[-1] * self.n_expert_used] * (prompt - 1)
+            rows = [self.topk[il] if len(self.topk[il]) == len(tokens) else
+                    pad + self.topk[il] for il in layers]
             if any(len(r) != len(tokens) for r in rows):
                 fail(f"expected {len(tokens)} selections per layer, got "
                      f"{[len(r) for r in rows]}")

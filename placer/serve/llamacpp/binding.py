@@ -74,20 +74,28 @@ class BindingDriver:
 
     def sequences(self, docs: list[Document], max_prompt: int, max_new_tokens: int
                   ) -> list[tuple[int, list[int]]]:
-        """Each prompt tokenized by the GGUF's tokenizer (chat template for messages), cut
-        to `max_prompt` tokens, and its greedy continuation (CPU backend): (prompt tokens,
-        the tokens fed: the prompt, then each generated token but the last)."""
+        """Each prompt tokenized by the GGUF's tokenizer (chat template for messages), all
+        cut to one length, the shortest's or `max_prompt` tokens (every prefill is then one
+        ubatch of the same size: b11669 on Mesa's software Vulkan device was seen to crash,
+        SIGSEGV, when a sequence's prefill was larger than the one before after single-token
+        decodes), and its greedy continuation (CPU backend): (prompt tokens, the tokens fed:
+        the prompt, then each generated token but the last)."""
         out = []
         try:
             with LlamaCpp(self._options((), 0, None, True, gpu=False)) as llama:
+                prompts = []
                 for doc in docs:
                     ids = (llama.tokenize(chat=list(doc.messages), max_tokens=max_prompt)
                            if doc.messages is not None
                            else llama.tokenize(text=doc.text or "", max_tokens=max_prompt))
                     if not ids:
-                        raise PlacerError(f"--prompts: prompt {len(out) + 1} has no tokens")
-                    run = llama.run(ids, max_new_tokens)
-                    out.append((len(ids), [int(t) for t in run.tokens]))
+                        raise PlacerError(f"--prompts: prompt {len(prompts) + 1} has no "
+                                          "tokens")
+                    prompts.append(ids)
+                length = min(len(p) for p in prompts)
+                for ids in prompts:
+                    run = llama.run(ids[:length], max_new_tokens)
+                    out.append((length, [int(t) for t in run.tokens]))
                 llama.close()
         except TraceError as exc:
             raise PlacerError(str(exc)) from None

@@ -43,6 +43,7 @@ START_S = 300.0   # a server that is not healthy by then is stopped
 STOP_S = 30.0     # SIGTERM, then SIGKILL
 REQUEST_S = 600.0
 TAIL = 3
+MIN_CONTEXT = 512  # -c at least this: llama-server sizes its slots from it
 
 
 def free_port() -> int:
@@ -109,8 +110,8 @@ class ServerDriver:
             log = Path(tmp) / "server.log"
             port = free_port()
             argv = [*self.argv, *shlex.split(flags), "--host", "127.0.0.1", "--port",
-                    str(port), "-c", str(self.engine.n_ctx), "-t", str(self.engine.threads),
-                    "-np", "1"]
+                    str(port), "-c", str(max(self.engine.n_ctx, MIN_CONTEXT)), "-t",
+                    str(self.engine.threads), "-np", "1"]
             with open(log, "wb") as out:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
