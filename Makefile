@@ -17,9 +17,12 @@ LLAMA_SRC := llama_cpp_python-0.3.36/vendor/llama.cpp
 VULKAN_DEBS := libvulkan1 mesa-vulkan-drivers
 
 # llama-server for `placer bench --engine llamacpp --server` (tests/test_llamacpp_server.py):
-# built once per machine, CPU backend, from the llama.cpp llama-cpp-python 0.3.36 vendors (a
-# build without the expert cache: the driver's test runs the options without one).
+# built once per machine (under ~/.cache/placer), CPU backend, from the llama.cpp that
+# llama-cpp-python 0.3.36 vendors (a build without the expert cache: the driver's test runs
+# the options without one).
 LLAMA_SERVER := $(LLAMA_VENV)/bin/llama-server
+LLAMA_SERVER_HOME := $(HOME)/.cache/placer/llama-server-0.3.36
+LLAMA_SERVER_BUILT := $(LLAMA_SERVER_HOME)/llama-server
 LLAMA_SERVER_FLAGS := -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF
@@ -57,17 +60,22 @@ $(LLAMA_STAMP): Makefile
 
 llama-server: $(LLAMA_SERVER)
 
-$(LLAMA_SERVER): $(LLAMA_STAMP)
-	rm -rf $(LLAMA_VENV)/server-src $(LLAMA_VENV)/server-build
-	mkdir -p $(LLAMA_VENV)/server-src
-	$(LLAMA_VENV)/bin/pip download -q --no-deps --no-binary :all: $(LLAMA_SDIST) \
-	  -d $(LLAMA_VENV)/server-src
-	tar xzf $(LLAMA_VENV)/server-src/*.tar.gz -C $(LLAMA_VENV)/server-src \
+# Built once per machine (a fresh clone, CI's included, reuses it): cmake in a temporary
+# folder, the binary moved into the cache folder only when the build succeeded.
+$(LLAMA_SERVER_BUILT):
+	rm -rf $(LLAMA_SERVER_HOME)/src $(LLAMA_SERVER_HOME)/build
+	mkdir -p $(LLAMA_SERVER_HOME)/src
+	$(PYTHON) -m pip download -q --no-deps --no-binary :all: $(LLAMA_SDIST) \
+	  -d $(LLAMA_SERVER_HOME)/src
+	tar xzf $(LLAMA_SERVER_HOME)/src/*.tar.gz -C $(LLAMA_SERVER_HOME)/src \
 	  --strip-components=3 $(LLAMA_SRC)
-	cmake -S $(LLAMA_VENV)/server-src -B $(LLAMA_VENV)/server-build $(LLAMA_SERVER_FLAGS)
-	cmake --build $(LLAMA_VENV)/server-build --target llama-server -j $$(nproc)
-	cp $(LLAMA_VENV)/server-build/bin/llama-server $(LLAMA_SERVER)
-	rm -rf $(LLAMA_VENV)/server-src $(LLAMA_VENV)/server-build
+	cmake -S $(LLAMA_SERVER_HOME)/src -B $(LLAMA_SERVER_HOME)/build $(LLAMA_SERVER_FLAGS)
+	cmake --build $(LLAMA_SERVER_HOME)/build --target llama-server -j $$(nproc)
+	mv $(LLAMA_SERVER_HOME)/build/bin/llama-server $(LLAMA_SERVER_BUILT)
+	rm -rf $(LLAMA_SERVER_HOME)/src $(LLAMA_SERVER_HOME)/build
+
+$(LLAMA_SERVER): $(LLAMA_SERVER_BUILT) $(LLAMA_STAMP)
+	cp $(LLAMA_SERVER_BUILT) $(LLAMA_SERVER)
 
 test: install llama-env llama-server
 	$(PY) -m pytest

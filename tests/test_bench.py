@@ -81,6 +81,25 @@ def test_bench_measures_and_predicts_every_arm(arms, tmp_path, cli, capsys):
         assert all(m in table for m in v["messages"])
 
 
+@pytest.mark.parametrize("where", ["spec", "plot"])
+def test_an_output_inside_a_placed_directory_or_on_the_other_is_refused_first(arms, tmp_path,
+                                                                            cli, where):
+    """#44 class 8: --spec-out (or --plot) inside the second placed directory is one line
+    and exit 1 before anything is measured or written."""
+    checkpoint, placed = arms
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(PROMPTS[0] + "\n")
+    inside = {"spec": ["--spec-out", placed[1] / "box.toml"],
+              "plot": ["--plot", placed[1] / "bench.png"]}
+    before = sorted(p.name for p in placed[1].iterdir())
+    result = cli("bench", *placed, "--model", checkpoint, "--prompts", prompts, "--device",
+                 "cpu", "--trials", "1", *inside[where], ok=False)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "placed directory" in lines[0], lines
+    assert sorted(p.name for p in placed[1].iterdir()) == before
+
+
 def test_bench_warns_where_an_arm_is_behind_the_plain_cache():
     """Predicted: the stall ratio to lru on the bench's steps; measured: tokens/s over a
     plain-cache arm's, trial by trial (Student's t on the logarithms, so the interval of a

@@ -16,7 +16,7 @@ from placer.commands.common import command, parse_list, print_json, print_table,
 from placer.commands.common import console as rich_console
 from placer.commands.run import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
-from placer.files import check_apart, write_text_atomic
+from placer.files import check_outputs_apart, check_target, write_text_atomic
 from placer.hardware.devices import check_device
 from placer.progress import ItemsBar
 
@@ -111,8 +111,7 @@ def register(app: typer.Typer) -> None:
         model = source_model(placed[0], model)
         if spec_out is not None and spec_out.suffix != ".toml":
             raise PlacerError(f"--spec-out writes a TOML spec: give a .toml path, not {spec_out}")
-        if spec_out is not None:
-            check_apart(spec_out, [("the checkpoint", model)], what="--spec-out")
+        check_outputs(placed, model, prompts, spec_out, plot)
         total = len(placed) * len(opts.concurrency) * trials
         with ItemsBar("bench", total, enabled=not json_out and sys.stderr.isatty()) as bar:
             report = bench(placed, model, prompts, opts, bar)
@@ -135,9 +134,20 @@ def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
         raise PlacerError(f"--prompts: {prompts} is not a file")
     if plot is not None and plot.suffix.lower() != ".png":
         raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
-    if plot is not None:
-        check_apart(plot, what="--plot")
     check_device(device)
+
+
+def check_outputs(placed: list[Path], model: Path, prompts: Path, spec_out: Path | None,
+                  plot: Path | None) -> None:
+    """Before anything is measured: each output apart from every input (the placed
+    directories, the checkpoint, the prompts) and from the other output, and writable."""
+    outputs = [("--spec-out", spec_out), ("--plot", plot)]
+    inputs = [("the checkpoint", model), ("--prompts", prompts),
+              *(("the placed directory", p) for p in placed)]
+    check_outputs_apart(outputs, inputs)
+    for what, path in outputs:
+        if path is not None:
+            check_target(path, inputs, what=what)
 
 
 def print_report(report: dict) -> None:
