@@ -196,9 +196,9 @@ def tuner_pick(machine, tokens: np.ndarray, base_step_s: float, shares: tuple[fl
     0 alone without --moe-cache-cpu-share). The tuner does not choose pinning: it runs the
     user's command, its host experts mmap'd as docs/moe-cache.md's example has it (no -lm),
     or pinned (`pinned`: the user added -lm none). Returns (the Setup, what it fitted)."""
-    from placer.plan.llamacpp import TUNER_SIZES
     from solvers.errors import SolverError
     from solvers.llamacpp.cost import MIB, cache_full, step_costs, with_cache
+    from solvers.llamacpp.search import TUNER_SIZES
 
     every = np.ones(machine.expert_bytes.shape[0], dtype=bool)
     room = machine.bank_room(every) // MIB

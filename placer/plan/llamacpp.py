@@ -46,6 +46,7 @@ from solvers.llamacpp.cost import Machine, Setup, judge, layer_devices
 from solvers.llamacpp.lru import CUDA_ALIGNMENT
 from solvers.llamacpp.search import (
     CPU_SHARES,
+    TUNER_SHARES,
     Candidate,
     Scenario,
     SearchResult,
@@ -54,14 +55,13 @@ from solvers.llamacpp.search import (
     objective,
     search,
     setup_of,
+    tuner_grid,
 )
 from traces.errors import TraceError
 from traces.profile import split_sequences
 
 ENGINE = "llamacpp"
 SOURCE = "ggml-org/llama.cpp src/llama-moe-cache.cpp"
-TUNER_SHARES = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98)  # scripts/moe-cache-tune.py SHARES at b12191
-TUNER_SIZES = (0.25, 0.5, 0.75, 1.0)   # of the VRAM -cmoe frees (its sizes: not readable)
 KV_BYTES = 2                            # llama.cpp's default f16 K and V cache
 CONTEXT_PAD = 256                       # llama.cpp pads n_ctx to a multiple of 256
 _NUMBERS = re.compile(r"\d+")
@@ -186,10 +186,11 @@ def context_of(inv: Inventory, spec: HardwareSpec) -> int | None:
 
 
 def space_of(build: Build) -> Space:
-    """The search space the build allows (no cache before b11480, CPU shares from its
-    --moe-cache-cpu-share)."""
-    return Space(cache=build.has_cache,
-                 cpu_shares=CPU_SHARES if build.has_cpu_share else (0.0,))
+    """The search space the build allows (no cache before b11480, CPU shares, the search's
+    and the tuner grid's, from its --moe-cache-cpu-share)."""
+    share = build.has_cpu_share
+    return Space(cache=build.has_cache, cpu_shares=CPU_SHARES if share else (0.0,),
+                 tuner_shares=TUNER_SHARES if share else (0.0,))
 
 
 def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: SolveOptions,
@@ -280,8 +281,8 @@ def option_setups(machine: Machine, result: SearchResult, chosen: Setup, build: 
     alone (the baseline); the best cached candidate of the search when the choice has no
     cache; every MoE layer on the host with all the VRAM they free as the cache (`-cmoe
     --moe-cache-mib`, what users try first); and upstream's tuner grid (scripts/
-    moe-cache-tune.py at b12191: `-cmoe`, its shares; its sizes could not be read, here
-    TUNER_SIZES of the VRAM -cmoe frees), mmap'd as the command it wraps runs."""
+    moe-cache-tune.py at b12191: solvers/llamacpp/search.py tuner_grid, also candidates of
+    the choice), mmap'd as the command it wraps runs."""
     orders = result.orders
     out = [chosen,
            setup_of(machine, "no cache", orders["cpu"], fewest_host(machine, orders["cpu"]),
@@ -296,14 +297,12 @@ def option_setups(machine: Machine, result: SearchResult, chosen: Setup, build: 
     every = len(orders["ncmoe"])
     if build.has_cache and not (chosen.cache_mib and chosen.host.all()):
         out.append(setup_of(machine, "cmoe + cache", orders["ncmoe"], every, 1.0))
-    shares = TUNER_SHARES if build.has_cpu_share else (0.0,)
     if build.has_cache:
-        for size in TUNER_SIZES:
-            for share in shares:
-                setup = setup_of(machine, "tuner", orders["ncmoe"], every, size, share)
-                if setup is not None:
-                    out.append(dataclasses.replace(
-                        setup, name=f"tuner {setup.cache_mib} MiB, share {share:g}"))
+        for row in tuner_grid(every, space_of(build).tuner_shares):
+            setup = setup_of(machine, "tuner", orders["ncmoe"], every, row.share, row.cpu_share)
+            if setup is not None:
+                out.append(dataclasses.replace(
+                    setup, name=f"tuner {setup.cache_mib} MiB, share {row.cpu_share:g}"))
     named = {s.name: s for s in out if s is not None}
     return list(named.values())
 

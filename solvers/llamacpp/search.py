@@ -13,11 +13,17 @@ its order that let the rest fit (fit_first), then goes on in its order. The
 `-ncmoe N` baseline is the first N MoE layers, N the fewest that fit.
 
 Each cached candidate is also tried with the build's `--moe-cache-cpu-share` values
-(`Space.cpu_shares`: 0 and a few; 0 alone for a build without the flag), and every candidate
+(`Space.cpu_shares`: CPU_SHARES, up to upstream's 0.95 and 0.98; 0 alone for a build without
+the flag), and every candidate
 with its host experts mmap'd (llama.cpp's default) and pinned (`-lm none`): pinned experts
 upload faster but take host RAM for the whole model (refused where the spec's host_ram is
-less than the host layers' bytes). A build without the cache (before b11480) gets no cached
-candidate. The cache replay of a (host layers, slots) is shared by its shares and pinnings.
+less than the host layers' bytes). Upstream's tuner grid (`tuner_grid`: every MoE layer on
+the host, `-cmoe`, x TUNER_SIZES x the tuner's shares, mmap'd and pinned) is among the
+candidates too, so the choice is never worse than the tuner's pick on the search's own
+objective. A candidate with every MoE layer on the host is ranked "ncmoe" whatever ranking
+made it (the order no longer matters), so equal setups are judged once. A build without the
+cache (before b11480) gets no cached candidate. The cache replay of a (host layers, slots) is
+shared by its shares and pinnings.
 
 Every candidate is judged on held-out folds of the calibration sequences: for each fold the
 rankings are fitted on the other folds and the candidate replayed on the fold itself, so a
@@ -49,7 +55,9 @@ from traces.profile import step_mask
 SHARES = (0.0, 0.25, 0.5, 1.0)  # of the VRAM the host layers free, given to the cache
 COUNTS = 5                        # host-layer counts tried, from the fewest to every layer
 RANKINGS = ("cpu", "cache")
-CPU_SHARES = (0.0, 0.5, 0.9)      # --moe-cache-cpu-share values tried where the build has it
+CPU_SHARES = (0.0, 0.5, 0.9, 0.95, 0.98)  # --moe-cache-cpu-share values tried where it exists
+TUNER_SHARES = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98)  # scripts/moe-cache-tune.py SHARES at b12191
+TUNER_SIZES = (0.25, 0.5, 0.75, 1.0)   # of the VRAM -cmoe frees (its sizes: not readable)
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,7 @@ class Space:
 
     cache: bool = True
     cpu_shares: tuple[float, ...] = (0.0,)
+    tuner_shares: tuple[float, ...] = (0.0,)  # the tuner grid's (TUNER_SHARES where it has them)
     pinned: tuple[bool, ...] = (False, True)
     offloads: bool = True  # some step is op-offloaded (search sets it from the traffic)
 
@@ -165,6 +174,16 @@ def setup_of(machine: Machine, name: str, order: np.ndarray, count: int, share: 
         return None
 
 
+def tuner_grid(num_layers: int, shares: tuple[float, ...],
+               pinned: tuple[bool, ...] = (False,)) -> list[Candidate]:
+    """Upstream's tuner grid (scripts/moe-cache-tune.py at b12191): every MoE layer on the host
+    (`-cmoe`) x TUNER_SIZES of the VRAM that frees x `shares` (the build's: 0 alone without
+    --moe-cache-cpu-share), with its host experts as `pinned` says (the tuner runs the
+    user's command: mmap'd by default, pinned with -lm none)."""
+    return [Candidate("ncmoe", num_layers, size, share, p)
+            for size in TUNER_SIZES for share in shares for p in pinned]
+
+
 def candidates(machine: Machine, orders: dict[str, np.ndarray], space: Space = Space()
                ) -> list[Candidate]:
     """Every candidate of the search (module docstring)."""
@@ -179,9 +198,12 @@ def candidates(machine: Machine, orders: dict[str, np.ndarray], space: Space = S
     # without a cache, pinning changes only op-offloaded copies (steps of offload_min_batch
     # tokens or more): where no step is that large, mmap'd alone is tried
     plain = space.pinned if space.offloads else (False,)
-    out = [Candidate(c.rank, c.count, c.share, f, p) for c in dict.fromkeys(base)
+    out = [Candidate("ncmoe" if c.count == num_layers else c.rank, c.count, c.share, f, p)
+           for c in dict.fromkeys(base)
            for f in (space.cpu_shares if c.share else (0.0,))
            for p in (space.pinned if c.share else plain)]
+    if space.cache:
+        out += tuner_grid(num_layers, space.tuner_shares, space.pinned)
     return list(dict.fromkeys(out))
 
 
