@@ -77,7 +77,10 @@ $(LLAMA_SERVER_BUILT):
 $(LLAMA_SERVER): $(LLAMA_SERVER_BUILT) $(LLAMA_STAMP)
 	cp $(LLAMA_SERVER_BUILT) $(LLAMA_SERVER)
 
-test: install llama-env llama-server
+# The llama-server build is tried, not required: where it cannot be built (no cmake or
+# compiler), tests/test_llamacpp_server.py says so and skips; every other test still runs.
+test: install llama-env
+	-$(MAKE) llama-server
 	$(PY) -m pytest
 
 demo: install
