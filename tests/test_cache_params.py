@@ -69,7 +69,7 @@ BAD: dict[str, tuple[Callable[[], dict], str]] = {
                           "cache_params.calibration: expected [2][4] finite numbers"),
     "pooled not a bool": (lambda: with_cache("lru", {"pooled": "yes"}),
                           "cache_params.pooled: expected true or false"),
-    "not an object": (lambda: with_cache("lru", [1]), "cache_params: expected null or an"),
+    "not an object": (lambda: with_cache("lru", [1]), "cache_params: [1] is not of type"),
     "in version 1": (lambda: _v1_with_params(with_cache("lru", {"pooled": True})),
                      "cache_params: a version 1 plan has none"),
 }
@@ -97,10 +97,12 @@ def test_the_schema_takes_cache_params_and_both_versions():
         jsonschema.validate(3, version)
 
 
-def test_solve_refuses_learned_until_it_fits_weights_and_takes_the_others():
+def test_solve_takes_every_policy_and_auto_and_refuses_another_name():
+    """solve fits the learned policy's weights on the calibration (solvers/cache/learn.py),
+    so every policy is an option, and auto (the default) chooses among them."""
     from placer.plan.options import CACHE_POLICIES, SolveOptions, check_options
 
-    with pytest.raises(PlacerError, match="--cache-policy learned needs weights"):
-        check_options(SolveOptions(offload=0.5, cache_policy="learned"))
-    for policy in set(CACHE_POLICIES) - {"learned"}:
+    for policy in (*CACHE_POLICIES, "auto"):
         check_options(SolveOptions(offload=0.5, cache_policy=policy))
+    with pytest.raises(PlacerError, match="--cache-policy must be auto or one of"):
+        check_options(SolveOptions(offload=0.5, cache_policy="fifo"))

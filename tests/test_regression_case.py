@@ -103,7 +103,7 @@ def test_robust_plan_is_not_worse_than_layer_offload_on_either_profile(setup, cl
 def test_the_default_plan_is_not_behind_the_plain_cache_or_evaluate_warns(setup, cli):
     """On held-out prose the default plan (--cache auto) is not above the lru line's
     interval, or the verdict says so: a WARNING and ok false; the static plan is judged
-    against the better of lru and the static oracle as well."""
+    against the better of lru, lfuda and the static oracle as well."""
     for name in ("cached", "plan"):
         report = evaluate(cli, setup[name], setup["held"])
         (verdict,) = report["verdicts"]
@@ -112,7 +112,7 @@ def test_the_default_plan_is_not_behind_the_plain_cache_or_evaluate_warns(setup,
             "verdict"] == "worse"
         assert verdict["ok"] == (not behind and verdict["verdict"] != "worse")
         for r in rows(report, setup["held"]):
-            lines = {k: r[k]["stall_ms_per_step"] for k in ("lru", "oracle")}
+            lines = {k: r[k]["stall_ms_per_step"] for k in ("lru", "lfuda", "oracle")}
             assert r["better_baseline"] == min(lines, key=lines.get)
             assert r["ratio_to_better_baseline"] == pytest.approx(
                 r["placement"]["stall_ms_per_step"] / min(lines.values()), rel=1e-12)
@@ -153,7 +153,7 @@ def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
             selected = step_mask(every_token_steps(setup["held"], b, seed=report["seed"],
                                                    groupings=report["groupings"]).tokens,
                                  plan.experts_per_layer)
-            want = expected_staging(plan, selected, slots)
+            want = expected_staging(plan, selected, slots, tokens=b)
             got = row["placement"]["staged_bytes_per_token"]
             assert got == pytest.approx(want.bytes.sum() / selected.shape[0] / b, rel=1e-12)
             placed = row["cache"].get("placement", {"slots": [0, 0]})["slots"]

@@ -63,9 +63,11 @@ class PlacerGroup(TyperGroup):
         argv = sys.argv[1:] if args is None else list(args)
         help_only = shows_help(argv)
         if help_only and not sys.stdout.isatty() and not os.environ.get("TERMINAL_WIDTH"):
-            import typer.rich_utils  # 0.3 s: only where help is printed
+            from typer import rich_utils  # 0.3 s: only where help is printed (a plain
+            # `import typer.rich_utils` here would make `typer` local to main and unbound
+            # at `except typer.Abort` below)
 
-            typer.rich_utils.MAX_WIDTH = HELP_WIDTH
+            rich_utils.MAX_WIDTH = HELP_WIDTH
         try:
             with contextlib.nullcontext() if help_only or "--version" in argv else signals():
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False,

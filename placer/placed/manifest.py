@@ -82,6 +82,10 @@ def _keyword(key: str, value, root: dict) -> Check:
         return lambda x: not isinstance(x, list) or all(item(v) for v in x)
     if key == "minimum":
         return lambda x: not _TYPES["number"](x) or x >= value
+    if key == "minItems":
+        return lambda x: not isinstance(x, list) or len(x) >= value
+    if key == "maxItems":
+        return lambda x: not isinstance(x, list) or len(x) <= value
     if key == "pattern":
         regex = re.compile(value)
         return lambda x: not isinstance(x, str) or regex.search(x) is not None

@@ -39,6 +39,7 @@ from placer.progress import NO_BAR, ItemsBar
 from placer.serve.bench_predict import MIN_TRIALS, ratio_to, t_interval
 from placer.serve.llamacpp.binding import BenchEngine, BindingDriver, Pass
 from placer.serve.llamacpp.predict import (
+    BENCH_BUILD,
     POLICY,
     bench_machine,
     cost_terms,
@@ -120,7 +121,7 @@ def option_flags(plan: Plan, option: BenchOption) -> str:
     """The llama-server flags of an option (as `placer export llamacpp` prints them)."""
     engine = {**plan.engine, "host_layers": list(option.host_layers),
               "moe_cache_mib": option.cache_mib, "n_cpu_moe": option.n_cpu_moe}
-    return " ".join(engine_args(dataclasses.replace(plan, engine=engine)))
+    return " ".join(engine_args(dataclasses.replace(plan, engine=engine), BENCH_BUILD))
 
 
 def read_documents(path: Path) -> list:

@@ -34,6 +34,7 @@ from solvers.intervals import (
     line_figures,
     replicate_weights,
 )
+from solvers.llamacpp.builds import parse_build
 from solvers.llamacpp.cost import Machine, Setup, step_costs, with_cache
 from solvers.llamacpp.lru import MAX_BATCH, LlamaCppCache, log_stats
 
@@ -81,10 +82,16 @@ def ubatches_of(routing: list[tuple[int, np.ndarray]], warmup: int = 0) -> Ubatc
     return Ubatches(tokens, np.asarray(sizes), np.asarray(decode), np.asarray(prompt))
 
 
+# The build whose cache the bench replays and whose flags it passes: the bundled binding's
+# (placer.serve.llamacpp.binding.BUILD), also the policy the server driver's logs are
+# compared with; a plan solved for a newer build is benched as b11669 runs it.
+BENCH_BUILD = parse_build("b11669")
+
+
 def bench_machine(plan: Plan, alignment: int | None) -> Machine:
     """The plan's machine with the buffer alignment of the device llama.cpp ran on (the
     cache pads its banks to it, so the slots follow it)."""
-    machine = plan_machine(plan)
+    machine = dataclasses.replace(plan_machine(plan), cache=BENCH_BUILD.cache)
     return dataclasses.replace(machine, alignment=int(alignment)) if alignment else machine
 
 
