@@ -2,27 +2,55 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
-PLACER = [sys.executable, "-m", "placer"]
 
 
 def placer(*args: object) -> str:
-    """Run one placer command, echoing it as a user would type it; returns its stdout."""
+    """Run one placer command as a user types it (echoed first) and return its stdout.
+
+    It runs in this process, through the same command line the `placer` console script
+    calls (`placer.commands.app.app`), so torch and transformers are imported once for the
+    whole walk-through instead of once per command (8-10 s each on a small machine); what it
+    prints goes to this script's stdout as it comes, its errors to stderr. A command that
+    fails ends the walk-through with its exit status."""
+    from placer.commands.app import app
+
     words = [str(a) for a in args]
     print(f"\n$ placer {shlex.join(words)}", flush=True)
-    env = {**os.environ, "COLUMNS": os.environ.get("COLUMNS", "120")}  # tables unclipped
-    done = subprocess.run([*PLACER, *words], check=True, stdout=subprocess.PIPE, text=True,
-                          env=env)
-    print(done.stdout, end="", flush=True)
-    return done.stdout
+    os.environ.setdefault("COLUMNS", "120")  # tables unclipped
+    out = Tee(sys.stdout)
+    with contextlib.redirect_stdout(out):
+        code = app(args=words, prog_name="placer", standalone_mode=False)
+    sys.stdout.flush()
+    if code:
+        raise SystemExit(f"placer {words[0]} failed (exit status {code})")
+    return out.text.getvalue()
+
+
+class Tee(io.TextIOBase):
+    """A stdout that prints what it is given and keeps a copy."""
+
+    def __init__(self, echo: io.TextIOBase) -> None:
+        self.echo, self.text = echo, io.StringIO()
+
+    def write(self, s: str) -> int:
+        self.text.write(s)
+        return self.echo.write(s)
+
+    def flush(self) -> None:
+        self.echo.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 def prose_blocks() -> list[str]:

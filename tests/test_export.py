@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_export_ktransformers import write_plan
-from test_regression_case import setup  # noqa: F401  (module fixture: a solved tiny plan)
 
 from placer.exporters.sglang import read_sglang_location
 from placer.plan.placement import read_plan
@@ -17,8 +16,10 @@ from placer.predict.evaluate import plan_problem
 from solvers import baselines
 from solvers.problem import Steps
 
+pytest_plugins = ["regression_plan"]  # `setup`: a solved tiny plan, once per session
 
-def test_sglang_location_round_trips_the_plan_homes(setup, cli, tmp_path: Path) -> None:  # noqa: F811
+
+def test_sglang_location_round_trips_the_plan_homes(setup, cli, tmp_path: Path) -> None:
     out = tmp_path / "locations.json"
     text = cli("export", "sglang", setup["plan"], "--out", out).output
     assert "--init-expert-location" in text
@@ -33,7 +34,7 @@ def test_sglang_location_round_trips_the_plan_homes(setup, cli, tmp_path: Path) 
         assert set(p2l[layer]) == set(range(plan.experts_per_layer)), i
 
 
-def test_llamacpp_args_offload_the_layers_of_the_layer_baseline(setup, cli) -> None:  # noqa: F811
+def test_llamacpp_args_offload_the_layers_of_the_layer_baseline(setup, cli) -> None:
     plan = read_plan(setup["plan"])
     text = cli("export", "llamacpp", setup["plan"]).output
     match = re.search(r"blk\\\.\(([\d|]+)\)", text)

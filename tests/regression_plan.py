@@ -1,0 +1,43 @@
+"""A plugin fixture (tests name it in `pytest_plugins`): the tiny qwen3_moe of the motivating
+regression, its traces on prose, held-out prose, chat and random tokens, and three plans
+solved from them; session-scoped, so the modules that read it (test_regression_case,
+test_export) build it once per worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from placer.checkpoint.tiny import build_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "examples" / "data"
+BOX = REPO / "examples" / "tiny-box.toml"
+
+
+@pytest.fixture(scope="session")
+def setup(tmp_path_factory: pytest.TempPathFactory, cli) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("regression")
+    texts = [b for b in (DATA / "shakespeare_head.txt").read_text().split("\n\n") if b.strip()]
+    model = build_tiny_model("qwen3_moe", root / "model", texts=texts, layers=4, experts=16,
+                             top_k=2, hidden=64, router_scale=4.0)
+    sources = {"calib": ["--corpus", DATA / "shakespeare_head.txt"],
+               "held": ["--corpus", DATA / "shakespeare_tail.txt"],
+               "chat": ["--corpus", DATA / "vicuna_bench_questions.jsonl"],
+               "random": ["--random-tokens", "3000"]}
+    out = {"model": model}
+    for name, src in sources.items():
+        out[name] = root / name
+        cli("collect", "--model", model, *src, "--out", out[name], "--max-tokens", "4000",
+            "--max-length", "128", "--batch-size", "16")
+    common = ["--model", model, "--hardware", BOX, "--offload", "0.5", "--concurrency", "1,8",
+              "--time-limit", "5", "--steps", "128"]
+    out["plan"] = root / "plan.json"
+    cli("solve", *common, "--traces", out["calib"], "--solver", "ilp", "--out", out["plan"])
+    out["robust"] = root / "robust.json"
+    cli("solve", *common, "--traces", out["calib"], "--traces", out["random"], "--robust",
+        "--out", out["robust"])
+    out["cached"] = root / "cached.json"  # every calibration token, in order: a cache split
+    cli("solve", *common[:-2], "--traces", out["calib"], "--out", out["cached"])
+    return out
