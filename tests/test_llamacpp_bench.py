@@ -11,12 +11,9 @@ import os
 import tomllib
 from pathlib import Path
 
-import pytest
-from llamacpp_boxes import write_one_card_spec
-
 from placer.hardware.spec import parse_spec
 
-pytest_plugins = ["gguf_models", "fixtures_models"]
+pytest_plugins = ["gguf_models", "fixtures_models", "llamacpp_bench_plan"]
 
 BENCH = ("--trials", 3, "--max-new-tokens", 3, "--max-prompt-tokens", 4, "--threads", 2)
 
@@ -27,26 +24,6 @@ def four_options(plan: Path) -> str:
     rows = json.loads(plan.read_text())["engine"]["options"]
     cached = next(r["name"] for r in rows if r["moe_cache_mib"])
     return ",".join(["chosen", "ncmoe", cached, "cmoe"])
-
-
-@pytest.fixture(scope="module")
-def bench_plan(gguf_bench, tmp_path_factory, trace_data):
-    """(plan.json, GGUF, prompts.txt): a plan of a 3 MiB card (one of the three MoE layers'
-    experts on the host at the least, a cache of up to 3 MiB) from routing llama.cpp
-    recorded, and 5 prose prompts."""
-    from fixtures_models import invoke
-
-    model, gguf = gguf_bench
-    root = tmp_path_factory.mktemp("llbench")
-    invoke("collect", "--gguf", gguf, "--tokenizer", model, "--corpus", trace_data.chat,
-           "--mode", "generate", "--max-new-tokens", 8, "--max-length", 24, "--max-tokens",
-           300, "--out", root / "traces", "--no-progress")
-    spec = write_one_card_spec(root / "box.toml", 3 * 2**20)
-    plan = root / "plan.json"
-    invoke("solve", "--engine", "llamacpp", "--model", gguf, "--hardware", spec, "--traces",
-           root / "traces", "--concurrency", "1,4", "--out", plan)
-    prompts = trace_data.prose_corpus(root / "prompts.txt", blocks=5, start=90)
-    return plan, gguf, prompts
 
 
 def children() -> list[str]:
@@ -64,7 +41,7 @@ def test_bench_llamacpp_measures_predicts_replays_and_calibrates(bench_plan, pla
                         prompts, *BENCH, "--options", four_options(plan), "--spec-out", out,
                         "--json")
     report = json.loads(result.stdout)
-    assert report["build"] == "b11669" and report["num_prompts"] == 5
+    assert report["build"] == "b11669" and report["num_prompts"] == 3
     rows = report["options"]
     assert len(rows) == 4 and len({(tuple(r["host_layers"]), r["moe_cache_mib"])
                                    for r in rows}) == 4

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 import pytest
-from test_llamacpp_bench import bench_plan, children  # noqa: F401  (the module's fixture)
+from test_llamacpp_bench import children
 
-pytest_plugins = ["gguf_models", "fixtures_models"]
+pytest_plugins = ["gguf_models", "fixtures_models", "llamacpp_bench_plan"]
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER = Path(os.environ.get("PLACER_LLAMA_SERVER")
@@ -36,7 +36,7 @@ def server_processes() -> list[str]:
     return out
 
 
-def test_bench_llamacpp_on_a_real_llama_server(bench_plan, placer_run):  # noqa: F811
+def test_bench_llamacpp_on_a_real_llama_server(bench_plan, placer_run):
     plan, gguf, prompts = bench_plan
     result = placer_run("bench", "--engine", "llamacpp", plan, "--model", gguf, "--prompts",
                         prompts, "--server", f"{SERVER} -m {gguf}", "--options",
@@ -52,7 +52,7 @@ def test_bench_llamacpp_on_a_real_llama_server(bench_plan, placer_run):  # noqa:
     assert not server_processes() and not children()
 
 
-def test_a_flag_the_server_lacks_is_one_line_before_it_starts(bench_plan, placer_run):  # noqa: F811
+def test_a_flag_the_server_lacks_is_one_line_before_it_starts(bench_plan, placer_run):
     plan, gguf, prompts = bench_plan
     cached = next(r["name"] for r in json.loads(plan.read_text())["engine"]["options"]
                   if r["moe_cache_mib"])

@@ -48,7 +48,9 @@ SHARE_FLOOR = 1.0 / 1024    # calibration = log2(share + SHARE_FLOOR)
 ROUNDS = 2
 FIT_REQUESTS = 4_000_000    # requests replayed per round, at most (a prefix of each fold)
 RECORD_ROWS = 600_000       # candidates recorded per round, at most
-PAIRS = 100_000             # pairs the ranking is fitted on
+PAIRS = 100_000             # pairs the ranking is fitted on, at most
+PAIRS_PER_ROW = 4           # ... and at most this many per candidate recorded (small traffic:
+                            # more pairs would only repeat the same ones, at a cost)
 LRU_WEIGHTS = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -276,18 +278,20 @@ def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
 def rank_fit(x: np.ndarray, dec: np.ndarray, dist: np.ndarray, seed: int = 0,
              l2: float = 1e-3) -> np.ndarray:
     """[6] weights ranking each eviction's candidates by their next use, the furthest lowest:
-    logistic over pairs of one eviction (PAIRS, seeded), each weighed by the difference of
-    their log2 next-use distances; the largest |weight| scaled to 1, the bias 0."""
+    logistic over pairs of one eviction (PAIRS at most, PAIRS_PER_ROW per row; seeded), each
+    weighed by the difference of their log2 next-use distances; the largest |weight| scaled
+    to 1, the bias 0."""
     features = x[:, :-1]
     mu, sd = features.mean(axis=0), features.std(axis=0)
     sd = np.where(sd > 0, sd, 1.0)
     z = (features - mu) / sd
     rng = np.random.default_rng(seed)
-    i = rng.integers(0, len(z), 3 * PAIRS)
+    pairs = min(PAIRS, PAIRS_PER_ROW * len(z))
+    i = rng.integers(0, len(z), 3 * pairs)
     j = np.clip(i + rng.integers(-16, 17, len(i)), 0, len(z) - 1)
     far = np.log2(np.maximum(dist, 1).astype(np.float64))
     ok = (dec[i] == dec[j]) & (far[i] != far[j])
-    i, j = i[ok][:PAIRS], j[ok][:PAIRS]
+    i, j = i[ok][:pairs], j[ok][:pairs]
     out = np.zeros(x.shape[1])
     if not len(i):
         out[0] = -1.0
