@@ -30,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("robust-out"))
     parser.add_argument("--tokens", type=int, default=6000, help="tokens per trace")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="ILP seconds per solve")
     parser.add_argument("--oracle-seconds", type=float, default=10.0,
                         help="time for each oracle ILP of evaluate")
     args = parser.parse_args()
@@ -48,7 +49,7 @@ def main() -> None:
                "--no-progress")
 
     common = ["--model", model, "--hardware", HERE / "tiny-box.toml", "--offload", 0.5,
-              "--concurrency", "1,8", "--time-limit", 10]
+              "--concurrency", "1,8", "--time-limit", args.time_limit]
     placer("solve", *common, "--traces", traces / "prose", "--out", out / "plan-prose.json")
     placer("solve", *common, "--traces", traces / "prose", "--traces", traces / "chat",
            "--traces", traces / "random", "--robust", "--out", out / "plan-robust.json")

@@ -12,7 +12,7 @@ from llamacpp_boxes import write_one_card_spec
 def bench_plan(gguf_bench, tmp_path_factory, trace_data):
     """(plan.json, GGUF, prompts.txt): a plan of a 3 MiB card (one of the three MoE layers'
     experts on the host at the least, a cache of up to 3 MiB) from routing llama.cpp
-    recorded, and 3 prose prompts."""
+    recorded, and 5 prose prompts."""
     from fixtures_models import invoke
 
     model, gguf = gguf_bench
@@ -24,5 +24,5 @@ def bench_plan(gguf_bench, tmp_path_factory, trace_data):
     plan = root / "plan.json"
     invoke("solve", "--engine", "llamacpp", "--model", gguf, "--hardware", spec, "--traces",
            root / "traces", "--concurrency", "1,4", "--out", plan)
-    prompts = trace_data.prose_corpus(root / "prompts.txt", blocks=3, start=90)
+    prompts = trace_data.prose_corpus(root / "prompts.txt", blocks=5, start=90)
     return plan, gguf, prompts

@@ -32,7 +32,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, cli) -> dict[str, Path]:
         cli("collect", "--model", model, *src, "--out", out[name], "--max-tokens", "4000",
             "--max-length", "128", "--batch-size", "16")
     common = ["--model", model, "--hardware", BOX, "--offload", "0.5", "--concurrency", "1,8",
-              "--time-limit", "5", "--steps", "128"]
+              "--time-limit", "2", "--steps", "128"]
     out["plan"] = root / "plan.json"
     cli("solve", *common, "--traces", out["calib"], "--solver", "ilp", "--out", out["plan"])
     out["robust"] = root / "robust.json"

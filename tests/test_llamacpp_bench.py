@@ -15,7 +15,7 @@ from placer.hardware.spec import parse_spec
 
 pytest_plugins = ["gguf_models", "fixtures_models", "llamacpp_bench_plan"]
 
-BENCH = ("--trials", 3, "--max-new-tokens", 3, "--max-prompt-tokens", 4, "--threads", 2)
+BENCH = ("--trials", 3, "--max-new-tokens", 2, "--max-prompt-tokens", 4, "--threads", 2)
 
 
 def four_options(plan: Path) -> str:
@@ -41,7 +41,7 @@ def test_bench_llamacpp_measures_predicts_replays_and_calibrates(bench_plan, pla
                         prompts, *BENCH, "--options", four_options(plan), "--spec-out", out,
                         "--json")
     report = json.loads(result.stdout)
-    assert report["build"] == "b11669" and report["num_prompts"] == 3
+    assert report["build"] == "b11669" and report["num_prompts"] == 5
     rows = report["options"]
     assert len(rows) == 4 and len({(tuple(r["host_layers"]), r["moe_cache_mib"])
                                    for r in rows}) == 4
