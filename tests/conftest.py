@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,3 +64,23 @@ class Cli:
 @pytest.fixture(scope="session")
 def cli() -> Cli:
     return Cli()
+
+
+@pytest.fixture(scope="session")
+def warm_placer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The command a shell line runs for `placer ARGS` (then "$@"): a fork of a warm server
+    that imported placer and torch once (tests/warm_placer.py), for the tests that run the
+    README's blocks line by line."""
+    sock = tmp_path_factory.mktemp("warm") / "placer.sock"
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "warm_placer.py"), "serve",
+                               str(sock)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not sock.exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError(f"warm_placer did not start: {server.communicate()[1][-2000:]}")
+        time.sleep(0.1)
+    yield f'"{sys.executable}" -S "{REPO / "tests" / "warm_placer.py"}" call "{sock}"'
+    server.kill()
+    server.wait()

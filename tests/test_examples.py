@@ -73,28 +73,28 @@ def tiny_user_box(tmp_path: Path) -> Path:
     return model
 
 
-def run_lines(lines: list[str], model: Path, cwd: Path, *, other_device: bool = False
-              ) -> subprocess.CompletedProcess:
-    """`lines` under bash -euo pipefail, `placer` the CLI of this checkout, MODEL=`model`;
-    with `other_device`, `placer probe --step` gets --allow-other-device (this machine has
-    none of the presets' cards)."""
+def run_lines(lines: list[str], model: Path, cwd: Path, warm: str, *,
+              other_device: bool = False) -> subprocess.CompletedProcess:
+    """`lines` under bash -euo pipefail, `placer` the CLI of this checkout (`warm`: the
+    warm_placer fixture's command), MODEL=`model`; with `other_device`, `placer probe
+    --step` gets --allow-other-device (this machine has none of the presets' cards)."""
     allow = ('if [ "$1 $2" = "probe --step" ]; then set -- "$@" --allow-other-device; fi; '
              if other_device else "")
-    script = "\n".join(["set -euo pipefail",
-                        f'placer() {{ {allow}"{sys.executable}" -m placer "$@"; }}',
+    script = "\n".join(["set -euo pipefail", f'placer() {{ {allow}{warm} "$@"; }}',
                         f'MODEL="{model}"', *lines])
     return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
 
 
-def test_readme_plan_is_one_command_to_a_plan_its_evaluation_and_a_resumable_rerun(tmp_path):
+def test_readme_plan_is_one_command_to_a_plan_its_evaluation_and_a_resumable_rerun(
+        tmp_path, warm_placer):
     """The README's `placer plan` block, its very lines, on a tiny model: every stage's
     output under --out, the held-out table and the command to run; run again, every stage
     is skipped; with another --offload, collect and split are skipped and solve reruns."""
     lines = quickstart_block(EXAMPLES.parent / "README.md", "<!-- plan")
     assert lines[0].startswith("MODEL=") and "placer plan" in lines[-1]
     model = tiny_user_box(tmp_path)
-    done = run_lines(lines[1:], model, tmp_path)
+    done = run_lines(lines[1:], model, tmp_path, warm_placer)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     out = tmp_path / "myplan"
     plan = read_plan(out / "plan.json")
@@ -108,21 +108,22 @@ def test_readme_plan_is_one_command_to_a_plan_its_evaluation_and_a_resumable_rer
     assert (out / "run.sh").read_text().splitlines()[-1] == done.stdout.splitlines()[-1]
     before = {p: p.stat().st_mtime_ns for p in (out / "plan.json", out / "evaluate.json")}
 
-    again = run_lines(lines[1:], model, tmp_path)
+    again = run_lines(lines[1:], model, tmp_path, warm_placer)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count(": skipped (") == 5, again.stdout
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
     assert again.stdout.splitlines()[-1] == done.stdout.splitlines()[-1]
 
     other = run_lines([*lines[1:-1], lines[-1].replace("--offload 0.3", "--offload 0.6")],
-                      model, tmp_path)
+                      model, tmp_path, warm_placer)
     assert other.returncode == 0, other.stderr
     assert "collect: skipped" in other.stdout and "split: skipped" in other.stdout
     assert "solve: skipped" not in other.stdout and "evaluate: skipped" not in other.stdout
     assert read_plan(out / "plan.json").cards[0].budget_bytes < plan.cards[0].budget_bytes
 
 
-def test_readme_quickstart_from_no_spec_to_a_measured_spec_and_a_plan(tmp_path: Path) -> None:
+def test_readme_quickstart_from_no_spec_to_a_measured_spec_and_a_plan(tmp_path: Path,
+                                                                       warm_placer: str) -> None:
     """The README's quickstart, its very lines, on a tiny model: the MODEL line pointed at it,
     `placer` the CLI of this checkout, a chat corpus as chat.jsonl; everything but `placer
     serve` (it serves until stopped). This machine has no RTX 4090: `probe --step` times the
@@ -134,7 +135,7 @@ def test_readme_quickstart_from_no_spec_to_a_measured_spec_and_a_plan(tmp_path: 
     assert lines[0].startswith("MODEL=") and any("placer serve" in x for x in lines)
     model = tiny_user_box(tmp_path)
     done = run_lines([x for x in lines[1:] if not x.lstrip().startswith("placer serve")],
-                     model, tmp_path, other_device=True)
+                     model, tmp_path, warm_placer, other_device=True)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     measured, preset = load_spec(tmp_path / "box.toml"), load_spec("1x-rtx4090")
     assert measured.base_step_ms != preset.base_step_ms

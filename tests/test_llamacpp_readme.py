@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from placer.plan.placement import read_plan
@@ -26,7 +25,7 @@ def llamacpp_block(readme: Path) -> list[str]:
     return text[start:text.index("```", start)].splitlines()
 
 
-def test_readme_llamacpp_block_runs_as_written(gguf_pair, tmp_path):
+def test_readme_llamacpp_block_runs_as_written(gguf_pair, tmp_path, warm_placer):
     _, gguf = gguf_pair
     lines = llamacpp_block(REPO / "README.md")
     assert any("traces split" in x for x in lines)  # the held-out set the block evaluates on
@@ -37,7 +36,7 @@ def test_readme_llamacpp_block_runs_as_written(gguf_pair, tmp_path):
                                                  for p in prose[:24]))
     kept = [x for x in lines if not x.startswith(("make ", "placer probe"))]
     script = "\n".join(["set -euo pipefail",
-                        f'placer() {{ "{sys.executable}" -m placer "$@"; }}', *kept])
+                        f'placer() {{ {warm_placer} "$@"; }}', *kept])
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
