@@ -544,7 +544,6 @@ def test_no_writer_lands_in_a_checkpoint(pipe: Pipeline) -> None:
 
 def numeric_options() -> list[tuple[str, str, str]]:
     """(command, option, "integer" or "float") for every numeric option of every command."""
-    import typing
 
     import typer
 
@@ -556,9 +555,8 @@ def numeric_options() -> list[tuple[str, str, str]]:
         for name, sub in getattr(command, "commands", {}).items():
             walk(sub, [*path, name])
         for param in getattr(command, "params", []):
-            annotation = param.type_descriptor.annotation
-            kinds = typing.get_args(annotation) or (annotation,)
-            kind = "integer" if int in kinds else "float" if float in kinds else None
+            kind = {"IntParamType": "integer", "IntRange": "integer", "FloatParamType": "float",
+                    "FloatRange": "float"}.get(type(param.type).__name__)
             if param.param_type_name == "option" and kind:
                 found.append((" ".join(path), param.opts[0], kind))
 
