@@ -67,6 +67,7 @@ class Reference:
     def __init__(self, quotas: list[int], experts: int, policy: str, pooled: bool = False
                  ) -> None:
         self.experts, self.policy, self.pooled = experts, policy, pooled
+        self.layers = len(quotas)
         self.quotas = [sum(quotas)] if pooled else list(quotas)
         self.held: dict[int, dict[int, list[float]]] = {p: {} for p in range(len(self.quotas))}
         self.age = dict.fromkeys(range(len(self.quotas)), 0.0)  # lfuda's L per partition
@@ -75,10 +76,15 @@ class Reference:
         self.crf: dict[int, tuple[int, float]] = {}  # classlru: (last use, CRF)
         self.clock = 0
 
-    def features(self, key: int, t: int) -> list[float]:
+    def counts(self, key: int, t: int) -> list[float]:
+        """learned's decayed counts of `key` at token time t."""
         used, counts = self.decayed.get(key, (0, [0.0, 0.0, 0.0]))
-        decayed = [n * 2 ** (-(t - used) / h) for n, h in zip(counts, (4, 16, 64), strict=True)]
-        return [t - used, *decayed, calibration(key), 1.0]
+        return [n * 2 ** (-(t - used) / h) for n, h in zip(counts, (4, 16, 64), strict=True)]
+
+    def features(self, key: int, t: int) -> list[float]:
+        used, _ = self.decayed.get(key, (0, []))
+        return [t - used, *(np.log2(n + 1 / 64) for n in self.counts(key, t)),
+                calibration(key), 1.0]
 
     def score(self, key: int, entry: list[float], t: int) -> tuple[float, float, int]:
         freq, last, priority = entry
@@ -92,7 +98,8 @@ class Reference:
             used, crf = self.crf[key]
             klass = min(int(np.floor(np.log2(crf))), 7)
             return -((t - used) / 2.0 ** klass), klass, last
-        return float(np.dot(LEARNED, self.features(key, t))), 0, key
+        weights = learned_weights(self.layers * self.experts)
+        return float(np.dot(weights[key // self.experts], self.features(key, t))), 0, key
 
     def use(self, key: int, part: int, t: int) -> float:
         """Count one use of `key` in its own memory; lfuda's priority after it."""
@@ -100,7 +107,7 @@ class Reference:
             self.count[key] = min(self.count.get(key, 0.0) + 1, 12.0)
             return self.age[part] + self.count[key]
         if self.policy == "learned":
-            self.decayed[key] = (t, [f + 1 for f in self.features(key, t)[1:4]])
+            self.decayed[key] = (t, [n + 1 for n in self.counts(key, t)])
         if self.policy == "classlru":
             used, crf = self.crf.get(key, (0, 0.0))
             self.crf[key] = (t, float(np.float32(crf * 2.0 ** (-(t - used) / 128) + 1)))
@@ -135,6 +142,15 @@ class Reference:
 
 
 LEARNED = [-0.5, 3.0, 1.0, 0.5, 4.0, 0.1]  # some weights of the learned score
+# and some per layer (for 3 layers: the random traffic's)
+LEARNED_LAYERS = [LEARNED, [-1.0, 0.5, 2.0, -0.5, 1.0, 0.0], [-0.2, -1.0, 0.5, 2.0, 3.0, 0.3]]
+
+
+def learned_weights(num_keys: int) -> list[list[float]]:
+    """The learned score's weights of each layer row (8 experts per layer): one set per
+    layer for 3 layers, else LEARNED in every layer."""
+    layers = max(1, num_keys // 8)
+    return LEARNED_LAYERS if layers == len(LEARNED_LAYERS) else [LEARNED] * layers
 
 
 def calibration(key: int) -> float:
@@ -144,8 +160,10 @@ def calibration(key: int) -> float:
 
 def options(policy: str, num_keys: int) -> dict:
     """The learned score's weights and frequencies where it needs them."""
+    weights = learned_weights(num_keys)
     return {} if policy != "learned" else {
-        "weights": LEARNED, "calibration": [calibration(k) for k in range(num_keys)]}
+        "weights": weights if len(weights) == len(LEARNED_LAYERS) else LEARNED,
+        "calibration": [calibration(k) for k in range(num_keys)]}
 
 
 def build(policy: str, quotas, num_keys: int, pooled: bool = False):

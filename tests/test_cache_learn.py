@@ -44,7 +44,8 @@ def test_reference_walk_equals_the_kernel(batch: int, pooled: bool):
     cacheable = rng.random((LAYERS, EXPERTS)) > 0.15
     quotas = rng.integers(1, 7, (2, LAYERS))
     calibration = calibration_feature([requests])
-    for weights in (rng.normal(size=len(FEATURES)), np.array(LRU_WEIGHTS)):
+    for weights in (rng.normal(size=len(FEATURES)), np.array(LRU_WEIGHTS),
+                    rng.normal(size=(LAYERS, len(FEATURES)))):  # shared, and one set per layer
         policy = make_policy("learned", quotas, LAYERS * EXPERTS, pooled=pooled,
                              weights=weights, calibration=calibration)
         kernel = int(requests.misses(policy, cacheable, home).sum())
@@ -77,6 +78,8 @@ def test_fitted_weights_beat_lfru_on_held_out_routing():
     fit = fit_learned(folds, cacheable, home, quotas)
     again = fit_learned(folds, cacheable, home, quotas)
     assert np.array_equal(fit.weights, again.weights)  # deterministic
+    assert fit.weights.shape == (LAYERS, len(FEATURES))
+    assert len(np.unique(fit.weights, axis=0)) > LAYERS // 2  # each layer ranked on its own
     assert np.allclose(fit.calibration.ravel(), calibration_feature(folds))
     assert fit.misses[-1] < fit.misses[0]  # the fitted score replays fewer than LRU, in sample
     misses = {name: int(held.misses(make_policy(name, quotas, LAYERS * EXPERTS, **extra),

@@ -137,14 +137,15 @@ def policy_json(split: Split, problem: SplitProblem) -> dict:
 
 
 def cache_params(split: Split) -> dict | None:
-    """The plan's `cache_params`: pooled, and the learned policy's weights and calibration
-    feature ([L][E]); None for a per-layer cache of a policy without parameters."""
+    """The plan's `cache_params`: pooled, and the learned policy's weights ([L][6], each
+    layer's) and calibration feature ([L][E]); None for a per-layer cache of a policy
+    without parameters."""
     choice = split.policy
     if choice is None or (not choice.pooled and choice.name != "learned"):
         return None
     learned = choice.name == "learned"
     return {"pooled": choice.pooled,
-            "weights": [float(w) for w in choice.weights] if learned else None,
+            "weights": np.asarray(choice.weights, dtype=float).tolist() if learned else None,
             "calibration": choice.calibration.tolist() if learned else None}
 
 

@@ -232,11 +232,17 @@ def _check_cache_params(w: _Where, d: dict, cards: list[dict], layers: int, expe
     if not isinstance(params.get("pooled", False), bool):
         w.fail("cache_params.pooled", f"expected true or false, got {params['pooled']!r}")
     weights, freqs = params.get("weights"), params.get("calibration")
-    if (weights is not None or learned) and not (
-            isinstance(weights, list) and len(weights) == len(LEARNED_FEATURES)
-            and all(_number(v) and math.isfinite(v) for v in weights)):
+
+    def one_set(row: Any) -> bool:
+        return isinstance(row, list) and len(row) == len(LEARNED_FEATURES) and all(
+            _number(v) and math.isfinite(v) for v in row)
+
+    if (weights is not None or learned) and not (one_set(weights) or (
+            isinstance(weights, list) and len(weights) == layers
+            and all(one_set(row) for row in weights))):
         w.fail("cache_params.weights", f"expected {len(LEARNED_FEATURES)} finite numbers "
-               f"({', '.join(LEARNED_FEATURES)}), got {weights!r}")
+               f"({', '.join(LEARNED_FEATURES)}), or [{layers}] rows of them (one per layer), "
+               f"got {repr(weights)[:80]}")
     if (freqs is not None or learned) and not (
             isinstance(freqs, list) and len(freqs) == layers
             and all(isinstance(row, list) and len(row) == experts

@@ -94,7 +94,7 @@ class Plan:
     cache: dict | None = None   # how the cache split was chosen (placer.plan.cache)
     engine: dict | None = None  # an engine's own setup (placer.plan.llamacpp), if any
     # how the cards' caches run beyond their policy's name (version 2; None: per-layer slots,
-    # no weights): {"pooled": bool, "weights": [6] | None, "calibration": [L][E] | None}
+    # no weights): {"pooled": bool, "weights": [6] | [L][6] | None, "calibration": [L][E] | None}
     cache_params: dict | None = None
 
     @property

@@ -6,12 +6,14 @@ v at token time t (the token clock of solvers/cache/kernels.py: tokens served, t
 included):
 
 - age: t - the token time of v's last use (0 if never used);
-- decayed_4, decayed_16, decayed_64: v's uses, each weighted 2^(-(t - its time) / h) for the
-  half-lives h = 4, 16 and 64 tokens (a use: v in a fetch, a hit or a miss, once per step);
+- decayed_4, decayed_16, decayed_64: log2(d + 1/64) (`DECAY_FLOOR`), d = v's uses, each
+  weighted 2^(-(t - its time) / h) for the half-lives h = 4, 16 and 64 tokens (a use: v in a
+  fetch, a hit or a miss, once per step);
 - calibration: v's calibration frequency, given per key (the plan's);
 - bias: 1.
 
-score = weights . features; the victim is the slot of lowest score among those no key of this
+score = weights[layer of v] . features: one set of weights for every layer ([6]) or one per
+MoE layer row ([L, 6]); the victim is the slot of lowest score among those no key of this
 fetch holds (ties: the lowest key). Weights (-1, 0, 0, 0, 0, 0) are an LRU on the token clock.
 The weights are fitted offline on the calibration folds (to pick Belady's victims, or to
 replay fewer misses) and shipped in the plan and the manifest (`cache_params`), which the
@@ -30,7 +32,8 @@ from solvers.cache.partition import PartitionedCache
 
 
 class Learned(PartitionedCache):
-    """A linear score over age, decayed selection counts and calibration frequency."""
+    """A linear score over age, decayed selection counts and calibration frequency (weights
+    shared by every layer, or one set per layer)."""
 
     name = "learned"
     score = LEARNED_SCORE
@@ -43,9 +46,12 @@ class Learned(PartitionedCache):
             raise ValueError("the learned cache policy needs its weights and the calibration "
                              "frequency of each key (fitted with the plan)")
         self.weights = np.array(weights, dtype=np.float64)
-        if self.weights.shape != (len(FEATURES),) or not np.isfinite(self.weights).all():
+        layers = np.shape(quotas)[-1] if np.ndim(quotas) else 1
+        if self.weights.shape not in ((len(FEATURES),), (layers, len(FEATURES))) \
+                or not np.isfinite(self.weights).all():
             raise ValueError(f"learned weights must be {len(FEATURES)} finite numbers "
-                             f"({', '.join(FEATURES)}), got {weights!r}")
+                             f"({', '.join(FEATURES)}), or {layers} rows of them (one per "
+                             f"layer), got {weights!r}")
         self.frequencies = np.array(calibration, dtype=np.float64).ravel()
         if self.frequencies.shape != (num_keys,) or not np.isfinite(self.frequencies).all():
             raise ValueError(f"learned calibration frequencies must be {num_keys} finite "
@@ -53,7 +59,10 @@ class Learned(PartitionedCache):
         super().__init__(quotas, num_keys, pooled=pooled)
 
     def params(self) -> np.ndarray:
-        return self.weights
+        """[L * 6] each layer row's weights in turn (shared weights repeated)."""
+        layers = self.quotas.shape[1]
+        return np.ascontiguousarray(np.broadcast_to(self.weights, (layers, len(FEATURES)))
+                                    ).ravel()
 
     def calibration(self) -> np.ndarray:
         return self.frequencies
