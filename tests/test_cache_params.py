@@ -17,7 +17,8 @@ from placer.plan.placement import plan_caches, plan_from_json
 from solvers.cache.learned import Learned
 from tests.test_plan_check import valid_plan
 
-WEIGHTS = [-0.5, 3.0, 1.0, 0.5, 4.0, 0.1]
+WEIGHTS = [-0.5, 3.0, 1.0, 0.5, 4.0, 2.0, 0.1]
+MOVES = [[[0.5, 0.1, 0.0, 0.2]] * 4] * 2  # T [2][4][4]
 FREQS = [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]
 
 
@@ -45,12 +46,13 @@ def test_a_learned_plan_carries_its_weights_to_the_caches():
 def test_a_learned_plan_carries_weights_per_layer():
     """One set of weights per layer reaches the kernel as each layer's (layer 1's score
     here: the calibration alone, layer 0's: the age alone)."""
-    per_layer = [[-1.0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1.0, 0]]
+    per_layer = [[-1.0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1.0, 0, 0]]
     plan = plan_from_json(with_cache("learned", {"pooled": True, "weights": per_layer,
-                                                 "calibration": FREQS}))
+                                                 "calibration": FREQS, "transition": MOVES}))
     cache = plan_caches(plan)
     assert cache.weights.tolist() == per_layer and cache.pooled
     assert cache.params().tolist() == sum(per_layer, [])
+    assert cache.transition.tolist() == MOVES
     again = plan_from_json(json.loads(json.dumps(plan.to_json())))
     assert again.cache_params == plan.cache_params
 
@@ -75,13 +77,17 @@ BAD: dict[str, tuple[Callable[[], dict], str]] = {
     "learned without": (lambda: with_cache("learned", None),
                         "cache_params: expected the learned cache policy's weights"),
     "learned, pooled only": (lambda: with_cache("learned", {"pooled": True}),
-                             "cache_params.weights: expected 6 finite numbers"),
+                             "cache_params.weights: expected 7 finite numbers"),
     "short weights": (lambda: with_cache("learned", {"weights": [1, 2], "calibration": FREQS}),
-                      "cache_params.weights: expected 6 finite numbers (age, decayed_4"),
+                      "cache_params.weights: expected 7 finite numbers (age, decayed_4"),
     "weights of 3 layers": (lambda: with_cache("learned", {"weights": [WEIGHTS] * 3,
                                                            "calibration": FREQS}),
-                            "cache_params.weights: expected 6 finite numbers (age, decayed_4, "
-                            "decayed_16, decayed_64, calibration, bias), or [2] rows of them"),
+                            "cache_params.weights: expected 7 finite numbers (age, decayed_4, "
+                            "decayed_16, decayed_64, calibration, transition, bias), or [2] "
+                            "rows of them"),
+    "transition shape": (lambda: with_cache("learned", {"weights": WEIGHTS, "calibration": FREQS,
+                                                        "transition": MOVES[:1]}),
+                         "cache_params.transition: expected null or [2][4][4] finite numbers"),
     "calibration shape": (lambda: with_cache("learned", {"weights": WEIGHTS,
                                                          "calibration": [[0.1] * 4]}),
                           "cache_params.calibration: expected [2][4] finite numbers"),
@@ -104,10 +110,11 @@ def test_the_schema_takes_cache_params_and_both_versions():
     schema = manifest_schema()
     sub = {"$defs": schema.get("$defs", {}), **schema["properties"]["cache_params"]}
     jsonschema.validate({"pooled": True, "weights": WEIGHTS, "calibration": FREQS}, sub)
-    jsonschema.validate({"weights": [WEIGHTS, WEIGHTS], "calibration": FREQS}, sub)
+    jsonschema.validate({"weights": [WEIGHTS, WEIGHTS], "calibration": FREQS,
+                         "transition": MOVES}, sub)
     jsonschema.validate({"weights": None}, sub)
     jsonschema.validate(None, sub)
-    for bad in ([1.0], [WEIGHTS, [1.0]], [[]]):
+    for bad in ([1.0], [WEIGHTS, [1.0]], [[]], WEIGHTS[:6]):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({"weights": bad}, sub)
     version = schema["properties"]["version"]

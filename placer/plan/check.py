@@ -217,7 +217,8 @@ def _check_cache(w: _Where, at: str, card: dict, layers: int) -> int:
 def _check_cache_params(w: _Where, d: dict, cards: list[dict], layers: int, experts: int
                         ) -> None:
     """cache_params (version 2; absent or null: per-layer slots, no weights): pooled, and the
-    learned policy's weights and calibration frequencies, which it requires."""
+    learned policy's weights and calibration frequencies, which it requires, and its
+    transition probabilities (null: none)."""
     params = d.get("cache_params")
     learned = any(c.get("cache_policy") == "learned" for c in cards)
     if params is None:
@@ -249,6 +250,15 @@ def _check_cache_params(w: _Where, d: dict, cards: list[dict], layers: int, expe
                     and all(_number(v) and math.isfinite(v) for v in row) for row in freqs)):
         w.fail("cache_params.calibration", f"expected [{layers}][{experts}] finite numbers "
                "(each expert's calibration frequency)")
+    moves = params.get("transition")
+    if moves is not None and not (
+            isinstance(moves, list) and len(moves) == layers and all(
+                isinstance(rows, list) and len(rows) == experts and all(
+                    isinstance(row, list) and len(row) == experts
+                    and all(_number(v) and math.isfinite(v) for v in row) for row in rows)
+                for rows in moves)):
+        w.fail("cache_params.transition", f"expected null or [{layers}][{experts}][{experts}] "
+               "finite numbers (the learned policy's next-step selection probabilities)")
 
 
 def _check_experts(w: _Where, experts: Any, layers: list[int], per_layer: int, num_cards: int,

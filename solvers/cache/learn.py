@@ -47,31 +47,39 @@ import numpy as np
 from numba import njit
 from scipy.optimize import minimize
 
-from solvers.cache.kernels import DECAY_FLOOR, FEATURES, HALF_LIVES
+from solvers.cache.kernels import (
+    DECAY_FLOOR,
+    FEATURES,
+    HALF_LIVES,
+    SHARE_FLOOR,
+    TRANSITION_FLOOR,
+)
+from solvers.cache.learned import shares
 from solvers.cache.replay import Requests
 
-SHARE_FLOOR = 1.0 / 1024    # calibration = log2(share + SHARE_FLOOR)
 ROUNDS = 2
 FIT_REQUESTS = 4_000_000    # requests replayed per round, at most (a prefix of each fold)
 RECORD_ROWS = 1_200_000     # candidates recorded per round, at most
 PAIRS = 100_000             # pairs the shared ranking is fitted on
 LAYER_PAIRS = 20_000        # pairs each layer's ranking is fitted on
 LAYER_ROWS = 2_000          # rows a layer needs for weights of its own (else: the shared fit)
-LRU_WEIGHTS = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+TRANSITION_KEYS = 1 << 20    # layers x experts^2 at most for the transition feature
+TRANSITION_CHUNK = 1 << 22   # steps x layers x experts of a chunk of the transition count
+LRU_WEIGHTS = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @njit(cache=True, nogil=True)
-def walk(keys, offsets, times, part_of, quota, experts, weights, calibration, record_every, nxt,
-         rec_x, rec_dec, rec_dist, rec_layer):
+def walk(keys, offsets, times, part_of, quota, experts, weights, calibration, transition,
+         record_every, nxt, rec_x, rec_dec, rec_dist, rec_layer):
     """Replay fetches through per-partition caches under the linear score; (misses, rows).
 
     Fetch g is keys[offsets[g]:offsets[g + 1]] (distinct, ascending, one partition
     part_of[key], at token time times[g]); partition p has quota[p] slots; a key's layer row
-    is key // experts, and weights [L, 6] its layer's weights. Every record_every-th eviction
-    (0: none) writes each candidate's features into rec_x [R, 6], the eviction's ordinal among
-    those recorded into rec_dec, the requests until its next use (nxt: the next request index
-    of each request's key, len(keys) if none) into rec_dist and its layer row into rec_layer,
-    while rows are left."""
+    is key // experts, and weights [L, 7] its layer's weights (transition [L, E, E]). Every
+    record_every-th eviction (0: none) writes each candidate's features into rec_x [R, 7],
+    the eviction's ordinal among those recorded into rec_dec, the requests until its next use
+    (nxt: the next request index of each request's key, len(keys) if none) into rec_dist and
+    its layer row into rec_layer, while rows are left."""
     num_keys = len(part_of)
     width = 1
     for p in range(len(quota)):
@@ -119,6 +127,15 @@ def walk(keys, offsets, times, part_of, quota, experts, weights, calibration, re
                             feats[1 + h] = np.log2(decayed[c, h] * np.exp2(
                                 -(now - last[c]) / halves[h]) + DECAY_FLOOR)
                         feats[1 + nh] = calibration[c]
+                        if c // experts == keys[lo] // experts:
+                            moved = 0.0
+                            for b in range(lo, hi):
+                                moved += transition[c // experts, keys[b] % experts,
+                                                    c % experts]
+                            moved /= hi - lo
+                        else:
+                            moved = 2.0 ** calibration[c] - SHARE_FLOOR
+                        feats[2 + nh] = np.log2(moved + TRANSITION_FLOOR)
                         v = 0.0
                         for f in range(nf):
                             v += weights[c // experts, f] * feats[f]
@@ -206,6 +223,31 @@ def calibration_feature(requests: list[Requests]) -> np.ndarray:
     return np.log2(counts / max(tokens, 1) + SHARE_FLOOR)
 
 
+def transition_matrix(requests: list[Requests]) -> np.ndarray | None:
+    """[L, E, E] T[l, k, v]: of the steps that select k in layer l and have a next step (in
+    the same Requests), the share whose next step selects v in layer l; None beyond
+    TRANSITION_KEYS entries (the plan would carry too many)."""
+    _, layers, experts = requests[0].shape
+    if layers * experts * experts > TRANSITION_KEYS:
+        return None
+    pairs = np.zeros((layers, experts, experts))
+    before = np.zeros((layers, experts))
+    chunk = max(2, TRANSITION_CHUNK // (layers * experts))
+    for r in requests:
+        steps = r.shape[0]
+        for lo in range(0, max(steps - 1, 0), chunk - 1):  # chunks overlap by one step
+            hi = min(steps, lo + chunk)
+            mask = np.zeros((hi - lo) * layers * experts, dtype=np.float32)
+            a, b = r.offsets[lo * layers], r.offsets[hi * layers]
+            group = np.repeat(np.arange(lo * layers, hi * layers), np.diff(
+                r.offsets[lo * layers:hi * layers + 1])) - lo * layers
+            mask[group * experts + r.keys[a:b] % experts] = 1.0
+            mask = mask.reshape(hi - lo, layers, experts)
+            pairs += np.einsum("sli,slj->lij", mask[:-1], mask[1:])
+            before += mask[:-1].sum(axis=0)
+    return pairs / np.maximum(before, 1.0)[:, :, None]
+
+
 def _tokens(requests: Requests) -> int:
     """Tokens of all steps of `requests` (one per step unless the Requests carry a batch)."""
     return int(np.sum(np.broadcast_to(np.asarray(getattr(requests, "tokens", 1)),
@@ -213,36 +255,46 @@ def _tokens(requests: Requests) -> int:
 
 
 def layer_weights(weights: np.ndarray, layers: int) -> np.ndarray:
-    """[L, 6] the weights of each layer row: shared weights [6] repeated, or [L, 6] as given."""
+    """[L, 7] the weights of each layer row: shared weights [7] repeated, or [L, 7] as given."""
     return np.ascontiguousarray(np.broadcast_to(np.asarray(weights, dtype=np.float64),
                                                 (layers, len(FEATURES))))
 
 
 def replay_misses(requests: Requests, cacheable: np.ndarray, home: np.ndarray,
                   quotas: np.ndarray, weights: np.ndarray, calibration: np.ndarray,
-                  pooled: bool = False) -> int:
-    """Misses of the learned score (weights [6] or [L, 6]) over `requests` (cold caches), by
-    the reference walk."""
+                  pooled: bool = False, transition: np.ndarray | None = None) -> int:
+    """Misses of the learned score (weights [7] or [L, 7]; transition [L, E, E] or None, as
+    the policy takes them) over `requests` (cold caches), by the reference walk."""
     layers, experts = np.shape(home)
     fetches = Fetches.of(requests, cacheable, home)
     part_of, quota = partitions(home, quotas, pooled)
     empty = np.zeros(0, dtype=np.int64)
+    moves = shares(calibration, layers) if transition is None else np.asarray(transition)
     misses, _ = walk(fetches.keys, fetches.offsets, fetches.times, part_of, quota, experts,
-                     layer_weights(weights, layers), calibration, 0, empty,
+                     layer_weights(weights, layers), np.ravel(calibration),
+                     np.ascontiguousarray(moves, dtype=np.float64), 0, empty,
                      np.zeros((0, len(FEATURES))), empty, empty, empty)
     return int(misses)
 
 
 @dataclass(frozen=True)
 class LearnedFit:
-    """weights: [L, 6] each layer row's weights in FEATURES order; calibration: [L, E] the
-    calibration feature; misses: the calibration folds' misses of each round's policy (round
-    0: LRU); rows: candidate rows the rankings were fitted on."""
+    """weights: [L, 7] each layer row's weights in FEATURES order; calibration: [L, E] the
+    calibration feature; transition: [L, E, E] T of the calibration (None beyond
+    TRANSITION_KEYS); misses: the calibration folds' misses of each round's policy (round 0:
+    LRU); rows: candidate rows the rankings were fitted on."""
 
     weights: np.ndarray
     calibration: np.ndarray
+    transition: np.ndarray | None
     misses: list[int]
     rows: int
+
+    @property
+    def options(self) -> dict:
+        """make_policy's keyword arguments of the learned policy with these weights."""
+        return {"weights": self.weights, "calibration": self.calibration,
+                "transition": self.transition}
 
 
 def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
@@ -258,8 +310,11 @@ def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
     home = np.asarray(home, dtype=np.int64)
     layers, experts = home.shape
     part_of, quota = partitions(home, np.asarray(quotas), pooled)
-    share = [calibration_feature([f for j, f in enumerate(folds) if units[j] != units[i]]
-                                 or [folds[i]]) for i in range(len(folds))]
+    others = [[f for j, f in enumerate(folds) if units[j] != units[i]] or [folds[i]]
+              for i in range(len(folds))]
+    share = [calibration_feature(o) for o in others]
+    moves = [transition_matrix(o) for o in others]
+    moves = [shares(c, layers) if m is None else m for c, m in zip(share, moves, strict=True)]
     total = sum(len(f.keys) for f in folds)
     fetches = [Fetches.of(f, cacheable, home, limit * len(f.keys) // max(total, 1) + 1)
                for f in folds]
@@ -278,7 +333,7 @@ def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
             dist = np.zeros(room, dtype=np.int64)
             at = np.zeros(room, dtype=np.int64)
             m, rows = walk(f.keys, f.offsets, f.times, part_of, quota, experts, weights,
-                           share[i], every, nexts[i], x, dec, dist, at)
+                           share[i], moves[i], every, nexts[i], x, dec, dist, at)
             done += m
             if rows:
                 xs.append(x[:rows])
@@ -291,8 +346,8 @@ def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
             break
         weights = per_layer_fit(np.concatenate(xs), np.concatenate(decs),
                                 np.concatenate(dists), np.concatenate(rows_layer), layers, seed)
-    return LearnedFit(weights, calibration_feature(folds).reshape(home.shape), misses,
-                      sum(len(x) for x in xs))
+    return LearnedFit(weights, calibration_feature(folds).reshape(home.shape),
+                      transition_matrix(folds), misses, sum(len(x) for x in xs))
 
 
 def per_layer_fit(x: np.ndarray, dec: np.ndarray, dist: np.ndarray, layer: np.ndarray,
