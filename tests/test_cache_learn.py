@@ -111,3 +111,21 @@ def test_transition_counts_the_next_steps_selections(monkeypatch):
     halves = [Requests.of_tokens(tokens[:2], 4), Requests.of_tokens(tokens[2:], 4)]
     apart = transition_matrix(halves)  # no step follows across the two
     assert apart[0, 1].tolist() == [0.0, 1.0, 1.0, 0.0]  # 1 at step 0, then [1, 2]
+
+
+def test_without_transition_the_fit_leaves_the_feature_out(monkeypatch):
+    """Beyond TRANSITION_KEYS the fit has no T: every layer's transition weight is 0, the
+    policy carries no T, and the kernel still equals the reference walk."""
+    monkeypatch.setattr(learn, "TRANSITION_KEYS", 10)
+    folds = [gptoss_requests(2 * i, 2) for i in range(2)]
+    home = np.zeros((LAYERS, EXPERTS), dtype=np.int64)
+    cacheable = np.ones((LAYERS, EXPERTS), dtype=bool)
+    quotas = np.full((1, LAYERS), 6)
+    fit = fit_learned(folds, cacheable, home, quotas, rounds=1)
+    assert fit.transition is None and not fit.weights[:, FEATURES.index("transition")].any()
+    assert fit.weights[:, 0].any()  # the rest was fitted
+    policy = make_policy("learned", quotas, LAYERS * EXPERTS, **fit.options)
+    assert policy.transition is None and len(policy.calibration()) == LAYERS * EXPERTS
+    held = gptoss_requests(4, 2)
+    assert int(held.misses(policy, cacheable, home).sum()) == replay_misses(
+        held, cacheable, home, quotas, fit.weights, fit.calibration)

@@ -36,7 +36,8 @@ DECAY_FLOOR = 1.0 / 64
 SHARE_FLOOR = 1.0 / 1024
 # transition = log2(mean over the fetch's keys k of T[l, k, v] + TRANSITION_FLOOR), T[l, k, v]
 # = P(v selected at the next step | k selected at this one), layer l's (calibration's); a
-# candidate of another layer than the fetch's (pooled) has its share in place of the mean
+# candidate of another layer than the fetch's (pooled) has its share in place of the mean;
+# a layer whose weight on it is 0 skips it (and the policy may then carry no T)
 TRANSITION_FLOOR = 1.0 / 64
 
 # state, 11 arrays (each array argument costs the runtime's lookup a fraction of a
@@ -206,7 +207,9 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                             dt = float(t - used[c, v])
                             slow = 2.0 ** (-dt / HALF_LIVES[2])
                             mid = slow * slow * slow * slow
-                            if v // experts == buf[c, 0] // experts:
+                            if params[w + 5] == 0.0:  # no transition: T is not read
+                                moved = 0.0
+                            elif v // experts == buf[c, 0] // experts:
                                 row = len(key_slot[c]) + (v // experts * experts * experts
                                                           + v % experts)
                                 moved = 0.0

@@ -127,7 +127,9 @@ def walk(keys, offsets, times, part_of, quota, experts, weights, calibration, tr
                             feats[1 + h] = np.log2(decayed[c, h] * np.exp2(
                                 -(now - last[c]) / halves[h]) + DECAY_FLOOR)
                         feats[1 + nh] = calibration[c]
-                        if c // experts == keys[lo] // experts:
+                        if len(transition) == 0:  # none: the feature is 0
+                            moved = 1.0 - TRANSITION_FLOOR
+                        elif c // experts == keys[lo] // experts:
                             moved = 0.0
                             for b in range(lo, hi):
                                 moved += transition[c // experts, keys[b] % experts,
@@ -313,8 +315,10 @@ def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
     others = [[f for j, f in enumerate(folds) if units[j] != units[i]] or [folds[i]]
               for i in range(len(folds))]
     share = [calibration_feature(o) for o in others]
+    # without T (beyond TRANSITION_KEYS) the feature is 0 and its weight too: the kernel
+    # then skips it
     moves = [transition_matrix(o) for o in others]
-    moves = [shares(c, layers) if m is None else m for c, m in zip(share, moves, strict=True)]
+    moves = [np.zeros((0, 0, 0)) if m is None else m for m in moves]
     total = sum(len(f.keys) for f in folds)
     fetches = [Fetches.of(f, cacheable, home, limit * len(f.keys) // max(total, 1) + 1)
                for f in folds]

@@ -63,9 +63,13 @@ class Learned(PartitionedCache):
             raise ValueError(f"learned calibration frequencies must be {num_keys} finite "
                              f"numbers, one per key, got shape {np.shape(calibration)}")
         shape = (layers, num_keys // layers, num_keys // layers)
-        self.transition = shares(self.frequencies, layers) if transition is None \
-            else np.array(transition, dtype=np.float64)
-        if self.transition.shape != shape or not np.isfinite(self.transition).all():
+        if transition is None and not self.weights[..., 5].any():
+            self.transition = None  # no layer reads it
+        else:
+            self.transition = shares(self.frequencies, layers) if transition is None \
+                else np.array(transition, dtype=np.float64)
+        if self.transition is not None and (self.transition.shape != shape
+                                            or not np.isfinite(self.transition).all()):
             raise ValueError(f"learned transition probabilities must be {list(shape)} finite "
                              f"numbers, got shape {np.shape(transition)}")
         super().__init__(quotas, num_keys, pooled=pooled)
@@ -77,7 +81,9 @@ class Learned(PartitionedCache):
                                     ).ravel()
 
     def calibration(self) -> np.ndarray:
-        """[K + L * E * E] each key's calibration feature, then T flat."""
+        """[K + L * E * E] each key's calibration feature, then T flat ([K] without T)."""
+        if self.transition is None:
+            return self.frequencies
         return np.concatenate([self.frequencies, self.transition.ravel()])
 
 
