@@ -61,7 +61,8 @@ ROUNDS = 2
 FIT_REQUESTS = 4_000_000    # requests replayed per round, at most (a prefix of each fold)
 RECORD_ROWS = 1_200_000     # candidates recorded per round, at most
 PAIRS = 100_000             # pairs the shared ranking is fitted on
-LAYER_PAIRS = 20_000        # pairs each layer's ranking is fitted on
+LAYER_PAIRS = 20_000        # pairs each layer's ranking is fitted on, at most
+PAIR_BUDGET = 480_000       # pairs of all layers' rankings, at most (DeepSeek-V3: 8k a layer)
 LAYER_ROWS = 2_000          # rows a layer needs for weights of its own (else: the shared fit)
 TRANSITION_KEYS = 1 << 20    # layers x experts^2 at most for the transition feature
 TRANSITION_CHUNK = 1 << 22   # steps x layers x experts of a chunk of the transition count
@@ -362,12 +363,13 @@ def per_layer_fit(x: np.ndarray, dec: np.ndarray, dist: np.ndarray, layer: np.nd
     folds and held out alike.)"""
     shared = rank_fit(x, dec, dist, seed)
     out = np.tile(shared, (layers, 1))
+    pairs = min(LAYER_PAIRS, PAIR_BUDGET // max(layers, 1))
     order = np.argsort(layer, kind="stable")  # each layer's rows, in their recorded order
     bounds = np.searchsorted(layer[order], np.arange(layers + 1))
     for row in range(layers):
         mine = order[bounds[row]:bounds[row + 1]]
         if len(mine) >= LAYER_ROWS:
-            out[row] = rank_fit(x[mine], dec[mine], dist[mine], seed, pairs=LAYER_PAIRS)
+            out[row] = rank_fit(x[mine], dec[mine], dist[mine], seed, pairs=pairs)
     return out
 
 
