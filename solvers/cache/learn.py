@@ -5,14 +5,16 @@ solvers/cache/kernels.py, FEATURES in this order; the victim is the lowest score
 partition's slots that no key of the fetch holds, ties: the lowest key):
 
     w[l] . (age, log2(decayed_4 + 1/64), log2(decayed_16 + 1/64), log2(decayed_64 + 1/64),
-            calibration, 1)
+            calibration, transition, 1)
 
 age = t - the token time of v's last use; decayed_h = sum over v's past uses u of
 2^(-(t - u) / h) (h = 4, 16, 64 tokens; a use: v in a fetch, once per step), both kept across
 eviction (1/64: kernels.DECAY_FLOOR); calibration = log2(share + 1/1024), share = the
 calibration tokens that selected v over all calibration tokens (its frequency, computed on
-the calibration traffic and stored in the plan beside the weights); w[l]: the weights of v's
-layer, one set per layer.
+the calibration traffic and stored in the plan beside the weights); transition =
+log2(mean over the fetch's keys k of T[l, k, v] + 1/64), T (`transition_matrix`, in the plan
+too) the calibration's probability that a step selecting k in layer l is followed by one
+selecting v there; w[l]: the weights of v's layer, one set per layer.
 
 How the weights are fitted, on the calibration folds only (never on held-out traffic):
 imitation of Belady's MIN with the policy's own states (DAgger): replay each fold through
@@ -21,17 +23,19 @@ candidate's features, its layer and the distance to its next use in that fold; f
 ranking per layer (logistic, each pair of one eviction weighed by how far apart their log
 next-use distances lie: the expert needed later should score lower; a layer with fewer than
 LAYER_ROWS rows takes the ranking fitted on every layer's rows); replay with the new weights,
-add their evictions, refit; ROUNDS times. Each fold is replayed with the calibration share of
-the other folds, as held-out traffic sees shares it did not make. Deterministic (a seeded pair
-sample, L-BFGS from zero); the replays cover at most FIT_REQUESTS requests per round (a
-prefix of each fold) and record at most RECORD_ROWS candidates, so a fit costs seconds at
-DeepSeek-V3 scale.
+add their evictions, refit; ROUNDS times. Each fold is replayed with the calibration share
+and T of the other folds, as held-out traffic sees shares it did not make. Beyond
+TRANSITION_KEYS entries of T there is none: the feature is 0, its weight too.
+Deterministic (a seeded pair sample, L-BFGS from zero); the replays cover at most
+FIT_REQUESTS requests per round (a prefix of each fold) and record at most RECORD_ROWS
+candidates, so a fit costs seconds at DeepSeek-V3 scale.
 
 What each part is worth, on gpt-oss mmlu_dev (benchmarks/routing_cache.py 6e: B = 1, 264
 slots, calibration half fitted, held-out half replayed), misses below lfru's: every feature
-linear, one set of weights 11.3%; the decayed counts as logarithms 11.9%; and one set per
-layer 12.3%. Neither a direct search of the weights minimizing the folds' replayed misses
-nor more features (a 256-token half-life, log2(1 + age), hits since admission) earned over
+linear, one set of weights and no transition 11.3%; the decayed counts as logarithms 11.9%;
+one set per layer 12.3%; and the transition 15.7% (docs/cache-split.md has the table).
+Neither a direct search of the weights minimizing the folds' replayed misses nor more
+per-key features (a 256-token half-life, log2(1 + age), hits since admission) earned over
 0.1 point held out.
 
 `walk` is a plain reference replay of the same rules, written here apart from the runtime's
