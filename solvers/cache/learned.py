@@ -63,7 +63,7 @@ class Learned(PartitionedCache):
             raise ValueError(f"learned calibration frequencies must be {num_keys} finite "
                              f"numbers, one per key, got shape {np.shape(calibration)}")
         shape = (layers, num_keys // layers, num_keys // layers)
-        if transition is None and not self.weights[..., 5].any():
+        if transition is None and not self.weights[..., FEATURES.index("transition")].any():
             self.transition = None  # no layer reads it
         else:
             self.transition = shares(self.frequencies, layers) if transition is None \
