@@ -28,8 +28,9 @@ DATA = REPO.parent / "shared" / "data" / "routing" / "gptoss20b-decode" / "mmlu_
 LAYERS, EXPERTS, TOP_K, SLOTS = 24, 32, 4, 11
 POLICY_ORDER = ("lru", "lfru", "lfuda", "classlru", "learned")
 # the learned policy's cost, not its quality: fixed weights (age, decayed_4, decayed_16,
-# decayed_64, calibration, bias), its calibration frequencies this traffic's own
-LEARNED_WEIGHTS = [-0.05, 2.0, 1.0, -0.5, 3.0, 0.0]
+# decayed_64, calibration, transition, bias), its calibration frequencies and transition
+# this traffic's own
+LEARNED_WEIGHTS = [-0.05, 2.0, 1.0, -0.5, 3.0, 1.5, 0.0]
 
 
 def traffic(tokens: int) -> np.ndarray:
@@ -70,6 +71,7 @@ def python_lru(selected: np.ndarray) -> int:
 def main() -> None:
     from solvers.cache import make_policy
     from solvers.cache.belady import BeladyReplay
+    from solvers.cache.learn import transition_matrix
     from solvers.cache.replay import Requests
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,7 +90,8 @@ def main() -> None:
     print(f"  requests from [S, L, E] selections: {time.perf_counter() - start:.2f} s")
     seconds, hits_of = {}, {}
     learned = {"weights": LEARNED_WEIGHTS,
-               "calibration": np.bincount(requests.keys, minlength=LAYERS * EXPERTS) / tokens}
+               "calibration": np.bincount(requests.keys, minlength=LAYERS * EXPERTS) / tokens,
+               "transition": transition_matrix([requests])}
     for name, pooled in [(p, False) for p in POLICY_ORDER] + [("lru", True)]:
         label = name + (" pooled" if pooled else "")
         options = learned if name == "learned" else {}

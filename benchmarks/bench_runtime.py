@@ -48,8 +48,10 @@ from placer.runtime.patch import load_staged_model
 ALL_COLD = 4 * 32  # cache slots per card: room for every expert of the 4 layers
 LAYERS, EXPERTS = 4, 32
 FEW = 2  # cache slots per layer of the policy arms (8 experts of each layer are cold)
-LEARNED = {"weights": [-0.05, 2.0, 1.0, -0.5, 3.0, 0.0],  # fixed, not fitted: its cost
-           "calibration": (np.arange(LAYERS * EXPERTS).reshape(LAYERS, EXPERTS) % 7 / 7)}
+LEARNED = {"weights": [-0.05, 2.0, 1.0, -0.5, 3.0, 1.5, 0.0],  # fixed, not fitted: its cost
+           "calibration": (np.arange(LAYERS * EXPERTS).reshape(LAYERS, EXPERTS) % 7 / 7),
+           "transition": (np.arange(LAYERS * EXPERTS * EXPERTS).reshape(
+               LAYERS, EXPERTS, EXPERTS) % 11 / 11)}
 
 
 def policy_arms(model: Path, root: Path) -> dict[str, torch.nn.Module]:
@@ -61,7 +63,8 @@ def policy_arms(model: Path, root: Path) -> dict[str, torch.nn.Module]:
         params = {"pooled": pooled, "weights": None, "calibration": None}
         if name == "learned":
             params |= {"weights": LEARNED["weights"],
-                       "calibration": LEARNED["calibration"].tolist()}
+                       "calibration": LEARNED["calibration"].tolist(),
+                       "transition": LEARNED["transition"].tolist()}
         label = f"25% cold, {FEW} slots, {name}{' pooled' if pooled else ''}"
         out[label] = load_staged_model(model, load_placed(place(
             model, root / label.replace(" ", "_").replace(",", "").replace("%", ""), every=4,
@@ -80,8 +83,7 @@ def lookup_us(steps: int = 2000, seed: int = 0) -> dict[str, float]:
                for _ in range(steps * LAYERS)]
     out = {}
     for name in sorted(POLICIES):
-        options = {"weights": LEARNED["weights"], "calibration": LEARNED["calibration"]} \
-            if name == "learned" else {}
+        options = LEARNED if name == "learned" else {}
         cache = make_policy(name, even_quotas([FEW * LAYERS], LAYERS), LAYERS * EXPERTS,
                             **options)
         times = []

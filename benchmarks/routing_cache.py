@@ -277,7 +277,7 @@ def policies(root: Path, batches: tuple[int, ...]) -> None:
         params = plan.get("cache_params") or {}
         if plan["cache"]["policy"] != "learned":
             fit = fit_learned(folds, ~pinned, home, quotas)
-            params = {"weights": fit.weights, "calibration": fit.calibration}
+            params = fit.options
         belady = BeladyReplay([step_mask(held_steps.tokens, experts)], (~pinned).astype(int),
                               home, quotas.sum(axis=1))
         selected = step_mask(held_steps.tokens, experts) & ~pinned
@@ -285,8 +285,8 @@ def policies(root: Path, batches: tuple[int, ...]) -> None:
         misses = {}
         for name in CHOICES:
             for pooled in (False, True):
-                extra = {"weights": params["weights"], "calibration": params["calibration"]} \
-                    if name == "learned" else {}
+                extra = {"weights": params["weights"], "calibration": params["calibration"],
+                         "transition": params.get("transition")} if name == "learned" else {}
                 cache = make_policy(name, quotas, layers * experts, pooled=pooled, **extra)
                 misses[(name, pooled)] = int(held.misses(cache, ~pinned, home).sum())
         chosen = (plan["cache"]["policy"], bool(plan["cache"].get("pooled")))
@@ -337,8 +337,7 @@ def equal_slots(sizes: tuple[int, ...] = (6, 11, 16)) -> None:
         row = {}
         for name in CHOICES:
             for pooled in (False, True):
-                extra = {"weights": fit.weights, "calibration": fit.calibration} \
-                    if name == "learned" else {}
+                extra = fit.options if name == "learned" else {}
                 cache = make_policy(name, quotas, layers * experts, pooled=pooled, **extra)
                 row[(name, pooled)] = int((~every.hits(cache, free, home)[scored:]).sum())
         belady = BeladyReplay([step_mask(ids[:, None], experts)], free.astype(int), home,

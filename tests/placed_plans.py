@@ -51,15 +51,16 @@ def mixed_plan(model: Path, out: Path, staging_bytes: int = 0) -> Path:
 
 # some weights of the learned policy (age, decayed_4, decayed_16, decayed_64, calibration,
 # bias): not fitted, just not an LRU
-LEARNED_WEIGHTS = [-0.05, 2.0, 1.0, -0.5, 3.0, 0.0]
+LEARNED_WEIGHTS = [-0.05, 2.0, 1.0, -0.5, 3.0, 1.5, 0.0]
+LEARNED_ODD = [-1.0, 0.0, 0.5, 0.0, 1.0, 2.0, 0.0]  # odd layers' where each layer has its own
 
 
 def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int,
                 pooled: bool = False) -> Path:
     """out/plan.json: every third expert pinned, the rest cold, and 1-3 cache slots per
     MoE layer on each card under `policy` (whole experts: what a cache split plans); pooled:
-    one pool of each card's slots; learned: LEARNED_WEIGHTS and some calibration
-    frequencies."""
+    one pool of each card's slots; learned: LEARNED_WEIGHTS (pooled: one set per layer,
+    LEARNED_ODD in odd layers), some calibration frequencies and transition probabilities."""
     inv = read_inventory(model)
     sizes = inv.expert_bytes()
     layers, experts = sizes.shape
@@ -69,9 +70,12 @@ def cached_plan(model: Path, out: Path, policy: str, staging_bytes: int,
     slots = quotas.sum(axis=1) * int(sizes.max())
     params = {"pooled": pooled, "weights": None, "calibration": None}
     if policy == "learned":
-        params |= {"weights": LEARNED_WEIGHTS,
+        params |= {"weights": LEARNED_WEIGHTS if not pooled else [
+                       LEARNED_ODD if layer % 2 else LEARNED_WEIGHTS for layer in range(layers)],
                    "calibration": ((np.arange(layers * experts).reshape(layers, experts) * 7
-                                    % 11) / 11).tolist()}
+                                    % 11) / 11).tolist(),
+                   "transition": (np.arange(layers * experts * experts).reshape(
+                       layers, experts, experts) * 5 % 13 / 13).tolist()}
     return write_plan(inv, out, pinned.astype(np.int64), staging + slots + (1 << 26), staging,
                       page_size=None, quotas=quotas, cache_policy=policy, cache_params=params)
 

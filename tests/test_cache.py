@@ -67,6 +67,8 @@ class Reference:
     def __init__(self, quotas: list[int], experts: int, policy: str, pooled: bool = False
                  ) -> None:
         self.experts, self.policy, self.pooled = experts, policy, pooled
+        self.layers = len(quotas)
+        self.fetching: list[int] = []  # the keys of the fetch under way
         self.quotas = [sum(quotas)] if pooled else list(quotas)
         self.held: dict[int, dict[int, list[float]]] = {p: {} for p in range(len(self.quotas))}
         self.age = dict.fromkeys(range(len(self.quotas)), 0.0)  # lfuda's L per partition
@@ -75,10 +77,21 @@ class Reference:
         self.crf: dict[int, tuple[int, float]] = {}  # classlru: (last use, CRF)
         self.clock = 0
 
-    def features(self, key: int, t: int) -> list[float]:
+    def counts(self, key: int, t: int) -> list[float]:
+        """learned's decayed counts of `key` at token time t."""
         used, counts = self.decayed.get(key, (0, [0.0, 0.0, 0.0]))
-        decayed = [n * 2 ** (-(t - used) / h) for n, h in zip(counts, (4, 16, 64), strict=True)]
-        return [t - used, *decayed, calibration(key), 1.0]
+        return [n * 2 ** (-(t - used) / h) for n, h in zip(counts, (4, 16, 64), strict=True)]
+
+    def features(self, key: int, t: int) -> list[float]:
+        used, _ = self.decayed.get(key, (0, []))
+        if key // self.experts == self.fetching[0] // self.experts:
+            moved = float(np.mean([transition(self.layers * self.experts)[
+                key // self.experts, k % self.experts, key % self.experts]
+                for k in self.fetching]))
+        else:  # pooled, another layer's key: its share
+            moved = 2 ** calibration(key) - 1 / 1024
+        return [t - used, *(np.log2(n + 1 / 64) for n in self.counts(key, t)),
+                calibration(key), np.log2(moved + 1 / 64), 1.0]
 
     def score(self, key: int, entry: list[float], t: int) -> tuple[float, float, int]:
         freq, last, priority = entry
@@ -92,7 +105,8 @@ class Reference:
             used, crf = self.crf[key]
             klass = min(int(np.floor(np.log2(crf))), 7)
             return -((t - used) / 2.0 ** klass), klass, last
-        return float(np.dot(LEARNED, self.features(key, t))), 0, key
+        weights = learned_weights(self.layers * self.experts)
+        return float(np.dot(weights[key // self.experts], self.features(key, t))), 0, key
 
     def use(self, key: int, part: int, t: int) -> float:
         """Count one use of `key` in its own memory; lfuda's priority after it."""
@@ -100,7 +114,7 @@ class Reference:
             self.count[key] = min(self.count.get(key, 0.0) + 1, 12.0)
             return self.age[part] + self.count[key]
         if self.policy == "learned":
-            self.decayed[key] = (t, [f + 1 for f in self.features(key, t)[1:4]])
+            self.decayed[key] = (t, [n + 1 for n in self.counts(key, t)])
         if self.policy == "classlru":
             used, crf = self.crf.get(key, (0, 0.0))
             self.crf[key] = (t, float(np.float32(crf * 2.0 ** (-(t - used) / 128) + 1)))
@@ -109,6 +123,7 @@ class Reference:
     def fetch(self, keys: list[int], t: int = 0) -> list[bool]:
         part = 0 if self.pooled else keys[0] // self.experts
         held, out = self.held[part], {}
+        self.fetching = list(keys)
         order = sorted(keys)
         if self.policy == "classlru":  # hits first, then misses
             order = [k for k in order if k in held] + [k for k in order if k not in held]
@@ -134,7 +149,27 @@ class Reference:
         return [out[k] for k in sorted(keys)]
 
 
-LEARNED = [-0.5, 3.0, 1.0, 0.5, 4.0, 0.1]  # some weights of the learned score
+LEARNED = [-0.5, 3.0, 1.0, 0.5, 4.0, 2.0, 0.1]  # some weights of the learned score
+# and some per layer (for 3 layers: the random traffic's)
+LEARNED_LAYERS = [LEARNED, [-1.0, 0.5, 2.0, -0.5, 1.0, 3.0, 0.0],
+                  [-0.2, -1.0, 0.5, 2.0, 3.0, -1.0, 0.3]]
+
+
+def transition(num_keys: int) -> np.ndarray:
+    """Some next-step probabilities T[l, k, v] for the learned score, 8 experts per layer
+    (3 layers: its own; else each row the keys' shares, as the policy takes none)."""
+    layers = max(1, num_keys // 8)
+    if layers != len(LEARNED_LAYERS):
+        share = np.exp2([calibration(k) for k in range(num_keys)]) - 1 / 1024
+        return np.broadcast_to(share.reshape(layers, 1, -1), (layers, 8, 8))
+    return np.random.default_rng(7).random((layers, 8, 8)) ** 3
+
+
+def learned_weights(num_keys: int) -> list[list[float]]:
+    """The learned score's weights of each layer row (8 experts per layer): one set per
+    layer for 3 layers, else LEARNED in every layer."""
+    layers = max(1, num_keys // 8)
+    return LEARNED_LAYERS if layers == len(LEARNED_LAYERS) else [LEARNED] * layers
 
 
 def calibration(key: int) -> float:
@@ -144,8 +179,12 @@ def calibration(key: int) -> float:
 
 def options(policy: str, num_keys: int) -> dict:
     """The learned score's weights and frequencies where it needs them."""
+    weights = learned_weights(num_keys)
+    own = len(weights) == len(LEARNED_LAYERS)
     return {} if policy != "learned" else {
-        "weights": LEARNED, "calibration": [calibration(k) for k in range(num_keys)]}
+        "weights": weights if own else LEARNED,
+        "calibration": [calibration(k) for k in range(num_keys)],
+        "transition": transition(num_keys) if own else None}
 
 
 def build(policy: str, quotas, num_keys: int, pooled: bool = False):
@@ -249,11 +288,13 @@ def test_classlru_evicts_by_age_over_class():
 def test_learned_evicts_the_lowest_score_and_checks_its_inputs():
     """Weights on the calibration frequency alone keep the most frequent key; on the age
     alone (negative) they are an LRU on the token clock; a recent burst (decayed_4) beats
-    an old long run (decayed_64)."""
+    an old long run (decayed_64); on the transition alone the key the fetch's keys are
+    followed by stays; one set of weights per layer, each layer's own."""
     freqs = [0.9, 0.1, 0.5, 0.0]
-    by_calibration = make_policy("learned", [[2]], 4, weights=[0, 0, 0, 0, 1, 0],
+    by_calibration = make_policy("learned", [[2]], 4, weights=[0, 0, 0, 0, 1, 0, 0],
                                  calibration=freqs)
-    by_age = make_policy("learned", [[2]], 4, weights=[-1, 0, 0, 0, 0, 0], calibration=freqs)
+    by_age = make_policy("learned", [[2]], 4, weights=[-1, 0, 0, 0, 0, 0, 0],
+                         calibration=freqs)
     for cache in (by_calibration, by_age):
         for now, keys in enumerate(([1], [0], [2]), start=1):
             cache.lookup(0, keys, now=now)
@@ -261,17 +302,33 @@ def test_learned_evicts_the_lowest_score_and_checks_its_inputs():
     by_calibration.lookup(0, [1], now=4)
     by_age.lookup(0, [1], now=4)
     assert by_calibration.cached(0) == {0, 1} and by_age.cached(0) == {2, 1}
-    burst = make_policy("learned", [[2]], 4, weights=[0, 1, 0, -0.2, 0, 0], calibration=freqs)
+    burst = make_policy("learned", [[2]], 4, weights=[0, 1, 0, -0.2, 0, 0, 0],
+                        calibration=freqs)
     for now in range(1, 31):
         burst.lookup(0, [0], now=now)  # 0: a long run, long ago
     for now in (60, 61):
         burst.lookup(0, [1], now=now)  # 1: a burst just now
     burst.lookup(0, [2], now=62)
     assert burst.cached(0) == {1, 2}
-    for bad in ({"weights": [1, 2]}, {"weights": [0] * 5 + [np.nan]}, {"calibration": [0.5]},
-                {"weights": None}):
+    moves = np.zeros((1, 4, 4))
+    moves[0, 2, 0] = 0.9  # 2 is followed by 0, never by 1
+    for weights, kept in (([0, 0, 0, 0, 0, 1, 0], {0, 2}), ([-1, 0, 0, 0, 0, 0, 0], {1, 2}),
+                          ([[0, 0, 0, 0, 0, 1, 0]], {0, 2})):
+        cache = make_policy("learned", [[2]], 4, weights=weights, calibration=freqs,
+                            transition=moves)
+        for now, keys in enumerate(([0], [1], [2]), start=1):
+            cache.lookup(0, keys, now=now)
+        assert cache.cached(0) == kept
+    two = make_policy("learned", [[2, 2]], 8, weights=[[-1, 0, 0, 0, 0, 0, 0],
+                                                       [1, 0, 0, 0, 0, 0, 0]],
+                      calibration=[0.5] * 8)
+    for now, keys in enumerate(([0], [1], [4], [5], [2], [6]), start=1):
+        two.lookup(0, keys, now=now)
+    assert two.cached(0) == {1, 2, 4, 6}  # layer 0 evicts its oldest, layer 1 its newest
+    for bad in ({"weights": [1, 2]}, {"weights": [0] * 6 + [np.nan]}, {"calibration": [0.5]},
+                {"weights": None}, {"weights": [[0] * 7] * 2}, {"transition": np.zeros((1, 4))}):
         with pytest.raises(ValueError, match="learned"):
-            make_policy("learned", [[2]], 4, **({"weights": [0] * 6, "calibration": freqs}
+            make_policy("learned", [[2]], 4, **({"weights": [0] * 7, "calibration": freqs}
                                                 | bad))
 
 

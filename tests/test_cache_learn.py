@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solvers.cache import make_policy
+from solvers.cache import learn, make_policy
 from solvers.cache.learn import (
     FEATURES,
     LRU_WEIGHTS,
@@ -15,6 +15,7 @@ from solvers.cache.learn import (
     fit_learned,
     rank_fit,
     replay_misses,
+    transition_matrix,
 )
 from solvers.cache.replay import Requests
 from tests.real_routing import GPTOSS
@@ -44,12 +45,16 @@ def test_reference_walk_equals_the_kernel(batch: int, pooled: bool):
     cacheable = rng.random((LAYERS, EXPERTS)) > 0.15
     quotas = rng.integers(1, 7, (2, LAYERS))
     calibration = calibration_feature([requests])
-    for weights in (rng.normal(size=len(FEATURES)), np.array(LRU_WEIGHTS)):
+    moves = transition_matrix([requests])
+    for weights, transition in ((rng.normal(size=len(FEATURES)), moves),
+                                (np.array(LRU_WEIGHTS), None),
+                                (rng.normal(size=(LAYERS, len(FEATURES))), moves),
+                                (rng.normal(size=(LAYERS, len(FEATURES))), None)):
         policy = make_policy("learned", quotas, LAYERS * EXPERTS, pooled=pooled,
-                             weights=weights, calibration=calibration)
+                             weights=weights, calibration=calibration, transition=transition)
         kernel = int(requests.misses(policy, cacheable, home).sum())
         assert replay_misses(requests, cacheable, home, quotas, weights, calibration,
-                             pooled) == kernel
+                             pooled, transition) == kernel
 
 
 def test_rank_fit_recovers_a_known_order():
@@ -58,7 +63,7 @@ def test_rank_fit_recovers_a_known_order():
     rows, candidates = 4000, 8
     x = np.column_stack([rng.normal(size=(rows * candidates, len(FEATURES) - 1)),
                          np.ones(rows * candidates)])
-    truth = np.array([-1.0, 0.5, 0.0, 0.25, 0.75])
+    truth = np.array([-1.0, 0.5, 0.0, 0.25, 0.75, -0.5])
     dist = np.exp2(4 - 2 * (x[:, :-1] @ truth) + rng.normal(scale=0.3, size=len(x)))
     weights = rank_fit(x, np.repeat(np.arange(rows), candidates), np.ceil(dist).astype(int))
     assert weights[-1] == 0 and np.abs(weights).max() == pytest.approx(1.0)
@@ -77,12 +82,50 @@ def test_fitted_weights_beat_lfru_on_held_out_routing():
     fit = fit_learned(folds, cacheable, home, quotas)
     again = fit_learned(folds, cacheable, home, quotas)
     assert np.array_equal(fit.weights, again.weights)  # deterministic
+    assert fit.weights.shape == (LAYERS, len(FEATURES))
+    assert np.allclose(fit.transition, transition_matrix(folds))
+    assert len(np.unique(fit.weights, axis=0)) > LAYERS // 2  # each layer ranked on its own
     assert np.allclose(fit.calibration.ravel(), calibration_feature(folds))
     assert fit.misses[-1] < fit.misses[0]  # the fitted score replays fewer than LRU, in sample
     misses = {name: int(held.misses(make_policy(name, quotas, LAYERS * EXPERTS, **extra),
                                     cacheable, home).sum())
-              for name, extra in (("lru", {}), ("lfru", {}),
-                                  ("learned", {"weights": fit.weights,
-                                               "calibration": fit.calibration}))}
+              for name, extra in (("lru", {}), ("lfru", {}), ("learned", fit.options))}
     assert misses["learned"] < 0.95 * misses["lfru"]
     assert misses["learned"] < misses["lru"]
+
+
+def test_transition_counts_the_next_steps_selections(monkeypatch):
+    """T[l, k, v]: of the steps selecting k in layer l that have a next step, the share whose
+    next step selects v there; counted alike in chunks of any size and across Requests."""
+    tokens = np.array([[[0, 1], [2, 3]], [[1, 2], [2, 3]], [[0, 2], [0, 1]],
+                       [[0, 1], [2, 3]]])[:, None]  # [steps, 1 token, 2 layers, top-2], E = 4
+    requests = Requests.of_tokens(tokens, 4)
+    moves = transition_matrix([requests])
+    assert moves.shape == (2, 4, 4)
+    assert moves[0, 0].tolist() == [0.5, 1.0, 0.5, 0.0]  # 0 at steps 0 and 2 (3 has none)
+    assert moves[0, 1].tolist() == [0.5, 0.5, 1.0, 0.0]  # 1 at steps 0 and 1
+    assert moves[1, 2].tolist() == [0.5, 0.5, 0.5, 0.5]  # 2, 3 at steps 0 and 1
+    assert moves[0, 3].tolist() == [0.0] * 4  # never selected
+    monkeypatch.setattr(learn, "TRANSITION_CHUNK", 8)  # 2 steps per chunk
+    assert np.array_equal(transition_matrix([requests]), moves)
+    halves = [Requests.of_tokens(tokens[:2], 4), Requests.of_tokens(tokens[2:], 4)]
+    apart = transition_matrix(halves)  # no step follows across the two
+    assert apart[0, 1].tolist() == [0.0, 1.0, 1.0, 0.0]  # 1 at step 0, then [1, 2]
+
+
+def test_without_transition_the_fit_leaves_the_feature_out(monkeypatch):
+    """Beyond TRANSITION_KEYS the fit has no T: every layer's transition weight is 0, the
+    policy carries no T, and the kernel still equals the reference walk."""
+    monkeypatch.setattr(learn, "TRANSITION_KEYS", 10)
+    folds = [gptoss_requests(2 * i, 2) for i in range(2)]
+    home = np.zeros((LAYERS, EXPERTS), dtype=np.int64)
+    cacheable = np.ones((LAYERS, EXPERTS), dtype=bool)
+    quotas = np.full((1, LAYERS), 6)
+    fit = fit_learned(folds, cacheable, home, quotas, rounds=1)
+    assert fit.transition is None and not fit.weights[:, FEATURES.index("transition")].any()
+    assert fit.weights[:, 0].any()  # the rest was fitted
+    policy = make_policy("learned", quotas, LAYERS * EXPERTS, **fit.options)
+    assert policy.transition is None and len(policy.calibration()) == LAYERS * EXPERTS
+    held = gptoss_requests(4, 2)
+    assert int(held.misses(policy, cacheable, home).sum()) == replay_misses(
+        held, cacheable, home, quotas, fit.weights, fit.calibration)

@@ -5,6 +5,7 @@ runtime's caches (`plan_caches`); version 1 plans still read."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 
 import jsonschema
@@ -16,7 +17,8 @@ from placer.plan.placement import plan_caches, plan_from_json
 from solvers.cache.learned import Learned
 from tests.test_plan_check import valid_plan
 
-WEIGHTS = [-0.5, 3.0, 1.0, 0.5, 4.0, 0.1]
+WEIGHTS = [-0.5, 3.0, 1.0, 0.5, 4.0, 2.0, 0.1]
+MOVES = [[[0.5, 0.1, 0.0, 0.2]] * 4] * 2  # T [2][4][4]
 FREQS = [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]
 
 
@@ -41,6 +43,20 @@ def test_a_learned_plan_carries_its_weights_to_the_caches():
     assert again.cache_params == plan.cache_params and again.to_json()["version"] == 2
 
 
+def test_a_learned_plan_carries_weights_per_layer():
+    """One set of weights per layer reaches the kernel as each layer's (layer 1's score
+    here: the calibration alone, layer 0's: the age alone)."""
+    per_layer = [[-1.0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1.0, 0, 0]]
+    plan = plan_from_json(with_cache("learned", {"pooled": True, "weights": per_layer,
+                                                 "calibration": FREQS, "transition": MOVES}))
+    cache = plan_caches(plan)
+    assert cache.weights.tolist() == per_layer and cache.pooled
+    assert cache.params().tolist() == sum(per_layer, [])
+    assert cache.transition.tolist() == MOVES
+    again = plan_from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.cache_params == plan.cache_params
+
+
 def test_pooled_is_any_policys_and_version_1_still_reads():
     pooled = plan_caches(plan_from_json(with_cache("lfuda", {"pooled": True})))
     assert pooled.name == "lfuda" and pooled.pooled
@@ -61,9 +77,17 @@ BAD: dict[str, tuple[Callable[[], dict], str]] = {
     "learned without": (lambda: with_cache("learned", None),
                         "cache_params: expected the learned cache policy's weights"),
     "learned, pooled only": (lambda: with_cache("learned", {"pooled": True}),
-                             "cache_params.weights: expected 6 finite numbers"),
+                             "cache_params.weights: expected 7 finite numbers"),
     "short weights": (lambda: with_cache("learned", {"weights": [1, 2], "calibration": FREQS}),
-                      "cache_params.weights: expected 6 finite numbers (age, decayed_4"),
+                      "cache_params.weights: expected 7 finite numbers (age, decayed_4"),
+    "weights of 3 layers": (lambda: with_cache("learned", {"weights": [WEIGHTS] * 3,
+                                                           "calibration": FREQS}),
+                            "cache_params.weights: expected 7 finite numbers (age, decayed_4, "
+                            "decayed_16, decayed_64, calibration, transition, bias), or [2] "
+                            "rows of them"),
+    "transition shape": (lambda: with_cache("learned", {"weights": WEIGHTS, "calibration": FREQS,
+                                                        "transition": MOVES[:1]}),
+                         "cache_params.transition: expected null or [2][4][4] finite numbers"),
     "calibration shape": (lambda: with_cache("learned", {"weights": WEIGHTS,
                                                          "calibration": [[0.1] * 4]}),
                           "cache_params.calibration: expected [2][4] finite numbers"),
@@ -78,8 +102,7 @@ BAD: dict[str, tuple[Callable[[], dict], str]] = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_cache_params_name_the_field(case: str):
     make, needle = BAD[case]
-    with pytest.raises(PlacerError, match="^plan.json: " + needle.replace("[", r"\[")
-                       .replace("(", r"\(")):
+    with pytest.raises(PlacerError, match="^plan.json: " + re.escape(needle)):
         plan_from_json(make(), "plan.json")
 
 
@@ -87,9 +110,13 @@ def test_the_schema_takes_cache_params_and_both_versions():
     schema = manifest_schema()
     sub = {"$defs": schema.get("$defs", {}), **schema["properties"]["cache_params"]}
     jsonschema.validate({"pooled": True, "weights": WEIGHTS, "calibration": FREQS}, sub)
+    jsonschema.validate({"weights": [WEIGHTS, WEIGHTS], "calibration": FREQS,
+                         "transition": MOVES}, sub)
+    jsonschema.validate({"weights": None}, sub)
     jsonschema.validate(None, sub)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"weights": [1.0]}, sub)
+    for bad in ([1.0], [WEIGHTS, [1.0]], [[]], WEIGHTS[:6]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"weights": bad}, sub)
     version = schema["properties"]["version"]
     jsonschema.validate(1, version)
     jsonschema.validate(2, version)

@@ -254,4 +254,6 @@ def test_the_policy_served_is_the_least_on_the_held_out_folds_and_learned_never_
         tuple(i for i in map(id, sc.folds) if [i] != held) for held in held_out)
     if split.policy.name == "learned":
         assert seen[-1] == [id(f) for f in sc.folds]  # the plan's: every calibration fold
-        assert split.policy.weights.shape == (6,)
+        assert split.policy.weights.shape == (base.home.shape[0], 7)  # one set per layer
+        layers, experts = base.home.shape
+        assert split.policy.transition.shape == (layers, experts, experts)

@@ -137,15 +137,19 @@ def policy_json(split: Split, problem: SplitProblem) -> dict:
 
 
 def cache_params(split: Split) -> dict | None:
-    """The plan's `cache_params`: pooled, and the learned policy's weights and calibration
-    feature ([L][E]); None for a per-layer cache of a policy without parameters."""
+    """The plan's `cache_params`: pooled, and the learned policy's weights ([L][7], each
+    layer's), calibration feature ([L][E]) and transition ([L][E][E], or None beyond
+    solvers/cache/learn.py's TRANSITION_KEYS); None for a per-layer cache of a policy
+    without parameters."""
     choice = split.policy
     if choice is None or (not choice.pooled and choice.name != "learned"):
         return None
     learned = choice.name == "learned"
     return {"pooled": choice.pooled,
-            "weights": [float(w) for w in choice.weights] if learned else None,
-            "calibration": choice.calibration.tolist() if learned else None}
+            "weights": np.asarray(choice.weights, dtype=float).tolist() if learned else None,
+            "calibration": choice.calibration.tolist() if learned else None,
+            "transition": choice.transition.tolist()
+            if learned and choice.transition is not None else None}
 
 
 def candidate_json(c: dict, robust: bool) -> dict:

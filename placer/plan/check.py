@@ -217,7 +217,8 @@ def _check_cache(w: _Where, at: str, card: dict, layers: int) -> int:
 def _check_cache_params(w: _Where, d: dict, cards: list[dict], layers: int, experts: int
                         ) -> None:
     """cache_params (version 2; absent or null: per-layer slots, no weights): pooled, and the
-    learned policy's weights and calibration frequencies, which it requires."""
+    learned policy's weights and calibration frequencies, which it requires, and its
+    transition probabilities (null: none)."""
     params = d.get("cache_params")
     learned = any(c.get("cache_policy") == "learned" for c in cards)
     if params is None:
@@ -232,17 +233,32 @@ def _check_cache_params(w: _Where, d: dict, cards: list[dict], layers: int, expe
     if not isinstance(params.get("pooled", False), bool):
         w.fail("cache_params.pooled", f"expected true or false, got {params['pooled']!r}")
     weights, freqs = params.get("weights"), params.get("calibration")
-    if (weights is not None or learned) and not (
-            isinstance(weights, list) and len(weights) == len(LEARNED_FEATURES)
-            and all(_number(v) and math.isfinite(v) for v in weights)):
+
+    def one_set(row: Any) -> bool:
+        return isinstance(row, list) and len(row) == len(LEARNED_FEATURES) and all(
+            _number(v) and math.isfinite(v) for v in row)
+
+    if (weights is not None or learned) and not (one_set(weights) or (
+            isinstance(weights, list) and len(weights) == layers
+            and all(one_set(row) for row in weights))):
         w.fail("cache_params.weights", f"expected {len(LEARNED_FEATURES)} finite numbers "
-               f"({', '.join(LEARNED_FEATURES)}), got {weights!r}")
+               f"({', '.join(LEARNED_FEATURES)}), or [{layers}] rows of them (one per layer), "
+               f"got {repr(weights)[:80]}")
     if (freqs is not None or learned) and not (
             isinstance(freqs, list) and len(freqs) == layers
             and all(isinstance(row, list) and len(row) == experts
                     and all(_number(v) and math.isfinite(v) for v in row) for row in freqs)):
         w.fail("cache_params.calibration", f"expected [{layers}][{experts}] finite numbers "
                "(each expert's calibration frequency)")
+    moves = params.get("transition")
+    if moves is not None and not (
+            isinstance(moves, list) and len(moves) == layers and all(
+                isinstance(rows, list) and len(rows) == experts and all(
+                    isinstance(row, list) and len(row) == experts
+                    and all(_number(v) and math.isfinite(v) for v in row) for row in rows)
+                for rows in moves)):
+        w.fail("cache_params.transition", f"expected null or [{layers}][{experts}][{experts}] "
+               "finite numbers (the learned policy's next-step selection probabilities)")
 
 
 def _check_experts(w: _Where, experts: Any, layers: list[int], per_layer: int, num_cards: int,

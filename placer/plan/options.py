@@ -14,7 +14,8 @@ DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imp
 # solvers.cache.POLICIES, named here without importing numba
 CACHE_POLICIES = ("classlru", "learned", "lfru", "lfuda", "lru")
 # solvers.cache.kernels.FEATURES: the learned policy's features, in the order of its weights
-LEARNED_FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
+LEARNED_FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "transition",
+                    "bias")
 
 
 @dataclass(frozen=True)

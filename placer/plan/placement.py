@@ -94,7 +94,8 @@ class Plan:
     cache: dict | None = None   # how the cache split was chosen (placer.plan.cache)
     engine: dict | None = None  # an engine's own setup (placer.plan.llamacpp), if any
     # how the cards' caches run beyond their policy's name (version 2; None: per-layer slots,
-    # no weights): {"pooled": bool, "weights": [6] | None, "calibration": [L][E] | None}
+    # no weights): {"pooled": bool, "weights": [7] | [L][7] | None, "calibration": [L][E] | None,
+    # "transition": [L][E][E] | None}
     cache_params: dict | None = None
 
     @property
@@ -158,11 +159,12 @@ def plan_caches(plan: Plan, cache_slots: int | None = None) -> CachePolicy:
 
 def plan_cache_options(plan: Plan) -> dict:
     """make_policy's keyword arguments of the plan's caches (its cache_params): pooled, and
-    the learned policy's weights and calibration frequencies."""
+    the learned policy's weights, calibration frequencies and transition."""
     policy = next((c.cache_policy for c in plan.cards if c.cache_policy), None)
     params = plan.cache_params or {}
     options = {} if policy != "learned" else {"weights": params.get("weights"),
-                                               "calibration": params.get("calibration")}
+                                               "calibration": params.get("calibration"),
+                                               "transition": params.get("transition")}
     return {"pooled": bool(params.get("pooled", False)), **options}
 
 

@@ -36,7 +36,7 @@ FIT_KEYS = 2.4e7      # requests the held-out fits of the learned weights replay
 
 @dataclass(frozen=True)
 class PolicyChoice:
-    """The chosen policy (`name`, `pooled`; learned: `weights` [6] and `calibration` [L, E]),
+    """The chosen policy (`name`, `pooled`; learned: `weights` [L, 7] and `calibration` [L, E]),
     its held-out `stall_s` (and on renamed folds `unlike_stall_s`), `objective`, the share of
     each fold replayed (`judged`, 1: all of it) and every candidate's row."""
 
@@ -48,6 +48,7 @@ class PolicyChoice:
     judged: float
     weights: np.ndarray | None = None
     calibration: np.ndarray | None = None
+    transition: np.ndarray | None = None  # learned: [L, E, E] (solvers/cache/learn.py)
     rows: list[dict] = field(default_factory=list)
 
 
@@ -95,7 +96,7 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     def fit(n: int) -> dict:
         got = fit_learned([table.entries[m].requests for m in table.entries[n].train],
                           ~pins[n], home, plan_of[n].q, seed=seed, limit=per_fit)
-        return {"weights": got.weights, "calibration": got.calibration}
+        return got.options
 
     def replay(job: tuple[int, str, bool]) -> float:
         n, name, pooled = job
@@ -139,4 +140,5 @@ def with_weights(choice: PolicyChoice, table: CostTable, pinned: np.ndarray,
     fit = fit_learned([table.entries[n].requests for n in calib], ~pinned, table.problem.home,
                       quotas, seed=seed,
                       units=[table.entries[n].unit for n in calib])
-    return replace(choice, weights=fit.weights, calibration=fit.calibration)
+    return replace(choice, weights=fit.weights, calibration=fit.calibration,
+                   transition=fit.transition)

@@ -26,13 +26,27 @@ LRU_SCORE, LFRU_SCORE, LFUDA_SCORE, CLASSLRU_SCORE, LEARNED_SCORE = 0, 1, 2, 3, 
 # learned's features, in the order of its weights (solvers/cache/learned.py)
 HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts (each 4x the last:
 # the walk takes one exp2 per key, for 64, and the others as its 4th and 16th powers)
-FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "bias")
+FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "transition", "bias")
+NUM_FEATURES = len(FEATURES)
+# the score reads each decayed count d as log2(d + DECAY_FLOOR): an expert's uses matter by
+# their ratio, not their difference (0.6 points of misses below lfru on gpt-oss mmlu_dev,
+# docs/cache-split.md), and a count decayed to nothing stays finite
+DECAY_FLOOR = 1.0 / 64
+# calibration = log2(share + SHARE_FLOOR), share: the calibration tokens that selected a key
+SHARE_FLOOR = 1.0 / 1024
+# transition = log2(mean over the fetch's keys k of T[l, k, v] + TRANSITION_FLOOR), T[l, k, v]
+# = P(v selected at the next step | k selected at this one), layer l's (calibration's); a
+# candidate of another layer than the fetch's (pooled) has its share in place of the mean;
+# a layer whose weight on it is 0 skips it (and the policy may then carry no T)
+TRANSITION_FLOOR = 1.0 / 64
 
 # state, 11 arrays (each array argument costs the runtime's lookup a fraction of a
 # microsecond to unbox, so they are stacked): (head [3]: experts per layer, pooled, now (the
 # token time of the last step walked); parts [3, C, P]: offset, quota, count of each
 # partition; age [C, P]; slot [3, C, W]: slot_key, last, seen; freq [C, W]; key_slot [C, K];
-# card [2, C]: clock, fetches; kept [C, K', F]; used [C, K']; params [n]; calibration [K']),
+# card [2, C]: clock, fetches; kept [C, K', F]; used [C, K']; params [n] (learned: [L * 7],
+# the weights of each layer row in turn); calibration [K'] (learned: [K + L * E * E], the
+# calibration feature of each key, then T [L, E, E] flat),
 # P = L partitions or 1 (pooled); K' = K where the policy keeps per-key memory, else 0.
 
 
@@ -189,13 +203,28 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                             value = -((t - used[c, slot_key[c, u]]) / first)
                         else:
                             v = slot_key[c, u]
+                            w = (v // experts) * NUM_FEATURES  # v's layer's weights
                             dt = float(t - used[c, v])
                             slow = 2.0 ** (-dt / HALF_LIVES[2])
                             mid = slow * slow * slow * slow
-                            value = (params[0] * dt + params[1] * kept[c, v, 0] * (
-                                mid * mid * mid * mid) + params[2] * kept[c, v, 1] * mid
-                                + params[3] * kept[c, v, 2] * slow
-                                + params[4] * calibration[v] + params[5])
+                            if params[w + 5] == 0.0:  # no transition: T is not read
+                                moved = 0.0
+                            elif v // experts == buf[c, 0] // experts:
+                                row = len(key_slot[c]) + (v // experts * experts * experts
+                                                          + v % experts)
+                                moved = 0.0
+                                for j2 in range(n):
+                                    moved += calibration[row + buf[c, j2] % experts * experts]
+                                moved /= n
+                            else:
+                                moved = 2.0 ** calibration[v] - SHARE_FLOOR
+                            value = (params[w] * dt + params[w + 1] * np.log2(
+                                kept[c, v, 0] * (mid * mid * mid * mid) + DECAY_FLOOR)
+                                + params[w + 2] * np.log2(kept[c, v, 1] * mid + DECAY_FLOOR)
+                                + params[w + 3] * np.log2(kept[c, v, 2] * slow + DECAY_FLOOR)
+                                + params[w + 4] * calibration[v]
+                                + params[w + 5] * np.log2(moved + TRANSITION_FLOOR)
+                                + params[w + 6])
                         if value < best or (value == best and (first < rank or (
                                 first == rank and (second < tie or (
                                     second == tie and slot_key[c, u] < slot_key[c, s]))))):
