@@ -121,14 +121,17 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
 
 def policy_json(split: Split, problem: SplitProblem) -> dict:
     """What the plan records of the policy: its name, whether pooled, and where it was chosen
-    (auto) every candidate's held-out figures (ms/step) and the share of each fold judged."""
+    (auto) every row's held-out figures (ms/step; `plan`: the split's pins and slots or the
+    plain cache's), the share of each fold judged and the guard's finding (`guard`: the
+    chosen row's renamed stall over the better engine cache's, with its interval, and
+    whether that changed the choice; solvers/cache/choice.py)."""
     choice = split.policy
     if choice is None:
         return {"policy": problem.policy, "pooled": False, "policy_choice": "forced"
                 if not problem.choose else "none (no cache slots)", "policies": []}
     return {"policy": choice.name, "pooled": choice.pooled, "policy_choice": "auto",
-            "policy_judged_share": choice.judged,
-            "policies": [{"policy": r["policy"], "pooled": r["pooled"],
+            "policy_judged_share": choice.judged, "guard": choice.guard,
+            "policies": [{"plan": r["plan"], "policy": r["policy"], "pooled": r["pooled"],
                           "held_out_stall_ms_per_step": r["stall_s"] * 1e3,
                           "held_out_objective": r["objective"],
                           "held_out_unlike_stall_ms_per_step": None
