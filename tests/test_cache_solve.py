@@ -114,8 +114,9 @@ def test_robust_regret_is_a_ratio_in_the_table_the_json_and_the_plan(solved, pla
     (chosen,) = [r for r in cache["candidates"] if r["chosen"]]
     assert chosen["held_out_regret"] == min(r["held_out_regret"] for r in cache["candidates"])
     policy = chosen_policy(cache)  # the policy served the split: its regret no worse
-    assert cache["held_out_regret"] == policy["held_out_objective"] <= chosen[
-        "held_out_regret"] <= 1.0
+    assert cache["held_out_regret"] == policy["held_out_objective"]
+    if not cache["guard"]["switched"]:  # (else an engine's, which may be above lfru's 1)
+        assert policy["held_out_objective"] <= chosen["held_out_regret"] <= 1.0
     if plan["solver"]["name"] == "split":
         assert plan["solver"]["objective"] == cache["held_out_regret"]
         assert plan["solver"]["objective_unit"].startswith("ratio")
