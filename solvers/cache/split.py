@@ -190,7 +190,9 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
     its plain cache's held-out stall (the mean ratio to the plain cache is minimized).
     `tick` is called after each replay. Where no scenario is a renamed twin (`unlike`, seed
     `seed`), the chosen candidate and the plain cache are also judged on the folds renamed
-    so, as long as that replays at most RENAMED_KEYS requests: the risk the choice takes."""
+    so, as long as that replays at most RENAMED_KEYS requests: the risk the choice takes.
+    With problem.choose the policy that serves it is chosen (solvers/cache/choice.py), and
+    where its guard serves the plain cache instead, the split returned is the plain cache."""
     fams = families(problem, slots, _step(problem, scenarios, slots))
     table = CostTable(CostProblem(problem.home, problem.miss_s, problem.policy,
                                   problem.pin_rule), scenarios, _cells(fams), tick)
