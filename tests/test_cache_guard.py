@@ -148,6 +148,7 @@ def test_fixed_slots_have_no_plain_cache_to_guard_with():
     split = solve_split(problem, [Scenario("t", folds, 1.0, 1.0)], slots=4)
     assert split.policy.guard is None
     assert {r["plan"] for r in split.policy.rows} == {SPLIT}
+    assert all(r["unlike_stall_s"] is None for r in split.policy.rows)  # nothing renamed
 
 
 def test_solve_prints_one_line_where_the_guard_changed_the_choice_and_why():

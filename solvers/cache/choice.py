@@ -164,7 +164,7 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     guarded = engines is not None and set(ENGINES) <= set(choices)
     work = {s: [(n, plan) for held, plan in got for n in np.flatnonzero(held)]
             for s, got in sets.items()}
-    twins = not renamed.any()  # by default the renamed copies are replayed here
+    twins = guarded and not renamed.any()  # by default the renamed copies are replayed here
     copies = 2 if twins else 1
     total = copies * sum(len(table.entries[n].requests.keys)
                          for s, _, _ in variants for n, _ in work[s])
@@ -214,7 +214,8 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
         rows.append({"plan": v[0], "policy": v[1], "pooled": v[2],
                      "objective": float(weight @ s) * scale,
                      "stall_s": float(own_share @ s) * scale,
-                     "unlike_stall_s": float(twin_share @ unlike) * scale})
+                     "unlike_stall_s": float(twin_share @ unlike) * scale
+                     if twins or renamed.any() else None})
     best = min(rows, key=lambda r: r["objective"])
     pick, found = (best["plan"], best["policy"], best["pooled"]), None
     if guarded:

@@ -243,7 +243,9 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
             plan = _fit(problem, table.weighted(weight), fam)
             for c in candidates:
                 c["chosen"] = c["kind"] == "cache"
-        stall, objective, unlike = choice.stall_s, choice.objective, choice.unlike_stall_s
+        stall, objective = choice.stall_s, choice.objective
+        if choice.unlike_stall_s is not None:  # else (--cache N, no twins): the pins' risk
+            unlike = choice.unlike_stall_s
     pinned = pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
                      first(plan.p, problem.home.shape[1]), problem.home)
     if choice is not None:
