@@ -173,6 +173,7 @@ def test_solve_prints_one_line_where_the_guard_changed_the_choice_and_why():
              "served_renamed_ratio": 1.0, "served_renamed_ratio_ci95": [1.0, 1.0]}
     (line,) = [x for x in printed(found).splitlines() if x.startswith("guard:")]
     assert "learned on the split's pins and slots stalls 1.667x [1.500, 1.800]" in line
-    assert "above it beyond the interval; lfuda on the plain cache's serves instead" in line
+    assert "above it beyond the interval; lfuda on the plain cache's pins and slots serves " \
+        "instead (1.000x [1.000, 1.000] there)" in line
     kept = {**found, "switched": False, "instead_of": None}
     assert "guard:" not in printed(kept) and "guard:" not in printed(None)

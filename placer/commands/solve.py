@@ -81,8 +81,11 @@ def register(app: typer.Typer) -> None:
                  "rest pinned) or 0 (a static placement by --solver).")] = "auto",
         cache_policy: Annotated[str, typer.Option(
             help=f"Which staged expert a full cache evicts: auto | {' | '.join(CACHE_POLICIES)}"
-                 ". auto: each policy, per layer and pooled, serves the chosen split on its "
-                 "held-out folds and the least stall wins (learned: a linear score whose "
+                 ". auto: each policy, per layer and pooled, serves the chosen split (and "
+                 "the plain cache) on its held-out folds, and the least stall wins among "
+                 "those that stall less than plain lru and lfuda on the same folds with "
+                 "experts renamed, beyond their interval (a guard; plain lru or lfuda where "
+                 "none does). learned: a linear score whose "
                  "weights are fitted on the calibration folds and stored in the plan). lfru: "
                  "fewest hits since admission over accesses since the last one (vLLM PR "
                  "#37190); lru: least recently used (llama.cpp PR #27861); lfuda: BigRig "
@@ -384,7 +387,8 @@ def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) ->
         f"stalls {found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
         f"({found['engine']} per layer, nothing pinned) on the renamed folds (traffic unlike "
         f"the calibration), {why} it beyond the interval; {cache['policy']}"
-        f"{' pooled' if cache['pooled'] else ''} on the {rows_plan(rows)}'s serves instead "
+        f"{' pooled' if cache['pooled'] else ''} on the {rows_plan(rows)}'s pins and slots serves "
+        f"instead "
         f"({found['served_renamed_ratio']:.3f}x [{served_low:.3f}, {served_high:.3f}] there)")
 
 
