@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
                  "those that stall less than plain lru and lfuda on the same folds with "
                  "experts renamed, beyond their interval (a guard; plain lru or lfuda where "
                  "none does). learned: a linear score whose "
-                 "weights are fitted on the calibration folds and stored in the plan). lfru: "
+                 "weights are fitted on the calibration folds and stored in the plan. lfru: "
                  "fewest hits since admission over accesses since the last one (vLLM PR "
                  "#37190); lru: least recently used (llama.cpp PR #27861); lfuda: BigRig "
                  "0.9.1's; classlru: llama.cpp b12170's.")
