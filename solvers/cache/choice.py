@@ -30,10 +30,11 @@ whose gain over the engines is within the folds' noise is not served: such gains
 sign between tasks; on ESFT classlru's 0.6% on intent was a 1% loss on the unseen tasks.)
 
 Cost: one replay per row, held-out entry and renaming (its own fold and, by default where
-the guard runs, its renamed copy), and one fit of the learned weights per training set. Beyond POLICY_KEYS
-requests in all, each fold is judged on its first steps only (a prefix, the same for every
-row), and the figures are scaled to the split's: a row's stall is the split's times its
-ratio to the split's policy on the prefix (ratios between rows, the guard's, are unscaled).
+the guard runs, its renamed copy), and one fit of the learned weights per training set.
+Beyond POLICY_KEYS requests in all, each fold is judged on its first steps only (a prefix,
+the same for every row), and the figures are scaled to the split's: a row's stall is the
+split's times its ratio to the split's policy on the prefix (ratios between rows, the
+guard's, are unscaled).
 """
 
 from __future__ import annotations
