@@ -81,9 +81,12 @@ def register(app: typer.Typer) -> None:
                  "rest pinned) or 0 (a static placement by --solver).")] = "auto",
         cache_policy: Annotated[str, typer.Option(
             help=f"Which staged expert a full cache evicts: auto | {' | '.join(CACHE_POLICIES)}"
-                 ". auto: each policy, per layer and pooled, serves the chosen split on its "
-                 "held-out folds and the least stall wins (learned: a linear score whose "
-                 "weights are fitted on the calibration folds and stored in the plan). lfru: "
+                 ". auto: each policy, per layer and pooled, serves the chosen split (and "
+                 "the plain cache) on its held-out folds, and the least stall wins among "
+                 "those that stall less than plain lru and lfuda on the same folds with "
+                 "experts renamed, beyond their interval (a guard; plain lru or lfuda where "
+                 "none does). learned: a linear score whose "
+                 "weights are fitted on the calibration folds and stored in the plan. lfru: "
                  "fewest hits since admission over accesses since the last one (vLLM PR "
                  "#37190); lru: least recently used (llama.cpp PR #27861); lfuda: BigRig "
                  "0.9.1's; classlru: llama.cpp b12170's.")
@@ -347,24 +350,51 @@ def print_cache(cache: dict) -> None:
 
 
 def print_policies(cache: dict, console: Console) -> None:
-    """The policies the chosen split was judged under (--cache-policy auto), the chosen one
-    marked: held-out stall per step on the same folds (the learned weights of each fold fitted
-    on the other folds)."""
+    """The policies the chosen split (and the plain cache) was judged under (--cache-policy
+    auto), the chosen one marked: held-out stall per step on the same folds and on them
+    renamed (the learned weights of each fold fitted on the other folds); a line where the
+    guard (solvers/cache/choice.py) changed the choice, and why."""
     rows = cache.get("policies") or []
     if not rows:
         return
     judged = cache.get("policy_judged_share", 1.0)
-    table = Table(title="cache policies serving the chosen split, on the same held-out folds"
+    table = Table(title="cache policies serving the chosen split and the plain cache, on the "
+                        "same held-out folds and on them renamed"
                   + ("" if judged >= 1.0 else f" (the first {judged:.0%} of each fold's "
                      "requests, scaled to the split's figure)"))
-    for col in ("policy", "slots", "stall ms/step"):
+    for col in ("policy", "pins and slots", "slots", "stall ms/step", "renamed ms/step"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
-        table.add_row(("* " if r["chosen"] else "  ") + r["policy"],
+        renamed = r["held_out_unlike_stall_ms_per_step"]
+        table.add_row(("* " if r["chosen"] else "  ") + r["policy"], r.get("plan", "split"),
                       "pooled" if r["pooled"] else "per layer",
                       f"{r['held_out_stall_ms_per_step']:.4f}",
+                      "-" if renamed is None else f"{renamed:.4f}",
                       style="bold" if r["chosen"] else None)
     print_table(table, console)
+    found = cache.get("guard")
+    if found and found["switched"]:
+        print_guard(found, cache, rows, console)
+
+
+def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) -> None:
+    """One line: the guard changed the choice (solvers/cache/choice.py), why, and to what."""
+    was, (low, high) = found["instead_of"], found["renamed_ratio_ci95"]
+    why = "above" if low > 1.0 else "not below"
+    served_low, served_high = found["served_renamed_ratio_ci95"]
+    console.print(
+        f"guard: {was[1]}{' pooled' if was[2] else ''} on the {was[0]}'s pins and slots "
+        f"stalls {found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
+        f"({found['engine']} per layer, nothing pinned) on the renamed folds (traffic unlike "
+        f"the calibration), {why} it beyond the interval; {cache['policy']}"
+        f"{' pooled' if cache['pooled'] else ''} on the {rows_plan(rows)}'s pins and slots serves "
+        f"instead "
+        f"({found['served_renamed_ratio']:.3f}x [{served_low:.3f}, {served_high:.3f}] there)")
+
+
+def rows_plan(rows: list[dict]) -> str:
+    """Whose pins and slots the chosen policy row serves."""
+    return next(r.get("plan", "split") for r in rows if r["chosen"])
 
 
 def prediction_table(rows: list[dict], title: str) -> Table:

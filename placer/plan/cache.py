@@ -4,7 +4,10 @@
 and per-layer cache slots, judged on held-out folds of the calibration sequences, and with
 `--cache-policy auto` (the default) chooses on the same folds the policy that serves it
 (solvers/cache/choice.py: lru, lfru, lfuda, classlru, learned, per layer or pooled; the
-learned weights fitted on the calibration folds go in the plan's `cache_params`);
+learned weights fitted on the calibration folds go in the plan's `cache_params`), guarded by
+the same folds renamed: a row other than the engines' lru and lfuda per layer over the plain
+cache is served only where it stalls less than the better of them there beyond the interval
+(else the plan may serve the plain cache instead of the split; `cache.guard` says so);
 `--cache N` gives every card N slots (spread over its layers) and pins the rest;
 `--cache 0` is a static placement (`--solver`). Where a cache cannot be predicted, auto
 falls back to a static placement and says why (`no_cache_reason`), and N is refused.
@@ -121,14 +124,17 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
 
 def policy_json(split: Split, problem: SplitProblem) -> dict:
     """What the plan records of the policy: its name, whether pooled, and where it was chosen
-    (auto) every candidate's held-out figures (ms/step) and the share of each fold judged."""
+    (auto) every row's held-out figures (ms/step; `plan`: the split's pins and slots or the
+    plain cache's), the share of each fold judged and the guard's finding (`guard`: the
+    chosen row's renamed stall over the better engine cache's, with its interval, and
+    whether that changed the choice; solvers/cache/choice.py)."""
     choice = split.policy
     if choice is None:
         return {"policy": problem.policy, "pooled": False, "policy_choice": "forced"
                 if not problem.choose else "none (no cache slots)", "policies": []}
     return {"policy": choice.name, "pooled": choice.pooled, "policy_choice": "auto",
-            "policy_judged_share": choice.judged,
-            "policies": [{"policy": r["policy"], "pooled": r["pooled"],
+            "policy_judged_share": choice.judged, "guard": choice.guard,
+            "policies": [{"plan": r["plan"], "policy": r["policy"], "pooled": r["pooled"],
                           "held_out_stall_ms_per_step": r["stall_s"] * 1e3,
                           "held_out_objective": r["objective"],
                           "held_out_unlike_stall_ms_per_step": None

@@ -1,4 +1,5 @@
-"""Which cache policy serves a split: chosen on the split's own held-out folds.
+"""Which cache policy serves a split: chosen on the split's own held-out folds, guarded by
+the renamed ones.
 
 The split (solvers/cache/split.py) is chosen under one policy (its cost table's). Its pins
 and slots are then served, fold by fold, by each policy of CHOICES, per layer and pooled
@@ -6,14 +7,34 @@ and slots are then served, fold by fold, by each policy of CHOICES, per layer an
 split judged there (chosen on the other units), its pins ranked as the split ranked them for
 that fold, and its misses counted on the held-out fold itself. `learned`'s weights for a
 fold are fitted on that fold's training entries only (solvers/cache/learn.py), never on the
-fold it is judged on (per layer; the pooled learned policy runs the same weights). The
-policy of least held-out objective (the split's: stall, or the regret under --robust) is
-chosen; the plan's own weights are then fitted on every calibration fold.
+fold it is judged on (per layer; the pooled learned policy runs the same weights). Where the
+split is not the plain cache, the plain cache (the whole budget as even per-layer slots,
+nothing pinned) is served the same way by every policy but `learned`: among its rows are
+the engines' own caches, `lru` and `lfuda` per layer (ENGINES). The row of least held-out
+objective (the split's: stall, or the regret under --robust) is chosen; the plan's own
+weights are then fitted on every calibration fold.
 
-Cost: one replay per policy, pooling and held-out entry, and one fit of the learned weights
-per training set. Beyond POLICY_KEYS requests in all, each fold is judged on its first steps
-only (a prefix, the same for every policy), and the figures are scaled to the split's: the
-chosen policy's stall is the split's times its ratio to the split's policy on the prefix.
+The guard. Every row is also judged on traffic unlike the calibration: each held-out fold
+with each layer's experts renamed (the --robust twins of the table, or by default the same
+renaming applied to the held-out fold here, pins and learned weights as for the original;
+solvers/cache/costs.py `unlike`). Pins and the learned policy's calibration feature are
+what the renaming takes away, so a row that wins its own folds on them can lose there to
+the engines. Each row's renamed stall is compared with the better engine cache's on the
+renamed folds (the paired ratio over the folds, with a 95% t interval from the fold by fold
+ratios). The engine caches are what serving without placer gives, so a row is served only
+where the renamed folds back it: an engine where it is not above the better one beyond the
+interval, any other row where it is below it beyond the interval. Of those rows the least
+objective is served; where the objective's pick is not among them, the guard has changed
+the choice, and `guard` says why (its ratio and interval) and what serves instead. (A row
+whose gain over the engines is within the folds' noise is not served: such gains flip
+sign between tasks; on ESFT classlru's 0.6% on intent was a 1% loss on the unseen tasks.)
+
+Cost: one replay per row, held-out entry and renaming (its own fold and, by default where
+the guard runs, its renamed copy), and one fit of the learned weights per training set.
+Beyond POLICY_KEYS requests in all, each fold is judged on its first steps only (a prefix,
+the same for every row), and the figures are scaled to the split's: a row's stall is the
+split's times its ratio to the split's policy on the prefix (ratios between rows, the
+guard's, are unscaled).
 """
 
 from __future__ import annotations
@@ -23,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy.stats import t as student
 
 from solvers.cache import make_policy
 from solvers.cache.costs import CostTable, first, pins_of
@@ -30,15 +52,22 @@ from solvers.cache.learn import fit_learned
 from solvers.cache.replay import Requests
 
 CHOICES = ("lru", "lfru", "lfuda", "classlru", "learned")
+ENGINES = ("lru", "lfuda")  # the engines' own caches: per layer, the whole budget, no pins
+SPLIT, PLAIN = "split", "plain cache"  # whose pins and slots a row serves
 POLICY_KEYS = 1.5e8   # requests the choice replays at most (beyond: a prefix of each fold)
 FIT_KEYS = 2.4e7      # requests the held-out fits of the learned weights replay per round
+
+Row = tuple[str, str, bool]  # (plan, policy, pooled)
 
 
 @dataclass(frozen=True)
 class PolicyChoice:
-    """The chosen policy (`name`, `pooled`; learned: `weights` [L, 7] and `calibration` [L, E]),
-    its held-out `stall_s` (and on renamed folds `unlike_stall_s`), `objective`, the share of
-    each fold replayed (`judged`, 1: all of it) and every candidate's row."""
+    """The chosen policy (`name`, `pooled`; learned: `weights` [L, 7], `calibration` [L, E]
+    and `transition` [L, E, E]) serving `plan`'s pins and slots (SPLIT: the chosen
+    candidate's; PLAIN: the plain cache's), its held-out `stall_s` (and on renamed folds
+    `unlike_stall_s`), `objective`, the share of each fold replayed (`judged`, 1: all of it),
+    every row and the `guard`'s finding (None where it could not run: no plain cache among
+    the candidates)."""
 
     name: str
     pooled: bool
@@ -50,6 +79,8 @@ class PolicyChoice:
     calibration: np.ndarray | None = None
     transition: np.ndarray | None = None  # learned: [L, E, E] (solvers/cache/learn.py)
     rows: list[dict] = field(default_factory=list)
+    plan: str = SPLIT
+    guard: dict | None = None
 
 
 def entry_pins(table: CostTable, n: int, p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -75,57 +106,131 @@ def prefix(requests: Requests, share: float) -> Requests:
                     requests.offsets[:keep * layers + 1], (keep, layers, experts), tokens)
 
 
+def paired_ratio(mine: np.ndarray, other: np.ndarray, share: np.ndarray
+                 ) -> tuple[float, float, float]:
+    """(ratio, low, high): sum(share * mine) / sum(share * other) over the entries, with a
+    95% t interval from the entries' own ratios (paired: the same folds; one entry: none)."""
+    ratio = float(share @ mine) / max(float(share @ other), 1e-300)
+    each = mine / np.maximum(other, 1e-300)
+    if len(each) < 2:
+        return ratio, ratio, ratio
+    half = float(student.ppf(0.975, len(each) - 1) * each.std(ddof=1) / np.sqrt(len(each)))
+    return ratio, ratio - half, ratio + half
+
+
+def guard(rows: list[dict], twin: dict[Row, np.ndarray], share: np.ndarray, chosen: Row,
+          plan: str = PLAIN) -> tuple[Row, dict]:
+    """The row to serve and what the guard found. The engines are `plan`'s rows of ENGINES
+    per layer (the plain cache's pins and slots: none and the whole budget); `twin`: each
+    row's stall on the renamed folds ([entries], weighed by `share`). A row is served only
+    where the renamed folds back it: an engine not above the better one on them beyond the
+    paired interval, any other row below it beyond the interval; of those, the least
+    objective (`chosen`, the objective's pick, where it is one of them)."""
+    engines = [(plan, name, False) for name in ENGINES]
+    best = min(engines, key=lambda r: float(share @ twin[r]))
+
+    def ratio(row: Row) -> tuple[float, float, float]:
+        return paired_ratio(twin[row], twin[best], share)
+
+    def backed(row: Row) -> bool:
+        _, low, high = ratio(row)
+        return low <= 1.0 if row in engines else high < 1.0
+
+    objective = {(r["plan"], r["policy"], r["pooled"]): r["objective"] for r in rows}
+    pick = chosen if backed(chosen) else min(filter(backed, objective), key=objective.get)
+    mine, low, high = ratio(chosen)
+    served, served_low, served_high = ratio(pick)
+    return pick, {"engine": best[1], "renamed_ratio": mine, "renamed_ratio_ci95": [low, high],
+                  "switched": pick != chosen, "instead_of": None if pick == chosen
+                  else list(chosen), "served_renamed_ratio": served,
+                  "served_renamed_ratio_ci95": [served_low, served_high]}
+
+
 def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.ndarray,
                   renamed: np.ndarray, split_stall: float, seed: int = 0,
-                  choices: tuple[str, ...] = CHOICES) -> PolicyChoice:
-    """The policy of least held-out objective for the split whose per-unit plans `plans`
-    ([(held-out entries [F] bool, plan with p, q [C, L])], as _nested judged them) are;
+                  choices: tuple[str, ...] = CHOICES, plain: list | None = None,
+                  split_is_plain: bool = False) -> PolicyChoice:
+    """The row of least held-out objective (guarded, module docstring) for the split whose
+    per-unit plans `plans` ([(held-out entries [F] bool, plan with p, q [C, L])], as _nested
+    judged them) are, beside the plain cache's per-unit plans `plain` (None where the split
+    is the plain cache, `split_is_plain`, or there is none: then the guard does not run);
     weight, share, renamed: [F] the objective's and the stall's weights of each entry and
     whether it is a renamed twin; split_stall: the split's own held-out stall."""
     problem, home = table.problem, table.problem.home
     layers, experts = home.shape
-    work = [(n, plan) for held, plan in plans for n in np.flatnonzero(held)]
-    variants = [(name, pooled) for name in choices for pooled in (False, True)]
-    total = len(variants) * sum(len(table.entries[n].requests.keys) for n, _ in work)
+    sets = {SPLIT: plans, **({PLAIN: plain} if plain is not None else {})}
+    variants = [(SPLIT, name, pooled) for name in choices for pooled in (False, True)]
+    if plain is not None:
+        variants += [(PLAIN, name, pooled) for name in choices if name != "learned"
+                     for pooled in (False, True)]
+    engines = PLAIN if plain is not None else SPLIT if split_is_plain else None
+    guarded = engines is not None and set(ENGINES) <= set(choices)
+    work = {s: [(n, plan) for held, plan in got for n in np.flatnonzero(held)]
+            for s, got in sets.items()}
+    twins = guarded and not renamed.any()  # by default the renamed copies are replayed here
+    copies = 2 if twins else 1
+    total = copies * sum(len(table.entries[n].requests.keys)
+                         for s, _, _ in variants for n, _ in work[s])
     judged = min(1.0, POLICY_KEYS / max(total, 1))
-    pins = {n: entry_pins(table, n, plan.p, plan.q) for n, plan in work}
-    plan_of = dict(work)
-    trains = {table.entries[n].train: n for n, _ in work} if "learned" in choices else {}
+    pins = {(s, n): entry_pins(table, n, plan.p, plan.q) for s in sets for n, plan in work[s]}
+    plan_of = {(s, n): plan for s in sets for n, plan in work[s]}
+    entries = [n for n, _ in work[SPLIT]]
+    steps = {(n, False): prefix(table.entries[n].requests, judged) for n in entries}
+    if twins:
+        steps |= {(n, True): steps[(n, False)].relabeled(home, seed + table.entries[n].fold)
+                  for n in entries}
+    trains = {table.entries[n].train: n for n in entries} if "learned" in choices else {}
     per_fit = int(FIT_KEYS // max(1, len(trains)))
 
     def fit(n: int) -> dict:
         got = fit_learned([table.entries[m].requests for m in table.entries[n].train],
-                          ~pins[n], home, plan_of[n].q, seed=seed, limit=per_fit)
+                          ~pins[(SPLIT, n)], home, plan_of[(SPLIT, n)].q, seed=seed,
+                          limit=per_fit)
         return got.options
 
-    def replay(job: tuple[int, str, bool]) -> float:
-        n, name, pooled = job
+    def replay(job: tuple[str, int, str, bool, bool]) -> float:
+        s, n, name, pooled, copy = job
         options = fitted[table.entries[n].train] if name == "learned" else {}
-        cache = make_policy(name, plan_of[n].q, layers * experts, pooled=pooled, **options)
-        misses = prefix(table.entries[n].requests, judged).misses(cache, ~pins[n], home)
+        cache = make_policy(name, plan_of[(s, n)].q, layers * experts, pooled=pooled,
+                            **options)
+        misses = steps[(n, copy)].misses(cache, ~pins[(s, n)], home)
         return float(table.seconds(n, misses).sum())
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         fitted = dict(zip(trains, pool.map(fit, trains.values()), strict=True))
-        jobs = [(n, name, pooled) for n, _ in work for name, pooled in variants]
-        stall = {v: np.zeros(len(table.entries)) for v in variants}
-        for (n, name, pooled), s in zip(jobs, pool.map(replay, jobs), strict=True):
-            stall[(name, pooled)][n] = s
-    base = stall[(problem.policy, False)] if (problem.policy, False) in stall else None
+        jobs = [(s, n, name, pooled, copy) for s, name, pooled in variants for n, _ in work[s]
+                for copy in ((False, True) if twins else (False,))]
+        stall = {(v, copy): np.zeros(len(table.entries)) for v in variants
+                 for copy in (False, True)}
+        for (s, n, name, pooled, copy), got in zip(jobs, pool.map(replay, jobs), strict=True):
+            stall[((s, name, pooled), copy)][n] = got
+    split_row = ((SPLIT, problem.policy, False), False)
+    base = stall[split_row] if split_row in stall else None
     base_stall = float(share * ~renamed @ base) if base is not None else 0.0
     scale = split_stall / base_stall if base_stall > 0 and judged < 1.0 else 1.0
+    own_share = share * ~renamed
+    twin_share = own_share if twins else share * renamed
     rows = []
-    for name, pooled in variants:
-        s = stall[(name, pooled)]
-        rows.append({"policy": name, "pooled": pooled, "objective": float(weight @ s) * scale,
-                     "stall_s": float(share * ~renamed @ s) * scale,
-                     "unlike_stall_s": float(share * renamed @ s) * scale if renamed.any()
-                     else None})
+    for v in variants:
+        s = stall[(v, False)]
+        unlike = stall[(v, True)] if twins else s
+        rows.append({"plan": v[0], "policy": v[1], "pooled": v[2],
+                     "objective": float(weight @ s) * scale,
+                     "stall_s": float(own_share @ s) * scale,
+                     "unlike_stall_s": float(twin_share @ unlike) * scale
+                     if twins or renamed.any() else None})
     best = min(rows, key=lambda r: r["objective"])
+    pick, found = (best["plan"], best["policy"], best["pooled"]), None
+    if guarded:
+        twin_of = {v: (stall[(v, True)] if twins else stall[(v, False)])[twin_share > 0]
+                   for v in variants}
+        pick, found = guard(rows, twin_of, twin_share[twin_share > 0], pick, engines)
     for row in rows:
-        row["chosen"] = row is best
+        row["chosen"] = (row["plan"], row["policy"], row["pooled"]) == pick
+    best = next(row for row in rows if row["chosen"])
     return PolicyChoice(best["policy"], best["pooled"], best["stall_s"], best["objective"],
-                        best["unlike_stall_s"], judged, rows=rows)
+                        best["unlike_stall_s"], judged, rows=rows, plan=best["plan"],
+                        guard=found)
 
 
 def with_weights(choice: PolicyChoice, table: CostTable, pinned: np.ndarray,

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.cache import even_quotas
-from solvers.cache.choice import PolicyChoice, choose_policy, with_weights
+from solvers.cache.choice import PLAIN, PolicyChoice, choose_policy, with_weights
 from solvers.cache.costs import Cell, CostProblem, CostTable, Scenario, first, pin_order, pins_of
 from solvers.staging import cache_only_slots
 
@@ -190,7 +190,9 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
     its plain cache's held-out stall (the mean ratio to the plain cache is minimized).
     `tick` is called after each replay. Where no scenario is a renamed twin (`unlike`, seed
     `seed`), the chosen candidate and the plain cache are also judged on the folds renamed
-    so, as long as that replays at most RENAMED_KEYS requests: the risk the choice takes."""
+    so, as long as that replays at most RENAMED_KEYS requests: the risk the choice takes.
+    With problem.choose the policy that serves it is chosen (solvers/cache/choice.py), and
+    where its guard serves the plain cache instead, the split returned is the plain cache."""
     fams = families(problem, slots, _step(problem, scenarios, slots))
     table = CostTable(CostProblem(problem.home, problem.miss_s, problem.policy,
                                   problem.pin_rule), scenarios, _cells(fams), tick)
@@ -227,17 +229,27 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
                            "objective": objective,
                            "chosen": fam is best[0]})
     fam, objective, (stall, unlike), plans = best
-    plan = _fit(problem, table.weighted(weight), fam)
-    pinned = pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
-                     first(plan.p, problem.home.shape[1]), problem.home)
     unlike = unlike if renamed.any() else risk.get(fam.name)
+    plan = _fit(problem, table.weighted(weight), fam)
     choice = None
     if problem.choose and plan.q.any():
+        plain = next((j for j in judged if j[0].kind == "cache"), None)
         choice = choose_policy(table, plans, weight, share, renamed, stall, seed,
-                               problem.choose)
-        choice = with_weights(choice, table, pinned, plan.q, seed)
+                               problem.choose,
+                               None if plain is None or plain is best else plain[3],
+                               plain is best)
+        if choice.plan == PLAIN:  # the guard's: the plain cache's pins and slots
+            fam = plain[0]
+            plan = _fit(problem, table.weighted(weight), fam)
+            for c in candidates:
+                c["chosen"] = c["kind"] == "cache"
         stall, objective = choice.stall_s, choice.objective
-        unlike = choice.unlike_stall_s if renamed.any() else unlike  # else: the pins' risk
+        if choice.unlike_stall_s is not None:  # else (--cache N, no twins): the pins' risk
+            unlike = choice.unlike_stall_s
+    pinned = pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
+                     first(plan.p, problem.home.shape[1]), problem.home)
+    if choice is not None:
+        choice = with_weights(choice, table, pinned, plan.q, seed)
     return Split(pinned, plan.q, plan.staging, fam.kind, stall, objective, candidates, unlike,
                  choice)
 

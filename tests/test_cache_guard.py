@@ -1,0 +1,179 @@
+"""The guard of the policy choice (solvers/cache/choice.py): the chosen row must not stall
+more than the better engine cache (lru or lfuda per layer, nothing pinned) on the renamed
+folds beyond their interval, nor is a row other than an engine served unless it stalls less
+than the better engine there beyond the interval; where the objective's pick is not backed
+so, the least objective of the rows that are serves instead, and the guard says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.cache.choice import CHOICES, ENGINES, PLAIN, SPLIT, guard, paired_ratio
+from solvers.cache.costs import Scenario, unlike
+from solvers.cache.replay import Requests
+from solvers.cache.split import SplitProblem, solve_split
+
+
+def test_the_paired_ratio_is_the_ratio_of_sums_with_a_t_interval_over_the_folds():
+    mine, other = np.array([2.0, 4.0, 3.0, 3.0]), np.array([1.0, 2.0, 2.0, 1.0])
+    ratio, low, high = paired_ratio(mine, other, np.ones(4))
+    assert ratio == pytest.approx(12.0 / 6.0)
+    each = mine / other  # 2, 2, 1.5, 3: t(0.975, 3) = 3.1824
+    assert (high - low) / 2 == pytest.approx(3.182446 * each.std(ddof=1) / 2.0, rel=1e-5)
+    assert paired_ratio(mine[:1], other[:1], np.ones(1)) == (2.0, 2.0, 2.0)
+
+
+CLEVER = (SPLIT, "learned", False)
+
+
+def synthetic(clever: list[float]) -> tuple[list[dict], dict]:
+    """Four renamed folds: the engines lru (1.2 on each) and lfuda (1.0), a clever row (the
+    split under learned, least objective) with the given figures, and the plain cache under
+    pooled lfru (0.95 on each fold, the objective's second)."""
+    twin = {(PLAIN, "lru", False): [1.2] * 4, (PLAIN, "lfuda", False): [1.0] * 4,
+            CLEVER: clever, (PLAIN, "lfru", True): [0.95] * 4}
+    objective = {(PLAIN, "lru", False): 1.3, (PLAIN, "lfuda", False): 1.0, CLEVER: 0.7,
+                 (PLAIN, "lfru", True): 0.9}
+    rows = [{"plan": k[0], "policy": k[1], "pooled": k[2], "objective": objective[k]}
+            for k in twin]
+    return rows, {k: np.array(v) for k, v in twin.items()}
+
+
+@pytest.mark.parametrize(("clever", "above"), [([1.9, 2.1, 2.0, 1.8], True),
+                                               ([0.7, 1.4, 0.8, 1.3], False)])
+def test_the_guard_switches_where_the_renamed_folds_do_not_back_the_choice(clever, above):
+    """Above the better engine beyond the interval, or within it (a gain the renamed folds
+    cannot tell from noise): the least objective of the rows they back serves instead."""
+    rows, twin = synthetic(clever)
+    pick, found = guard(rows, twin, np.ones(4), CLEVER)
+    assert found["switched"] and found["engine"] == "lfuda"
+    assert found["instead_of"] == list(CLEVER)
+    assert found["renamed_ratio"] == pytest.approx(np.mean(clever))
+    low, high = found["renamed_ratio_ci95"]
+    assert (low > 1.0) == above and high > 1.0
+    assert pick == (PLAIN, "lfru", True)  # below lfuda on every fold, next objective
+    assert found["served_renamed_ratio_ci95"] == [pytest.approx(0.95)] * 2
+
+
+def test_the_guard_keeps_a_choice_the_renamed_folds_back():
+    rows, twin = synthetic([0.8, 0.82, 0.79, 0.81])
+    pick, found = guard(rows, twin, np.ones(4), CLEVER)
+    assert pick == CLEVER and not found["switched"] and found["instead_of"] is None
+    assert found["renamed_ratio_ci95"][1] < 1.0
+
+
+def test_an_engine_is_kept_unless_the_other_one_beats_it_beyond_the_interval():
+    rows, twin = synthetic([0.8] * 4)
+    assert guard(rows, twin, np.ones(4), (PLAIN, "lfuda", False))[0] == (PLAIN, "lfuda", False)
+    pick, found = guard(rows, twin, np.ones(4), (PLAIN, "lru", False))
+    assert found["switched"] and found["renamed_ratio"] == pytest.approx(1.2)
+    assert pick == CLEVER  # the least objective of the rows backed
+
+
+def hot_set(seed: int, steps: int = 400, layers: int = 2, experts: int = 8) -> np.ndarray:
+    """[S, L, E]: two of a fixed hot set of three per layer, and one at random: pins and the
+    calibration feature win on it, and lose once its experts are renamed."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((steps, layers, experts), dtype=bool)
+    hot = np.stack([rng.choice(experts, 3, replace=False) for _ in range(layers)])
+    for s in range(steps):
+        for layer in range(layers):
+            out[s, layer, rng.choice(hot[layer], 2, replace=False)] = True
+            out[s, layer, rng.integers(experts)] = True
+    return out
+
+
+def drifting(seed: int, steps: int = 400, layers: int = 2, experts: int = 8) -> np.ndarray:
+    """[S, L, E]: two of a hot set of four that moves every 50 steps, and one at random: no
+    expert is favoured for long, so renaming changes nothing a choice relies on."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((steps, layers, experts), dtype=bool)
+    hot = rng.choice(experts, size=(layers, 4))
+    for s in range(steps):
+        if s % 50 == 0:
+            hot[:, rng.integers(4)] = rng.integers(experts, size=layers)
+        for layer in range(layers):
+            out[s, layer, rng.choice(hot[layer], 2)] = True
+            out[s, layer, rng.integers(experts)] = True
+    return out
+
+
+def solved(selected: np.ndarray, robust: bool = False):
+    home = np.zeros((2, 8), dtype=np.int64)
+    problem = SplitProblem(home, np.array([1e-3]), np.array([8]), np.array([3]), "lfru",
+                           choose=CHOICES)
+    folds = [Requests.of(part) for part in np.array_split(selected, 4)]
+    scenarios = [Scenario("t", folds, 1.0, 1.0)]
+    return solve_split(problem, unlike(scenarios, home, 0) if robust else scenarios,
+                       regret=robust)
+
+
+def test_the_default_gives_up_pins_that_only_fit_the_calibrations_names():
+    """On a fixed hot set the calibration's own folds choose pins (and the learned policy);
+    renamed, they lose to the engine caches by far: the guard serves the plain cache
+    instead, nothing pinned, and the plan's figures are the row served."""
+    split = solved(hot_set(4))
+    found = split.policy.guard
+    assert found["switched"] and found["renamed_ratio_ci95"][0] > 1.0
+    assert found["instead_of"][0] == SPLIT  # the objective's pick: the pinned split
+    assert split.policy.plan == PLAIN and split.kind == "cache"
+    assert not split.pinned.any() and split.quotas.sum() > 0
+    assert [c["kind"] for c in split.candidates if c["chosen"]] == ["cache"]
+    (row,) = [r for r in split.policy.rows if r["chosen"]]
+    assert (row["policy"], row["pooled"]) == (split.policy.name, split.policy.pooled)
+    assert split.stall_s == row["stall_s"] and split.unlike_stall_s == row["unlike_stall_s"]
+    objective = min(split.policy.rows, key=lambda r: r["objective"])
+    assert not objective["chosen"]  # the guard, not the objective, chose
+    low, high = found["served_renamed_ratio_ci95"]
+    assert high < 1.0 if (row["policy"], row["pooled"]) not in [(e, False) for e in ENGINES] \
+        else low <= 1.0
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_the_guard_keeps_the_choice_where_renaming_changes_nothing_it_relies_on(robust):
+    split = solved(drifting(1), robust)
+    found = split.policy.guard
+    assert found is not None and not found["switched"]
+    assert found["renamed_ratio_ci95"][1] < 1.0
+    (row,) = [r for r in split.policy.rows if r["chosen"]]
+    assert row["objective"] == min(r["objective"] for r in split.policy.rows)
+
+
+def test_fixed_slots_have_no_plain_cache_to_guard_with():
+    home = np.zeros((2, 8), dtype=np.int64)
+    problem = SplitProblem(home, np.array([1e-3]), np.array([8]), np.array([3]), "lfru",
+                           choose=CHOICES)
+    folds = [Requests.of(part) for part in np.array_split(hot_set(4), 4)]
+    split = solve_split(problem, [Scenario("t", folds, 1.0, 1.0)], slots=4)
+    assert split.policy.guard is None
+    assert {r["plan"] for r in split.policy.rows} == {SPLIT}
+    assert all(r["unlike_stall_s"] is None for r in split.policy.rows)  # nothing renamed
+
+
+def test_solve_prints_one_line_where_the_guard_changed_the_choice_and_why():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from placer.commands.solve import print_policies
+
+    def printed(found: dict | None) -> str:
+        rows = [{"plan": SPLIT, "policy": "learned", "pooled": False, "chosen": False,
+                 "held_out_stall_ms_per_step": 1.0, "held_out_unlike_stall_ms_per_step": 2.0},
+                {"plan": PLAIN, "policy": "lfuda", "pooled": False, "chosen": True,
+                 "held_out_stall_ms_per_step": 1.2, "held_out_unlike_stall_ms_per_step": 1.2}]
+        out = StringIO()
+        print_policies({"policy": "lfuda", "pooled": False, "policies": rows, "guard": found},
+                       Console(file=out, width=400))
+        return out.getvalue()
+
+    found = {"engine": "lfuda", "renamed_ratio": 1.667, "renamed_ratio_ci95": [1.5, 1.8],
+             "switched": True, "instead_of": [SPLIT, "learned", False],
+             "served_renamed_ratio": 1.0, "served_renamed_ratio_ci95": [1.0, 1.0]}
+    (line,) = [x for x in printed(found).splitlines() if x.startswith("guard:")]
+    assert "learned on the split's pins and slots stalls 1.667x [1.500, 1.800]" in line
+    assert "above it beyond the interval; lfuda on the plain cache's pins and slots serves " \
+        "instead (1.000x [1.000, 1.000] there)" in line
+    kept = {**found, "switched": False, "instead_of": None}
+    assert "guard:" not in printed(kept) and "guard:" not in printed(None)
