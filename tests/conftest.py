@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,17 +72,22 @@ def cli() -> Cli:
 def warm_placer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The command a shell line runs for `placer ARGS` (then "$@"): a fork of a warm server
     that imported placer and torch once (tests/warm_placer.py), for the tests that run the
-    README's blocks line by line."""
+    README's blocks line by line. The server is not this process's child (a shell starts it
+    in the background and exits), so the tests that check that nothing they started is left
+    running see none of it; it stops when killed here, or when this process is gone."""
     sock = tmp_path_factory.mktemp("warm") / "placer.sock"
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "warm_placer.py"), "serve",
-                               str(sock)], env={**os.environ, "PYTHONPATH": str(REPO)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = sock.with_name("server.log")
+    command = (f'"{sys.executable}" "{REPO / "tests" / "warm_placer.py"}" serve "{sock}" '
+               f'{os.getpid()} > "{log}" 2>&1 < /dev/null & echo $!')
+    pid = int(subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
     deadline = time.monotonic() + 300
     while not sock.exists():
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            raise RuntimeError(f"warm_placer did not start: {server.communicate()[1][-2000:]}")
+        if not Path(f"/proc/{pid}").exists() or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            raise RuntimeError(f"warm_placer did not start: {log.read_text()[-2000:]}")
         time.sleep(0.1)
     yield f'"{sys.executable}" -S "{REPO / "tests" / "warm_placer.py"}" call "{sock}"'
-    server.kill()
-    server.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

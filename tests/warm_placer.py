@@ -8,7 +8,8 @@ descriptors, passed over a Unix socket), its exit status returned. What those te
 is each command's behaviour; this spares them Python importing torch and transformers again
 for every command (5-10 s each on a 2-core machine).
 
-    python warm_placer.py serve SOCKET   # imports, then serves until killed
+    python warm_placer.py serve SOCKET OWNER  # imports, then serves until killed or until
+                                              # the process OWNER is gone
     python -S warm_placer.py call SOCKET ARGS...   # one command (stdlib only: starts fast)
 
 Commands are served one at a time (the shell runs them one after another; a pipeline of
@@ -67,7 +68,7 @@ def child(request: dict, fds: list[int]) -> int:
     return code
 
 
-def serve(path: str) -> None:
+def serve(path: str, owner: int) -> None:
     import numba  # noqa: F401
     import pyarrow.dataset  # noqa: F401
     import torch  # noqa: F401
@@ -79,9 +80,16 @@ def serve(path: str) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")
     server.listen(8)
+    server.settimeout(5.0)
     os.rename(path + ".tmp", path)  # ready once it exists
     while True:
-        conn, _ = server.accept()
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            if not os.path.exists(f"/proc/{owner}"):
+                return
+            continue
+        conn.settimeout(None)
         with conn:
             head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
             head += read_exact(conn, HEADER.size - len(head))
@@ -110,6 +118,6 @@ def call(path: str, argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        serve(sys.argv[2])
+        serve(sys.argv[2], int(sys.argv[3]))
     else:
         sys.exit(call(sys.argv[2], sys.argv[3:]))

@@ -108,7 +108,7 @@ def draining_server(config: object, announce: Callable[[str], None]) -> object:
         def handle_exit(self, sig: int, frame: object) -> None:
             if self.stop_at is None:
                 self.stop_at = time.monotonic()
-                busy = len(self.server_state.tasks)
+                busy = in_flight(self.server_state.connections)
                 name = signal.Signals(sig).name
                 announce(f"placer serve: {name}: no request in flight, stopping" if not busy
                          else f"placer serve: {name}: finishing {busy} request"
@@ -117,6 +117,15 @@ def draining_server(config: object, announce: Callable[[str], None]) -> object:
             super().handle_exit(sig, frame)
 
     return Draining(config)
+
+
+def in_flight(connections: set) -> int:
+    """Requests whose response is not complete: a connection's current request cycle
+    (uvicorn 0.55's h11 and httptools protocols, `cycle.response_complete`). Not the
+    server's task set: a request's task outlives its response by a moment, so a SIGTERM
+    right after a reply counted it as still in flight."""
+    return sum(1 for c in connections
+               if getattr(c, "cycle", None) is not None and not c.cycle.response_complete)
 
 
 class stop_signals:
