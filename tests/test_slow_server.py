@@ -20,6 +20,7 @@ import pytest
 from cli_errors import assert_one_line_error
 from importer_files import MOE_LAYERS, NUM_LAYERS, TOP_K, random_routing, write_config
 from raw_server import drip, http_reply, once, raw_server, replying, silence, stream
+from test_startup import default_sigint
 
 from placer.checkpoint.tiny import build_tiny_model
 from traces.collect import ModelIdentity
@@ -193,7 +194,7 @@ def test_a_signal_stops_collect_with_a_request_in_flight(model: Path, corpus: Pa
              "--model", model, "--corpus", corpus, "--out", out, "--no-progress",
              "--request-timeout", "600"],
             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, text=True)
+            stdout=subprocess.DEVNULL, text=True, preexec_fn=default_sigint)
         try:
             assert seen.first.wait(120), "the collect sent no request"
             proc.send_signal(signum)

@@ -38,7 +38,14 @@ main()
 def interrupted_at(module: str, argv: list[str]) -> subprocess.CompletedProcess:
     code = INTERRUPTING.format(module=module, argv=argv)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, env=ENV, timeout=120)
+                          cwd=REPO, env=ENV, timeout=120, preexec_fn=default_sigint)
+
+
+def default_sigint() -> None:
+    """In the child: SIGINT's default action, as a terminal gives it. A shell runs a
+    background job (`make test &`) with SIGINT ignored, and Python then leaves it ignored:
+    no Ctrl-C would reach the command."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("module", ["typer", "placer.commands.solve", "rich.table"])
@@ -84,7 +91,7 @@ def test_a_real_ctrl_c_at_any_early_moment_is_one_line(argv: list[str]) -> None:
     for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
         proc = subprocess.Popen([sys.executable, "-c", STARTED.format(argv=argv)], cwd=REPO,
                                 env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=default_sigint)
         assert proc.stderr.readline() == "started\n"
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
