@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_cache_split import traffic
+from test_cache_unlike import selections
 
 from solvers.cache.choice import CHOICES, ENGINES, PLAIN, SPLIT, guard, paired_ratio
 from solvers.cache.costs import Scenario, unlike
@@ -71,32 +73,16 @@ def test_an_engine_is_kept_unless_the_other_one_beats_it_beyond_the_interval():
     assert pick == CLEVER  # the least objective of the rows backed
 
 
-def hot_set(seed: int, steps: int = 400, layers: int = 2, experts: int = 8) -> np.ndarray:
-    """[S, L, E]: two of a fixed hot set of three per layer, and one at random: pins and the
+def hot_set(seed: int) -> np.ndarray:
+    """[400, 2, 8]: two of a fixed hot set of three per layer, and one at random: pins and the
     calibration feature win on it, and lose once its experts are renamed."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros((steps, layers, experts), dtype=bool)
-    hot = np.stack([rng.choice(experts, 3, replace=False) for _ in range(layers)])
-    for s in range(steps):
-        for layer in range(layers):
-            out[s, layer, rng.choice(hot[layer], 2, replace=False)] = True
-            out[s, layer, rng.integers(experts)] = True
-    return out
+    return selections(seed, steps=400)
 
 
-def drifting(seed: int, steps: int = 400, layers: int = 2, experts: int = 8) -> np.ndarray:
-    """[S, L, E]: two of a hot set of four that moves every 50 steps, and one at random: no
-    expert is favoured for long, so renaming changes nothing a choice relies on."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros((steps, layers, experts), dtype=bool)
-    hot = rng.choice(experts, size=(layers, 4))
-    for s in range(steps):
-        if s % 50 == 0:
-            hot[:, rng.integers(4)] = rng.integers(experts, size=layers)
-        for layer in range(layers):
-            out[s, layer, rng.choice(hot[layer], 2)] = True
-            out[s, layer, rng.integers(experts)] = True
-    return out
+def drifting(seed: int) -> np.ndarray:
+    """[400, 2, 8]: two of a hot set of four that moves every 50 steps, and one at random:
+    no expert is favoured for long, so renaming changes nothing a choice relies on."""
+    return traffic(seed, layers=2, experts=8)
 
 
 def solved(selected: np.ndarray, robust: bool = False):

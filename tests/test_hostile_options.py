@@ -31,7 +31,7 @@ from gguf_files import write_moe_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from importer_files import write_config
-from test_hostile_properties import SETTINGS, TIME_BOUND, Worker
+from test_hostile_properties import SETTINGS, Worker, clean
 from test_hostile_sizes import cases as size_cases
 from test_hostile_sizes import sparse
 
@@ -48,17 +48,6 @@ def worker():
     w = Worker()
     yield w
     w.close()
-
-
-def clean(result: dict, args: list) -> None:
-    """The contract: no traceback, within TIME_BOUND, and exit 0 or one `error:` line (exit 1;
-    2 for click's usage errors, placer.cli)."""
-    assert result["traceback"] is None, (args, result["traceback"])
-    assert result["seconds"] < TIME_BOUND, (args, result["seconds"])
-    if result["code"] != 0:
-        lines = result["stderr"].splitlines()
-        assert result["code"] in (1, 2) and len(lines) == 1 and lines[0].startswith("error: "), \
-            (args, result)
 
 
 @pytest.fixture(scope="module")

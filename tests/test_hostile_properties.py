@@ -67,6 +67,17 @@ def worker():
     w.close()
 
 
+def clean(result: dict, args: list) -> None:
+    """The contract: no traceback, within TIME_BOUND, and exit 0 or one `error:` line (exit 1;
+    2 for click's usage errors, placer.cli)."""
+    assert result["traceback"] is None, (args, result["traceback"])
+    assert result["seconds"] < TIME_BOUND, (args, result["seconds"])
+    if result["code"] != 0:
+        lines = result["stderr"].splitlines()
+        assert result["code"] in (1, 2) and len(lines) == 1 and lines[0].startswith("error: "), \
+            (args, result)
+
+
 def listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from real_routing import GPTOSS, routing_trace
-from test_hostile_properties import SETTINGS, TIME_BOUND, Worker
+from test_hostile_properties import SETTINGS, Worker, clean
 from typer.testing import CliRunner
 
 from placer.cli import app
@@ -56,16 +56,6 @@ def llamacpp_plan(tmp_path_factory) -> dict:
         "--concurrency", "1,2", "--out", str(out)])
     assert result.exit_code == 0, result.output
     return json.loads(out.read_text())
-
-
-def clean(result: dict, args: list) -> None:
-    """No traceback, within TIME_BOUND, exit 0 or one `error:` line (2: a usage error)."""
-    assert result["traceback"] is None, (args, result["traceback"])
-    assert result["seconds"] < TIME_BOUND, (args, result["seconds"])
-    if result["code"] != 0:
-        lines = result["stderr"].splitlines()
-        assert result["code"] in (1, 2) and len(lines) == 1 and lines[0].startswith("error: "), \
-            (args, result)
 
 
 def paths(value: object, at: tuple = ()) -> list[tuple]:
