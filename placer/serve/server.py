@@ -9,6 +9,7 @@ engine stops and the command exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import signal
 import socket
@@ -108,22 +109,31 @@ def draining_server(config: object, announce: Callable[[str], None]) -> object:
         def handle_exit(self, sig: int, frame: object) -> None:
             if self.stop_at is None:
                 self.stop_at = time.monotonic()
-                busy = in_flight(self.server_state.connections)
                 name = signal.Signals(sig).name
-                announce(f"placer serve: {name}: no request in flight, stopping" if not busy
-                         else f"placer serve: {name}: finishing {busy} request"
-                              f"{'s' if busy != 1 else ''} in flight (at most {DRAIN_SECONDS} "
-                              "s; a second Ctrl-C stops at once), then stopping")
+                try:  # counted once the loop's current step is done (why: in_flight)
+                    asyncio.get_running_loop().call_soon_threadsafe(self.say, name)
+                except RuntimeError:  # not serving yet
+                    self.say(name)
             super().handle_exit(sig, frame)
+
+        def say(self, name: str) -> None:
+            busy = in_flight(self.server_state.connections)
+            announce(f"placer serve: {name}: no request in flight, stopping" if not busy
+                     else f"placer serve: {name}: finishing {busy} request"
+                          f"{'s' if busy != 1 else ''} in flight (at most {DRAIN_SECONDS} "
+                          "s; a second Ctrl-C stops at once), then stopping")
 
     return Draining(config)
 
 
 def in_flight(connections: set) -> int:
     """Requests whose response is not complete: a connection's current request cycle
-    (uvicorn 0.55's h11 and httptools protocols, `cycle.response_complete`). Not the
-    server's task set: a request's task outlives its response by a moment, so a SIGTERM
-    right after a reply counted it as still in flight."""
+    (uvicorn 0.55's h11 and httptools protocols, `cycle.response_complete`). Counted from the
+    event loop, never inside the signal handler: Python runs that handler between two
+    bytecodes of whatever the loop is doing, which can be the moment after a reply's last
+    bytes were written and before its cycle is marked complete (a busy machine's client then
+    has the reply and sends SIGTERM first). Not the server's task set either: a request's
+    task outlives its response by a moment."""
     return sum(1 for c in connections
                if getattr(c, "cycle", None) is not None and not c.cycle.response_complete)
 
