@@ -41,7 +41,7 @@ def test_bench_llamacpp_on_a_real_llama_server(bench_plan, placer_run):
     result = placer_run("bench", "--engine", "llamacpp", plan, "--model", gguf, "--prompts",
                         prompts, "--server", f"{SERVER} -m {gguf}", "--options",
                         "chosen,ncmoe,cmoe", "--trials", 3, "--max-new-tokens", 2,
-                        "--max-prompt-tokens", 4, "--threads", 2, "--json")
+                        "--max-prompt-tokens", 4, "--threads", 1, "--json")
     report = json.loads(result.stdout)
     assert report["driver"] == "server" and report["build"].startswith("version")
     assert [r["option"] for r in report["options"]] == ["chosen", "ncmoe", "cmoe"]
