@@ -15,11 +15,11 @@ The walk picks a policy by the length of its state (ClassLRU's is 14 arrays, the
 numba makes `len` of a tuple argument a constant when it compiles the walk for that state's
 type and drops the other policy's branches before typing (they would not type: each policy's
 kernels unpack its own state). Each policy so gets a walk of its own with its kernels inlined,
-as fast as the two walks this one replaced (best of 3 on gpt-oss-20b routing, interleaved
-with them in one run: within 2%). Not kernels passed to the walk as arguments: numba never
-loads such a walk from its disk cache (their types differ in every process, so it compiles
-again each time, seconds, and the cache grows) and calls them out of line (ClassLRU 1.5x to
-1.7x slower).
+as fast as the two walks this one replaced (gpt-oss-20b routing at B = 1 and 8, best of 3
+to 5, interleaved with them on a shared machine: 0.84x to 1.04x their time). Not kernels
+passed to the walk as arguments: numba never loads such a walk from its disk cache (their
+types differ in every process, so it compiles again each time, seconds, and the cache grows)
+and calls them out of line (ClassLRU 1.5x to 1.7x slower).
 
 numba caches each compiled function on disk and checks only its own source file for changes:
 the walk compiled for a policy holds that policy's kernels, so they all live here.
