@@ -224,3 +224,31 @@ def test_compiled_replay_equals_a_plain_transcription(seed):
                 if fits:
                     assert (f.hits[s, layer], f.misses[s, layer], f.runs[s, layer]) == \
                         ref.fetch(layer, ids)
+
+
+CACHED_WALKS = """
+import numpy as np
+from solvers.llamacpp.classlru import ClassLruCache
+from solvers.llamacpp.lru import LlamaCppCache, cache_groups
+from solvers.llamacpp.walk import walk
+groups = cache_groups([0, 0], [("t", (1,))] * 2, 8)
+for cache in (LlamaCppCache(groups, [4], 2), ClassLruCache(groups, [4], 2)):
+    cache.replay(np.zeros((2, 1, 2, 2), dtype=np.int64))
+print(sum(walk.stats.cache_hits.values()), sum(walk.stats.cache_misses.values()))
+"""
+
+
+def test_both_policies_walks_come_from_numbas_disk_cache_in_a_new_process():
+    # solvers/llamacpp/walk.py: one walk, compiled per policy by its state's type; a walk
+    # given its kernels as arguments would be compiled again in every process (seconds)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
+    runs = [subprocess.run([sys.executable, "-c", CACHED_WALKS], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=300, check=True)
+            for _ in range(2)]
+    hits, misses = map(int, runs[1].stdout.split())
+    assert (hits, misses) == (2, 0), runs[1].stderr

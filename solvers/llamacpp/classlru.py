@@ -40,8 +40,10 @@ Not readable, and the reading chosen (docs/llamacpp.md lists them too):
   slot from the head that is not; ties of age / 2^class go to the lowest class.
 
 Use: `ClassLruCache(groups, slots, n_expert_used).replay(tokens)`, as `LlamaCppCache`.
-The replay is compiled (numba); its kernels call only each other, all in this module, so
-numba's per-file cache stays right (solvers/cache/kernels.py says why that matters).
+The replay is compiled (numba): solvers/llamacpp/walk.py walks the ubatches with ClassLRU's
+kernels (`class_use` a hit or fill, `class_victim` the victim rule above), kept beside
+b11669's and the walk, as numba's per-file cache needs (solvers/cache/kernels.py says
+why that matters).
 """
 
 from __future__ import annotations
@@ -49,12 +51,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit
 
 from solvers.llamacpp.lru import Groups, LlamaCppCache
+from solvers.llamacpp.walk import CRF_HALF_LIFE as CRF_HALF_LIFE  # re-exported
+from solvers.llamacpp.walk import N_CLASS
 
-N_CLASS = 8              # moe_cache_lru::n_class
-CRF_HALF_LIFE = 128.0    # moe_cache_lru::crf_half_life, tokens
 CLOCKS = ("layer", "fetch", "group")  # readings of the "layer clock" (ClassLruCache)
 
 
@@ -67,6 +68,8 @@ class ClassLruCache(LlamaCppCache):
     clock), "fetch" (one clock per layer, every key aged by the fetching layer's) or "group"
     (one clock per group, advanced at every layer's fetch, so a group of L layers ages its
     keys about L times faster per ubatch)."""
+
+    SLOT_MAP = 11
 
     def __init__(self, groups: Groups, slots: Sequence[int], n_expert_used: int,
                  clock: str = "layer") -> None:
@@ -100,178 +103,14 @@ class ClassLruCache(LlamaCppCache):
                       clock_of,                                        # [L] clock of a layer
                       np.array([self.clock == "layer"]))               # age by own clock
 
-    def holds(self, layer: int, expert: int) -> bool:
-        """Whether the cache holds `expert` of MoE layer `layer` now."""
-        return bool(self.state[11][layer, expert] >= 0)
-
     def crf(self, layer: int, expert: int) -> float:
         """The key's CRF as of its last use (kept across evictions; 0.0 if never used)."""
         return float(self.state[8][layer, expert])
 
     def frequency_class(self, layer: int, expert: int) -> int:
         """The class list the key's slot is in (-1 if not cached)."""
-        slot = self.state[11][layer, expert]
+        slot = self.state[self.SLOT_MAP][layer, expert]
         if slot < 0:
             return -1
         g = int(self.groups.layer_group[layer])
         return int(self.state[6][self.state[0][g] + slot])
-
-    def _walk(self, tokens: np.ndarray, n_tokens: np.ndarray, used: np.ndarray,
-              counts: np.ndarray, where: np.ndarray, held: bool) -> None:
-        _replay(self.state, np.asarray(self.groups.layer_group, dtype=np.int64), tokens,
-                n_tokens, used, self.groups.num_experts, counts, where, held)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _unlink(prev, nxt, head, tail, g, base, s, c):
-    """Take local slot s of group g out of class list c."""
-    p, n = prev[base + s], nxt[base + s]
-    if p >= 0:
-        nxt[base + p] = n
-    else:
-        head[g, c] = n
-    if n >= 0:
-        prev[base + n] = p
-    else:
-        tail[g, c] = p
-    prev[base + s] = -1
-    nxt[base + s] = -1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _use(state, g, s, il, e, now):
-    """A use of expert e of layer il, in local slot s of group g, at clock `now`: its CRF
-    decays to now and gains 1, and the slot moves to the tail of its class's list."""
-    base_all, _, prev, nxt, head, tail, list_of, _, crf, last_use, _, _, _, _ = state
-    base = base_all[g]
-    value = 1.0
-    if last_use[il, e] >= 0:
-        value += np.float64(crf[il, e]) * 2.0 ** (-(now - last_use[il, e]) / CRF_HALF_LIFE)
-    crf[il, e] = np.float32(value)
-    last_use[il, e] = now
-    c = min(N_CLASS - 1, int(np.floor(np.log2(np.float64(crf[il, e])))))
-    if list_of[base + s] >= 0:
-        _unlink(prev, nxt, head, tail, g, base, s, list_of[base + s])
-    list_of[base + s] = c
-    t = tail[g, c]
-    prev[base + s] = t
-    nxt[base + s] = -1
-    if t >= 0:
-        nxt[base + t] = s
-    else:
-        head[g, c] = s
-    tail[g, c] = s
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _victim(state, g, il, now, experts):
-    """The local slot a miss of layer il takes: an empty one, else the largest age / 2^class
-    among each class list's least recently used slot not used by this fetch."""
-    base_all, key_of, _, nxt, head, _, _, filled, _, last_use, clock, _, clock_of, own = state
-    base = base_all[g]
-    if filled[g] < base_all[g + 1] - base:
-        filled[g] += 1
-        return filled[g] - 1
-    best, best_score = -1, -1.0
-    for c in range(N_CLASS):
-        s = head[g, c]
-        while s >= 0:
-            key = key_of[base + s]
-            layer, e = key // experts, key % experts
-            if not (layer == il and last_use[layer, e] == now):
-                break
-            s = nxt[base + s]
-        if s < 0:
-            continue
-        key = key_of[base + s]
-        layer, e = key // experts, key % experts
-        age = (clock[clock_of[layer]] if own[0] else now) - last_use[layer, e]
-        score = age / 2.0 ** c
-        if score > best_score:
-            best, best_score = s, score
-    return best
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _fetch(state, g, il, n_tokens, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
-    """plan() for layer il of group g over ids[:n_ids] of a ubatch of n_tokens tokens;
-    returns (hits, fills) with the fills' experts and slots in fill_e, fill_s."""
-    base_all, key_of, _, _, _, _, _, _, _, _, clock, slot_map, clock_of, _ = state
-    base = base_all[g]
-    clock[clock_of[il]] += n_tokens
-    now = clock[clock_of[il]]
-    nu = 0
-    for i in range(n_ids):
-        e = ids[i]
-        if not mark[e]:
-            mark[e] = True
-            uniq[nu] = e
-            nu += 1
-    n_hit = 0
-    for j in range(nu):
-        e = uniq[j]
-        mark[e] = False
-        if slot_map[il, e] >= 0:
-            _use(state, g, slot_map[il, e], il, e, now)
-            n_hit += 1
-    for j in range(1, nu):  # ascending ids, in place (a fetch has a few dozen at most)
-        e = uniq[j]
-        i = j - 1
-        while i >= 0 and uniq[i] > e:
-            uniq[i + 1] = uniq[i]
-            i -= 1
-        uniq[i + 1] = e
-    n_fill = 0
-    for j in range(nu):
-        e = uniq[j]
-        if slot_map[il, e] >= 0:
-            continue
-        s = _victim(state, g, il, now, experts)
-        old = key_of[base + s]
-        if old >= 0:
-            slot_map[old // experts, old % experts] = -1
-        key_of[base + s] = il * experts + e
-        slot_map[il, e] = s
-        _use(state, g, s, il, e, now)
-        fill_e[n_fill] = e
-        fill_s[n_fill] = s
-        n_fill += 1
-    return n_hit, n_fill
-
-
-@njit(cache=True, nogil=True)
-def _replay(state, layer_group, tokens, n_tokens, used, experts, counts, held, want_held):
-    num_steps, batch, num_layers, k = tokens.shape
-    slot_map = state[11]
-    ids = np.empty(batch * k, dtype=np.int64)
-    uniq = np.empty(experts, dtype=np.int64)
-    mark = np.zeros(experts, dtype=np.bool_)
-    fill_e = np.empty(experts, dtype=np.int64)
-    fill_s = np.empty(experts, dtype=np.int64)
-    for s in range(num_steps):
-        for il in range(num_layers):
-            n = 0
-            for b in range(batch):
-                for j in range(k):
-                    e = tokens[s, b, il, j]
-                    if e >= 0:
-                        ids[n] = e
-                        n += 1
-            g = layer_group[il]
-            if want_held:
-                for i in range(n):
-                    held[s, il, ids[i]] = g >= 0 and slot_map[il, ids[i]] >= 0
-            if not used[s, il]:
-                continue
-            n_hit, n_fill = _fetch(state, g, il, n_tokens[s], ids, n, experts, uniq, mark,
-                                   fill_e, fill_s)
-            counts[0, s, il] = n_hit
-            counts[1, s, il] = n_fill
-            i = 0
-            while i < n_fill:
-                r = 1
-                while (i + r < n_fill and fill_e[i + r] == fill_e[i] + r
-                       and fill_s[i + r] == fill_s[i] + r):
-                    r += 1
-                counts[2, s, il] += 1
-                i += r

@@ -43,8 +43,9 @@ of each ubatch in the order llama.cpp's selection tensor holds them, then
 `log_stats(fetches, tokens_per_ubatch, groups)` gives the (hits, misses, uploaded bytes) of
 llama.cpp's two exit log lines, to compare with a real run's.
 
-The replay is compiled (numba; its kernels call only each other, all in this module, so
-numba's per-file cache stays right: solvers/cache/kernels.py says why that matters).
+The replay is compiled (numba): solvers/llamacpp/walk.py walks the ubatches, the fetch as
+described above, with the LRU's kernels (`lru_use`, `lru_victim`) beside ClassLRU's, as
+numba's per-file cache needs (solvers/cache/kernels.py says why that matters).
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from solvers.errors import SolverError
+from solvers.llamacpp.walk import walk
 
 MIB = 1024 * 1024          # --moe-cache-mib N reserves N * MIB bytes
 MAX_BATCH = 32             # impl::max_batch: larger ubatches only read the cache
@@ -232,7 +233,13 @@ class Fetches:
 class LlamaCppCache:
     """The LRUs of one llama.cpp MoE cache: `groups` with `slots` [G] slots each (0: not
     cached), E experts per layer, `n_expert_used` the graph's top-k. State carries across
-    `replay` calls, so long traffic can go in chunks."""
+    `replay` calls, so long traffic can go in chunks.
+
+    A policy (this one, or a subclass) is its state (`reset`: the tuple of arrays its
+    kernels in solvers/llamacpp/walk.py work on, its length naming them) and where that
+    state keeps the slot of each key (SLOT_MAP: the index of its [L, E] array)."""
+
+    SLOT_MAP = 6
 
     def __init__(self, groups: Groups, slots: Sequence[int], n_expert_used: int) -> None:
         self.groups = groups
@@ -257,7 +264,7 @@ class LlamaCppCache:
 
     def holds(self, layer: int, expert: int) -> bool:
         """Whether the cache holds `expert` of MoE layer `layer` now."""
-        return bool(self.state[6][layer, expert] >= 0)
+        return bool(self.state[self.SLOT_MAP][layer, expert] >= 0)
 
     def replay(self, tokens: np.ndarray, held: bool = False) -> Fetches:
         """Walk ubatches through the cache, in order. tokens: [S, B, L, k] int expert ids of
@@ -269,15 +276,10 @@ class LlamaCppCache:
         counts = np.zeros((3, num_steps, num_layers), dtype=np.int32)
         where = np.zeros((num_steps if held else 0, num_layers, self.groups.num_experts),
                          dtype=np.bool_)
-        self._walk(tokens, n_tokens, used, counts, where, held)
+        walk(self.state, self.state[self.SLOT_MAP],
+             np.asarray(self.groups.layer_group, dtype=np.int64), tokens, n_tokens, used,
+             self.groups.num_experts, counts, where, held)
         return Fetches(used, counts[0], counts[1], counts[2], where if held else None)
-
-    def _walk(self, tokens: np.ndarray, n_tokens: np.ndarray, used: np.ndarray,
-              counts: np.ndarray, where: np.ndarray, held: bool) -> None:
-        """The policy's kernel: fill counts [3, S, L] (hits, misses, runs) of the `used`
-        fetches, and where [S, L, E] (if held) the selected experts held before each."""
-        _replay(self.state, np.asarray(self.groups.layer_group, dtype=np.int64), tokens,
-                used, self.groups.num_experts, counts, where, held)
 
 
 def usable_fetches(tokens: np.ndarray, groups: Groups, slots: np.ndarray,
@@ -304,102 +306,3 @@ def log_stats(fetches: Fetches, tokens_per_step: np.ndarray, groups: Groups) -> 
     return {name: (int(fetches.hits[m].sum()), int(fetches.misses[m].sum()),
                    int(uploaded[m].sum()))
             for name, m in (("ubatch <= 8", small), ("ubatch  > 8", large))}
-
-
-@njit(cache=True, nogil=True)
-def _touch(prev, nxt, head, tail, g, base, s):
-    """Move local slot s of group g to the tail of its list (most recently used)."""
-    if s == tail[g]:
-        return
-    p, n = prev[base + s], nxt[base + s]
-    if p >= 0:
-        nxt[base + p] = n
-    else:
-        head[g] = n
-    prev[base + n] = p
-    prev[base + s] = tail[g]
-    nxt[base + s] = -1
-    nxt[base + tail[g]] = s
-    tail[g] = s
-
-
-@njit(cache=True, nogil=True)
-def _fetch(state, g, il, ids, n_ids, experts, uniq, mark, fill_e, fill_s):
-    """moe_cache_lru::plan for layer il of group g over ids[:n_ids]; returns (hits, fills)
-    with the fills' experts and slots in fill_e, fill_s."""
-    base_all, key_of, prev, nxt, head, tail, slot_map = state
-    base = base_all[g]
-    nu = 0
-    for i in range(n_ids):
-        e = ids[i]
-        if not mark[e]:
-            mark[e] = True
-            uniq[nu] = e
-            nu += 1
-    n_hit = 0
-    for j in range(nu):
-        mark[uniq[j]] = False
-        s = slot_map[il, uniq[j]]
-        if s >= 0:
-            _touch(prev, nxt, head, tail, g, base, s)
-            n_hit += 1
-    for j in range(1, nu):  # ascending ids, in place (a fetch has a few dozen at most)
-        e = uniq[j]
-        i = j - 1
-        while i >= 0 and uniq[i] > e:
-            uniq[i + 1] = uniq[i]
-            i -= 1
-        uniq[i + 1] = e
-    n_fill = 0
-    for j in range(nu):
-        e = uniq[j]
-        if slot_map[il, e] >= 0:
-            continue
-        s = head[g]
-        old = key_of[base + s]
-        if old >= 0:
-            slot_map[old // experts, old % experts] = -1
-        key_of[base + s] = il * experts + e
-        slot_map[il, e] = s
-        _touch(prev, nxt, head, tail, g, base, s)
-        fill_e[n_fill] = e
-        fill_s[n_fill] = s
-        n_fill += 1
-    return n_hit, n_fill
-
-
-@njit(cache=True, nogil=True)
-def _replay(state, layer_group, tokens, used, experts, counts, held, want_held):
-    num_steps, batch, num_layers, k = tokens.shape
-    slot_map = state[6]
-    ids = np.empty(batch * k, dtype=np.int64)
-    uniq = np.empty(experts, dtype=np.int64)
-    mark = np.zeros(experts, dtype=np.bool_)
-    fill_e = np.empty(experts, dtype=np.int64)
-    fill_s = np.empty(experts, dtype=np.int64)
-    for s in range(num_steps):
-        for il in range(num_layers):
-            n = 0
-            for b in range(batch):
-                for j in range(k):
-                    e = tokens[s, b, il, j]
-                    if e >= 0:
-                        ids[n] = e
-                        n += 1
-            g = layer_group[il]
-            if want_held:
-                for i in range(n):
-                    held[s, il, ids[i]] = g >= 0 and slot_map[il, ids[i]] >= 0
-            if not used[s, il]:
-                continue
-            n_hit, n_fill = _fetch(state, g, il, ids, n, experts, uniq, mark, fill_e, fill_s)
-            counts[0, s, il] = n_hit
-            counts[1, s, il] = n_fill
-            i = 0
-            while i < n_fill:
-                r = 1
-                while (i + r < n_fill and fill_e[i + r] == fill_e[i] + r
-                       and fill_s[i + r] == fill_s[i] + r):
-                    r += 1
-                counts[2, s, il] += 1
-                i += r
