@@ -1,11 +1,14 @@
 """Start-up: Ctrl-C at any moment of a command's start (while Python imports the command
 line, while it parses or prints help) is one line on stderr and exit status 130, never a
 KeyboardInterrupt traceback; the light modules the command line imports name the same
-choices as the heavy modules they stand in for. (What start-up imports: test_layering.py;
-how long it takes: benchmarks/bench_startup.py.)"""
+choices as the heavy modules they stand in for; a command's --help imports that command's
+module alone, and the listing (placer.commands.index) says what the commands say. (No heavy
+package at start-up: test_layering.py; how long it takes: benchmarks/bench_startup.py.)"""
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from placer.commands.index import COMMANDS, GROUPS
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -114,3 +119,57 @@ def test_light_choice_tables_agree_with_their_sources() -> None:
     assert spec.OFFLOAD_MIN_BATCH == solvers.cpu.OFFLOAD_MIN_BATCH
     assert traces.collect.MODES is traces.choices.MODES
     assert traces.server.ENGINES is traces.choices.ENGINES
+
+
+# The child runs the console entry point on ARGV, then says on stderr which command modules
+# (placer.commands.NAME for each NAME of the index) it imported.
+IMPORTED_COMMANDS = """
+import json, sys
+sys.argv = ["placer", *{argv!r}]
+from placer.cli import main
+from placer.commands.index import COMMANDS
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+sys.stderr.write(json.dumps([code, sorted(n for n in COMMANDS
+                                          if f"placer.commands.{{n}}" in sys.modules)]))
+"""
+
+
+def imported_commands(argv: list[str]) -> list:
+    result = subprocess.run([sys.executable, "-c", IMPORTED_COMMANDS.format(argv=argv)],
+                            capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)
+    code, names = json.loads(result.stderr.splitlines()[-1])
+    return [code, names]
+
+
+@pytest.mark.parametrize("path", [*([name] for name in COMMANDS),
+                                  ["hardware", "new"], ["traces", "stats"],
+                                  ["export", "llamacpp"]], ids=" ".join)
+def test_a_command_s_help_imports_its_own_command_module_alone(path: list[str]) -> None:
+    """`placer X --help` builds X alone: it imports placer.commands.X and no other command's
+    module (each costs its imports and typer's reading of its options)."""
+    assert imported_commands([*path, "--help"]) == [0, [path[0]]]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], []], ids=" ".join)
+def test_the_listing_and_the_version_import_no_command_module(argv: list[str]) -> None:
+    """The top listing comes from placer.commands.index (bare `placer` prints it, exit 2)."""
+    assert imported_commands(argv) == [2 if not argv else 0, []]
+
+
+def test_the_index_says_what_the_commands_say() -> None:
+    """placer.commands.index, which `placer --help` lists, holds each command's name (in the
+    order typer lists them: commands, then groups) and the first paragraph of its help."""
+    from typer.main import get_command
+
+    from placer.cli import app
+
+    built = get_command(app).commands
+    found = {name: inspect.cleandoc(cmd.short_help or cmd.help or "").split("\n\n")[0].strip()
+             for name, cmd in built.items()}
+    assert list(COMMANDS) == list(found)
+    stale = {name: text for name, text in found.items() if COMMANDS[name] != text}
+    assert not stale, f"placer/commands/index.py: COMMANDS should read {stale!r}"
+    assert GROUPS == {name for name, cmd in built.items() if hasattr(cmd, "commands")}

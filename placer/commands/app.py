@@ -7,21 +7,27 @@ by `placer.commands.common.command` (the one CLI boundary); click's usage errors
 option, missing argument, a value of the wrong type) into one line and exit 2 by
 `PlacerGroup.main`, which both the console entry point and typer's CliRunner call.
 
-Start-up is kept short (`benchmarks/bench_startup.py` times it; tests/test_layering.py checks
-what it imports): the command modules import at their top only what their options need, and
-each command imports the heavy packages (torch, pyarrow, numpy, the solvers) in its body.
+Start-up is kept short (`benchmarks/bench_startup.py` times it; tests/test_layering.py and
+tests/test_startup.py check what it imports): the top group builds a command (imports its
+module, reads its options) only when that command is looked up, so `placer solve --help`
+imports `placer.commands.solve` and no other command, and `placer --help` and `--version`
+none (the listing comes from `placer.commands.index`). The command modules import at their
+top only what their options need, and each command imports the heavy packages (torch,
+pyarrow, numpy, the solvers) in its body.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
+from typer.main import get_group
 
 try:  # typer 0.2x carries its own copy of click; its commands raise that copy's exceptions
     from typer._click import exceptions as click_errors
@@ -30,32 +36,73 @@ except ImportError:  # pragma: no cover - a typer that uses click itself
     from click import echo
     from click import exceptions as click_errors
 
-from placer.commands import (
-    bench,
-    collect,
-    emit,
-    evaluate,
-    export,
-    hardware,
-    inspect,
-    plan,
-    probe,
-    run,
-    schema,
-    serve,
-    solve,
-    traces,
-    verify,
-)
-from placer.commands.common import INTERRUPTED
+from placer.commands.index import COMMANDS, GROUPS
 
 HELP_WIDTH = 120  # --help when stdout is not a terminal (typer's rich default is 80 there)
+SETTINGS: dict[str, Any] = {"pretty_exceptions_enable": False, "add_completion": False}
+
+
+class Commands(Mapping):
+    """The top group's commands by name, in the listing's order (placer.commands.index):
+    each is built, its module imported, the first time it is looked up."""
+
+    def __init__(self) -> None:
+        self.built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self.built[name] = build(name)
+        return self.built[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in COMMANDS
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS)
+
+    def summary(self, name: str) -> Any:
+        """`name` as the listing shows it: the command where it is built, else a stand-in
+        carrying the first paragraph of its help (all the listing prints of it)."""
+        return self.built.get(name) or TyperCommand(name=name, help=COMMANDS[name])
+
+
+def build(name: str) -> Any:
+    """The click command of `placer NAME`: its module's `register` on an app of its own."""
+    holder = typer.Typer(**SETTINGS)
+    importlib.import_module(f"placer.commands.{name}").register(holder)
+    return get_group(holder).commands[name]
 
 
 class PlacerGroup(TyperGroup):
     """The top `placer` group: every usage error is one line on stderr, exit status 2. While a
     command runs, SIGTERM is raised in it as SIGINT is (Signals: an Interrupted, once), so
-    that whatever it was writing is cleaned up as on Ctrl-C, never left half-written."""
+    that whatever it was writing is cleaned up as on Ctrl-C, never left half-written. Its
+    commands are built on first use (Commands); its help lists them from the index."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = Commands()
+        self.listing = False
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self.listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.listing = False
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # typer's reads .items(): every command built
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if self.listing:
+            return self.commands.summary(cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any
@@ -100,6 +147,8 @@ def interrupt_line() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
+        from placer.commands.common import INTERRUPTED
+
         echo("error: interrupted by SIGINT; nothing was done", err=True)
         raise typer.Exit(INTERRUPTED) from None
 
@@ -108,9 +157,8 @@ def shows_help(argv: list[str]) -> bool:
     """Whether `argv` only prints help: --help anywhere, nothing, or a group's name alone (a
     group given no command prints its help). Such a run (and --version) writes nothing, so
     it skips `signals` (which imports numpy: a tenth of a second)."""
-    groups = {info.name for info in app.registered_groups}
     return (not argv or any(a in ("--help", "-h") for a in argv)
-            or (len(argv) == 1 and argv[0] in groups))
+            or (len(argv) == 1 and argv[0] in GROUPS))
 
 
 def signals() -> contextlib.AbstractContextManager:
@@ -134,8 +182,7 @@ app = typer.Typer(
     cls=PlacerGroup,
     help="Offline expert-placement optimizer for MoE models on boxes of consumer GPUs.",
     no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+    **SETTINGS,
 )
 
 
@@ -161,9 +208,4 @@ def placer_main(
                                  help="Print placer's version and exit."),
 ) -> None:
     """Offline expert-placement optimizer for MoE models on boxes of consumer GPUs."""
-
-
-for module in (inspect, hardware, probe, plan, collect, traces, solve, emit, verify, evaluate, run,
-               serve, bench, export, schema):
-    module.register(app)
 
