@@ -173,3 +173,39 @@ def test_the_index_says_what_the_commands_say() -> None:
     stale = {name: text for name, text in found.items() if COMMANDS[name] != text}
     assert not stale, f"placer/commands/index.py: COMMANDS should read {stale!r}"
     assert GROUPS == {name for name, cmd in built.items() if hasattr(cmd, "commands")}
+
+
+# The child runs the console entry point on ARGV (after importing typer.rich_utils plainly
+# where PLAIN), then says on stderr which of the modules help need not load it loaded.
+RENDERED = """
+import json, sys
+if {plain}:
+    import typer.rich_utils
+sys.argv = ["placer", *{argv!r}]
+from placer.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+sys.stderr.write(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))
+"""
+NOT_FOR_HELP = ("rich.markdown", "rich.traceback", "markdown_it", "pygments")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["solve", "--help"], ["hardware", "--help"]],
+                         ids=" ".join)
+def test_help_needs_no_markdown_or_traceback_renderer_and_reads_the_same(argv: list[str]
+                                                                          ) -> None:
+    """typer.rich_utils is imported with stand-ins for rich.markdown and rich.traceback
+    (placer.commands.app.help_renderer): none of their packages is loaded, and the help
+    printed is the same, byte for byte, as with typer.rich_utils imported plainly."""
+    out = {}
+    for plain in (False, True):
+        code = RENDERED.format(plain=plain, argv=argv, modules=NOT_FOR_HELP)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                cwd=REPO, env=ENV, timeout=120)
+        out[plain] = (result.stdout, json.loads(result.stderr.splitlines()[-1]))
+    assert out[False][1] == []
+    assert out[True][1] != []  # the check sees them where typer.rich_utils loads them
+    assert "Usage: " in out[False][0]
+    assert out[False][0] == out[True][0]

@@ -23,6 +23,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
 import typer
@@ -40,6 +41,10 @@ from placer.commands.index import COMMANDS, GROUPS
 
 HELP_WIDTH = 120  # --help when stdout is not a terminal (typer's rich default is 80 there)
 SETTINGS: dict[str, Any] = {"pretty_exceptions_enable": False, "add_completion": False}
+# typer.rich_utils imports these at its top for markup mode "markdown" and for pretty
+# tracebacks, neither of which placer uses (markup mode "rich", SETTINGS): markdown_it and
+# pygments, 40% of its import time. help_renderer imports it without them.
+UNUSED_BY_HELP = {"rich.markdown": "Markdown", "rich.traceback": "Traceback"}
 
 
 class Commands(Mapping):
@@ -109,12 +114,10 @@ class PlacerGroup(TyperGroup):
              ) -> Any:
         argv = sys.argv[1:] if args is None else list(args)
         help_only = shows_help(argv)
-        if help_only and not sys.stdout.isatty() and not os.environ.get("TERMINAL_WIDTH"):
-            from typer import rich_utils  # 0.3 s: only where help is printed (a plain
-            # `import typer.rich_utils` here would make `typer` local to main and unbound
-            # at `except typer.Abort` below)
-
-            rich_utils.MAX_WIDTH = HELP_WIDTH
+        if help_only:
+            rich_utils = help_renderer()
+            if not sys.stdout.isatty() and not os.environ.get("TERMINAL_WIDTH"):
+                rich_utils.MAX_WIDTH = HELP_WIDTH
         try:
             with contextlib.nullcontext() if help_only or "--version" in argv else signals():
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False,
@@ -159,6 +162,44 @@ def shows_help(argv: list[str]) -> bool:
     it skips `signals` (which imports numpy: a tenth of a second)."""
     return (not argv or any(a in ("--help", "-h") for a in argv)
             or (len(argv) == 1 and argv[0] in GROUPS))
+
+
+def help_renderer() -> ModuleType:
+    """typer.rich_utils, which renders help, imported without the modules of UNUSED_BY_HELP:
+    stand-ins take their place in sys.modules while it imports, and leave it right after,
+    so that whatever imports them later gets rich's own. (A typer whose rich_utils wants
+    more of them than the stand-ins give gets them: it is imported again, plainly;
+    tests/test_startup.py checks that the stand-ins are used and change no help text.)"""
+    if "typer.rich_utils" in sys.modules:
+        return sys.modules["typer.rich_utils"]
+    stand_ins = {name: stand_in(name, attr) for name, attr in UNUSED_BY_HELP.items()
+                 if name not in sys.modules}
+    sys.modules.update(stand_ins)
+    try:
+        return importlib.import_module("typer.rich_utils")
+    except Exception:  # noqa: BLE001 - any failure with the stand-ins: import it plainly
+        for name in stand_ins:
+            del sys.modules[name]
+        stand_ins = {}
+        return importlib.import_module("typer.rich_utils")
+    finally:
+        for name, module in stand_ins.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+
+
+def stand_in(name: str, attr: str) -> ModuleType:
+    """A module `name` whose class `attr` refuses to be made (placer's help never does)."""
+
+    class Unused:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError(f"{name}.{attr}: not loaded for placer's help "
+                               "(placer.commands.app.help_renderer)")
+
+    Unused.__name__ = Unused.__qualname__ = attr
+    module = ModuleType(name, "placer's stand-in while typer.rich_utils is imported")
+    setattr(module, attr, Unused)
+    return module
 
 
 def signals() -> contextlib.AbstractContextManager:
