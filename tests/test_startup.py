@@ -92,7 +92,9 @@ main()
 @pytest.mark.parametrize("argv", [["solve", "--help"], ["hardware", "show", "1x-rtx4090"]])
 def test_a_real_ctrl_c_at_any_early_moment_is_one_line(argv: list[str]) -> None:
     """A real Ctrl-C at a few moments after Python has started: the command finishes (0) or
-    says so in one line (130), never a traceback."""
+    says so in one line (130), never a traceback. A help done in under 0.2 s may get the
+    signal as Python exits, its handler gone: then SIGINT's default action ends it, silent
+    (status -SIGINT)."""
     for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
         proc = subprocess.Popen([sys.executable, "-c", STARTED.format(argv=argv)], cwd=REPO,
                                 env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -101,7 +103,9 @@ def test_a_real_ctrl_c_at_any_early_moment_is_one_line(argv: list[str]) -> None:
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
-        assert proc.returncode in (0, 130), (delay, proc.returncode, stderr)
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, stderr)
+        if proc.returncode == -signal.SIGINT:
+            assert stderr == "", (delay, stderr)
         if proc.returncode == 130:
             assert stderr == "error: interrupted by SIGINT; nothing was done\n", (delay, stderr)
 
