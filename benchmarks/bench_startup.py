@@ -95,7 +95,7 @@ def report(best: dict, floor: dict, runs: list[list[str]], repeats: int,
           f"(idle: under 0.1)")
     for name, (wall, cpu) in floor.items():
         print(f"  floor: {name}: {wall * 1e3:.0f} ms wall, {cpu * 1e3:.0f} ms CPU")
-    extra = f" {'against s':>9s} {'this/against':>12s}" if against else ""
+    extra = f" {'against s':>9s} {'CPU s':>6s} {'this/against':>12s}" if against else ""
     print(f"{'command':34s} {'wall s':>7s} {'CPU s':>6s} {'x python':>8s} {'target':>7s}{extra}")
     for r in runs:
         wall, cpu = best[("this", tuple(r))]
@@ -103,9 +103,9 @@ def report(best: dict, floor: dict, runs: list[list[str]], repeats: int,
         line = (f"{'placer ' + ' '.join(r):34s} {wall:7.3f} {cpu:6.3f} {wall / base:7.1f}x "
                 f"{mark:>7s}")
         if against:
-            other = best[("against", tuple(r))][0]
-            line += (f" {other:9.3f} {wall / other:11.2f}x" if other != NEVER[0]
-                     else f" {'failed':>9s} {'-':>12s}")
+            other, other_cpu = best[("against", tuple(r))]
+            line += (f" {other:9.3f} {other_cpu:6.3f} {wall / other:11.2f}x"
+                     if other != NEVER[0] else f" {'failed':>9s} {'-':>6s} {'-':>12s}")
         print(line)
     worst = max(best[("this", tuple(r))][0] for r in runs)
     print(f"slowest: {worst:.3f} s ({'under' if worst < TARGET_S else 'OVER'} the "
