@@ -11,9 +11,10 @@ Start-up is kept short (`benchmarks/bench_startup.py` times it; tests/test_layer
 tests/test_startup.py check what it imports): the top group builds a command (imports its
 module, reads its options) only when that command is looked up, so `placer solve --help`
 imports `placer.commands.solve` and no other command, and `placer --help` and `--version`
-none (the listing comes from `placer.commands.index`). The command modules import at their
-top only what their options need, and each command imports the heavy packages (torch,
-pyarrow, numpy, the solvers) in its body.
+none (the listing comes from `placer.commands.index`); help imports typer's rich renderer
+without the two modules it loads for what placer does not use (help_renderer). The command
+modules import at their top only what their options need, and each command imports the
+heavy packages (torch, pyarrow, numpy, the solvers) in its body.
 """
 
 from __future__ import annotations
