@@ -92,6 +92,9 @@ class PlacerGroup(TyperGroup):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if self.commands:  # registered on `app` itself: they would be lost
+            raise TypeError(f"{sorted(self.commands)}: a command of placer is listed in "
+                            "placer.commands.index and registered by its own module")
         self.commands = Commands()
         self.listing = False
 
