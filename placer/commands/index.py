@@ -2,7 +2,7 @@
 paragraph of its help, as `placer --help` lists them. With it the listing needs none of the
 command modules: `placer.commands.app` imports a command's module (and builds its options)
 only when that command runs or shows its help. tests/test_startup.py checks the table against
-the commands themselves (and prints the table to paste where a help text has changed).
+the commands themselves (naming each entry whose help text has changed, with its new text).
 
 A command NAME lives in `placer.commands.NAME`, whose `register(app)` adds it; GROUPS are the
 names that are groups of commands (`placer hardware list`).
