@@ -2,10 +2,11 @@
 
 The console script runs `from placer.cli import main; main()`. This module imports nothing
 at its top, so the script reaches `main` at once; `main` then imports the command line
-(`placer.commands.app`: typer, rich and every command module) inside its own handler, so
-that Ctrl-C at any moment, while importing too, is one line on stderr and exit status 130,
-never a KeyboardInterrupt traceback. Once a command runs, `placer.commands.common.command`
-handles an interrupt (cleaning up what the command was writing) the same way.
+(`placer.commands.app`: typer; the one command asked for is imported as it is looked up)
+inside its own handler, so that Ctrl-C at any moment, while importing too, is one line on
+stderr and exit status 130, never a KeyboardInterrupt traceback. Once a command runs,
+`placer.commands.common.command` handles an interrupt (cleaning up what the command was
+writing) the same way.
 
 What no handler can cover is Python's own start (the interpreter, site) and the import of
 this module itself, which imports only `sys` (loaded already): a signal in that first

@@ -19,6 +19,7 @@ two placer commands would wait on each other, and the README's blocks have none)
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -76,6 +77,10 @@ def serve(path: str, owner: int) -> None:
     import transformers.models.qwen3_moe.modeling_qwen3_moe  # noqa: F401
 
     import placer.commands.app  # noqa: F401
+    from placer.commands.index import COMMANDS
+
+    for name in COMMANDS:  # the command line imports a command's module on first use
+        importlib.import_module(f"placer.commands.{name}")
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")

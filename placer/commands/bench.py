@@ -14,7 +14,7 @@ from rich.table import Table
 from placer.checkpoint.step import monotone
 from placer.commands.common import command, parse_list, print_json, print_table, span
 from placer.commands.common import console as rich_console
-from placer.commands.run import MODEL_HELP, check_placed, source_model
+from placer.commands.placed_dir import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
 from placer.files import check_outputs_apart, check_target, write_text_atomic
 from placer.hardware.devices import check_device

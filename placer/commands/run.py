@@ -11,12 +11,10 @@ from rich.table import Table
 
 from placer.commands.common import command, print_json, print_table
 from placer.commands.common import console as rich_console
+from placer.commands.placed_dir import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 from placer.units import format_bytes
-
-MODEL_HELP = ("The checkpoint directory it was placed from (dense weights, tokenizer); default: "
-              "the one the manifest records (source.dir).")
 
 
 def register(app: typer.Typer) -> None:
@@ -74,26 +72,6 @@ def check_run_options(placed: Path, prompt: str, cache_slots: int | None, device
     if not prompt.strip():
         raise PlacerError("--prompt: expected some text to continue, got an empty prompt")
     check_device(device)
-
-
-def check_placed(placed: Path) -> None:
-    """What run, serve and bench refuse as PLACED."""
-    if not placed.is_dir():
-        raise PlacerError(f"{placed}: not a placed directory (`placer emit` writes one)")
-
-
-def source_model(placed: Path, model: Path | None) -> Path:
-    """--model, or the source checkpoint PLACED's manifest records; one line where that
-    directory is gone."""
-    if model is not None:
-        return model
-    from placer.placed.manifest import read_manifest
-
-    recorded = Path(read_manifest(placed)["source"]["dir"])
-    if not recorded.is_dir():
-        raise PlacerError(f"{placed}: the source checkpoint its manifest records, {recorded}, "
-                          "no longer exists: give --model")
-    return recorded
 
 
 def print_result(result: dict) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command
-from placer.commands.run import MODEL_HELP, check_placed, source_model
+from placer.commands.placed_dir import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
 

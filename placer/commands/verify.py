@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command, print_json
-from placer.commands.run import MODEL_HELP, source_model
+from placer.commands.placed_dir import MODEL_HELP, source_model
 from placer.units import format_bytes
 
 
