@@ -53,6 +53,7 @@ from solvers.cache.replay import Requests
 
 CHOICES = ("lru", "lfru", "lfuda", "classlru", "learned")
 ENGINES = ("lru", "lfuda")  # the engines' own caches: per layer, the whole budget, no pins
+LEARNED, FREE = "learned", "learned (no identity)"  # FREE: runs as learned, see policy()
 SPLIT, PLAIN = "split", "plain cache"  # whose pins and slots a row serves
 POLICY_KEYS = 1.5e8   # requests the choice replays at most (beyond: a prefix of each fold)
 FIT_KEYS = 2.4e7      # requests the held-out fits of the learned weights replay per round
@@ -81,6 +82,12 @@ class PolicyChoice:
     rows: list[dict] = field(default_factory=list)
     plan: str = SPLIT
     guard: dict | None = None
+    identity: bool = True  # learned: False for the FREE row's fit (no calibration, no T)
+
+
+def policy(row_policy: str) -> str:
+    """The cache policy a row's policy runs (FREE: learned, fitted without identity)."""
+    return LEARNED if row_policy == FREE else row_policy
 
 
 def entry_pins(table: CostTable, n: int, p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -159,9 +166,10 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     problem, home = table.problem, table.problem.home
     layers, experts = home.shape
     sets = {SPLIT: plans, **({PLAIN: plain} if plain is not None else {})}
-    variants = [(SPLIT, name, pooled) for name in choices for pooled in (False, True)]
-    if plain is not None:
-        variants += [(PLAIN, name, pooled) for name in choices if name != "learned"
+    names = (*choices, FREE) if LEARNED in choices else choices
+    variants = [(SPLIT, name, pooled) for name in names for pooled in (False, True)]
+    if plain is not None:  # FREE only: the plain cache pins nothing its renaming could undo
+        variants += [(PLAIN, name, pooled) for name in names if name != LEARNED
                      for pooled in (False, True)]
     engines = PLAIN if plain is not None else SPLIT if split_is_plain else None
     guarded = engines is not None and set(ENGINES) <= set(choices)
@@ -179,25 +187,30 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     if twins:
         steps |= {(n, True): steps[(n, False)].relabeled(home, seed + table.entries[n].fold)
                   for n in entries}
-    trains = {table.entries[n].train: n for n in entries} if "learned" in choices else {}
-    per_fit = int(FIT_KEYS // max(1, len(trains)))
+    # one fit per learned row's pins (split or plain), variant and training set
+    fits = {(s, name, table.entries[n].train): n for s, name, _ in variants
+            if name in (LEARNED, FREE) for n, _ in work[s]}
+    per_fit = int(FIT_KEYS // max(1, len({t for _, _, t in fits})))
 
-    def fit(n: int) -> dict:
+    def fit(key: tuple[str, str, tuple]) -> dict:
+        s, name, _ = key
+        n = fits[key]
         got = fit_learned([table.entries[m].requests for m in table.entries[n].train],
-                          ~pins[(SPLIT, n)], home, plan_of[(SPLIT, n)].q, seed=seed,
-                          limit=per_fit)
+                          ~pins[(s, n)], home, plan_of[(s, n)].q, seed=seed,
+                          limit=per_fit, identity=name == LEARNED)
         return got.options
 
     def replay(job: tuple[str, int, str, bool, bool]) -> float:
         s, n, name, pooled, copy = job
-        options = fitted[table.entries[n].train] if name == "learned" else {}
-        cache = make_policy(name, plan_of[(s, n)].q, layers * experts, pooled=pooled,
+        options = fitted[(s, name, table.entries[n].train)] if name in (LEARNED, FREE) \
+            else {}
+        cache = make_policy(policy(name), plan_of[(s, n)].q, layers * experts, pooled=pooled,
                             **options)
         misses = steps[(n, copy)].misses(cache, ~pins[(s, n)], home)
         return float(table.seconds(n, misses).sum())
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        fitted = dict(zip(trains, pool.map(fit, trains.values()), strict=True))
+        fitted = dict(zip(fits, pool.map(fit, fits), strict=True))
         jobs = [(s, n, name, pooled, copy) for s, name, pooled in variants for n, _ in work[s]
                 for copy in ((False, True) if twins else (False,))]
         stall = {(v, copy): np.zeros(len(table.entries)) for v in variants
@@ -228,9 +241,9 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     for row in rows:
         row["chosen"] = (row["plan"], row["policy"], row["pooled"]) == pick
     best = next(row for row in rows if row["chosen"])
-    return PolicyChoice(best["policy"], best["pooled"], best["stall_s"], best["objective"],
-                        best["unlike_stall_s"], judged, rows=rows, plan=best["plan"],
-                        guard=found)
+    return PolicyChoice(policy(best["policy"]), best["pooled"], best["stall_s"],
+                        best["objective"], best["unlike_stall_s"], judged, rows=rows,
+                        plan=best["plan"], guard=found, identity=best["policy"] != FREE)
 
 
 def with_weights(choice: PolicyChoice, table: CostTable, pinned: np.ndarray,
@@ -243,7 +256,7 @@ def with_weights(choice: PolicyChoice, table: CostTable, pinned: np.ndarray,
         return choice
     calib = table.calibration
     fit = fit_learned([table.entries[n].requests for n in calib], ~pinned, table.problem.home,
-                      quotas, seed=seed,
-                      units=[table.entries[n].unit for n in calib])
+                      quotas, seed=seed, units=[table.entries[n].unit for n in calib],
+                      identity=choice.identity)
     return replace(choice, weights=fit.weights, calibration=fit.calibration,
                    transition=fit.transition)
