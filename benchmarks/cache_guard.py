@@ -25,6 +25,7 @@ reused; the rules' table is printed from them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -86,9 +87,9 @@ def watched_solve(args: list[str]) -> dict:
         got["choice"] = real_choose(table, *args, **kwargs)
         return replace(got["choice"], plan=choice.SPLIT, name="lfru", pooled=False)
 
-    def guard(rows, twin, share, chosen, plan=choice.PLAIN):
+    def guard(twin, share, chosen, plan=choice.PLAIN):
         got["guard"] = (twin, share, chosen, plan)
-        return real_guard(rows, twin, share, chosen, plan)
+        return real_guard(twin, share, chosen, plan)
 
     def weights(c, table, pinned, quotas, seed=0):
         got["pinned"], got["quotas"] = pinned.copy(), np.asarray(quotas).copy()
@@ -225,9 +226,15 @@ def interval(twin: dict, share: np.ndarray, row: tuple, best: tuple) -> tuple[fl
 
 
 RULES = {
-    # engines: not above the better one beyond the interval; any other row: ...
+    # engines: not above the better one beyond the interval; any other row: ... (a name
+    # ending in "fallback": where the objective's pick is not backed, the better engine serves,
+    # not the next row the folds back)
     "below beyond the interval (before)": lambda r, low, high, engine: (
         low <= 1.0 if engine else high < 1.0),
+    "below beyond the interval, else the better engine (fallback)":
+        lambda r, low, high, engine: low <= 1.0 if engine else high < 1.0,
+    "not above beyond the interval (low <= 1), else the better engine (fallback)":
+        lambda r, low, high, engine: low <= 1.0,
     "not above at all (high <= 1)": lambda r, low, high, engine: (
         low <= 1.0 if engine else high <= 1.0),
     "not above beyond the interval (low <= 1)": lambda r, low, high, engine: low <= 1.0,
@@ -236,14 +243,23 @@ RULES = {
 }
 
 
-def served(figures: dict, rule) -> tuple:
+ROW_SETS = {
+    "every row": lambda row: True,
+    "no identity-free learned on the plain cache": lambda row: row[:2] != ("plain cache",
+                                                                          "learned (no identity)"),
+    "no identity-free learned": lambda row: row[1] != "learned (no identity)",
+}
+
+
+def served(figures: dict, rule, rows=ROW_SETS["every row"], fallback: bool = False) -> tuple:
     """The row `rule` serves in one case (the objective's pick where backed, else the least
-    objective of the rows backed), from the kept figures."""
+    objective of the rows backed) among the `rows` kept, from the kept figures."""
     from solvers.cache.choice import ENGINES
 
     share = np.asarray(figures["share"])
     twin = {(r["plan"], r["policy"], r["pooled"]): r["renamed"] for r in figures["rows"]}
-    objective = {(r["plan"], r["policy"], r["pooled"]): r["objective"] for r in figures["rows"]}
+    objective = {(r["plan"], r["policy"], r["pooled"]): r["objective"] for r in figures["rows"]
+                 if rows((r["plan"], r["policy"], r["pooled"]))}
     engines = [(figures["engines"], name, False) for name in ENGINES]
     best = min(engines, key=lambda k: float(share @ np.asarray(twin[k])))
 
@@ -251,18 +267,20 @@ def served(figures: dict, rule) -> tuple:
         ratio, low, high = interval(twin, share, row, best)
         return rule(ratio, low, high, row in engines)
 
-    pick = tuple(figures["objective_pick"])
-    return pick if backed(pick) else min(filter(backed, objective), key=objective.get)
+    pick = min(objective, key=objective.get)
+    if backed(pick):
+        return pick
+    return best if fallback else min(filter(backed, objective), key=objective.get)
 
 
 def report(results: dict[str, dict]) -> None:
     """Each rule's served row per case, and the checks of done-when (1) and (2)."""
-    for name, rule in RULES.items():
+    for (name, rule), (among, rows) in itertools.product(RULES.items(), ROW_SETS.items()):
         print(f"\nrule: a row other than an engine is served where its renamed stall is "
-              f"{name}")
+              f"{name}; rows: {among}")
         fails = 0
         for case, figures in results.items():
-            row = served(figures, rule)
+            row = served(figures, rule, rows, name.endswith("(fallback)"))
             label = "|".join(map(str, row))
             share = np.asarray(figures["share"])
             twin = {(r["plan"], r["policy"], r["pooled"]): r["renamed"]
