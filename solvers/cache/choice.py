@@ -7,15 +7,12 @@ and slots are then served, fold by fold, by each policy of CHOICES, per layer an
 split judged there (chosen on the other units), its pins ranked as the split ranked them for
 that fold, and its misses counted on the held-out fold itself. `learned`'s weights for a
 fold are fitted on that fold's training entries only (solvers/cache/learn.py), never on the
-fold it is judged on (per layer; the pooled learned policy runs the same weights), and
-beside it the identity-free fit, FREE (`learned (no identity)`: age and decayed counts only,
-its calibration and transition weights 0, so renaming the experts changes nothing it reads;
-it runs and ships as `learned`). Where the split is not the plain cache, the plain cache (the
-whole budget as even per-layer slots, nothing pinned) is served the same way by every policy
-but `learned` (FREE included): among its rows are the engines' own caches, `lru` and `lfuda`
-per layer (ENGINES). The row of least held-out objective (the split's: stall, or the regret
-under --robust) is the objective's pick; the plan's own weights are then fitted on every
-calibration fold.
+fold it is judged on (per layer; the pooled learned policy runs the same weights). Where the
+split is not the plain cache, the plain cache (the whole budget as even per-layer slots,
+nothing pinned) is served the same way by every policy but `learned`: among its rows are
+the engines' own caches, `lru` and `lfuda` per layer (ENGINES). The row of least held-out
+objective (the split's: stall, or the regret under --robust) is chosen; the plan's own
+weights are then fitted on every calibration fold.
 
 The guard. Every row is also judged on traffic unlike the calibration: each held-out fold
 with each layer's experts renamed (the --robust twins of the table, or by default the same
@@ -27,19 +24,21 @@ the renamed folds (the paired ratio over the folds, with a 95% t interval from t
 fold ratios). It serves where it is not above the better engine beyond the interval: the
 test issue #42 puts to the plan served (its stall not above the better of lru and lfuda
 beyond its interval), here on the renamed folds. Else the better engine serves, not the
-next row the same folds liked: the folds that chose the pick were wrong about it, and every
-row they rank above the engines gained on the same calibration (ESFT, plan on intent, B = 1:
-pooled lfru on the plain cache, 0.960x lfuda on the renamed folds, was 1.022x on summary;
-the identity-free learned, 0.887x, 1.04-1.11x on law, summary and translation: the renamed
-folds keep the calibration's reuse in time, which another task changes). `guard` says what
-it found (the pick's ratio and interval) and, where it switched, what serves instead.
-(docs/cache-split.md has every case's figures: benchmarks/cache_guard.py.)
+next row the same folds liked: the folds that chose the pick were wrong about it, and the
+rows they rank next above the engines gained on the same calibration (ESFT, plan on intent,
+B = 1: pooled lfru on the plain cache, 0.960x lfuda on the renamed folds, 1.022x on
+summary). `guard` says what it found (the pick's ratio and interval) and, where it switched,
+what serves instead. Not a row: learned fitted without the features that name experts
+(benchmarks/cache_guard.py, `identity=False` of solvers/cache/learn.py). It is as good on
+the renamed folds as on the calibration's own, and loses to lfuda on unseen tasks (ESFT:
+0.887x lfuda on intent's renamed folds, 1.04-1.11x on law, summary and translation): the
+renamed folds keep the calibration's reuse in time, which another task changes, so the
+guard cannot catch it. docs/cache-split.md has every case's figures.
 
 Cost: one replay per row, held-out entry and renaming (its own fold and, by default where
-the guard runs, its renamed copy), and one fit of the learned weights per training set,
-pins and variant (learned and FREE on the split, FREE on the plain cache). Beyond
-POLICY_KEYS requests in all, each fold is judged on its first steps only (a prefix, the
-same for every row), and the figures are scaled to the split's: a row's stall is the
+the guard runs, its renamed copy), and one fit of the learned weights per training set.
+Beyond POLICY_KEYS requests in all, each fold is judged on its first steps only (a prefix,
+the same for every row), and the figures are scaled to the split's: a row's stall is the
 split's times its ratio to the split's policy on the prefix (ratios between rows, the
 guard's, are unscaled).
 """
@@ -60,7 +59,6 @@ from solvers.cache.replay import Requests
 
 CHOICES = ("lru", "lfru", "lfuda", "classlru", "learned")
 ENGINES = ("lru", "lfuda")  # the engines' own caches: per layer, the whole budget, no pins
-LEARNED, FREE = "learned", "learned (no identity)"  # FREE: runs as learned, see policy()
 SPLIT, PLAIN = "split", "plain cache"  # whose pins and slots a row serves
 POLICY_KEYS = 1.5e8   # requests the choice replays at most (beyond: a prefix of each fold)
 FIT_KEYS = 2.4e7      # requests the held-out fits of the learned weights replay per round
@@ -89,12 +87,6 @@ class PolicyChoice:
     rows: list[dict] = field(default_factory=list)
     plan: str = SPLIT
     guard: dict | None = None
-    identity: bool = True  # learned: False for the FREE row's fit (no calibration, no T)
-
-
-def policy(row_policy: str) -> str:
-    """The cache policy a row's policy runs (FREE: learned, fitted without identity)."""
-    return LEARNED if row_policy == FREE else row_policy
 
 
 def entry_pins(table: CostTable, n: int, p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -138,8 +130,8 @@ def guard(twin: dict[Row, np.ndarray], share: np.ndarray, chosen: Row, plan: str
     per layer (the plain cache's pins and slots: none and the whole budget); `twin`: each
     row's stall on the renamed folds ([entries], weighed by `share`). The objective's pick
     `chosen` serves where its renamed stall is not above the better engine's beyond the
-    paired interval (the check an engine passes, and done-when's own test of the plan served);
-    else the better engine serves (not the next row the same folds liked: module docstring)."""
+    paired interval (the test an engine passes, and issue #42's test of the plan served);
+    else the better engine (not the next row the same folds liked: module docstring)."""
     engines = [(plan, name, False) for name in ENGINES]
     best = min(engines, key=lambda r: float(share @ twin[r]))
 
@@ -168,10 +160,9 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     problem, home = table.problem, table.problem.home
     layers, experts = home.shape
     sets = {SPLIT: plans, **({PLAIN: plain} if plain is not None else {})}
-    names = (*choices, FREE) if LEARNED in choices else choices
-    variants = [(SPLIT, name, pooled) for name in names for pooled in (False, True)]
-    if plain is not None:  # FREE only: the plain cache pins nothing its renaming could undo
-        variants += [(PLAIN, name, pooled) for name in names if name != LEARNED
+    variants = [(SPLIT, name, pooled) for name in choices for pooled in (False, True)]
+    if plain is not None:
+        variants += [(PLAIN, name, pooled) for name in choices if name != "learned"
                      for pooled in (False, True)]
     engines = PLAIN if plain is not None else SPLIT if split_is_plain else None
     guarded = engines is not None and set(ENGINES) <= set(choices)
@@ -189,30 +180,25 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     if twins:
         steps |= {(n, True): steps[(n, False)].relabeled(home, seed + table.entries[n].fold)
                   for n in entries}
-    # one fit per learned row's pins (split or plain), variant and training set
-    fits = {(s, name, table.entries[n].train): n for s, name, _ in variants
-            if name in (LEARNED, FREE) for n, _ in work[s]}
-    per_fit = int(FIT_KEYS // max(1, len({t for _, _, t in fits})))
+    trains = {table.entries[n].train: n for n in entries} if "learned" in choices else {}
+    per_fit = int(FIT_KEYS // max(1, len(trains)))
 
-    def fit(key: tuple[str, str, tuple]) -> dict:
-        s, name, _ = key
-        n = fits[key]
+    def fit(n: int) -> dict:
         got = fit_learned([table.entries[m].requests for m in table.entries[n].train],
-                          ~pins[(s, n)], home, plan_of[(s, n)].q, seed=seed,
-                          limit=per_fit, identity=name == LEARNED)
+                          ~pins[(SPLIT, n)], home, plan_of[(SPLIT, n)].q, seed=seed,
+                          limit=per_fit)
         return got.options
 
     def replay(job: tuple[str, int, str, bool, bool]) -> float:
         s, n, name, pooled, copy = job
-        options = fitted[(s, name, table.entries[n].train)] if name in (LEARNED, FREE) \
-            else {}
-        cache = make_policy(policy(name), plan_of[(s, n)].q, layers * experts, pooled=pooled,
+        options = fitted[table.entries[n].train] if name == "learned" else {}
+        cache = make_policy(name, plan_of[(s, n)].q, layers * experts, pooled=pooled,
                             **options)
         misses = steps[(n, copy)].misses(cache, ~pins[(s, n)], home)
         return float(table.seconds(n, misses).sum())
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        fitted = dict(zip(fits, pool.map(fit, fits), strict=True))
+        fitted = dict(zip(trains, pool.map(fit, trains.values()), strict=True))
         jobs = [(s, n, name, pooled, copy) for s, name, pooled in variants for n, _ in work[s]
                 for copy in ((False, True) if twins else (False,))]
         stall = {(v, copy): np.zeros(len(table.entries)) for v in variants
@@ -243,9 +229,9 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     for row in rows:
         row["chosen"] = (row["plan"], row["policy"], row["pooled"]) == pick
     best = next(row for row in rows if row["chosen"])
-    return PolicyChoice(policy(best["policy"]), best["pooled"], best["stall_s"],
-                        best["objective"], best["unlike_stall_s"], judged, rows=rows,
-                        plan=best["plan"], guard=found, identity=best["policy"] != FREE)
+    return PolicyChoice(best["policy"], best["pooled"], best["stall_s"], best["objective"],
+                        best["unlike_stall_s"], judged, rows=rows, plan=best["plan"],
+                        guard=found)
 
 
 def with_weights(choice: PolicyChoice, table: CostTable, pinned: np.ndarray,
@@ -258,7 +244,7 @@ def with_weights(choice: PolicyChoice, table: CostTable, pinned: np.ndarray,
         return choice
     calib = table.calibration
     fit = fit_learned([table.entries[n].requests for n in calib], ~pinned, table.problem.home,
-                      quotas, seed=seed, units=[table.entries[n].unit for n in calib],
-                      identity=choice.identity)
+                      quotas, seed=seed,
+                      units=[table.entries[n].unit for n in calib])
     return replace(choice, weights=fit.weights, calibration=fit.calibration,
                    transition=fit.transition)
