@@ -23,15 +23,17 @@ The identity-free learned rows (FREE, `learned (no identity)`: solvers/cache/lea
 taken (commit dcb3658, the JSON files of that run keep them); they are not any more (the
 docs say why), so a run of the choice as it is has no such rows.
 
-Cases: gpt-1, gpt-8, esft-1, esft-8, esft-robust-1, esft-robust-8 (default: all, cheapest
-first). Each case's figures are kept in DIR/CASE.json (default bench-out/cache-guard) and
-reused; the rules' table is printed from them.
+Cases: gpt-1, gpt-8, esft-1, esft-8, esft-robust-1, esft-robust-8, ds3-200k (the
+DeepSeek-V3 shape: `solve`'s seconds and peak memory, and its plan on unseen tokens; `ds3`)
+(default: all, cheapest first). Each case's figures are kept in DIR/CASE.json (default
+bench-out/cache-guard) and reused; the rules' table is printed from them.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -49,10 +51,11 @@ from routing_cache import (  # noqa: E402
     REPO,
     half,
     imported,
+    placer,
 )
 
 LEARNED, FREE = "learned", "learned (no identity)"  # FREE: learned fitted without identity
-CASES = ("gpt-1", "esft-1", "esft-robust-1", "gpt-8", "esft-8", "esft-robust-8")
+CASES = ("gpt-1", "esft-1", "esft-robust-1", "gpt-8", "esft-8", "esft-robust-8", "ds3-200k")
 
 
 def prepared(root: Path) -> dict[str, Path]:
@@ -225,6 +228,36 @@ def run_case(case: str, root: Path, traces: dict[str, Path]) -> dict:
     return out
 
 
+def ds3(root: Path) -> dict:
+    """The DeepSeek-V3-shape case (benchmarks/bench_split.py's setting): `placer solve` on
+    200k `deepseek_like` tokens (seed 0) timed alone in a child process (seconds, peak GB),
+    and its plan evaluated at B = 1 and 8 on 20k tokens it was not solved on (seed 1): its
+    stall over the better of the plain lru and lfuda caches, with the interval."""
+    import bench_split
+
+    from solvers.synthetic import deepseek_like
+
+    seconds, peak, plan = bench_split.solve(root, bench_split.traffic(root, 200_000))
+    selected, seq_ids = deepseek_like(58, 256, 8, num_tokens=20_000, num_seqs=200, seed=1)
+    npz = root / "ds3-held.npz"
+    np.savez(npz, expert_ids=selected.astype(np.int16),
+             seq_lens=np.bincount(seq_ids, minlength=200))
+    held = imported(npz, bench_split.CONFIG, root / "ds3-held")
+    plan_path = root / "ds3-200000.json"
+    report = json.loads(placer("evaluate", plan_path, "--traces", held, "--concurrency", "1,8",
+                               "--oracle-time-limit", 10, "--json"))
+    rows = {}
+    for row in report["results"]:
+        engine = min(("lru", "lfuda"), key=lambda k: row[k]["stall_ms_per_step"])
+        rows[f"B={row['concurrency']}"] = {"engine": engine,
+                                          "ratio": row[f"ratio_to_{engine}"],
+                                          "ci95": row[f"ratio_to_{engine}_ci95"]}
+    return {"case": "ds3-200k", "solve_s": seconds, "peak_gb": peak,
+            "load_average": os.getloadavg()[0], "chosen": plan["cache"]["chosen"],
+            "policy": plan["cache"]["policy"], "policy_choice": plan["cache"]["policy_choice"],
+            "held_out": rows}
+
+
 def interval(twin: dict, share: np.ndarray, row: tuple, best: tuple) -> tuple[float, ...]:
     from solvers.cache.choice import paired_ratio
 
@@ -313,7 +346,7 @@ def report(results: dict[str, dict]) -> None:
 
 
 SHIPPED = ("not above beyond the interval (low <= 1), else the better engine (fallback)",
-           "every row")  # solvers/cache/choice.py's guard and rows
+           "no identity-free learned")  # solvers/cache/choice.py's guard and rows
 
 
 def markdown(results: dict[str, dict]) -> None:
@@ -354,12 +387,22 @@ def main() -> None:
         path = out / f"{case}.json"
         if not path.exists():
             began = time.perf_counter()
-            figures = run_case(case, out, traces)
+            figures = ds3(out) if case == "ds3-200k" else run_case(case, out, traces)
             figures["case_s"] = time.perf_counter() - began
             path.write_text(json.dumps(figures, indent=1))
         results[case] = json.loads(path.read_text())
-    report(results)
-    markdown(results)
+    ds = results.pop("ds3-200k", None)
+    if ds is not None:
+        print(f"\nDeepSeek-V3 shape, 200k tokens: solve {ds['solve_s']:.1f} s, peak "
+              f"{ds['peak_gb']:.2f} GB (bar: 150 s, 4 GB; load average {ds['load_average']:.1f})"
+              f"; chose {ds['chosen']} ({ds['policy']}, {ds['policy_choice']}); on 20k tokens "
+              "it was not solved on: " + ", ".join(
+                  f"{b} {r['ratio']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] the better "
+                  f"engine's ({r['engine']}){' FAIL' if r['ci95'][0] > 1 else ''}"
+                  for b, r in ds["held_out"].items()))
+    if results:
+        report(results)
+        markdown(results)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ What each part is worth, on gpt-oss mmlu_dev (benchmarks/routing_cache.py 6e: B 
 slots, calibration half fitted, held-out half replayed), misses below lfru's: every feature
 linear, one set of weights and no transition 11.3%; the decayed counts as logarithms 11.9%;
 one set per layer 12.3%; and the transition 15.7% (docs/cache-split.md has the table).
+Without the features that name experts (`identity=False`: age and the decayed counts only,
+a score renaming cannot change) 11.95% (227,312 misses, 1.94x Belady's); it is not a row of
+the choice (solvers/cache/choice.py says why).
 Neither a direct search of the weights minimizing the folds' replayed misses nor more
 per-key features (a 256-token half-life, log2(1 + age), hits since admission) earned over
 0.1 point held out.
