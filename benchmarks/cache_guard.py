@@ -371,7 +371,8 @@ def report(results: dict[str, dict]) -> None:
         print(f"  cases of (2) failing: {fails}")
 
 
-SHIPPED = ("not above beyond the interval (low <= 1), else the better engine (fallback)",
+SHIPPED = ("not above beyond, and 5% below the engines on its own folds, else the better engine "
+           "(fallback)",
            "no identity-free learned")  # solvers/cache/choice.py's guard and rows
 
 
@@ -389,7 +390,8 @@ def markdown(results: dict[str, dict]) -> None:
         engines = [(figures["engines"], e, False) for e in ("lru", "lfuda")]
         best = min(engines, key=lambda k: float(share @ np.asarray(twin[k])))
         ratio, low, high = interval(twin, share, row, best)
-        what = f"{row[1]}{', pooled' if row[2] else ''}, {row[0]}" + (
+        plan = "plain cache (the split chosen)" if figures["engines"] == "split" else row[0]
+        what = f"{row[1]}{', pooled' if row[2] else ''}, {plan}" + (
             "" if list(row) == figures["objective_pick"] else " (guard)")
         for target, t in figures["targets"].items():
             got = t["rows"][label]
