@@ -282,7 +282,8 @@ def policies(root: Path, batches: tuple[int, ...]) -> None:
         label = picked["policy"] if picked else plan["cache"]["policy"]
         params = {}  # each learned row's weights: the plan's where it serves, else fitted
         for name in (LEARNED, FREE):
-            params[name] = plan["cache_params"] if name == label else fit_learned(
+            params[name] = plan["cache_params"] if name == label and plan["cache_params"] \
+                else fit_learned(
                 folds, ~pinned, home, quotas, identity=name == LEARNED).options
         belady = BeladyReplay([step_mask(held_steps.tokens, experts)], (~pinned).astype(int),
                               home, quotas.sum(axis=1))

@@ -33,7 +33,7 @@ candidates, so a fit costs seconds at DeepSeek-V3 scale.
 What each part is worth, on gpt-oss mmlu_dev (benchmarks/routing_cache.py 6e: B = 1, 264
 slots, calibration half fitted, held-out half replayed), misses below lfru's: every feature
 linear, one set of weights and no transition 11.3%; the decayed counts as logarithms 11.9%;
-one set per layer 12.3%; and the transition 15.7% (docs/cache-split.md has the table).
+one set per layer 12.3%; and the transition 15.8% (docs/cache-split.md has the table).
 Without the features that name experts (`identity=False`: age and the decayed counts only,
 a score renaming cannot change) 11.95% (227,312 misses, 1.94x Belady's); it is not a row of
 the choice (solvers/cache/choice.py says why).
