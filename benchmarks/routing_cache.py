@@ -15,8 +15,9 @@ cache and Belady's bound, on held-out real routing (`placer solve` + `placer eva
 6d. How the split is chosen, on the same held-out traffic (B = 1): pins ranked by frequency
     or by the misses they save (placer's); the policy; the candidate each chose.
 6e. The policies on 6a's split (its pins and slots, gpt-oss mmlu_dev's held-out half, B = 1
-    and 8): misses of lru, lfru, lfuda, classlru and learned, per layer and pooled (learned's
-    weights fitted on the calibration half's four folds only, as `placer solve` fits them),
+    and 8): misses of lru, lfru, lfuda, classlru, learned and learned (no identity), per layer
+    and pooled (learned's weights fitted on the calibration half's four folds only, as
+    `placer solve` fits them; the plan's where it serves a learned row),
     and their stall over Belady's (MIN over each card's slots with the same pins, the
     `belady` line of `placer evaluate`; one card and one expert size, so the stall ratio is
     the ratio of misses). Targets at B = 1: the chosen policy's misses at least 12% below
@@ -53,6 +54,9 @@ GPT_EXPERT = 13_219_200  # bytes of one MXFP4 expert of gpt-oss-20b (placer insp
 GPT_BUDGET = 264 * GPT_EXPERT
 ESFT_OFFLOAD = 0.34
 TASKS = ("intent", "law", "summary", "translation")
+# 6e's extra row: learned fitted without the features that name experts (no calibration, no
+# transition: solvers/cache/learn.py identity=False); runs as learned, not a choice's row
+LEARNED, FREE = "learned", "learned (no identity)"
 
 
 def placer(*args: object) -> str:
@@ -274,28 +278,33 @@ def policies(root: Path, batches: tuple[int, ...]) -> None:
         single = every_token_steps(root / "gpt-0", 1, groupings=1, seed=0)
         folds = [Requests.of_tokens(batched_steps(single, b, 0, ids).tokens, experts)
                  for ids in split_sequences(root / "gpt-0", 4, 0)]
-        params = plan.get("cache_params") or {}
-        if plan["cache"]["policy"] != "learned":
-            fit = fit_learned(folds, ~pinned, home, quotas)
-            params = fit.options
+        picked = next((r for r in plan["cache"].get("policies", []) if r["chosen"]), None)
+        label = picked["policy"] if picked else plan["cache"]["policy"]
+        params = {}  # each learned row's weights: the plan's where it serves, else fitted
+        for name in (LEARNED, FREE):
+            params[name] = plan["cache_params"] if name == label and plan["cache_params"] \
+                else fit_learned(
+                folds, ~pinned, home, quotas, identity=name == LEARNED).options
         belady = BeladyReplay([step_mask(held_steps.tokens, experts)], (~pinned).astype(int),
                               home, quotas.sum(axis=1))
         selected = step_mask(held_steps.tokens, experts) & ~pinned
         least = int(selected.sum() - belady.hits(0, len(held_steps)).sum())
         misses = {}
-        for name in CHOICES:
+        for name in (*CHOICES, FREE):
             for pooled in (False, True):
-                extra = {"weights": params["weights"], "calibration": params["calibration"],
-                         "transition": params.get("transition")} if name == "learned" else {}
-                cache = make_policy(name, quotas, layers * experts, pooled=pooled, **extra)
+                extra = {k: params[name].get(k) for k in ("weights", "calibration",
+                                                          "transition")} \
+                    if name in params else {}
+                cache = make_policy(LEARNED if name == FREE else name, quotas,
+                                    layers * experts, pooled=pooled, **extra)
                 misses[(name, pooled)] = int(held.misses(cache, ~pinned, home).sum())
-        chosen = (plan["cache"]["policy"], bool(plan["cache"].get("pooled")))
+        chosen = (label, bool(plan["cache"].get("pooled")))
         lfru = misses[("lfru", False)]
         print(f"  B={b}: {plan['cache']['chosen']}, {int(pinned.sum())} pinned, "
               f"{int(quotas.sum())} slots; Belady (MIN) {least} misses")
         for (name, pooled), m in misses.items():
             mark = "*" if (name, pooled) == chosen else " "
-            print(f"   {mark} {name:9s} {'pooled   ' if pooled else 'per layer'} {m:8d} misses "
+            print(f"   {mark} {name:21s} {'pooled   ' if pooled else 'per layer'} {m:8d} misses "
                   f"({100 * (1 - m / lfru):+5.1f}% below lfru), stall / Belady's "
                   f"{m / max(least, 1):.2f}")
         if b == 1:

@@ -129,3 +129,32 @@ def test_without_transition_the_fit_leaves_the_feature_out(monkeypatch):
     held = gptoss_requests(4, 2)
     assert int(held.misses(policy, cacheable, home).sum()) == replay_misses(
         held, cacheable, home, quotas, fit.weights, fit.calibration)
+
+
+def test_without_identity_the_fit_names_no_expert_and_renaming_changes_little():
+    """identity False: the calibration and transition weights are 0 in every layer, the plan
+    carries a 0 calibration feature and no T, and the score (age and decayed counts) misses
+    about as often on the held-out traffic with each layer's experts renamed; the fit with
+    identity, on the same folds, loses more there (it favours the calibration's experts)."""
+    folds = [gptoss_requests(6 * i, 6) for i in range(4)]
+    held = gptoss_requests(24, 24)
+    home = np.zeros((LAYERS, EXPERTS), dtype=np.int64)
+    cacheable = np.ones((LAYERS, EXPERTS), dtype=bool)
+    quotas = np.full((1, LAYERS), 8)
+    free = fit_learned(folds, cacheable, home, quotas, identity=False)
+    named = [FEATURES.index("calibration"), FEATURES.index("transition")]
+    assert not free.weights[:, named].any() and free.weights[:, 0].any()
+    assert free.transition is None and not free.calibration.any()
+    renamed = held.relabeled(home, 7)
+
+    def misses(fit, requests: Requests) -> int:
+        policy = make_policy("learned", quotas, LAYERS * EXPERTS, **fit.options)
+        return int(requests.misses(policy, cacheable, home).sum())
+
+    assert abs(misses(free, renamed) / misses(free, held) - 1) < 0.002
+    lfru = int(held.misses(make_policy("lfru", quotas, LAYERS * EXPERTS), cacheable,
+                           home).sum())
+    assert misses(free, held) < 0.97 * lfru
+    named_fit = fit_learned(folds, cacheable, home, quotas)
+    assert misses(named_fit, renamed) / misses(named_fit, held) > \
+        misses(free, renamed) / misses(free, held)

@@ -17,17 +17,28 @@ weights are then fitted on every calibration fold.
 The guard. Every row is also judged on traffic unlike the calibration: each held-out fold
 with each layer's experts renamed (the --robust twins of the table, or by default the same
 renaming applied to the held-out fold here, pins and learned weights as for the original;
-solvers/cache/costs.py `unlike`). Pins and the learned policy's calibration feature are
-what the renaming takes away, so a row that wins its own folds on them can lose there to
-the engines. Each row's renamed stall is compared with the better engine cache's on the
-renamed folds (the paired ratio over the folds, with a 95% t interval from the fold by fold
-ratios). The engine caches are what serving without placer gives, so a row is served only
-where the renamed folds back it: an engine where it is not above the better one beyond the
-interval, any other row where it is below it beyond the interval. Of those rows the least
-objective is served; where the objective's pick is not among them, the guard has changed
-the choice, and `guard` says why (its ratio and interval) and what serves instead. (A row
-whose gain over the engines is within the folds' noise is not served: such gains flip
-sign between tasks; on ESFT classlru's 0.6% on intent was a 1% loss on the unseen tasks.)
+solvers/cache/costs.py `unlike`). Pins and the learned policy's calibration and transition
+features are what the renaming takes away, so a row that wins its own folds on them can lose
+there to the engines. The pick's renamed stall is compared with the better engine cache's on
+the renamed folds (the paired ratio over the folds, with a 95% t interval from the fold by
+fold ratios). It serves where (a) it is not above the better engine there beyond the
+interval: the test issue #42 puts to the plan served (its stall not above the better of lru
+and lfuda beyond its interval), here on the renamed folds; and (b), unless it is an engine,
+its held-out objective is at least MIN_GAIN below the least engine row's: what the renamed
+folds cannot show is that which policy is best moves between tasks by a few percent (ESFT,
+plan on intent, B = 1: pooled lfru 4.0% below lfuda on intent's folds and 0.960x on them
+renamed was 1.022x lfuda's on summary; at B = 8 classlru 0.6% below, 1.011x on law and
+summary), so a smaller gain is not taken for one. Else the better engine serves, not the
+next row the same folds liked: the folds were wrong about the pick, and the rows they rank
+next gained on the same calibration. `guard` says what it found (the pick's ratio and
+interval, its objective over the engines', why it switched and what serves instead).
+MIN_GAIN was set on the cases it is checked on (benchmarks/cache_guard.py): any value from
+4.1% to 8.0% (gpt-oss's learned policy, B = 1) makes the same choices there. Not a row:
+learned fitted without the features that name experts (`identity=False` of
+solvers/cache/learn.py): as good on the renamed folds as on the calibration's, it loses to
+lfuda on unseen tasks (ESFT: 0.887x lfuda on intent's renamed folds, 1.04-1.11x on law,
+summary and translation; the renamed folds keep the calibration's reuse in time, which
+another task changes). docs/cache-split.md has every case's figures.
 
 Cost: one replay per row, held-out entry and renaming (its own fold and, by default where
 the guard runs, its renamed copy), and one fit of the learned weights per training set.
@@ -56,6 +67,7 @@ ENGINES = ("lru", "lfuda")  # the engines' own caches: per layer, the whole budg
 SPLIT, PLAIN = "split", "plain cache"  # whose pins and slots a row serves
 POLICY_KEYS = 1.5e8   # requests the choice replays at most (beyond: a prefix of each fold)
 FIT_KEYS = 2.4e7      # requests the held-out fits of the learned weights replay per round
+MIN_GAIN = 0.05       # a pick other than an engine: below the engines' objective by this much
 
 Row = tuple[str, str, bool]  # (plan, policy, pooled)
 
@@ -118,31 +130,34 @@ def paired_ratio(mine: np.ndarray, other: np.ndarray, share: np.ndarray
     return ratio, ratio - half, ratio + half
 
 
-def guard(rows: list[dict], twin: dict[Row, np.ndarray], share: np.ndarray, chosen: Row,
-          plan: str = PLAIN) -> tuple[Row, dict]:
+def guard(objective: dict[Row, float], twin: dict[Row, np.ndarray], share: np.ndarray,
+          chosen: Row, plan: str = PLAIN) -> tuple[Row, dict]:
     """The row to serve and what the guard found. The engines are `plan`'s rows of ENGINES
-    per layer (the plain cache's pins and slots: none and the whole budget); `twin`: each
-    row's stall on the renamed folds ([entries], weighed by `share`). A row is served only
-    where the renamed folds back it: an engine not above the better one on them beyond the
-    paired interval, any other row below it beyond the interval; of those, the least
-    objective (`chosen`, the objective's pick, where it is one of them)."""
+    per layer (the plain cache's pins and slots: none and the whole budget); `objective`:
+    each row's held-out objective; `twin`: each row's stall on the renamed folds ([entries],
+    weighed by `share`). The objective's pick `chosen` serves where its renamed stall is not
+    above the better engine's beyond the paired interval (the test an engine passes, and
+    issue #42's test of the plan served) and, unless it is an engine, its objective is at
+    least MIN_GAIN below the least engine's; else the better engine on the renamed folds
+    serves (not the next row the same folds liked: module docstring)."""
     engines = [(plan, name, False) for name in ENGINES]
     best = min(engines, key=lambda r: float(share @ twin[r]))
 
     def ratio(row: Row) -> tuple[float, float, float]:
         return paired_ratio(twin[row], twin[best], share)
 
-    def backed(row: Row) -> bool:
-        _, low, high = ratio(row)
-        return low <= 1.0 if row in engines else high < 1.0
-
-    objective = {(r["plan"], r["policy"], r["pooled"]): r["objective"] for r in rows}
-    pick = chosen if backed(chosen) else min(filter(backed, objective), key=objective.get)
     mine, low, high = ratio(chosen)
+    gain = objective[chosen] / max(min(objective[e] for e in engines), 1e-300)
+    above, small = low > 1.0, chosen not in engines and gain > 1.0 - MIN_GAIN
+    pick = best if above or small else chosen
     served, served_low, served_high = ratio(pick)
     return pick, {"engine": best[1], "renamed_ratio": mine, "renamed_ratio_ci95": [low, high],
-                  "switched": pick != chosen, "instead_of": None if pick == chosen
-                  else list(chosen), "served_renamed_ratio": served,
+                  "objective_ratio": gain, "switched": pick != chosen,
+                  "why": "above the better engine on the renamed folds" if above
+                  else f"less than {MIN_GAIN:.0%} below the engines on its own folds" if small
+                  else None,
+                  "instead_of": None if pick == chosen else list(chosen),
+                  "served_renamed_ratio": served,
                   "served_renamed_ratio_ci95": [served_low, served_high]}
 
 
@@ -224,7 +239,8 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     if guarded:
         twin_of = {v: (stall[(v, True)] if twins else stall[(v, False)])[twin_share > 0]
                    for v in variants}
-        pick, found = guard(rows, twin_of, twin_share[twin_share > 0], pick, engines)
+        objective = {(r["plan"], r["policy"], r["pooled"]): r["objective"] for r in rows}
+        pick, found = guard(objective, twin_of, twin_share[twin_share > 0], pick, engines)
     for row in rows:
         row["chosen"] = (row["plan"], row["policy"], row["pooled"]) == pick
     best = next(row for row in rows if row["chosen"])

@@ -33,7 +33,10 @@ candidates, so a fit costs seconds at DeepSeek-V3 scale.
 What each part is worth, on gpt-oss mmlu_dev (benchmarks/routing_cache.py 6e: B = 1, 264
 slots, calibration half fitted, held-out half replayed), misses below lfru's: every feature
 linear, one set of weights and no transition 11.3%; the decayed counts as logarithms 11.9%;
-one set per layer 12.3%; and the transition 15.7% (docs/cache-split.md has the table).
+one set per layer 12.3%; and the transition 15.8% (docs/cache-split.md has the table).
+Without the features that name experts (`identity=False`: age and the decayed counts only,
+a score renaming cannot change) 11.95% (227,312 misses, 1.94x Belady's); it is not a row of
+the choice (solvers/cache/choice.py says why).
 Neither a direct search of the weights minimizing the folds' replayed misses nor more
 per-key features (a 256-token half-life, log2(1 + age), hits since admission) earned over
 0.1 point held out.
@@ -309,22 +312,25 @@ class LearnedFit:
 def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
                 quotas: np.ndarray, pooled: bool = False, rounds: int = ROUNDS,
                 seed: int = 0, units: list[int] | None = None,
-                limit: int = FIT_REQUESTS) -> LearnedFit:
+                limit: int = FIT_REQUESTS, identity: bool = True) -> LearnedFit:
     """The learned score's weights, one set per layer, for quotas [C, L] slots (cacheable
     [L, E]: not pinned), fitted on `folds` (the calibration's, never held-out traffic): see
     the module docstring. units: which sequences each fold holds (folds of one unit share
     them: the same sequences at another concurrency); a fold's calibration share is the
-    other units'. limit: requests replayed per round, at most (a prefix of each fold)."""
+    other units'. limit: requests replayed per round, at most (a prefix of each fold).
+    identity False: without the features that name experts (calibration and transition: their
+    weights 0, the plan's calibration feature 0 and no T), a score renaming cannot change."""
     units = list(range(len(folds))) if units is None else list(units)
     home = np.asarray(home, dtype=np.int64)
     layers, experts = home.shape
     part_of, quota = partitions(home, np.asarray(quotas), pooled)
     others = [[f for j, f in enumerate(folds) if units[j] != units[i]] or [folds[i]]
               for i in range(len(folds))]
-    share = [calibration_feature(o) for o in others]
-    # without T (beyond TRANSITION_KEYS) the feature is 0 and its weight too: the kernel
-    # then skips it
-    moves = [transition_matrix(o) for o in others]
+    # without T (beyond TRANSITION_KEYS, or identity False) the feature is 0 and its weight
+    # too: the kernel then skips it; without identity the calibration feature is 0 as well
+    share = [calibration_feature(o) if identity else np.zeros(layers * experts)
+             for o in others]
+    moves = [transition_matrix(o) if identity else None for o in others]
     moves = [np.zeros((0, 0, 0)) if m is None else m for m in moves]
     total = sum(len(f.keys) for f in folds)
     fetches = [Fetches.of(f, cacheable, home, limit * len(f.keys) // max(total, 1) + 1)
@@ -357,6 +363,9 @@ def fit_learned(folds: list[Requests], cacheable: np.ndarray, home: np.ndarray,
             break
         weights = per_layer_fit(np.concatenate(xs), np.concatenate(decs),
                                 np.concatenate(dists), np.concatenate(rows_layer), layers, seed)
+    if not identity:
+        return LearnedFit(weights, np.zeros(home.shape), None, misses,
+                          sum(len(x) for x in xs))
     return LearnedFit(weights, calibration_feature(folds).reshape(home.shape),
                       transition_matrix(folds), misses, sum(len(x) for x in xs))
 
