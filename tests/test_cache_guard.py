@@ -199,5 +199,11 @@ def test_solve_prints_one_line_where_the_guard_changed_the_choice_and_why():
     assert "learned on the split's pins and slots stalls 1.667x [1.500, 1.800]" in line
     assert "above it beyond the interval; lfuda on the plain cache's pins and slots serves " \
         "instead (1.000x [1.000, 1.000] there)" in line
+    small = {**found, "renamed_ratio": 0.98, "renamed_ratio_ci95": [0.95, 1.01],
+             "objective_ratio": 0.97, "why": "less than 5% below the engines on its own folds"}
+    (line,) = [x for x in printed(small).splitlines() if x.startswith("guard:")]
+    assert "learned on the split's pins and slots stalls 0.970x the engines on its own " \
+        "folds, less than 5% below the engines on its own folds (and 0.980x [0.950, 1.010] " \
+        "the better engine cache" in line and "lfuda on the plain cache's pins" in line
     kept = {**found, "switched": False, "instead_of": None}
     assert "guard:" not in printed(kept) and "guard:" not in printed(None)

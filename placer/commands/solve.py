@@ -82,10 +82,11 @@ def register(app: typer.Typer) -> None:
         cache_policy: Annotated[str, typer.Option(
             help=f"Which staged expert a full cache evicts: auto | {' | '.join(CACHE_POLICIES)}"
                  ". auto: each policy, per layer and pooled, serves the chosen split (and "
-                 "the plain cache) on its held-out folds, and the least stall wins among "
-                 "those that stall less than plain lru and lfuda on the same folds with "
-                 "experts renamed, beyond their interval (a guard; plain lru or lfuda where "
-                 "none does). learned: a linear score whose "
+                 "the plain cache) on its held-out folds, and the least stall serves unless "
+                 "(a guard) it stalls more than the better of plain lru and lfuda on the same "
+                 "folds with experts renamed, beyond their interval, or, not being one of "
+                 "them, it is under 5% below them on its own folds: that engine serves "
+                 "then. learned: a linear score whose "
                  "weights are fitted on the calibration folds and stored in the plan. lfru: "
                  "fewest hits since admission over accesses since the last one (vLLM PR "
                  "#37190); lru: least recently used (llama.cpp PR #27861); lfuda: BigRig "
@@ -380,15 +381,19 @@ def print_policies(cache: dict, console: Console) -> None:
 def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) -> None:
     """One line: the guard changed the choice (solvers/cache/choice.py), why, and to what."""
     was, (low, high) = found["instead_of"], found["renamed_ratio_ci95"]
-    why = "above" if low > 1.0 else "not below"
     served_low, served_high = found["served_renamed_ratio_ci95"]
+    why = (f"{found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
+           f"({found['engine']} per layer, nothing pinned) on the renamed folds (traffic "
+           "unlike the calibration)")
+    if found.get("why", "above").startswith("above"):
+        why = f"stalls {why}, above it beyond the interval"
+    else:
+        why = (f"stalls {found['objective_ratio']:.3f}x the engines on its own folds, "
+               f"{found['why']} (and {why})")
     console.print(
         f"guard: {was[1]}{' pooled' if was[2] else ''} on the {was[0]}'s pins and slots "
-        f"stalls {found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
-        f"({found['engine']} per layer, nothing pinned) on the renamed folds (traffic unlike "
-        f"the calibration), {why} it beyond the interval; {cache['policy']}"
-        f"{' pooled' if cache['pooled'] else ''} on the {rows_plan(rows)}'s pins and slots serves "
-        f"instead "
+        f"{why}; {cache['policy']}{' pooled' if cache['pooled'] else ''} on the "
+        f"{rows_plan(rows)}'s pins and slots serves instead "
         f"({found['served_renamed_ratio']:.3f}x [{served_low:.3f}, {served_high:.3f}] there)")
 
 
