@@ -225,20 +225,19 @@ def choose_policy(table: CostTable, plans: list, weight: np.ndarray, share: np.n
     scale = split_stall / base_stall if base_stall > 0 and judged < 1.0 else 1.0
     own_share = share * ~renamed
     twin_share = own_share if twins else share * renamed
+    unlike_of = {v: stall[(v, twins)] for v in variants}  # twins: the copies renamed here
     rows = []
     for v in variants:
         s = stall[(v, False)]
-        unlike = stall[(v, True)] if twins else s
         rows.append({"plan": v[0], "policy": v[1], "pooled": v[2],
                      "objective": float(weight @ s) * scale,
                      "stall_s": float(own_share @ s) * scale,
-                     "unlike_stall_s": float(twin_share @ unlike) * scale
+                     "unlike_stall_s": float(twin_share @ unlike_of[v]) * scale
                      if twins or renamed.any() else None})
     best = min(rows, key=lambda r: r["objective"])
     pick, found = (best["plan"], best["policy"], best["pooled"]), None
     if guarded:
-        twin_of = {v: (stall[(v, True)] if twins else stall[(v, False)])[twin_share > 0]
-                   for v in variants}
+        twin_of = {v: unlike_of[v][twin_share > 0] for v in variants}
         objective = {(r["plan"], r["policy"], r["pooled"]): r["objective"] for r in rows}
         pick, found = guard(objective, twin_of, twin_share[twin_share > 0], pick, engines)
     for row in rows:
