@@ -385,7 +385,7 @@ def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) ->
     why = (f"{found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
            f"({found['engine']} per layer, nothing pinned) on the renamed folds (traffic "
            "unlike the calibration)")
-    if found.get("why", "above").startswith("above"):
+    if low > 1.0:  # the guard's first test (solvers/cache/choice.py guard)
         why = f"stalls {why}, above it beyond the interval"
     else:
         why = (f"stalls {found['objective_ratio']:.3f}x the engines on its own folds, "
