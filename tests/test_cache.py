@@ -13,7 +13,7 @@ import pytest
 from placer.plan.options import CACHE_POLICIES, LEARNED_FEATURES
 from solvers.cache import POLICIES, Lookup, make_policy, simulate
 from solvers.cache.belady import BeladyReplay, _min_hits
-from solvers.cache.kernels import FEATURES
+from solvers.cache.kernels import FEATURES, replay_requests
 from solvers.cache.replay import Requests, cache_hits
 
 
@@ -351,6 +351,33 @@ def test_pooled_equals_the_reference_and_evicts_across_layers(policy: str, seed:
     assert pooled.cached(0) == {0, 1}
     assert pooled.lookup(0, [5])[0].slot is not None  # layer 1 evicts one of layer 0's
     assert len(pooled.cached(0) & {0, 1}) == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pooled_learned_fetch_by_fetch_equals_one_walk(seed: int):
+    """Pooled, learned keeps each slot's score for a token time, across fetches and calls
+    (solvers/cache/kernels.py): looked up fetch by fetch as the runtime does, at the token
+    times of B = 3 steps, its hits and slots are one walk's over the same steps."""
+    selected, cold, home = random_traffic(seed, steps=60, density=0.5)
+    quotas = np.array([[2, 1, 2], [1, 2, 2]])
+    walk = build("learned", quotas, 24, pooled=True)
+    requests = Requests.of(selected, 3)
+    slots = np.zeros(len(requests.keys), dtype=np.int64)
+    whole = np.zeros(len(requests.keys), dtype=np.bool_)
+    replay_requests(walk.state, walk.score, requests.keys, requests.offsets,
+                    requests.times(0), (cold > 0).ravel(), home.ravel().astype(np.int64), 2, 8,
+                    whole, slots, np.zeros(0, dtype=np.int64))
+    cache, at = build("learned", quotas, 24, pooled=True), 0
+    for s, layer in itertools.product(range(len(selected)), range(3)):
+        keys = np.flatnonzero(selected[s, layer])
+        for c in range(2):
+            mine = [layer * 8 + int(e) for e in keys if cold[layer, e] > 0 and home[layer, e] == c]
+            got = cache.lookup(c, mine, now=3 * (s + 1)) if mine else []
+            served = [(bool(whole[at + i]), int(slots[at + i]) if slots[at + i] >= 0 else None)
+                      for i, k in enumerate(keys) if layer * 8 + int(k) in mine]
+            assert [(g.hit, g.slot) for g in got] == served
+        at += len(keys)
+    assert np.array_equal(cache.state[3][0], walk.state[3][0])  # the same keys in each slot
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

@@ -41,13 +41,40 @@ SHARE_FLOOR = 1.0 / 1024
 TRANSITION_FLOOR = 1.0 / 64
 
 # state, 11 arrays (each array argument costs the runtime's lookup a fraction of a
-# microsecond to unbox, so they are stacked): (head [3]: experts per layer, pooled, now (the
-# token time of the last step walked); parts [3, C, P]: offset, quota, count of each
-# partition; age [C, P]; slot [3, C, W]: slot_key, last, seen; freq [C, W]; key_slot [C, K];
+# microsecond to unbox, so they are stacked): (head [4]: experts per layer, pooled, now (the
+# token time of the last step walked), the token time of the scores learned keeps in freq
+# (pooled: below); parts [3, C, P]: offset, quota, count of each partition; age [C, P];
+# slot [3, C, W]: slot_key, last, seen; freq [C, W]; key_slot [C, K];
 # card [2, C]: clock, fetches; kept [C, K', F]; used [C, K']; params [n] (learned: [L * 7],
 # the weights of each layer row in turn); calibration [K'] (learned: [K + L * E * E], the
 # calibration feature of each key, then T [L, E, E] flat),
 # P = L partitions or 1 (pooled); K' = K where the policy keeps per-key memory, else 0.
+
+
+@njit(cache=True, nogil=True, inline="always")
+def learned_terms(v, w, c, n, t, experts, fetch, used, kept, params, calibration):
+    """learned's score of key v on card c but its bias (weights from params[w]), at token
+    time t, for a fetch of the n keys fetch[c, :n], summed in the order the score adds its
+    terms."""
+    dt = float(t - used[c, v])
+    slow = 2.0 ** (-dt / HALF_LIVES[2])
+    mid = slow * slow * slow * slow
+    if params[w + 5] == 0.0:  # no transition: T is not read
+        moved = 0.0
+    elif v // experts == fetch[c, 0] // experts:
+        row = used.shape[1] + (v // experts * experts * experts + v % experts)
+        moved = 0.0
+        for j in range(n):
+            moved += calibration[row + fetch[c, j] % experts * experts]
+        moved /= n
+    else:
+        moved = 2.0 ** calibration[v] - SHARE_FLOOR
+    return (params[w] * dt + params[w + 1] * np.log2(kept[c, v, 0] * (mid * mid * mid * mid)
+                                                     + DECAY_FLOOR)
+            + params[w + 2] * np.log2(kept[c, v, 1] * mid + DECAY_FLOOR)
+            + params[w + 3] * np.log2(kept[c, v, 2] * slow + DECAY_FLOOR)
+            + params[w + 4] * calibration[v]
+            + params[w + 5] * np.log2(moved + TRANSITION_FLOOR))
 
 
 @njit(cache=True, nogil=True)
@@ -62,7 +89,14 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
 
     One loop for every fetch, the policy inline: a fetch as a function of its own, called
     per card and layer, cost three times the walk (numba's reference counting of a dozen
-    array arguments per call, ~90 ns where the fetch itself is ~30)."""
+    array arguments per call, ~90 ns where the fetch itself is ~30).
+
+    learned, pooled: a miss scans every slot of the card, and a slot's score changes only
+    with the token time, its key's use, and (its transition) the fetch's layer. So the score
+    of a slot holding another layer's key is kept in freq until the token time moves on
+    (head[3]) or the key is used or leaves; the scan reads it, bit for bit the sum it would
+    take again, and takes one exp2 and three log2 per slot per token time instead of per
+    miss (DeepSeek-V3's shape, 256 slots per card, 20k tokens at B = 1: 23.2 s to 9.8 s)."""
     head, parts, age, slot, freq, key_slot, card, kept, used, params, calibration = state
     offset, quota, count = parts[0], parts[1], parts[2]
     slot_key, last, seen = slot[0], slot[1], slot[2]
@@ -74,8 +108,12 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
     counts = np.zeros(num_cards, dtype=np.int64)
     step, layer = 0, 0
     t = head[2]
+    keep = score == LEARNED_SCORE and pooled  # learned's scores kept in freq (docstring)
     for g in range(len(offsets) - 1):
         t = times[step]
+        if keep and t != head[3]:
+            freq[:, :] = np.nan
+            head[3] = t
         layer += 1
         if layer == layers:
             step, layer = step + 1, 0
@@ -93,6 +131,7 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                 continue
             # one fetch: the n keys buf[c, :n] of one layer on card c
             p = 0 if pooled else buf[c, 0] // experts
+            low = buf[c, 0] // experts * experts  # the fetch layer's first key
             base, cap = offset[c, p], quota[c, p]
             fetches[c] += 1
             fetch = fetches[c]
@@ -177,6 +216,8 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                         freq[c, s] = age[c, p] + kept[c, k, 0]
                     elif score == CLASSLRU_SCORE:  # 2^class, class as of this use
                         freq[c, s] = 2.0 ** min(np.floor(np.log2(kept[c, k, 0])), params[1])
+                    elif keep:
+                        freq[c, s] = np.nan
                     if len(slots):
                         slots[a] = s
                     continue
@@ -203,28 +244,15 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                             value = -((t - used[c, slot_key[c, u]]) / first)
                         else:
                             v = slot_key[c, u]
-                            w = (v // experts) * NUM_FEATURES  # v's layer's weights
-                            dt = float(t - used[c, v])
-                            slow = 2.0 ** (-dt / HALF_LIVES[2])
-                            mid = slow * slow * slow * slow
-                            if params[w + 5] == 0.0:  # no transition: T is not read
-                                moved = 0.0
-                            elif v // experts == buf[c, 0] // experts:
-                                row = len(key_slot[c]) + (v // experts * experts * experts
-                                                          + v % experts)
-                                moved = 0.0
-                                for j2 in range(n):
-                                    moved += calibration[row + buf[c, j2] % experts * experts]
-                                moved /= n
+                            other = keep and (v < low or v >= low + experts)
+                            if other and not np.isnan(freq[c, u]):
+                                value = freq[c, u]  # kept at this token time (docstring)
                             else:
-                                moved = 2.0 ** calibration[v] - SHARE_FLOOR
-                            value = (params[w] * dt + params[w + 1] * np.log2(
-                                kept[c, v, 0] * (mid * mid * mid * mid) + DECAY_FLOOR)
-                                + params[w + 2] * np.log2(kept[c, v, 1] * mid + DECAY_FLOOR)
-                                + params[w + 3] * np.log2(kept[c, v, 2] * slow + DECAY_FLOOR)
-                                + params[w + 4] * calibration[v]
-                                + params[w + 5] * np.log2(moved + TRANSITION_FLOOR)
-                                + params[w + 6])
+                                w = (v // experts) * NUM_FEATURES  # v's layer's weights
+                                value = learned_terms(v, w, c, n, t, experts, buf, used,
+                                                      kept, params, calibration) + params[w + 6]
+                                if other:
+                                    freq[c, u] = value
                         if value < best or (value == best and (first < rank or (
                                 first == rank and (second < tie or (
                                     second == tie and slot_key[c, u] < slot_key[c, s]))))):
@@ -247,5 +275,7 @@ def replay_requests(state, score, keys, offsets, times, cacheable, home, num_car
                     freq[c, s] = age[c, p] + kept[c, k, 0]
                 elif score == CLASSLRU_SCORE:
                     freq[c, s] = 2.0 ** min(np.floor(np.log2(kept[c, k, 0])), params[1])
+                elif keep:
+                    freq[c, s] = np.nan
                 seen[c, s] = fetch
     head[2] = t

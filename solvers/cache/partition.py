@@ -45,7 +45,7 @@ class PartitionedCache(CachePolicy):
         remembered = num_keys if self.keeps else 0
         slot = np.zeros((3, cards, width), dtype=np.int64)
         slot[0] = -1  # no key
-        return (np.array([num_keys // layers, int(self.pooled), 0], dtype=np.int64),
+        return (np.array([num_keys // layers, int(self.pooled), 0, -1], dtype=np.int64),
                 np.stack([offset, parts, np.zeros_like(parts)]), np.zeros(parts.shape), slot,
                 np.zeros((cards, width)), np.full((cards, num_keys), -1, dtype=np.int64),
                 np.zeros((2, cards), dtype=np.int64), np.zeros((cards, remembered, self.keeps)),
