@@ -25,8 +25,12 @@ docs say why), so a run of the choice as it is has no such rows.
 
 Cases: gpt-1, gpt-8, esft-1, esft-8, esft-robust-1, esft-robust-8, ds3-200k (the
 DeepSeek-V3 shape: `solve`'s seconds and peak memory, and its plan on unseen tokens; `ds3`)
-(default: all, cheapest first). Each case's figures are kept in DIR/CASE.json (default
-bench-out/cache-guard) and reused; the rules' table is printed from them.
+(default: all, cheapest first); `held-apart`: the cases MIN_GAIN was not set on (ESFT
+planned on half of law, summary or translation at B = 1 and 8, checked on that task's other
+half and the other three tasks). After the tables, the MIN_GAIN values under which the
+shipped rule serves no failing row in the cases run. Each case's figures are kept in
+DIR/CASE.json (default bench-out/cache-guard) and reused; the rules' table is printed from
+them.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from routing_cache import (  # noqa: E402
     GPT_BUDGET,
     GPTOSS,
     REPO,
+    TASKS,
     half,
     imported,
     placer,
@@ -56,13 +61,16 @@ from routing_cache import (  # noqa: E402
 
 LEARNED, FREE = "learned", "learned (no identity)"  # FREE: learned fitted without identity
 CASES = ("gpt-1", "esft-1", "esft-robust-1", "gpt-8", "esft-8", "esft-robust-8", "ds3-200k")
+# cases MIN_GAIN was not set on: ESFT planned on half of another task, checked on its other
+# half and the other three tasks (`held-apart` on the command line runs them)
+HELD_APART = tuple(f"esft-{t}-{b}" for b in (1, 8) for t in ("law", "summary", "translation"))
 
 
 def prepared(root: Path) -> dict[str, Path]:
     """The trace sets, imported once under root."""
     out = {}
     for name, src, config in (("gpt", GPTOSS / "mmlu_dev.npz", GPTOSS / "config.json"),
-                              ("intent", ESFT / "intent.npz", ESFT / "config.json")):
+                              *((t, ESFT / f"{t}.npz", ESFT / "config.json") for t in TASKS)):
         for h in (0, 1):
             target = root / f"{name}-{h}"
             if not target.exists():
@@ -70,7 +78,7 @@ def prepared(root: Path) -> dict[str, Path]:
             out[f"{name}-{h}"] = target
     for name, src, config in (("gpt-mixed", GPTOSS / "mixed_small.npz", GPTOSS / "config.json"),
                               *((f"{t}-full", ESFT / f"{t}.npz", ESFT / "config.json")
-                                for t in ("law", "summary", "translation"))):
+                                for t in TASKS)):
         target = root / name
         if not target.exists():
             imported(src, config, target)
@@ -104,7 +112,15 @@ def watched_solve(args: list[str]) -> dict:
         got["pinned"], got["quotas"] = pinned.copy(), np.asarray(quotas).copy()
         return c
 
+    real_prefix = choice.prefix
+    got["judged_keys"] = 0  # the requests of the held-out folds the choice judged, one copy
+
+    def prefix(requests, share):
+        got["judged_keys"] += len(requests.keys)
+        return real_prefix(requests, share)
+
     split.choose_policy, choice.guard, split.with_weights = choose, guard, weights
+    choice.prefix = prefix
     try:
         began = time.perf_counter()
         done = CliRunner().invoke(app, ["solve", *args])
@@ -112,6 +128,7 @@ def watched_solve(args: list[str]) -> dict:
     finally:
         split.choose_policy, choice.guard, split.with_weights = \
             real_choose, real_guard, real_weights
+        choice.prefix = real_prefix
     if done.exit_code:
         raise SystemExit(f"solve failed: {done.output}")
     return got
@@ -146,16 +163,17 @@ def run_case(case: str, root: Path, traces: dict[str, Path]) -> dict:
 
     kind, *mode, b = case.split("-")
     b, robust = int(b), mode == ["robust"]
+    task = mode[0] if mode and mode[0] in TASKS else "intent"
     plan_path = root / f"{case}.plan.json"
     if kind == "gpt":
         config, calib = GPTOSS / "config.json", traces["gpt-0"]
         budget = ["--budget", GPT_BUDGET, "--expert-dtype", "mxfp4"]
         targets = {"mmlu_dev held out": traces["gpt-1"], "mixed_small": traces["gpt-mixed"]}
     else:
-        config, calib = ESFT / "config.json", traces["intent-0"]
+        config, calib = ESFT / "config.json", traces[f"{task}-0"]
         budget = ["--offload", ESFT_OFFLOAD]
-        targets = {"intent held out": traces["intent-1"],
-                   **{t: traces[f"{t}-full"] for t in ("law", "summary", "translation")}}
+        targets = {f"{task} held out": traces[f"{task}-1"],
+                   **{t: traces[f"{t}-full"] for t in TASKS if t != task}}
     args = ["--config", config, "--hardware", BOX, "--concurrency", b, "--time-limit", 30,
             "--out", plan_path, "--traces", calib, *budget, *(["--robust"] if robust else [])]
     got = watched_solve([str(a) for a in args])
@@ -180,6 +198,7 @@ def run_case(case: str, root: Path, traces: dict[str, Path]) -> dict:
                       pins, quotas)
     fit_s = time.perf_counter() - began
     out = {"case": case, "solve_s": got["seconds"], "fit_s": fit_s, "engines": engines,
+           "judged_keys": got["judged_keys"],
            "objective_pick": list(objective_pick), "guard": chosen.guard,
            "served_today": [chosen.plan, next(r["policy"] for r in chosen.rows if r["chosen"]),
                             chosen.pooled],
@@ -412,6 +431,29 @@ def markdown(results: dict[str, dict]) -> None:
                   f"({t['engine']}) | {'**fails**' if got['ci95'][0] > 1 else 'pass'} |")
 
 
+def gains(results: dict[str, dict]) -> None:
+    """The shipped rule at every MIN_GAIN from 0 to 15% (0.1% steps): which values serve a
+    row that fails none of the cases' traffic (done-when (2)), and the range of them."""
+    rows = ROW_SETS[SHIPPED[1]]
+    passing = []
+    for tenth in range(151):
+        gain = tenth / 1000
+
+        def rule(r, low, high, engine, own, gain=gain):
+            return low <= 1.0 and (engine or own <= 1.0 - gain)
+
+        fails = [f"{case}: {t}" for case, figures in results.items()
+                 for t, got in figures["targets"].items()
+                 if got["rows"]["|".join(map(str, served(figures, rule, rows, True)))][
+                     "ci95"][0] > 1.0]
+        passing += [gain] if not fails else []
+        if tenth % 10 == 0:
+            print(f"  MIN_GAIN {gain:5.1%}: (2) fails {len(fails)}: {', '.join(fails)}")
+    print(f"MIN_GAIN values with no failing traffic in these {len(results)} cases: "
+          + (f"{min(passing):.1%} to {max(passing):.1%} ({len(passing)} of 151 values)"
+             if passing else "none"))
+
+
 def main() -> None:
     argv = sys.argv[1:]
     out = REPO / "bench-out" / "cache-guard"
@@ -420,7 +462,7 @@ def main() -> None:
         out = Path(argv[at + 1])
         del argv[at:at + 2]
     out.mkdir(parents=True, exist_ok=True)
-    cases = argv or list(CASES)
+    cases = [c for a in argv or CASES for c in (HELD_APART if a == "held-apart" else (a,))]
     traces = prepared(out)
     results = {}
     for case in cases:
@@ -444,6 +486,7 @@ def main() -> None:
         report(results)
         summary(results)
         markdown(results)
+        gains(results)
 
 
 if __name__ == "__main__":

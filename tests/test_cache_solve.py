@@ -297,3 +297,40 @@ def test_a_forced_policy_is_kept_and_evaluate_prints_the_plans_policy_beside_lru
     printed = placer_run("evaluate", solved["auto"], "--traces", solved["traces"],
                          "--concurrency", "1").output
     assert auto["policy"] in printed and "/ lfuda " in printed  # (the table wraps names)
+
+
+def test_first_steps_keeps_a_prefix_of_about_most_selections():
+    from placer.plan.solve import first_steps
+    from traces.profile import TokenSteps
+
+    tokens = np.zeros((10, 2, 3, 4), dtype=np.int16)  # 10 steps of 24 selections
+    tokens[9, 1] = -1  # the last step has one token
+    steps = TokenSteps(tokens, np.zeros((10, 2), dtype=np.int64))
+    assert first_steps(steps, 228) is steps  # 9 * 24 + 12 selections: all kept
+    cut = first_steps(steps, 100)
+    assert len(cut) == int(10 * 100 / 228) == 4
+    assert np.array_equal(cut.tokens, tokens[:4]) and np.array_equal(cut.seqs, steps.seqs[:4])
+    assert len(first_steps(steps, 1)) == 1
+
+
+def test_a_large_calibration_is_predicted_on_its_first_steps_and_says_so(solved, placer_run,
+                                                                         monkeypatch):
+    import placer.plan.solve as solve
+
+    full = json.loads(solved["three"].read_text())["predicted"]
+    assert all("judged_steps" not in r for r in full)
+    monkeypatch.setattr(solve, "PREDICT_KEYS", 500)
+    out = solved["root"] / "cut.json"
+    done = placer_run("solve", *solved["common"], "--cache", "3", "--out", out)
+    cut = json.loads(out.read_text())["predicted"]
+    for before, after in zip(full, cut, strict=True):
+        kept, steps = after["judged_steps"]
+        assert 1 <= kept < steps
+        assert (f"B={after['concurrency']} predicted on its first {kept} of {steps} steps"
+                in " ".join(done.output.split()))
+        assert after["placement"] != before["placement"]  # the figures of fewer steps
+    plan = json.loads(out.read_text())
+    plan["predicted"][0]["judged_steps"] = [0]
+    out.write_text(json.dumps(plan))
+    result = placer_run("evaluate", out, "--traces", solved["traces"], ok=False)
+    assert result.exit_code == 1 and "judged_steps" in result.output, result.output

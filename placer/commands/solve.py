@@ -283,6 +283,12 @@ def print_plan(plan: Plan, out: Path) -> None:
     print_cache(plan.cache or {})
     print_table(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
                                                  "bootstrap interval over sequences)"), console)
+    for r in plan.predicted:
+        if "judged_steps" in r:
+            kept, steps = r["judged_steps"]
+            console.print(f"{r['profile']} B={r['concurrency']} predicted on its first {kept} "
+                          f"of {steps} steps (in sample, a large calibration: a prefix bounds the "
+                          "replay's seconds)")
     if plan.robust:
         ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
         console.print(f"robust: stall / layer-offload stall per profile and concurrency: {ratios}")

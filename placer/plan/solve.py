@@ -248,21 +248,38 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     progress("predicting on the calibration traffic")
     rows = [(t, b) for t in traffic for b in opts.concurrency]
 
+    judged = {(t.name, b): first_steps(t.steps[b], PREDICT_KEYS) for t, b in rows}
+
     def predict(row: tuple[Traffic, int]) -> Replayed:
         t, b = row
-        return replay_with_intervals(bare, {**lines, **baselines_at}, t.steps[b],
+        return replay_with_intervals(bare, {**lines, **baselines_at}, judged[(t.name, b)],
                                      spec.base_step_s(b), seed=opts.seed)
 
     # one row per core: the compiled token shares and most of numpy release the GIL
     with ThreadPoolExecutor(max(1, min(len(rows), os.cpu_count() or 1))) as pool:
         for (t, b), replayed in zip(rows, pool.map(predict, rows), strict=True):
+            cut = len(judged[(t.name, b)])
             plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
-                                   **replayed.ratio("ratio_to_layer", "layer")})
+                                   **replayed.ratio("ratio_to_layer", "layer"),
+                                   **({"judged_steps": [cut, len(t.steps[b])]}
+                                      if cut < len(t.steps[b]) else {})})
     if opts.robust and plan.robust is None:  # a cached split: its ratios as predicted
         ratios = {f"{r['profile']} B={r['concurrency']}": r["ratio_to_layer"]
                   for r in plan.predicted}
         plan.robust = {"ratios": ratios, "worst_ratio": max(ratios.values())}
     return plan
+
+
+def first_steps(steps: TokenSteps, most: float) -> TokenSteps:
+    """`steps`, or where its selections number over `most`, its first steps holding about
+    `most` of them: the prediction on calibration traffic is in sample, so a prefix of it
+    serves as well as the whole (its intervals are over the sequences it holds) and bounds
+    the seconds a learned pooled cache's walk takes on a large trace."""
+    selections = int(np.count_nonzero(steps.tokens >= 0))
+    if selections <= most:
+        return steps
+    keep = max(1, int(len(steps) * most / selections))
+    return TokenSteps(steps.tokens[:keep], steps.seqs[:keep])
 
 
 def thin(traffic: list[Traffic], most: int) -> tuple[list[Traffic], str | None]:
@@ -336,6 +353,7 @@ SPLIT_STALL = ("seconds of stall per decode step on held-out folds of the calibr
 SPLIT_REGRET = ("ratio: the mean over profiles and concurrencies of the held-out stall over "
                 "that traffic's plain-cache stall (1 = the plain cache)")
 STATIC_STEPS = 4096  # steps per traffic and concurrency the static candidate is solved on
+PREDICT_KEYS = 2.5e7  # selections each row of the calibration prediction replays at most
 
 
 def solver_json(result: SolveResult, opts: SolveOptions) -> dict:
