@@ -393,6 +393,8 @@ def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) ->
            "unlike the calibration)")
     if low > 1.0:  # the guard's first test (solvers/cache/choice.py guard)
         why = f"stalls {why}, above it beyond the interval"
+    elif found["objective_ratio"] <= 1.0 - found.get("min_gain", 0.05):  # its third test
+        why = f"stalls {why}: {found['why']}"
     else:
         why = (f"stalls {found['objective_ratio']:.3f}x the engines on its own folds, "
                f"{found['why']} (and {why})")
