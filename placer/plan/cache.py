@@ -7,8 +7,8 @@ and per-layer cache slots, judged on held-out folds of the calibration sequences
 learned weights fitted on the calibration folds go in the plan's `cache_params`), guarded by
 the same folds renamed: the pick serves only where it stalls no more than the better of the
 engines' lru and lfuda per layer over the plain cache there beyond the interval and, unless it
-is one of them, is 5% below them on its own folds (else that engine serves, on the plain
-cache's pins and slots; `cache.guard` says so);
+is one of them, is 5% below them on its own folds and at most 1.05x them at the interval's
+top (else that engine serves, on the plain cache's pins and slots; `cache.guard` says so);
 `--cache N` gives every card N slots (spread over its layers) and pins the rest;
 `--cache 0` is a static placement (`--solver`). Where a cache cannot be predicted, auto
 falls back to a static placement and says why (`no_cache_reason`), and N is refused.
