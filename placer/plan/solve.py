@@ -246,23 +246,21 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                     for name in ("layer", "uniform")}
     plan.predicted = []
     progress("predicting on the calibration traffic")
-    rows = [(t, b) for t in traffic for b in opts.concurrency]
+    rows = [(t, b, first_steps(t.steps[b], PREDICT_KEYS)) for t in traffic
+            for b in opts.concurrency]
 
-    judged = {(t.name, b): first_steps(t.steps[b], PREDICT_KEYS) for t, b in rows}
-
-    def predict(row: tuple[Traffic, int]) -> Replayed:
-        t, b = row
-        return replay_with_intervals(bare, {**lines, **baselines_at}, judged[(t.name, b)],
+    def predict(row: tuple[Traffic, int, TokenSteps]) -> Replayed:
+        t, b, steps = row
+        return replay_with_intervals(bare, {**lines, **baselines_at}, steps,
                                      spec.base_step_s(b), seed=opts.seed)
 
     # one row per core: the compiled token shares and most of numpy release the GIL
     with ThreadPoolExecutor(max(1, min(len(rows), os.cpu_count() or 1))) as pool:
-        for (t, b), replayed in zip(rows, pool.map(predict, rows), strict=True):
-            cut = len(judged[(t.name, b)])
+        for (t, b, steps), replayed in zip(rows, pool.map(predict, rows), strict=True):
             plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
                                    **replayed.ratio("ratio_to_layer", "layer"),
-                                   **({"judged_steps": [cut, len(t.steps[b])]}
-                                      if cut < len(t.steps[b]) else {})})
+                                   **({"judged_steps": [len(steps), len(t.steps[b])]}
+                                      if steps is not t.steps[b] else {})})
     if opts.robust and plan.robust is None:  # a cached split: its ratios as predicted
         ratios = {f"{r['profile']} B={r['concurrency']}": r["ratio_to_layer"]
                   for r in plan.predicted}
