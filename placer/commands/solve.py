@@ -387,6 +387,8 @@ def print_policies(cache: dict, console: Console) -> None:
 
 def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) -> None:
     """One line: the guard changed the choice (solvers/cache/choice.py), why, and to what."""
+    from solvers.cache.choice import MIN_GAIN  # a plan from before min_gain was recorded
+
     was, (low, high) = found["instead_of"], found["renamed_ratio_ci95"]
     served_low, served_high = found["served_renamed_ratio_ci95"]
     why = (f"{found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
@@ -394,7 +396,7 @@ def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) ->
            "unlike the calibration)")
     if low > 1.0:  # the guard's first test (solvers/cache/choice.py guard)
         why = f"stalls {why}, above it beyond the interval"
-    elif found["objective_ratio"] <= 1.0 - found.get("min_gain", 0.05):  # its third test
+    elif found["objective_ratio"] <= 1.0 - found.get("min_gain", MIN_GAIN):  # its third test
         why = f"stalls {why}: {found['why']}"
     else:
         why = (f"stalls {found['objective_ratio']:.3f}x the engines on its own folds, "
