@@ -64,11 +64,10 @@ CASES = ("gpt-1", "esft-1", "esft-robust-1", "gpt-8", "esft-8", "esft-robust-8",
 # cases MIN_GAIN was not set on: ESFT planned on half of another task, checked on its other
 # half and the other three tasks (`held-apart` on the command line runs them); not summary at
 # B = 8: half of its 14 sequences cannot fill a step of 8
-HELD_APART = ("esft-law-1", "esft-summary-1", "esft-translation-1", "esft-law-8",
-              "esft-translation-8")
+APART = (("law", 1), ("summary", 1), ("translation", 1), ("law", 8), ("translation", 8))
+HELD_APART = tuple(f"esft-{t}-{b}" for t, b in APART)
 # the same under --robust (`held-apart-robust`): run after the guard's third test was added
-HELD_APART_ROBUST = tuple(c.replace("-1", "-robust-1").replace("-8", "-robust-8")
-                          for c in HELD_APART)
+HELD_APART_ROBUST = tuple(f"esft-{t}-robust-{b}" for t, b in APART)
 
 
 def prepared(root: Path) -> dict[str, Path]:
@@ -300,6 +299,12 @@ def interval(twin: dict, share: np.ndarray, row: tuple, best: tuple) -> tuple[fl
     return paired_ratio(np.asarray(twin[row]), np.asarray(twin[best]), share)
 
 
+def shipped_rule(gain: float):
+    """solvers/cache/choice.py's guard with MIN_GAIN = `gain`, as a rule of RULES."""
+    return lambda r, low, high, engine, own: low <= 1.0 and (
+        engine or own <= 1.0 - gain and high <= 1.0 + gain)
+
+
 RULES = {
     # rule(ratio, low, high, engine, own): whether the renamed folds back a row (its renamed
     # stall over the better engine's, with the interval; engine: the row is one; own: its
@@ -320,8 +325,7 @@ RULES = {
     "not above beyond, and 5% below the engines on its own folds, else the better engine "
     "(fallback)": lambda r, low, high, engine, own: low <= 1.0 and (engine or own <= 0.95),
     "not above beyond, 5% below the engines on its own folds, and the interval's top at most "
-    "1.05, else the better engine (fallback)": lambda r, low, high, engine, own: (
-        low <= 1.0 and (engine or own <= 0.95 and high <= 1.05)),
+    "1.05, else the better engine (fallback)": shipped_rule(0.05),
 }
 
 
@@ -356,6 +360,13 @@ def served(figures: dict, rule, rows=ROW_SETS["every row"], fallback: bool = Fal
     return best if fallback else min(filter(backed, objective), key=objective.get)
 
 
+def first_met(misses: dict, label: str) -> bool:
+    """Done-when (1) for the row `label` served at gpt-oss B = 1 (6e): its held-out misses
+    at least 12% below lfru's and at most 1.90x Belady's."""
+    mine = misses["rows"][label]
+    return mine <= 0.88 * misses["lfru_split"] and mine <= 1.90 * misses["belady_split"]
+
+
 def summary(results: dict[str, dict]) -> None:
     """One line per rule and row set: done-when (1) at gpt-oss B = 1, and the cases of (2)
     that fail (case: traffic)."""
@@ -370,8 +381,7 @@ def summary(results: dict[str, dict]) -> None:
             if case == "gpt-1":
                 m = figures["misses"]
                 mine = m["rows"][label]
-                met = mine <= 0.88 * m["lfru_split"] and mine <= 1.90 * m["belady_split"]
-                first = (f"(1) {'met' if met else 'MISSED'} ({label}: "
+                first = (f"(1) {'met' if first_met(m, label) else 'MISSED'} ({label}: "
                          f"{100 * (1 - mine / m['lfru_split']):.2f}%, "
                          f"{mine / m['belady_split']:.3f}x)")
         print(f"- {name}; rows: {among}: {first}; (2) fails {len(fails)}: {', '.join(fails)}")
@@ -447,19 +457,15 @@ def gains(results: dict[str, dict]) -> None:
     passing = []
     for tenth in range(151):
         gain = tenth / 1000
-
-        def rule(r, low, high, engine, own, gain=gain):
-            return low <= 1.0 and (engine or own <= 1.0 - gain and high <= 1.0 + gain)
-
+        rule = shipped_rule(gain)
         fails = [f"{case}: {t}" for case, figures in results.items()
                  for t, got in figures["targets"].items()
                  if got["rows"]["|".join(map(str, served(figures, rule, rows, True)))][
                      "ci95"][0] > 1.0]
         first = ""
         if "gpt-1" in results:  # done-when (1) too
-            m = results["gpt-1"]["misses"]
-            mine = m["rows"]["|".join(map(str, served(results["gpt-1"], rule, rows, True)))]
-            met = mine <= 0.88 * m["lfru_split"] and mine <= 1.90 * m["belady_split"]
+            met = first_met(results["gpt-1"]["misses"],
+                            "|".join(map(str, served(results["gpt-1"], rule, rows, True))))
             fails += [] if met else ["(1) at gpt-1"]
             first = f"(1) {'met' if met else 'missed'}; "
         passing += [gain] if not fails else []
