@@ -21,6 +21,7 @@ from solvers.cache.replay import Requests
 from tests.real_routing import GPTOSS
 
 LAYERS, EXPERTS = 24, 32
+needs_routing = pytest.mark.skipif(not GPTOSS.is_dir(), reason="no ../shared/data/routing")
 
 
 def gptoss_requests(first: int, count: int, batch: int = 1) -> Requests:
@@ -36,6 +37,7 @@ def gptoss_requests(first: int, count: int, batch: int = 1) -> Requests:
     return Requests(requests.keys, requests.offsets, requests.shape, batch)
 
 
+@needs_routing
 @pytest.mark.parametrize(("batch", "pooled"), [(1, False), (1, True), (3, False), (3, True)])
 def test_reference_walk_equals_the_kernel(batch: int, pooled: bool):
     requests = gptoss_requests(0, 6, batch)
@@ -71,6 +73,7 @@ def test_rank_fit_recovers_a_known_order():
     assert cosine > 0.95
 
 
+@needs_routing
 def test_fitted_weights_beat_lfru_on_held_out_routing():
     """Weights fitted on four folds of 24 calibration sequences, judged on 24 others: fewer
     misses than lfru (and lru) at the same slots; the fit sees the folds only."""
@@ -113,6 +116,7 @@ def test_transition_counts_the_next_steps_selections(monkeypatch):
     assert apart[0, 1].tolist() == [0.0, 1.0, 1.0, 0.0]  # 1 at step 0, then [1, 2]
 
 
+@needs_routing
 def test_without_transition_the_fit_leaves_the_feature_out(monkeypatch):
     """Beyond TRANSITION_KEYS the fit has no T: every layer's transition weight is 0, the
     policy carries no T, and the kernel still equals the reference walk."""
@@ -131,6 +135,7 @@ def test_without_transition_the_fit_leaves_the_feature_out(monkeypatch):
         held, cacheable, home, quotas, fit.weights, fit.calibration)
 
 
+@needs_routing
 def test_without_identity_the_fit_names_no_expert_and_renaming_changes_little():
     """identity False: the calibration and transition weights are 0 in every layer, the plan
     carries a 0 calibration feature and no T, and the score (age and decayed counts) misses
