@@ -9,7 +9,7 @@ gguf's GGUFWriter, then extends the file to its full 17 GB as a sparse file (no 
 data section is never read by either reader). Times, interleaved `--repeats` times, medians:
 
 - `placer inspect`'s work, `read_inventory(model.gguf)` (placer/checkpoint/gguf.py through the
-  bounded header reader traces/gguf_header.py: every expert's byte ranges);
+  bounded header reader traces/formats/gguf_header.py: every expert's byte ranges);
 - `gguf.GGUFReader(model.gguf)` (header, tensor infos and a memory map; no inventory).
 
 Ratio: GGUFReader's time over placer's (target >= 5: placer walks the tokenizer arrays

@@ -148,20 +148,20 @@ METHODS = ("plain", "worst", "robust")
 
 def mean_estimate(estimates: list):
     """The mean of independent figures (each its point and bootstrap replicates)."""
-    from solvers.intervals import Estimate
+    from solvers.judge.intervals import Estimate
 
     return Estimate(float(np.mean([e.point for e in estimates])),
                     np.mean([e.replicates for e in estimates], axis=0))
 
 
 def span(est) -> str:
-    """An estimate (solvers.intervals.Estimate) and its 95% interval: "point [low, high]"."""
+    """An estimate (solvers.judge.intervals.Estimate) and its 95% interval: "point [low, high]"."""
     return shown(est.point, est.ci95())
 
 
 def set_steps(sets: dict, num_experts: int, d: str, b: int, kind: str, weight: float = 1.0):
     """Solver steps of sets[(d, b, kind)] (TokenSteps) with `weight`."""
-    from solvers.replay import make_steps
+    from solvers.judge.replay import make_steps
 
     return make_steps(f"{d}-{kind}", sets[(d, b, kind)], num_experts, weight, 0.0)
 
@@ -169,7 +169,7 @@ def set_steps(sets: dict, num_experts: int, d: str, b: int, kind: str, weight: f
 def plain_over(sets: dict, shape: tuple[int, int], expert_bytes: int, known: list[str]):
     """The ILP placement of the known domains' calibration steps at every B, weighed alike:
     what `placer solve` does with several --traces."""
-    from solvers import ilp
+    from solvers.static import ilp
 
     weight = 1.0 / (len(known) * len(BATCHES))
     calib = [set_steps(sets, shape[1], d, b, "calib", weight) for d in known for b in BATCHES]
@@ -180,7 +180,7 @@ def robust_over(sets: dict, shape: tuple[int, int], expert_bytes: int, known: li
                 objective: str = "regret"):
     """The robust placement over the known domains' calibration steps, one profile per
     (domain, B): placer's --robust ("regret") or its former one ("worst")."""
-    from solvers import robust
+    from solvers.static import robust
 
     problems = [problem_of(shape, expert_bytes, [set_steps(sets, shape[1], d, b, "calib")])
                 for d in known for b in BATCHES]
@@ -194,9 +194,9 @@ def lodo(shape: tuple[int, int], expert_bytes: int, sets: dict, domains: list[st
     Each held-out domain's figures come with a bootstrap over its sequences (its sampled
     steps where it has none) in which every method and the oracle are weighed alike, so
     robust / worst is a paired ratio; domains are resampled independently and averaged."""
-    from solvers import ilp
-    from solvers.intervals import REPLICATES, verdict
-    from solvers.replay import replay_with_intervals
+    from solvers.judge.intervals import REPLICATES, verdict
+    from solvers.judge.replay import replay_with_intervals
+    from solvers.static import ilp
 
     def solve_on(method: str, known: list[str]):
         if method == "plain":
@@ -249,7 +249,7 @@ def problem_of(shape: tuple[int, int], expert_bytes: int, steps: list):
 
 
 def esft_sets(dirs: dict[str, tuple[Path, Path]], full: dict[str, Path]) -> dict:
-    from traces.profile import every_token_steps, load_profile
+    from traces.storing.profile import every_token_steps, load_profile
 
     sets = {}
     for task, (calib, held) in dirs.items():
@@ -266,7 +266,7 @@ def count_sets(counts: dict[str, np.ndarray], top_k: int, num_steps: int) -> dic
     TokenSteps: no sequences, so held-out intervals are over sampled steps. "held" and
     "full" are the same sample (a count matrix has no halves)."""
     from solvers.steps import gumbel_top_k
-    from traces.profile import TokenSteps
+    from traces.storing.profile import TokenSteps
 
     sets = {}
     for d, matrix in counts.items():
@@ -315,9 +315,9 @@ def skew(name: str, counts: dict[str, np.ndarray], top_k: int, expert_bytes: int
     """Section 5 for one data set: in profile (plan on a domain's calibration sample, replayed
     on a second sample) and unseen (robust plan over the other domains), placement / layer
     offload with its 95% interval, means over the domains."""
-    from solvers import baselines
-    from solvers.intervals import REPLICATES, verdict
-    from solvers.replay import replay_with_intervals
+    from solvers.judge.intervals import REPLICATES, verdict
+    from solvers.judge.replay import replay_with_intervals
+    from solvers.static import baselines
 
     sets = count_sets(counts, top_k, 2048)
     shape = next(iter(counts.values())).shape
@@ -364,9 +364,9 @@ def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
 
 
 def ilp_scaling(full: Path) -> None:
-    from solvers import ilp
-    from solvers.replay import make_steps
-    from traces.profile import every_token_steps, sampled_token_steps
+    from solvers.judge.replay import make_steps
+    from solvers.static import ilp
+    from traces.storing.profile import every_token_steps, sampled_token_steps
 
     print("\n4. ILP seconds against calibration size (ESFT intent, one card, B=1)")
     every = every_token_steps(full, 1, groupings=1, seed=0)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_solvers.py [--quick] [--time-limit 60]
 
-The problem: 58 MoE layers x 256 experts, top-8, routing from `solvers.synthetic.deepseek_like`
+The problem: 58 MoE layers x 256 experts, top-8, routing from `synthetic.deepseek_like`
 (Zipf-like popularity, topic clusters); experts of MXFP4 DeepSeek-V3 size (3 x 7168 x 2048
 weights at 4 bits plus one scale byte per 32 weights: 23,396,352 bytes); 8 cards of the
 8 x RTX 5090 D preset (53 GB/s, 10 us per transfer, two sockets of 4 cards at 150 GB/s);
@@ -11,7 +11,7 @@ sampled decode steps at batch 1 and batch 8, weighted equally.
 
 Prints, each figure saying what it measured:
 1. ILP (SCIP from the greedy hint; at full size the bound is PDLP's LP dual, evaluated
-   exactly, and the LP solution rounded and repaired gives candidates, see solvers/ilp.py):
+   exactly, and the LP solution rounded and repaired gives candidates, see solvers/static/ilp.py):
    wall seconds, objective (expected stall per step), proven lower bound and relative gap
    (target gap <= 1% within the time limit);
 2. greedy: wall seconds (target < 2 s) and its objective over the ILP objective (target
@@ -22,7 +22,7 @@ Prints, each figure saying what it measured:
    --time-limit, its proven bound over the problem's LP relaxation (GLOP). The integer
    optimum lies at least that far above the LP, so no bound from the LP alone (all a
    full-size run affords) certifies a gap below it;
-6. --robust (solvers/robust.py) over this traffic and a second one at batch 1 and 8: seconds,
+6. --robust (solvers/static/robust.py) over this traffic and a second one at batch 1 and 8: seconds,
    mean regret, its bound and gap, each scenario's stall beside the plain ILP's.
 Each target prints PASS or MISS; the exit status is 0 either way.
 `--quick` shrinks the problem (a smoke run in well under 30 s, not figures to quote).
@@ -31,17 +31,22 @@ Each target prints PASS or MISS; the exit status is 0 either way.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 from ortools.linear_solver.python import model_builder as mb
 
-from solvers import baselines, cost, greedy, homes, ilp, robust
-from solvers.milp_model import milp_data, model_of
+from solvers import cost, homes
 from solvers.patterns import problem_patterns
 from solvers.problem import Cards, Problem, SolveResult
-from solvers.synthetic import deepseek_like, steps_from_tokens
+from solvers.static import baselines, greedy, ilp, robust
+from solvers.static.milp_model import milp_data, model_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from synthetic import deepseek_like, steps_from_tokens  # noqa: E402  (tests/synthetic.py)
 
 # MXFP4 DeepSeek-V3 routed expert: gate, up, down of 7168 x 2048 at 4 bits + E8M0 scales / 32.
 EXPERT_BYTES = 3 * 7168 * 2048 // 2 + 3 * 7168 * 2048 // 32

@@ -6,7 +6,7 @@ calibration traffic grows, and whether the split picks its best candidate.
 Model: DeepSeek-V3's shape from examples/deepseek-v3/config.json (58 MoE layers x 256
 experts, top-8) with MXFP4 experts; box: the `8x-rtx5090d-pcie5` preset; `--offload 0.5`;
 concurrency 1 and 8; `--solver greedy` for the static candidate. Traffic:
-`solvers.synthetic.deepseek_like` tokens (Zipf-like popularity, topic clusters, drawn per
+`synthetic.deepseek_like` tokens (Zipf-like popularity, topic clusters, drawn per
 token: little decode-order reuse), 100 tokens per sequence, imported as a trace
 (`placer traces import --format tokens`). Sizes: 20k and 200k tokens (`--quick`: 2k, 20k).
 
@@ -47,7 +47,8 @@ def placer(*args: object) -> str:
 
 def traffic(root: Path, tokens: int) -> Path:
     """Import `tokens` DeepSeek-like tokens as a trace set; its directory."""
-    from solvers.synthetic import deepseek_like
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from synthetic import deepseek_like  # tests/synthetic.py
 
     selected, seq_ids = deepseek_like(58, 256, 8, num_tokens=tokens,
                                       num_seqs=tokens // TOKENS_PER_SEQUENCE, seed=0)

@@ -36,7 +36,7 @@ def bench_hooks(root: Path, repeats: int) -> None:
     from transformers import AutoModelForCausalLM
 
     from placer.checkpoint.tiny import build_tiny_model
-    from traces.capture import RouterCapture
+    from traces.collecting.capture import RouterCapture
 
     texts = [b for b in TEXT.read_text().split("\n\n") if b.strip()]
     model_dir = build_tiny_model("qwen3_moe", root / "model", texts=texts, layers=8,
@@ -73,7 +73,7 @@ def write_synthetic(path: Path, rows: int, *, layers: int = 60, experts: int = 2
                     top_k: int = 8, seq_len: int = 512, seed: int = 0) -> float:
     """Write `rows` (token, layer) rows with skewed (Zipf-like) routing; returns the seconds
     spent in TraceWriter (generating the synthetic selections is not counted)."""
-    from traces.writer import TraceWriter
+    from traces.storing.writer import TraceWriter
 
     rng = np.random.default_rng(seed)
     moe_layers = np.arange(3, 3 + layers, dtype=np.int16)
@@ -132,7 +132,7 @@ def _peak_rss_mib() -> float:
 
 def aggregate_child(trace_dir: Path) -> None:
     """Run in a child process: time load_profile and sample_steps, report peak RSS."""
-    from traces.profile import load_profile, sample_steps
+    from traces.storing.profile import load_profile, sample_steps
 
     start = time.perf_counter()
     profile = load_profile(trace_dir)

@@ -160,10 +160,10 @@ def run_case(case: str, root: Path, traces: dict[str, Path]) -> dict:
     from solvers.cache.belady import BeladyReplay
     from solvers.cache.choice import PLAIN
     from solvers.cache.replay import Requests
-    from solvers.intervals import REPLICATES
+    from solvers.judge.intervals import REPLICATES
+    from solvers.judge.replay import Line, replay_with_intervals
     from solvers.problem import Placement
-    from solvers.replay import Line, replay_with_intervals
-    from traces.profile import every_token_steps, load_profile, step_mask
+    from traces.storing.profile import every_token_steps, load_profile, step_mask
 
     kind, *mode, b = case.split("-")
     b, robust = int(b), "robust" in mode
@@ -260,7 +260,9 @@ def ds3(root: Path) -> dict:
     stall over the better of the plain lru and lfuda caches, with the interval."""
     import bench_split
 
-    from solvers.synthetic import deepseek_like
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+    from synthetic import deepseek_like  # tests/synthetic.py
 
     kept = root / "ds3-solve.json"
     if not kept.exists():

@@ -220,7 +220,7 @@ def methods(root: Path) -> None:
     from solvers.cache import make_policy
     from solvers.cache.replay import Requests
     from solvers.cache.split import SplitProblem, solve_split
-    from traces.profile import every_token_steps, load_profile
+    from traces.storing.profile import every_token_steps, load_profile
 
     cases = {"gpt-oss, mmlu_dev held out": (root / "gpt-0", [root / "gpt-1"], 24, 32, 4,
                                              GPT_EXPERT, 264),
@@ -260,7 +260,7 @@ def policies(root: Path, batches: tuple[int, ...]) -> None:
     from solvers.cache.choice import CHOICES
     from solvers.cache.learn import fit_learned
     from solvers.cache.replay import Requests
-    from traces.profile import batched_steps, every_token_steps, split_sequences, step_mask
+    from traces.storing.profile import batched_steps, every_token_steps, split_sequences, step_mask
 
     layers, experts = 24, 32
     print("\n6e. cache policies serving 6a's split on mmlu_dev's held-out half (misses; stall "
@@ -324,7 +324,7 @@ def equal_slots(sizes: tuple[int, ...] = (6, 11, 16)) -> None:
     from solvers.cache.choice import CHOICES
     from solvers.cache.learn import fit_learned
     from solvers.cache.replay import Requests
-    from traces.profile import step_mask
+    from traces.storing.profile import step_mask
 
     data = np.load(GPTOSS / "mmlu_dev.npz")
     ids, lens = data["expert_ids"].astype(np.int64), data["seq_lens"]

@@ -6,7 +6,7 @@
    MXFP4 routed experts (58 MoE layers x 256 experts, 23.4 MB each);
 2. a routing profile: production statistics would come from SGLang's expert distribution
    recorder (`placer traces import DUMP.pt`); this walk-through has no DeepSeek-V3 server, so
-   it imports a SYNTHETIC count matrix (solvers.synthetic: Zipf-like popularity per layer)
+   it imports a SYNTHETIC count matrix (tests/synthetic.py: Zipf-like popularity per layer)
    the same way, and says so in its tag;
 3. placer solve: greedy and ILP placements with half the expert bytes offloaded (323 GiB of
    MXFP4 experts do not fit in 8 x 32 GB beside the dense weights and KV), batch 1 and 8,
@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,8 @@ CONFIG = HERE / "deepseek-v3" / "config.json"
 
 def synthetic_counts(path: Path, tokens: int) -> Path:
     """[58, 256] selection counts of `tokens` synthetic DeepSeek-like tokens, as .npy."""
-    from solvers.synthetic import deepseek_like
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from synthetic import deepseek_like  # tests/synthetic.py
 
     selected, _ = deepseek_like(58, 256, 8, num_tokens=tokens, num_seqs=tokens // 16, seed=0)
     counts = np.stack([np.bincount(selected[:, layer].ravel(), minlength=256)

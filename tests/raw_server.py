@@ -1,5 +1,5 @@
 """A loopback HTTP server that answers with whatever bytes a test gives it, as slowly as it
-likes: for clients that must stop waiting (traces/http.py). Bounded in connections and in
+likes: for clients that must stop waiting (traces/collecting/http.py). Bounded in connections and in
 time: every answer stops by itself, and the server ends with its `with` block."""
 
 from __future__ import annotations

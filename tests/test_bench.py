@@ -17,8 +17,8 @@ from placer.hardware.spec import load_spec
 from placer.plan.placement import read_plan
 from placer.predict.evaluate import cache_lines, plan_placement, plan_problem
 from placer.serve.bench_predict import cache_verdicts, predict_arm
-from solvers.replay import replay_with_intervals
-from traces.profile import TokenSteps
+from solvers.judge.replay import replay_with_intervals
+from traces.storing.profile import TokenSteps
 
 pytest_plugins = ["fixtures_models"]
 

@@ -262,7 +262,7 @@ def test_a_fold_is_batched_from_the_single_steps_as_a_read_of_its_sequences_woul
                                                                                    batch):
     """The split's folds at B > 1 come from the B = 1 steps already loaded, not from reading
     the trace again: the very steps every_token_steps gives for those sequences."""
-    from traces.profile import batched_steps, every_token_steps, split_sequences
+    from traces.storing.profile import batched_steps, every_token_steps, split_sequences
 
     single = every_token_steps(solved["traces"], 1, groupings=1, seed=3)
     for ids in split_sequences(solved["traces"], 2, seed=3):
@@ -301,7 +301,7 @@ def test_a_forced_policy_is_kept_and_evaluate_prints_the_plans_policy_beside_lru
 
 def test_first_steps_keeps_a_prefix_of_about_most_selections():
     from placer.plan.solve import first_steps
-    from traces.profile import TokenSteps
+    from traces.storing.profile import TokenSteps
 
     tokens = np.zeros((10, 2, 3, 4), dtype=np.int16)  # 10 steps of 24 selections
     tokens[9, 1] = -1  # the last step has one token

@@ -15,7 +15,7 @@ from solvers.cache.costs import CostProblem, CostTable, Scenario, first, pin_ord
 from solvers.cache.replay import Requests
 from solvers.cache.split import CAPS, SplitProblem, _layer_knapsack, solve_split
 from solvers.staging import cache_only_slots
-from traces.profile import step_mask
+from traces.storing.profile import step_mask
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -636,9 +636,9 @@ def test_a_misbehaving_server_is_one_line(pipe: Pipeline, monkeypatch) -> None:
     --server` ends in one line and leaves nothing, each reply bounded by its deadline."""
     from raw_server import raw_server
 
-    import traces.server
+    import traces.collecting.server
 
-    monkeypatch.setattr(traces.server, "sleep", lambda s: None)
+    monkeypatch.setattr(traces.collecting.server, "sleep", lambda s: None)
     corpus = pipe.root / "one.jsonl"
     corpus.write_text(json.dumps({"text": "To be, or not to be"}) + "\n")
 

@@ -96,7 +96,7 @@ def _router_inputs(model, token_ids: list[int]) -> dict[int, tuple[object, np.nd
     """Run one sequence alone; {layer: (router module, its input hidden states [T, H])}."""
     import torch
 
-    from traces.capture import find_experts_modules
+    from traces.collecting.capture import find_experts_modules
 
     layers = find_experts_modules(model)
     captured: dict[int, tuple[object, np.ndarray]] = {}
@@ -143,7 +143,7 @@ def test_recorded_routing_equals_router_recomputation(arch, mode, trace_models, 
     expected_docs = _expected_documents(mode, tokenizer, trace_data)
     decode_rows = 0
     for seq, entries in sorted(seqs.items()):
-        index = seq & 0xFFFFFFFF  # the document's ordinal in its corpus (see traces.schema)
+        index = seq & 0xFFFFFFFF  # the document's ordinal in its corpus (see traces.storing.schema)
         positions = [p for p, _ in entries]
         assert positions == list(range(len(entries))), "positions must be 0..n-1, no gaps"
         ids = [e["token"] for _, e in entries]
@@ -315,7 +315,7 @@ def test_seq_ids_unique_across_runs_in_one_directory(tmp_path, trace_models, pla
     assert len(ids[0]) == len(ids[1]) == 4 and not ids[0] & ids[1]
     nulls = sorted(pq.read_table(f, columns=["weights"]).column(0).null_count for f in files)
     assert nulls[0] == 0 and nulls[1] == pq.read_metadata(files[0]).num_rows
-    from traces.profile import load_profile
+    from traces.storing.profile import load_profile
 
     assert load_profile(out).sequences == 8
 
@@ -332,9 +332,9 @@ def test_refuses_trace_dir_of_another_model(tmp_path, trace_models, placer_run, 
 
 
 def test_interrupted_run_leaves_no_complete_file(tmp_path, trace_models, monkeypatch, trace_data):
-    import traces.collect as tc
+    import traces.collecting.collect as tc
     from placer.checkpoint.inventory import read_inventory
-    from traces.corpora import open_corpus
+    from traces.collecting.corpora import open_corpus
 
     model = trace_models["qwen3_moe"]
     inv = read_inventory(model)
@@ -362,7 +362,7 @@ def test_interrupted_run_leaves_no_complete_file(tmp_path, trace_models, monkeyp
 def test_readers_ignore_unfinished_files(collected, tmp_path):
     import shutil
 
-    from traces.profile import load_profile
+    from traces.storing.profile import load_profile
 
     src = collected[("qwen3_moe", "score")]
     dst = tmp_path / "t"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from traces.collecting.runs import SAME_SAMPLE, refuse_duplicate
 from traces.errors import TraceError
-from traces.runs import SAME_SAMPLE, refuse_duplicate
-from traces.schema import read_meta
+from traces.storing.schema import read_meta
 
 pytest_plugins = ["fixtures_models"]  # trace_models, trace_data, placer_run
 

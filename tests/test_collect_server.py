@@ -43,10 +43,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from traces.corpora import Corpus
-from traces.runs import ModelIdentity, run_id_of, run_meta
-from traces.schema import SEQ_ID_SHIFT
-from traces.server import ServerOptions
+from traces.collecting.corpora import Corpus
+from traces.collecting.runs import ModelIdentity, run_id_of, run_meta
+from traces.collecting.server import ServerOptions
+from traces.storing.schema import SEQ_ID_SHIFT
 
 pytest_plugins = ["fixtures_models"]  # trace_models, trace_data, placer_run
 
@@ -75,7 +75,7 @@ class Generator:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from traces.capture import RouterCapture
+        from traces.collecting.capture import RouterCapture
 
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
@@ -289,7 +289,8 @@ def trace_meta(trace_dir: Path) -> dict:
 def assert_server_meta(tmp_path: Path, local: Path, url: str) -> None:
     """The metadata of the server trace in tmp_path/srv, key by key: the model and corpus as
     the local collect of the same corpus records them, the mode, the run id of the server's
-    options and URL, no seed and no tokenizer, the server; as traces.runs.run_meta makes it."""
+    options and URL, no seed and no tokenizer, the server; as
+    traces.collecting.runs.run_meta makes it."""
     meta, mine = trace_meta(tmp_path / "srv"), trace_meta(local)
     (tmp_path / "empty").mkdir()
     options = ServerOptions(max_new_tokens=MAX_NEW, max_length=40, concurrency=2,
@@ -377,10 +378,10 @@ def test_an_sglang_reply_with_rows_past_the_stop_keeps_the_returned_tokens(
 
 def test_a_failing_server_is_retried_then_refused_in_one_line(collect_via, tmp_path,
                                                               monkeypatch) -> None:
-    import traces.server
+    import traces.collecting.server
 
     sleeps: list[float] = []
-    monkeypatch.setattr(traces.server, "sleep", sleeps.append)
+    monkeypatch.setattr(traces.collecting.server, "sleep", sleeps.append)
     out = tmp_path / "srv"
     with stub_server(lambda body: (503, {"error": "overloaded"})) as (url, got):
         result = collect_via(url, out, "--concurrency", 1, ok=False)

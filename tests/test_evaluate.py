@@ -21,7 +21,7 @@ from placer.predict.evaluate import (
     trace_verdict,
 )
 from solvers.cost import step_stats
-from solvers.intervals import (
+from solvers.judge.intervals import (
     Estimate,
     attribute,
     ratio_estimate,
@@ -31,15 +31,15 @@ from solvers.intervals import (
     verdict,
 )
 from traces.errors import TraceError
-from traces.profile import (
+from traces.storing.profile import (
     every_token_steps,
     load_profile,
     sampled_token_steps,
     sequence_counts,
     step_mask,
 )
-from traces.schema import PHASES
-from traces.writer import TraceWriter
+from traces.storing.schema import PHASES
+from traces.storing.writer import TraceWriter
 
 LAYERS, EXPERTS, TOP_K = (0, 1, 2), 16, 2
 CONFIG = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],

@@ -16,7 +16,7 @@ import numpy as np
 from tiny_pipeline import BOX, invoke
 
 from placer.checkpoint.tiny import build_tiny_model
-from solvers.intervals import Estimate
+from solvers.judge.intervals import Estimate
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,9 +12,10 @@ import pytest
 
 from placer.plan.placement import read_plan
 from placer.predict.evaluate import plan_problem
-from solvers import baselines, cost
-from solvers.replay import make_steps
-from traces.profile import every_token_steps, step_mask
+from solvers import cost
+from solvers.judge.replay import make_steps
+from solvers.static import baselines
+from traces.storing.profile import every_token_steps, step_mask
 
 pytest_plugins = ["fixtures_models"]
 REPO = Path(__file__).resolve().parent.parent

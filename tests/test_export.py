@@ -13,8 +13,8 @@ from test_export_ktransformers import write_plan
 from placer.exporters.sglang import read_sglang_location
 from placer.plan.placement import read_plan
 from placer.predict.evaluate import plan_problem
-from solvers import baselines
 from solvers.problem import Steps
+from solvers.static import baselines
 
 pytest_plugins = ["regression_plan"]  # `setup`: a solved tiny plan, once per session
 

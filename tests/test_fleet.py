@@ -5,7 +5,8 @@ reads the same files.
 Memory is measured, not assumed: each command runs in a fresh interpreter that reports the
 rise of its peak resident set (ru_maxrss) over the set it holds after imports, on a small tree
 and on one with eight times the rows. Reading the large tree whole would raise the peak by at
-least the bytes it decodes to; streaming it (batches of traces.dataset.BATCH_ROWS rows, a few
+least the bytes it decodes to; streaming it (batches of
+traces.storing.dataset.BATCH_ROWS rows, a few
 read ahead) must keep the difference of the two rises under half of that.
 """
 
@@ -22,9 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from placer.checkpoint.estimate import estimate_inventory
-from traces.profile import load_profile
-from traces.schema import KIND_TOKENS, PHASES, SEQ_ID_SHIFT
-from traces.writer import TraceWriter
+from traces.storing.profile import load_profile
+from traces.storing.schema import KIND_TOKENS, PHASES, SEQ_ID_SHIFT
+from traces.storing.writer import TraceWriter
 
 CONFIG = Path(__file__).resolve().parent.parent / "examples" / "deepseek-v3" / "config.json"
 HOSTS, TAGS = ("h0", "h1", "h2"), ("chat", "code")

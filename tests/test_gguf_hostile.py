@@ -21,7 +21,7 @@ from gguf_files import write_moe_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.gguf_header import KEEP_ARRAY, KEEP_TOTAL, read_gguf_header
+from traces.formats.gguf_header import KEEP_ARRAY, KEEP_TOTAL, read_gguf_header
 
 UINT8, UINT32, STRING, ARRAY, UINT64 = 0, 4, 8, 9, 10
 SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q",

@@ -35,8 +35,8 @@ from test_hostile_properties import SETTINGS, Worker, clean
 from test_hostile_sizes import cases as size_cases
 from test_hostile_sizes import sparse
 
-from traces.bounded import LINE_LIMITS
 from traces.errors import TraceError
+from traces.formats.bounded import LINE_LIMITS
 from traces.options import OVERRIDES, check_rules
 
 CASES = int(os.environ.get("PLACER_HOSTILE_CASES", "6"))

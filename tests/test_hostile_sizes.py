@@ -1,5 +1,5 @@
 """Files larger than their kind ever is (issue 44, class 1): every reader goes through the one
-bounded read (traces/bounded.py), so a sparse 8 GiB file (`truncate`: no disk used) is one
+bounded read (traces/formats/bounded.py), so a sparse 8 GiB file (`truncate`: no disk used) is one
 line naming the file and its size, exit 1, before a byte is read: not a MemoryError
 traceback (it was, for the plan, manifest, config.json, index, spec TOML, `--prompt-lens`,
 meta_info.json, load balancer YAML and every corpus line). The commands run in a child under
@@ -19,8 +19,8 @@ from importer_files import EXPERTS, MOE_LAYERS, TOP_K, write_config
 from safetensors.torch import save_file
 from test_input_properties import CONFIG, checkpoint, header_and_data, safetensors_bytes
 
-from traces.bounded import LIMITS, LINE_LIMITS, MAX_BLOCK, bounded_lines, read_bounded
 from traces.errors import TraceError
+from traces.formats.bounded import LIMITS, LINE_LIMITS, MAX_BLOCK, bounded_lines, read_bounded
 
 SPARSE = 8 << 30  # 8 GiB, sparse
 MiB = 1 << 20
@@ -131,7 +131,7 @@ def test_lines_are_bounded_not_files(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=rf"c.txt:5: a line longer than 16 MiB \(at byte "
                                          rf"offset {18 + limit}\)"):
         next(lines)
-    from traces.corpora import open_corpus
+    from traces.collecting.corpora import open_corpus
 
     block = tmp_path / "block.txt"
     block.write_bytes(b"z" * 1000 + b"\n" + (b"w" * (1 << 20) + b"\n") * (MAX_BLOCK >> 20))

@@ -24,8 +24,8 @@ from importer_files import (
 )
 from safetensors.torch import save_file
 
-from traces.profile import load_profile
-from traces.schema import METADATA_KEY
+from traces.storing.profile import load_profile
+from traces.storing.schema import METADATA_KEY
 
 CHUNKS, CHUNK_SIZE = 3, 512
 

@@ -24,7 +24,7 @@ from importer_files import (
     write_config,
 )
 
-from traces.collect import ModelIdentity
+from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.sglang_http import decode_routed_experts
 

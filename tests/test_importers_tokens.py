@@ -19,7 +19,7 @@ from importer_files import (
     write_config,
 )
 
-from traces.profile import load_profile
+from traces.storing.profile import load_profile
 
 ESFT = SHARED_DATA / "routing" / "esft-deepseek-v2-lite"
 

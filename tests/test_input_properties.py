@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from placer.checkpoint.config import CONFIG_INTS
 from placer.checkpoint.header import DTYPE_BITS
-from traces.writer import TraceWriter
+from traces.storing.writer import TraceWriter
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])

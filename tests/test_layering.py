@@ -148,14 +148,14 @@ def test_rooms_keep_placer_shallow_and_modules_small() -> None:
 
 
 def test_ggml_block_sizes_are_read_in_one_place() -> None:
-    """gguf's GGML_QUANT_SIZES: by type name in traces/ggml.py (the table of the checkpoint
+    """gguf's GGML_QUANT_SIZES: by type name in traces/formats/ggml.py (the table of the checkpoint
     estimate's and the hardware timings' ggml types), by type in the GGUF reader; nowhere
     else, so that the two rooms cannot drift apart."""
     readers = {name for name, path in sources().items()
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.ImportFrom)
                and any(a.name == "GGML_QUANT_SIZES" for a in node.names)}
-    assert readers == {"traces.ggml", "traces.gguf_header"}, sorted(readers)
+    assert readers == {"traces.formats.ggml", "traces.formats.gguf_header"}, sorted(readers)
 
 
 # What no command may import before it runs (`placer --help`, `placer X --help`, `placer

@@ -147,7 +147,7 @@ def test_values_that_keep_the_rules_pass() -> None:
 def test_a_negative_seed_never_reaches_numpy(tmp_path: Path) -> None:
     """`traces split --seed -1` was numpy's ValueError traceback; `split_traces` itself (the
     library entry point) applies the same table."""
-    from traces.split import split_traces
+    from traces.storing.split import split_traces
 
     with pytest.raises(TraceError, match="--seed must be in 0..2\\*\\*31-1, got -1"):
         split_traces(tmp_path / "nowhere", tmp_path / "a", tmp_path / "b", seed=-1)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from solvers.intervals import verdict as verdict_of
+from solvers.judge.intervals import verdict as verdict_of
 
 pytest_plugins = ["regression_plan"]  # `setup`: the solved tiny plan, once per session
 
@@ -110,7 +110,7 @@ def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
     with none (then the cost model's figure exactly)."""
     from placer.plan.placement import read_plan
     from placer.predict.staging import expected_staging
-    from traces.profile import every_token_steps, step_mask
+    from traces.storing.profile import every_token_steps, step_mask
 
     figures = {}
     for name, slots in (("plan", 4), ("plan", 0), ("cached", None)):

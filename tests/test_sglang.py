@@ -23,7 +23,7 @@ import torch
 
 from placer.checkpoint.inventory import read_inventory
 from placer.commands.common import model_identity
-from traces.profile import load_profile
+from traces.storing.profile import load_profile
 
 pytest_plugins = ["fixtures_models"]  # trace_models, collected, placer_run
 

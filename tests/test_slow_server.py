@@ -23,9 +23,9 @@ from raw_server import drip, http_reply, once, raw_server, replying, silence, st
 from test_startup import default_sigint
 
 from placer.checkpoint.tiny import build_tiny_model
-from traces.collect import ModelIdentity
+from traces.collecting.collect import ModelIdentity
+from traces.collecting.server import ServerOptions, SGLangClient
 from traces.errors import TraceError
-from traces.server import ServerOptions, SGLangClient
 
 REPO = Path(__file__).resolve().parent.parent
 IDENTITY = ModelIdentity("0" * 64, num_layers=2, moe_layers=(0, 1), experts_per_layer=8,
@@ -88,9 +88,9 @@ def collect(cli, url: str, model: Path, corpus: Path, out: Path, *extra: object,
 
 def test_a_garbage_status_line_is_one_line(cli, model: Path, corpus: Path, tmp_path: Path,
                                            monkeypatch) -> None:
-    import traces.server
+    import traces.collecting.server
 
-    monkeypatch.setattr(traces.server, "sleep", lambda s: None)
+    monkeypatch.setattr(traces.collecting.server, "sleep", lambda s: None)
     with raw_server(once(b"garbage\r\nmore garbage\r\n\r\n")) as (url, seen):
         result = collect(cli, url, model, corpus, tmp_path / "o")
     assert_one_line_error(result, "no answer after 4 tries (garbage)")

@@ -8,14 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from solvers import baselines, cost, greedy, homes, ilp, robust
+from solvers import cost, homes
 from solvers.errors import SolverError
-from solvers.lp_bound import dual_bound, pdlp_duals
-from solvers.milp_model import milp_data
 from solvers.patterns import problem_patterns
 from solvers.problem import Cards, Placement, Problem, Steps
 from solvers.staging import staging_bytes
-from solvers.stall_state import StallState
+from solvers.static import baselines, greedy, ilp, robust
+from solvers.static.lp_bound import dual_bound, pdlp_duals
+from solvers.static.milp_model import milp_data
+from solvers.static.stall_state import StallState
 
 
 def small_problem(seed: int, page_bytes: int | None = None, popularity=(0.8, 0.5, 0.2, 0.1),
@@ -443,7 +444,7 @@ def test_ilp_stopped_early_reports_a_bound_in_zero_to_objective() -> None:
     """SCIP stopped before its root LP has only a huge negative bound, or none at all on a
     loaded machine: stalls are never negative, so the reported bound is clamped to
     [0, objective] (0 without one) and the gap to [0, 1]."""
-    from solvers.synthetic import deepseek_like, steps_from_tokens
+    from synthetic import deepseek_like, steps_from_tokens
 
     layers, experts, cards = 8, 64, 4
     selected, seq_ids = deepseek_like(layers, experts, 4, num_tokens=4096, num_seqs=256, seed=1)

@@ -11,13 +11,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from solvers import baselines, cost, greedy, homes, ilp, robust
+from solvers import cost, homes
 from solvers.cpu import ExpertCurve, Host, roofline_seconds
-from solvers.cpu_state import CpuState
 from solvers.errors import SolverError
-from solvers.milp_model import milp_data
 from solvers.patterns import problem_patterns
 from solvers.problem import Cards, Placement, Problem, Steps
+from solvers.static import baselines, greedy, ilp, robust
+from solvers.static.cpu_state import CpuState
+from solvers.static.milp_model import milp_data
 
 HOST = Host(memory_bandwidth=1000.0, flops=3000.0, sync_s=0.02, activation_bytes=5.0,
             h2d_bandwidth=1000.0)

@@ -114,15 +114,15 @@ def test_light_choice_tables_agree_with_their_sources() -> None:
     """The constants the command modules import at no cost are the heavy modules' own."""
     import solvers.cpu
     import traces.choices
-    import traces.collect
-    import traces.server
+    import traces.collecting.collect
+    import traces.collecting.server
     from placer.hardware import spec
     from traces.importers import FORMATS
 
     assert traces.choices.FORMAT_NAMES == tuple(FORMATS)
     assert spec.OFFLOAD_MIN_BATCH == solvers.cpu.OFFLOAD_MIN_BATCH
-    assert traces.collect.MODES is traces.choices.MODES
-    assert traces.server.ENGINES is traces.choices.ENGINES
+    assert traces.collecting.collect.MODES is traces.choices.MODES
+    assert traces.collecting.server.ENGINES is traces.choices.ENGINES
 
 
 # The child runs the console entry point on ARGV, then says on stderr which command modules

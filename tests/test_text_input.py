@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_errors import assert_one_line_error
 
-from traces.corpora import open_corpus
+from traces.collecting.corpora import open_corpus
 from traces.errors import TraceError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import pytest
 from cli_errors import assert_one_line_error
 
 from traces.errors import TraceError
-from traces.schema import COUNTS_FILE, counts_schema
-from traces.writer import TraceWriter
+from traces.storing.schema import COUNTS_FILE, counts_schema
+from traces.storing.writer import TraceWriter
 
 FINGERPRINT = "0123456789abcdef"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -81,8 +81,8 @@ def test_heatmap_ticks_are_integers(tmp_path: Path) -> None:
     """Expert and layer axes tick whole experts and layers only (4 experts: not 0.5 steps)."""
     import matplotlib.pyplot as plt
 
-    from traces.profile import load_profile
-    from traces.stats import heatmap_figure
+    from traces.storing.profile import load_profile
+    from traces.storing.stats import heatmap_figure
 
     write_trace(tmp_path / "tr", layers=(1, 2, 3), num_experts=4)
     fig = heatmap_figure(load_profile(tmp_path / "tr", phase=None))
@@ -148,7 +148,7 @@ def test_count_matrix_unlike_its_metadata(cli, tmp_path: Path) -> None:
 
 
 def test_count_matrix_intact_reads(tmp_path: Path) -> None:
-    from traces.dataset import open_traces
+    from traces.storing.dataset import open_traces
 
     root = counts_dir(tmp_path / "c", [[5, 5], [4, 6]], num_experts=2)
     assert open_traces(root).kind == "counts"

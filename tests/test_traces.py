@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from cli_errors import assert_one_line_error
 
-from traces.dataset import check_compatible, check_fingerprint, check_shape
 from traces.errors import TraceError
-from traces.profile import Profile, load_profile, sample_steps, split_sequences
-from traces.schema import PHASES
-from traces.writer import TraceWriter
+from traces.storing.dataset import check_compatible, check_fingerprint, check_shape
+from traces.storing.profile import Profile, load_profile, sample_steps, split_sequences
+from traces.storing.schema import PHASES
+from traces.storing.writer import TraceWriter
 
 pytest_plugins = ["fixtures_models"]  # the trace_models and collected fixtures
 
@@ -65,14 +65,14 @@ def _direct_counts(trace_dir: Path, phase: str | None) -> tuple[np.ndarray, int,
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
 def test_profile_counts_equal_direct_count(arch, collected, monkeypatch):
-    import traces.dataset
+    import traces.storing.dataset
 
     for mode, phase in [("score", "decode"), ("generate", "decode"), ("generate", None),
                         ("generate", "prefill")]:
         trace_dir = collected[(arch, mode)]
         counts, tokens, seqs = _direct_counts(trace_dir, phase)
         for batch_rows in (1 << 20, 7):  # one batch, and batches that split tokens/sequences
-            monkeypatch.setattr(traces.dataset, "BATCH_ROWS", batch_rows)
+            monkeypatch.setattr(traces.storing.dataset, "BATCH_ROWS", batch_rows)
             profile = load_profile(trace_dir, phase=phase)
             assert profile.per_token and profile.top_k == 2 and profile.num_experts == 8
             np.testing.assert_array_equal(profile.counts, counts)

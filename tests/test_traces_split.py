@@ -12,10 +12,10 @@ import pytest
 from cli_errors import assert_one_line_error
 from tiny_pipeline import invoke
 
-import traces.split
-from traces.profile import load_profile
-from traces.schema import PHASES, read_meta
-from traces.writer import TraceWriter
+import traces.storing.split
+from traces.storing.profile import load_profile
+from traces.storing.schema import PHASES, read_meta
+from traces.storing.writer import TraceWriter
 
 LAYERS, EXPERTS, TOP_K = (0, 2), 8, 2
 
@@ -116,7 +116,7 @@ def test_refusals_are_one_line_and_write_nothing(source, tmp_path):
 
 def test_a_failure_midway_leaves_neither_output(source, tmp_path, monkeypatch):
     copied = []
-    real = traces.split._copy_rows
+    real = traces.storing.split._copy_rows
 
     def fail_late(src, target, keep):
         copied.append(target)
@@ -124,7 +124,7 @@ def test_a_failure_midway_leaves_neither_output(source, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real(src, target, keep)
 
-    monkeypatch.setattr(traces.split, "_copy_rows", fail_late)
+    monkeypatch.setattr(traces.storing.split, "_copy_rows", fail_late)
     result = invoke("traces", "split", source, "--out-a", tmp_path / "a", "--out-b",
                     tmp_path / "b")
     assert_one_line_error(result, "No space left")

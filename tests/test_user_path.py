@@ -29,7 +29,7 @@ from placer.plan.options import SolveOptions
 from placer.plan.solve import solve_plan
 from placer.serve.bench_plot import error_bars
 from placer.serve.bench_predict import MIN_TRIALS, t_interval
-from traces.collect import CollectOptions, _Progress
+from traces.collecting.collect import CollectOptions, _Progress
 
 
 @pytest.fixture(scope="module")

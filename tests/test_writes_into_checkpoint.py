@@ -194,7 +194,7 @@ def test_sigterm_to_collect_leaves_no_temporary_file(pipe: Pipeline, tmp_path: P
                                                      monkeypatch) -> None:
     """SIGTERM arrives while the trace is written (here: sent by the writer itself, so that
     it arrives mid-file); the command stops in one line and removes what it wrote."""
-    import traces.writer
+    import traces.storing.writer
 
     class Terminated(Exception):
         pass
@@ -202,13 +202,13 @@ def test_sigterm_to_collect_leaves_no_temporary_file(pipe: Pipeline, tmp_path: P
     def fallback(signum: int, frame: object) -> None:  # pytest dies of SIGTERM otherwise
         raise Terminated
 
-    write = traces.writer.TraceWriter.write
+    write = traces.storing.writer.TraceWriter.write
 
     def write_then_term(self, *args, **kwargs):
         write(self, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(traces.writer.TraceWriter, "write", write_then_term)
+    monkeypatch.setattr(traces.storing.writer.TraceWriter, "write", write_then_term)
     previous = signal.signal(signal.SIGTERM, fallback)
     try:
         result = invoke("collect", "--model", pipe.model, "--random-tokens", 16,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from placer.errors import PlacerError
-from traces.bounded import read_bounded
-from traces.jsontext import loads_json
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 # The expert dtypes an estimate from config.json alone takes (placer.checkpoint.estimate), as
@@ -42,7 +42,7 @@ CONFIG_INTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_int
                "shared_expert_intermediate_size")
 CONFIG_INT_LISTS = ("mlp_only_layers",)
 CONFIG_STRINGS = ("model_type", "torch_dtype", "dtype")
-MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/schema.py
+MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/storing/schema.py
 
 
 def _is_int(value: object) -> bool:

@@ -16,7 +16,7 @@ from placer.checkpoint.config import (
 from placer.checkpoint.experts import DenseTensor, Inventory, TensorRange, assemble
 from placer.checkpoint.header import DTYPE_BITS, tensor_bytes
 from placer.errors import PlacerError
-from traces.ggml import block_sizes
+from traces.formats.ggml import block_sizes
 
 FLOAT_DTYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}  # unquantized: one tensor each
 TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -34,7 +34,7 @@ def _need(config: dict, key: str) -> int:
 
 @functools.cache
 def ggml_types() -> dict[str, tuple[str, int, int]]:
-    """{ggml type name in lower case: (its name, block size, bytes per block)} (traces.ggml,
+    """{ggml type name in lower case: (its name, block size, bytes per block)} (traces.formats.ggml,
     built on first use: only a GGUF dtype pays for importing gguf)."""
     return {name.lower(): (name, block, size) for name, (block, size) in block_sizes().items()}
 

@@ -47,7 +47,7 @@ from placer.checkpoint.experts import (
     sort_tensors,
 )
 from placer.errors import PlacerError
-from traces.gguf_header import GGUFHeader, Skipped, TensorInfo, read_gguf_header
+from traces.formats.gguf_header import GGUFHeader, Skipped, TensorInfo, read_gguf_header
 
 _PREFIX = "blk.{bid}."
 # Routed expert tensors (fused, the expert outermost), named as gguf-py names them.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from placer.errors import PlacerError
-from traces.jsontext import loads_json
+from traces.formats.jsontext import loads_json
 
 # Bits per element of every dtype safetensors knows.
 DTYPE_BITS = {

@@ -32,8 +32,8 @@ from placer.checkpoint.experts import (
 from placer.checkpoint.header import FileHeader, TensorHeader, read_header
 from placer.errors import PlacerError
 from placer.files import plain_file_name
-from traces.bounded import read_bounded
-from traces.jsontext import loads_json
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 
 INDEX_FILE = "model.safetensors.index.json"
 _LAYER = r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\."

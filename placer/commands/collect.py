@@ -17,8 +17,8 @@ from traces.choices import DTYPES, ENDPOINTS, ENGINES, MODES
 
 if TYPE_CHECKING:
     from placer.checkpoint.inventory import Inventory
-    from traces.collect import CollectResult
-    from traces.server import ServerOptions
+    from traces.collecting.collect import CollectResult
+    from traces.collecting.server import ServerOptions
 
 
 def register(app: typer.Typer) -> None:
@@ -97,10 +97,10 @@ def register(app: typer.Typer) -> None:
         --max-new-tokens, and records the routing the server returns: prompt tokens prefill,
         generated tokens decode, one sequence per request (no gate weights)."""
         from placer.checkpoint.inventory import read_inventory
-        from traces.collect import CollectOptions, check_options, collect
-        from traces.corpora import open_corpus
+        from traces.collecting.collect import CollectOptions, check_options, collect
+        from traces.collecting.corpora import open_corpus
+        from traces.collecting.server import ServerOptions
         from traces.llamacpp.collect import collect_gguf
-        from traces.server import ServerOptions
 
         corpus, tag = corpus or [], tag or []
         check_apart(out, [("the checkpoint", model), ("the config", config),
@@ -162,7 +162,7 @@ def _collect_server(url: str, engine: str, model: Path | None, config: Path | No
     """`collect --server`: the model's shape from the checkpoint or its config.json."""
     from placer.checkpoint.estimate import estimate_inventory
     from placer.checkpoint.inventory import read_inventory
-    from traces.server import collect_from_server
+    from traces.collecting.server import collect_from_server
 
     if (model is None) == (config is None):
         raise PlacerError("--server needs --model CKPT or --config config.json (not both): "

@@ -24,7 +24,7 @@ from traces.options import check_rules
 
 if TYPE_CHECKING:
     from placer.checkpoint.inventory import Inventory
-    from traces.collect import ModelIdentity
+    from traces.collecting.collect import ModelIdentity
 
 try:  # typer 0.2x carries its own copy of click (see placer.commands.app)
     from typer._click.globals import get_current_context
@@ -182,7 +182,7 @@ def parse_list(text: str, kind: type, what: str) -> list:
 
 def model_identity(inv: Inventory) -> ModelIdentity:
     """What traces record about the model of `inv` (fingerprint, layers, experts, top-k)."""
-    from traces.collect import ModelIdentity
+    from traces.collecting.collect import ModelIdentity
 
     return ModelIdentity(fingerprint=inv.fingerprint, num_layers=inv.num_layers,
                          moe_layers=tuple(inv.moe_layers),

@@ -51,7 +51,7 @@ from placer.files import (
 from placer.hardware.spec import HardwareSpec, load_spec
 from placer.plan.options import SolveOptions
 from placer.progress import StageSpinner
-from traces.runs import CollectOptions
+from traces.collecting.runs import CollectOptions
 
 STAGES = ("collect", "split", "solve", "evaluate", "export")
 ENGINES = ("placer", "llamacpp")
@@ -221,8 +221,8 @@ def corpus_digests(req: PlanRequest) -> list:
 
 def run_collect(req: PlanRequest, inv: Inventory, out: Path, progress: bool) -> str:
     """`placer collect` over every corpus into `out` (filled beside it, renamed in)."""
-    from traces.collect import check_options, collect
-    from traces.corpora import open_corpus
+    from traces.collecting.collect import check_options, collect
+    from traces.collecting.corpora import open_corpus
 
     options = CollectOptions(**{**asdict(req.collect), "progress": progress})
     check_options(options)
@@ -244,7 +244,7 @@ def run_collect(req: PlanRequest, inv: Inventory, out: Path, progress: bool) -> 
 def run_split(collected: Path, out: Path, req: PlanRequest, progress: bool) -> str:
     """`placer traces split` by sequence into out/calib (--fraction) and out/heldout (the
     rest), both filled beside `out` and renamed in together."""
-    from traces.split import split_traces
+    from traces.storing.split import split_traces
 
     with StageSpinner("split:", None, enabled=progress) as spinner, \
             directory_output(out, replace=True) as temp:

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         bar while one runs, then the held-out table and the command to run."""
         from placer.commands.pipeline import PlanRequest, run_plan
         from placer.plan.options import SolveOptions
-        from traces.runs import CollectOptions
+        from traces.collecting.runs import CollectOptions
 
         gguf = model.suffix.lower() == ".gguf"
         collect = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,

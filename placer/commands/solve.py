@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         from placer.checkpoint.estimate import estimate_inventory
         from placer.checkpoint.inventory import read_inventory
         from placer.plan.solve import solve_plan
-        from traces.stats import dropped_prefill
+        from traces.storing.stats import dropped_prefill
 
         if (model is None) == (config is None):
             raise PlacerError("give --model CHECKPOINT_DIR (or MODEL.gguf) or --config config.json "

@@ -40,8 +40,8 @@ def register(app: typer.Typer) -> None:
         Per MoE layer (its decoder layer index, for collected traces and imports alike): the
         entropy of expert use (bits) and the share of selections taken by the hottest 10% /
         25% / 50% of experts; --plot writes a layers x experts heatmap."""
-        from traces.profile import load_profile
-        from traces.stats import check_plot_path, heatmap_png, trace_stats
+        from traces.storing.profile import load_profile
+        from traces.storing.stats import check_plot_path, heatmap_png, trace_stats
 
         profile = None
         if plot is not None:
@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         sequence goes whole to one side; each output keeps the source's files, schema and
         metadata (fingerprint, tags), so every command reads it as the same model's trace.
         Both are written completely or not at all."""
-        from traces.split import split_traces
+        from traces.storing.split import split_traces
 
         for out, what in ((out_a, "--out-a"), (out_b, "--out-b")):
             check_apart(out, [("the trace directory", trace_dir)], what=what, directory=True)
@@ -144,8 +144,8 @@ def register(app: typer.Typer) -> None:
         so the solver samples real co-selection. Count formats (counts, imatrix, trtllm, SGLang
         stat/per_pass dumps) are stored as DIR/counts.parquet (frequencies only), guarded by
         shape when used."""
-        from traces.profile import load_profile
-        from traces.schema import PHASES, read_meta
+        from traces.storing.profile import load_profile
+        from traces.storing.schema import PHASES, read_meta
 
         with removed_on_failure(out):
             path = import_statistics(sources, out, fmt=fmt, model=model, config=config,

@@ -38,9 +38,9 @@ from placer.errors import PlacerError
 from placer.exporters.slots import home_slots
 from placer.files import Inputs, write_json_atomic
 from placer.plan.placement import Plan
-from traces.bounded import read_bounded
 from traces.errors import first_line
-from traces.jsontext import loads_json
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 
 
 @dataclass(frozen=True)

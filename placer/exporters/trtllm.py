@@ -38,7 +38,7 @@ from placer.errors import PlacerError
 from placer.exporters.slots import home_slots
 from placer.files import write_text_atomic
 from placer.plan.placement import Plan
-from traces.bounded import read_bounded
+from traces.formats.bounded import read_bounded
 
 SUPPORTED = ("DeepseekV3ForCausalLM", "MixtralForCausalLM", "Llama4ForConditionalGeneration",
              "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")

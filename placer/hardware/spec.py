@@ -62,8 +62,8 @@ from typing import Any
 from placer.errors import PlacerError
 from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
-from traces.bounded import read_bounded
-from traces.jsontext import MAX_DEPTH, decode_utf8, depth
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import MAX_DEPTH, decode_utf8, depth
 from traces.options import MAX_CARDS as OPTION_MAX_CARDS
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from placer.errors import PlacerError
-from traces.ggml import block_sizes
+from traces.formats.ggml import block_sizes
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)  # the token counts `probe --host` times an expert at
@@ -34,7 +34,7 @@ DEFAULT_SHAPE = (2048, 768)  # (hidden, inter): a Qwen3-30B-A3B expert
 @functools.cache
 def ggml_blocks() -> dict[str, tuple[int, int]]:
     """ggml weight types by their gguf names (Q4_K, MXFP4, F16...): (weights a block, bytes a
-    block), traces.ggml's table less the integer and F64 types (built on first use: only a
+    block), traces.formats.ggml's table less the integer and F64 types (built on first use: only a
     spec or probe with a GGUF type pays for importing gguf, not every command's start)."""
     return {name: blocks for name, blocks in block_sizes().items()
             if name not in ("I8", "I16", "I32", "I64", "F64")}

@@ -20,8 +20,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from traces.bounded import read_bounded
-from traces.jsontext import loads_json
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 
 RACY_S = 2.0  # younger files are hashed every time (see module docstring)
 

@@ -26,8 +26,8 @@ from placer.files import dumps_json
 from placer.placed.layout import Entry, expert_starts
 from placer.plan.format import MANIFEST_FORMAT
 from placer.plan.placement import Plan
-from traces.bounded import read_bounded
-from traces.jsontext import loads_json
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 
 
 @cache

@@ -46,7 +46,7 @@ from solvers.cache.split import (
 )
 from solvers.staging import fetch_limit, slot_unit
 from traces.errors import TraceError
-from traces.profile import batched_steps, split_sequences
+from traces.storing.profile import batched_steps, split_sequences
 
 
 def no_cache_reason(inv: Inventory, opts: SolveOptions, home: np.ndarray,

@@ -58,7 +58,7 @@ from solvers.llamacpp.search import (
     tuner_grid,
 )
 from traces.errors import TraceError
-from traces.profile import split_sequences
+from traces.storing.profile import split_sequences
 
 ENGINE = "llamacpp"
 SOURCE = "ggml-org/llama.cpp src/llama-moe-cache.cpp"

@@ -21,8 +21,8 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
 from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
-from traces.bounded import read_bounded
-from traces.jsontext import loads_json
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 
 if TYPE_CHECKING:  # solvers.cache compiles with numba: imported where a cache is built
     from solvers.cache import CachePolicy

@@ -29,14 +29,15 @@ from placer.plan.options import SOLVERS, SolveOptions, check_options
 from placer.plan.placement import Plan, build_plan, plan_cache_options
 from placer.plan.traffic import Traffic, load_traffic
 from placer.units import format_bytes
-from solvers import baselines, greedy, homes, ilp, robust
+from solvers import homes
 from solvers.cost import replay
 from solvers.cpu import ExpertCurve, Host
-from solvers.ilp import Progress, no_progress
+from solvers.judge.replay import Line, Replayed, make_steps, replay_with_intervals
 from solvers.problem import Cards, Placement, Problem, SolveResult, Steps
-from solvers.replay import Line, Replayed, make_steps, replay_with_intervals
 from solvers.staging import slot_unit, staging_bytes
-from traces.profile import TokenSteps
+from solvers.static import baselines, greedy, ilp, robust
+from solvers.static.ilp import Progress, no_progress
+from traces.storing.profile import TokenSteps
 
 
 def host_of(spec: HardwareSpec, hidden_size: int) -> Host | None:

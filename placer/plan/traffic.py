@@ -8,9 +8,9 @@ from pathlib import Path
 
 from placer.checkpoint.inventory import Inventory
 from placer.plan.options import DEFAULT_STEPS
-from traces.dataset import check_compatible, check_shape
 from traces.errors import TraceError
-from traces.profile import (
+from traces.storing.dataset import check_compatible, check_shape
+from traces.storing.profile import (
     Profile,
     TokenSteps,
     batched_steps,

@@ -11,10 +11,10 @@ from placer.errors import PlacerError
 from placer.plan.placement import Plan
 from placer.plan.solve import figures
 from placer.predict.evaluate import plan_problem, replay_steps
-from solvers import baselines, greedy
+from solvers.judge.replay import make_steps
 from solvers.problem import Steps
-from solvers.replay import make_steps
-from traces.profile import load_profile, split_sequences
+from solvers.static import baselines, greedy
+from traces.storing.profile import load_profile, split_sequences
 
 
 def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] = (

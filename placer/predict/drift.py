@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from placer.plan.placement import Plan
-from solvers.intervals import MIN_UNITS, Estimate, replicate_weights
-from traces.profile import Profile, sequence_counts
+from solvers.judge.intervals import MIN_UNITS, Estimate, replicate_weights
+from traces.storing.profile import Profile, sequence_counts
 
 
 def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: i
     (`js_mean_bits`), and a note when there is no interval.
 
     The intervals (`<figure>_ci95`: [low, high], per layer [L, 2]) are percentile bootstrap
-    intervals over the traffic's sequences, as every other figure's (`solvers.intervals`):
+    intervals over the traffic's sequences, as every other figure's (`solvers.judge.intervals`):
     `replicates` resamples with replacement (seeded by `seed`), each recomputing the held-out
     counts from the per-sequence counts against the fixed calibration counts. JS from a
     finite sample is biased upward (two samples of the same traffic differ by sampling noise

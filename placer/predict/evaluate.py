@@ -4,15 +4,15 @@ For each trace set and concurrency B, decode steps are replayed against the plan
 with the cost model the solver optimizes (`solvers.cost`), and against the baselines at the
 same budget: layer offload, uniform (no profile) and the oracle (solved on this very traffic,
 all of it: the limit). By default every held-out token is replayed
-(`traces.profile.every_token_steps`: at B = 1 each token once, exactly; at B > 1 continuous
+(`traces.storing.profile.every_token_steps`: at B = 1 each token once, exactly; at B > 1 continuous
 batching of B distinct sequences over `groupings` seeded orders); `num_steps` samples that
 many steps instead, and imported count matrices, which have no tokens, are always sampled
 (with a note). Every figure carries a 95% bootstrap interval over sequences, paired across
-the lines of a row (`solvers.intervals`); the verdict against layer offload is read from the
+the lines of a row (`solvers.judge.intervals`); the verdict against layer offload is read from the
 interval of the stall ratio: better, worse or within noise, or too little traffic where
 fewer than MIN_UNITS held-out sequences give no interval (with a note).
 
-Memory: the replay walks the steps in chunks (solvers.replay.CHUNK_CELLS mask cells); the
+Memory: the replay walks the steps in chunks (solvers.judge.replay.CHUNK_CELLS mask cells); the
 oracle's problem and the `cache_slots` replay (an LRU walks the steps in order) hold the
 whole [S, L, E] mask. Drift is the Jensen-Shannon divergence between the plan's calibration
 profile and the traffic, with a 95% bootstrap interval over the traffic's sequences
@@ -33,23 +33,23 @@ from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from placer.predict.llamacpp import llamacpp_row
 from placer.progress import ItemsBar
-from solvers import baselines, ilp
 from solvers.cache import even_quotas
-from solvers.ilp import Progress, no_progress
-from solvers.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
+from solvers.judge.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
+from solvers.judge.replay import BELADY, Line, make_steps, replay_with_intervals
 from solvers.problem import Placement, Problem, SolveResult, Steps
-from solvers.replay import BELADY, Line, make_steps, replay_with_intervals
 from solvers.staging import cache_only_slots, fetch_limit, slot_unit, staging_bytes
-from traces.dataset import check_compatible, check_shape
+from solvers.static import baselines, ilp
+from solvers.static.ilp import Progress, no_progress
 from traces.options import check_rules
-from traces.profile import (
+from traces.storing.dataset import check_compatible, check_shape
+from traces.storing.profile import (
     Profile,
     TokenSteps,
     every_token_steps,
     load_profile,
     sampled_token_steps,
 )
-from traces.stats import dropped_prefill
+from traces.storing.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "lfuda", "belady")  # stage execution only
 BEHIND_LRU = "worse than lru"    # a trace verdict: above the plain cache beyond noise

@@ -11,10 +11,10 @@ import numpy as np
 
 from placer.plan.llamacpp import engine_setup, plan_build, plan_machine
 from placer.plan.placement import Plan
-from solvers.intervals import REPLICATES, verdict
+from solvers.judge.intervals import REPLICATES, verdict
 from solvers.llamacpp.cost import Setup, judge
 from solvers.llamacpp.search import fewest_host, setup_of
-from traces.profile import TokenSteps
+from traces.storing.profile import TokenSteps
 
 EXECUTION = "llamacpp"
 

@@ -10,7 +10,7 @@ import numpy as np
 from placer.files import write_bytes_atomic
 from placer.plan.placement import Plan
 from placer.predict.drift import calibration_counts
-from traces.profile import load_profile
+from traces.storing.profile import load_profile
 
 
 def plot_evaluation(plan: Plan, report: dict, trace_dirs: list[Path], out: Path) -> Path:

@@ -3,7 +3,7 @@ intervals beside the measured figures.
 
 The steps are the bench's own (the experts each token of each full decode step was routed
 to), replayed against the placement the arm ran, through `placer evaluate`'s own replay
-(`solvers.replay.replay_lines`: what the runtime stages for them, through the cache policy
+(`solvers.judge.replay.replay_lines`: what the runtime stages for them, through the cache policy
 it runs when it has cache slots; the stall that costs, per layer the slowest card or shared
 link), and tokens/s = C / (base step + stall) with the plan's hardware spec's base step at
 C. The interval is evaluate's paired bootstrap with the
@@ -17,7 +17,7 @@ from scipy import stats
 
 from placer.plan.placement import Plan, plan_caches
 from placer.predict.evaluate import cache_lines, plan_placement, plan_problem
-from solvers.intervals import (
+from solvers.judge.intervals import (
     REPLICATES,
     Estimate,
     Units,
@@ -27,8 +27,8 @@ from solvers.intervals import (
     units_of,
     verdict,
 )
-from solvers.replay import Line, replay_lines
-from traces.profile import TokenSteps
+from solvers.judge.replay import Line, replay_lines
+from traces.storing.profile import TokenSteps
 
 
 def prompt_units(seqs: np.ndarray, num_prompts: int) -> Units:

@@ -25,8 +25,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from placer.serve.engine import Sampling
-from traces.collect import encode_document
-from traces.corpora import Document
+from traces.collecting.collect import encode_document
+from traces.collecting.corpora import Document
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 MAX_PROMPTS = 64  # prompts in one completion request

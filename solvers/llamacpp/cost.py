@@ -20,7 +20,7 @@ With several GPUs (`-ts`) the layers run one after another, so the step's stall 
 sum over layers: each card's cached layers over its own link, every host layer without the
 cache on the one CPU.
 
-A step's cost is split among its tokens equally (solvers.intervals.attribute), so the
+A step's cost is split among its tokens equally (solvers.judge.intervals.attribute), so the
 intervals here are over sequences like evaluate's, with equal shares per token.
 
 **The CPU share** (`--moe-cache-cpu-share F`, v1.0.0, ggml-org/llama.cpp #30966; read from
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.cpu import Host, cpu_loads, step_tokens
-from solvers.intervals import (
+from solvers.judge.intervals import (
     REPLICATES,
     Estimate,
     Units,
@@ -318,8 +318,8 @@ def cache_full(layer_group: Sequence[int], slots: Sequence[int], fetches: Fetche
 @dataclass(frozen=True)
 class Judged:
     """Setups replayed on one set of steps at concurrency `batch`: each setup's figures with
-    95% intervals (solvers.intervals.line_figures) and its stall estimate; the resampling
-    units (solvers.intervals.Units) and the tokens replayed."""
+    95% intervals (solvers.judge.intervals.line_figures) and its stall estimate; the resampling
+    units (solvers.judge.intervals.Units) and the tokens replayed."""
 
     batch: int
     figures: dict[str, dict]

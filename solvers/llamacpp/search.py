@@ -50,7 +50,7 @@ from solvers.llamacpp.cost import (
     step_costs,
     with_cache,
 )
-from traces.profile import step_mask
+from traces.storing.profile import step_mask
 
 SHARES = (0.0, 0.25, 0.5, 1.0)  # of the VRAM the host layers free, given to the cache
 COUNTS = 5                        # host-layer counts tried, from the fewest to every layer

@@ -2,7 +2,7 @@
 
 A per-token source becomes `TokenRows` (one entry per token, in sequence order, MoE layers of
 the model only) and `write_rows` stores them as one trace file with the model's identity, as
-`placer collect` does (`traces.schema`): `seq_id = run_id * 2**32 + n`, run_id from the
+`placer collect` does (`traces.storing.schema`): `seq_id = run_id * 2**32 + n`, run_id from the
 sha256 of the source files. A count-only source goes through `traces.importers.counts`.
 """
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collect import ModelIdentity
-from traces.corpora import check_tag
-from traces.dataset import scan
+from traces.collecting.collect import ModelIdentity
+from traces.collecting.corpora import check_tag
 from traces.errors import TraceError
-from traces.schema import KIND_TOKENS, SEQ_ID_SHIFT
-from traces.writer import TraceWriter
+from traces.storing.dataset import scan
+from traces.storing.schema import KIND_TOKENS, SEQ_ID_SHIFT
+from traces.storing.writer import TraceWriter
 
 UNKNOWN_TOKEN = -1  # the `token` column where the source records no token ids
 
@@ -48,7 +48,7 @@ class TokenRows:
     seq: np.ndarray      # [N] int64 sequence number within the file (0, 1, ...)
     pos: np.ndarray      # [N] int position in its sequence (write_rows: must fit int32)
     token: np.ndarray    # [N] int32 token id, UNKNOWN_TOKEN where the source has none
-    phase: np.ndarray    # [N] int8 index into traces.schema.PHASES
+    phase: np.ndarray    # [N] int8 index into traces.storing.schema.PHASES
     experts: np.ndarray  # [N, moe_layers, k] int logical expert ids, the model's MoE layers
     weights: np.ndarray | None  # [N, moe_layers, k] float32 gate weights, or None
 

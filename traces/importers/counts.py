@@ -2,8 +2,8 @@
 
 A count matrix `[L, E]` (`.npy`, or `.csv` with an optional header row) holds, in row i, how
 often each expert of the i-th MoE layer was selected. It is stored as `counts.parquet`
-(see `traces.schema`) so that `load_profile(DIR)` returns a per_token=False Profile.
-It has no fingerprint: `traces.dataset.check_shape` guards its use with a model.
+(see `traces.storing.schema`) so that `load_profile(DIR)` returns a per_token=False Profile.
+It has no fingerprint: `traces.storing.dataset.check_shape` guards its use with a model.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.corpora import check_tag
+from traces.collecting.corpora import check_tag
 from traces.errors import TraceError, first_line
+from traces.formats.jsontext import decode_utf8
 from traces.importers.common import ImportRequest, check_empty, sources_sha256
 from traces.importers.npfiles import load_npy
-from traces.jsontext import decode_utf8
-from traces.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, counts_schema
+from traces.storing.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, counts_schema
 
 
 def read_count_matrix(path: Path, want: tuple[int, int] | None = None) -> np.ndarray:

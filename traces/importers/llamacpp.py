@@ -91,7 +91,7 @@ def read_imatrix(path: Path) -> tuple[dict[int, np.ndarray], dict]:
             raise TraceError(f"{path} {LEGACY}")
         raise TraceError(f"{path}: not a GGUF file (no GGUF magic) nor a legacy imatrix; "
                          "expected llama-imatrix output")
-    from traces.gguf_header import Skipped, read_gguf_header  # only an imatrix loads gguf
+    from traces.formats.gguf_header import Skipped, read_gguf_header  # only an imatrix loads gguf
 
     header = read_gguf_header(path, TraceError)
     fields = header.fields

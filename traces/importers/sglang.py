@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collect import ModelIdentity
+from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError, first_line
 from traces.importers.common import (
     ImportRequest,
@@ -60,10 +60,10 @@ from traces.importers.common import (
 )
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
 from traces.importers.npfiles import check_inflation
-from traces.schema import PHASES
+from traces.storing.schema import PHASES
 
 STAT, PER_PASS, PER_TOKEN = "stat", "per_pass", "per_token"
-MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/schema.py
+MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/storing/schema.py
 DECODE_MODE, MIXED_MODE = 2, 3  # sglang ForwardMode.DECODE / .MIXED (IntEnum, auto() from 1)
 DEFAULT_TAG = "sglang"
 
@@ -75,7 +75,7 @@ class SGLangTokens:
     seq: np.ndarray      # [N] int64 sequence number within the dump (see module docstring)
     pos: np.ndarray      # [N] int32 position in its sequence
     token: np.ndarray    # [N] int32 token id
-    phase: np.ndarray    # [N] int8 index into traces.schema.PHASES
+    phase: np.ndarray    # [N] int8 index into traces.storing.schema.PHASES
     experts: np.ndarray  # [N, num_layers, 8] int16 logical expert ids, -1 where none
 
 

@@ -1,5 +1,6 @@
 """SGLang /generate responses with routed experts (`sglang-http`) as trace rows, and the one
-decoder of their `routed_experts` (also used by `placer collect --server`, traces/server.py).
+decoder of their `routed_experts` (also used by `placer collect --server`,
+traces/collecting/server.py).
 
 A server started with `--enable-return-routed-experts` answers a `POST /generate` that sends
 `"return_routed_experts": true` with `meta_info["routed_experts"]`: the base64 of the
@@ -46,8 +47,9 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collect import ModelIdentity
+from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
+from traces.formats.jsontext import jsonl_lines, loads_json
 from traces.importers.common import (
     UNKNOWN_TOKEN,
     ImportRequest,
@@ -57,8 +59,7 @@ from traces.importers.common import (
     token_ids,
     write_rows,
 )
-from traces.jsontext import jsonl_lines, loads_json
-from traces.schema import PHASES
+from traces.storing.schema import PHASES
 
 HTTP_FORMAT = "sglang-http"
 DEFAULT_TAG = "sglang"

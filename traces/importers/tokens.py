@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collect import ModelIdentity
+from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.common import (
     UNKNOWN_TOKEN,
@@ -31,7 +31,7 @@ from traces.importers.common import (
     write_rows,
 )
 from traces.importers.npfiles import Check, NpyHeader, load_arrays, npz_keys
-from traces.schema import PHASES
+from traces.storing.schema import PHASES
 
 FORMAT = "tokens"
 WEIGHT_KEYS = ("weights", "expert_weights")

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.bounded import read_bounded
-from traces.collect import ModelIdentity
+from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 from traces.importers.common import (
     UNKNOWN_TOKEN,
     ImportRequest,
@@ -41,8 +42,7 @@ from traces.importers.common import (
     write_rows,
 )
 from traces.importers.npfiles import NpyHeader, load_arrays
-from traces.jsontext import loads_json
-from traces.schema import PHASES
+from traces.storing.schema import PHASES
 
 FORMAT = "vllm"
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
@@ -138,7 +138,7 @@ def moe_routing(routed: np.ndarray, identity: ModelIdentity, where: str,
     width] (width in `widths`, default top_k; the first top_k columns are the routed ones).
     A TraceError, prefixed `where`, for another shape, a dense layer holding a routed expert
     (vLLM never writes one: its rows stay 0) or ids check_experts refuses. One check for a
-    file (request_rows) and for a server's reply (traces.server.VLLMClient)."""
+    file (request_rows) and for a server's reply (traces.collecting.server.VLLMClient)."""
     shape_check(routed.shape, identity, where, widths)
     if not np.issubdtype(routed.dtype, np.integer):
         raise TraceError(f"{where}: routed experts of dtype {routed.dtype}, expected integers")

@@ -4,8 +4,8 @@ Each document runs as its own sequence in llama.cpp (`runner.LlamaCpp`, CPU back
 score mode one llama_decode of its tokens (rows phase `decode`, as the Hugging Face
 collector's score mode); in generate mode its prompt (`prefill` rows) then greedy decoding,
 each generated token fed back a `decode` row, until `max_new_tokens` or an end token. The
-trace files are the Hugging Face collector's (`traces.collect`): same schema, metadata, run
-ids and refusals, without gate weights. Documents are tokenized by the Hugging Face
+trace files are the Hugging Face collector's (`traces.collecting.collect`): same schema,
+metadata, run ids and refusals, without gate weights. Documents are tokenized by the Hugging Face
 tokenizer at `tokenizer` when given (the ids `placer collect --model` would use), else by
 llama.cpp's own tokenizer and chat template from the GGUF.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collect import (
+from traces.collecting.collect import (
     DECODE,
     PREFILL,
     CollectOptions,
@@ -27,11 +27,11 @@ from traces.collect import (
     encode_document,
     load_tokenizer,
 )
-from traces.corpora import Corpus, Document, random_corpus
+from traces.collecting.corpora import Corpus, Document, random_corpus
+from traces.collecting.runs import check_request, collect_meta, refuse_duplicates
 from traces.errors import TraceError
 from traces.llamacpp.runner import MAX_CONTEXT, EngineOptions, LlamaCpp
-from traces.runs import check_request, collect_meta, refuse_duplicates
-from traces.writer import TraceWriter
+from traces.storing.writer import TraceWriter
 
 
 def collect_gguf(gguf: Path, corpora: list[Corpus], out_dir: Path, identity: ModelIdentity,

@@ -49,7 +49,7 @@ from placer.serve.llamacpp.predict import (
     replayed_log,
     ubatches_of,
 )
-from traces.corpora import open_corpus
+from traces.collecting.corpora import open_corpus
 from traces.errors import TraceError
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from placer.errors import PlacerError
-from traces.corpora import Document
+from traces.collecting.corpora import Document
 from traces.errors import TraceError
 from traces.llamacpp.cache import SLOTS, TOTALS
 from traces.llamacpp.runner import EngineOptions, LlamaCpp

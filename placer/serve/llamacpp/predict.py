@@ -7,7 +7,7 @@ them (each prompt as one ubatch, then each decode token as its own), go through 
 cost (solvers/llamacpp/cost.py `step_costs`, the cache replayed as b11669 runs it) and the
 decode steps' stalls become the predicted decode tokens/s, B / (base step + stall) at B = 1
 with the plan's hardware spec, with evaluate's bootstrap interval over the prompts
-(solvers.intervals). A prompt ubatch of more than 32 tokens does not touch the cache
+(solvers.judge.intervals). A prompt ubatch of more than 32 tokens does not touch the cache
 (`get_slot_map`, solvers/llamacpp/lru.py) and is left out of the replay; a shorter one is
 replayed, so the cache's state at each decode step is the one llama.cpp had.
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from placer.plan.llamacpp import plan_machine
 from placer.plan.placement import Plan
-from solvers.intervals import (
+from solvers.judge.intervals import (
     REPLICATES,
     Estimate,
     Units,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from placer.errors import PlacerError
 from placer.serve.llamacpp.binding import BenchEngine, BindingDriver, Pass
-from traces.corpora import Document
+from traces.collecting.corpora import Document
 from traces.llamacpp.cache import SLOTS, TOTALS
 
 START_S = 300.0   # a server that is not healthy by then is stopped

@@ -25,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.dataset import open_traces, stream_rows
 from traces.errors import TraceError
 from traces.options import check_rules
-from traces.schema import KIND_COUNTS
+from traces.storing.dataset import open_traces, stream_rows
+from traces.storing.schema import KIND_COUNTS
 
 
 @dataclass(frozen=True)

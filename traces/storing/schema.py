@@ -65,7 +65,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError, first_line
-from traces.jsontext import loads_json
+from traces.formats.jsontext import loads_json
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"placer"

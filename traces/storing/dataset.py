@@ -1,8 +1,8 @@
 """A trace directory as a dataset: finding its files, their metadata, compatibility checks.
 
 A directory holds either per-token trace files (kind `tokens`, from `placer collect`) or one
-imported count matrix (kind `counts`, `counts.parquet`); see `traces.schema`. Files are found
-recursively (hive partitions such as `host=a/tag=chat/` are fine); names starting with `.` or
+imported count matrix (kind `counts`, `counts.parquet`); see `traces.storing.schema`. Files are
+found recursively (hive partitions such as `host=a/tag=chat/` are fine); names starting with `.` or
 `_` and unfinished `*.parquet.tmp` files are skipped. Only file footers are read by `scan`
 (and a count matrix, which is small); `stream_rows` streams each file in turn with
 `pyarrow.dataset`, and a file it cannot decode, or whose rows name experts or layers the
@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError, first_line
-from traces.schema import KIND_COUNTS, KIND_TOKENS, MAX_SELECTIONS, read_meta
+from traces.storing.schema import KIND_COUNTS, KIND_TOKENS, MAX_SELECTIONS, read_meta
 
 BATCH_ROWS = 1 << 16
 READAHEAD = 2  # batches read ahead: memory stays a few batches, whatever the trace size

@@ -36,9 +36,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from ortools.linear_solver.python import model_builder as mb
 
-from solvers import baselines, cost, greedy
+from solvers import cost
 from solvers.errors import SolverError
-from solvers.ilp import (
+from solvers.patterns import LayerPatterns, problem_patterns
+from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
+from solvers.static import baselines, greedy
+from solvers.static.ilp import (
     PDLP_ITERATIONS,
     RESERVE_S,
     SCIP_MAX_TIME_ROWS,
@@ -47,10 +50,8 @@ from solvers.ilp import (
     rounded_candidates,
     run,
 )
-from solvers.lp_bound import dual_bound, pdlp_duals
-from solvers.milp_model import MilpData, MilpModel, milp_data, model_of
-from solvers.patterns import LayerPatterns, problem_patterns
-from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
+from solvers.static.lp_bound import dual_bound, pdlp_duals
+from solvers.static.milp_model import MilpData, MilpModel, milp_data, model_of
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 calibration traffic) both replay the same steps against a placement and its baselines with
 the cost model the solver optimizes (`solvers.cost.replay`, either execution model), a chunk
 of steps at a time, attribute each step's cost to its tokens' sequences and bootstrap over
-sequences (`solvers.intervals`).
+sequences (`solvers.judge.intervals`).
 
 A line may cache staged experts (`Line.cache`): its steps then go through its caches in
 order, the state carried from chunk to chunk (Belady's MIN reads all of them first), and a
@@ -23,7 +23,7 @@ import numpy as np
 from solvers.cache import cache_hits, make_policy
 from solvers.cache.belady import BeladyReplay
 from solvers.cost import replay
-from solvers.intervals import (
+from solvers.judge.intervals import (
     FIELDS,
     REPLICATES,
     Estimate,
@@ -37,7 +37,7 @@ from solvers.intervals import (
     without_intervals,
 )
 from solvers.problem import Placement, Problem, Steps
-from traces.profile import TokenSteps, step_mask
+from traces.storing.profile import TokenSteps, step_mask
 
 CHUNK_CELLS = 1 << 22  # [steps, L, E] mask cells replayed at a time
 
@@ -97,7 +97,7 @@ def make_steps(name: str, steps: TokenSteps, num_experts: int, weight: float,
 
 @dataclass(frozen=True)
 class Replayed:
-    """Each line's figures with their intervals (`figures[line]`, solvers.intervals
+    """Each line's figures with their intervals (`figures[line]`, solvers.judge.intervals
     line_figures), its stall estimate (for paired ratios), the resampling units and replicate
     weights, and each line's [L] staged bytes summed over the steps."""
 
@@ -109,7 +109,7 @@ class Replayed:
 
     def ratio(self, key: str, other: str) -> dict:
         """{key: placement stall / `other`'s, key_ci95: its paired interval (None from too
-        few units: solvers.intervals.estimable)}."""
+        few units: solvers.judge.intervals.estimable)}."""
         ratio = self.stall["placement"].ratio_to(self.stall[other])
         return {key: ratio.point, f"{key}_ci95": ratio.ci95() if estimable(self.units) else None}
 
@@ -165,7 +165,7 @@ def replay_lines(problem: Problem, lines: dict[str, Line | Placement], steps: To
 
 def share_weights(problem: Problem, placement: Placement) -> np.ndarray:
     """[4, L, E] what each selected expert adds to a step's FIELDS under `placement`, to split
-    a step among its tokens (solvers.intervals.token_shares): its staging time (latency plus
+    a step among its tokens (solvers.judge.intervals.token_shares): its staging time (latency plus
     cold bytes over its home card's bandwidth; cpu execution: its CPU time for one token),
     cold bytes, one transfer (cpu: one expert computed) if cold, its bytes."""
     cold = placement.cold_bytes(problem).astype(np.float64)

@@ -2,11 +2,11 @@
 
 Every document of a corpus is sent, as prompt token ids, to a server started with routed
 expert return enabled; greedy decoding; the routing it returns becomes trace rows
-(`traces.schema`): prompt tokens `prefill`, generated tokens fed back `decode`, one sequence
+(`traces.storing.schema`): prompt tokens `prefill`, generated tokens fed back `decode`, one sequence
 per request, in corpus order (sequence n = document n), exactly as `placer collect --mode
-generate` numbers and tags them (and tokenizes them: `traces.collect._encode`, chat template
-with the generation prompt). The rows come from the engine that will serve, for a model
-of any size; they carry no gate weights.
+generate` numbers and tags them (and tokenizes them: `traces.collecting.collect._encode`,
+chat template with the generation prompt). The rows come from the engine that will serve, for
+a model of any size; they carry no gate weights.
 
 SGLang (read from kvcache-ai/sglang commit 04653fa88f5ce4ea83632c4ad436343db6bc8324, an
 SGLang fork that keeps upstream's routed-experts code; upstream sgl-project/sglang
@@ -77,7 +77,7 @@ from time import perf_counter, sleep
 import numpy as np
 
 from traces.choices import ENDPOINTS, ENGINES
-from traces.collect import (
+from traces.collecting.collect import (
     DECODE,
     PREFILL,
     CollectOptions,
@@ -86,15 +86,15 @@ from traces.collect import (
     _encode,
     load_tokenizer,
 )
-from traces.corpora import Corpus
+from traces.collecting.corpora import Corpus
+from traces.collecting.http import Connections, HTTPStatus
+from traces.collecting.runs import check_out_dir, run_meta
 from traces.errors import TraceError
-from traces.http import Connections, HTTPStatus
 from traces.importers.common import token_ids
 from traces.importers.npfiles import npy_from_bytes
 from traces.importers.sglang_http import decode_routed_experts
 from traces.importers.vllm import moe_routing
-from traces.runs import check_out_dir, run_meta
-from traces.writer import TraceWriter
+from traces.storing.writer import TraceWriter
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 MAX_TIMEOUT_S = 86400.0    # a reply a day late is no reply

@@ -14,7 +14,7 @@ import numpy as np
 
 from solvers.patterns import LayerPatterns
 from solvers.problem import Problem
-from solvers.stall_state import PatternIndex
+from solvers.static.stall_state import PatternIndex
 
 
 class CpuState(PatternIndex):

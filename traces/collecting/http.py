@@ -18,7 +18,7 @@ import threading
 import urllib.parse
 
 from traces.errors import TraceError
-from traces.jsontext import loads_json
+from traces.formats.jsontext import loads_json
 
 CHUNK = 1 << 16
 

@@ -23,7 +23,7 @@ import numpy as np
 from ortools.pdlp import solve_log_pb2, solvers_pb2
 from ortools.pdlp.python import pdlp
 
-from solvers.milp_model import MilpData
+from solvers.static.milp_model import MilpData
 
 SAFETY = 1e-9  # relative margin taken off the bound for float rounding in its sums
 

@@ -1,8 +1,8 @@
 """Running a real Hugging Face MoE model over corpora and writing its routing as traces.
 
 `collect()` loads the checkpoint with transformers (local files only), hooks its experts
-modules (`traces.capture`), and for each corpus writes one trace file
-`<out>/<tag>-<run_id>.parquet` (format: `traces.schema`).
+modules (`traces.collecting.capture`), and for each corpus writes one trace file
+`<out>/<tag>-<run_id>.parquet` (format: `traces.storing.schema`).
 
 Modes:
 - `score`: documents are right-padded into batches and run through one forward pass; every
@@ -27,10 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from traces.choices import DTYPES, MODES
-from traces.corpora import Corpus, Document, random_corpus
-from traces.errors import TraceError, first_line
-from traces.options import check_rules
-from traces.runs import (
+from traces.collecting.corpora import Corpus, Document, random_corpus
+from traces.collecting.runs import (
     CollectOptions,
     CollectResult,
     ModelIdentity,
@@ -38,11 +36,13 @@ from traces.runs import (
     collect_meta,
     refuse_duplicates,
 )
-from traces.schema import PHASES
-from traces.writer import TraceWriter
+from traces.errors import TraceError, first_line
+from traces.options import check_rules
+from traces.storing.schema import PHASES
+from traces.storing.writer import TraceWriter
 
 if TYPE_CHECKING:  # torch loads in seconds: only a run that collects imports it
-    from traces.capture import RouterCapture, Routing
+    from traces.collecting.capture import RouterCapture, Routing
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
@@ -136,7 +136,7 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     device = resolve_device(options.device)
     torch.manual_seed(options.seed)
     model = load_model(model_dir, device, options.dtype)
-    from traces.capture import RouterCapture
+    from traces.collecting.capture import RouterCapture
 
     capture = RouterCapture(model, weights=options.weights)
     if capture.layers != tuple(identity.moe_layers):

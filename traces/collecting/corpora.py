@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.bounded import MAX_BLOCK, bounded_lines
 from traces.errors import TraceError, first_line
-from traces.jsontext import decode_utf8, jsonl_lines, loads_json
+from traces.formats.bounded import MAX_BLOCK, bounded_lines
+from traces.formats.jsontext import decode_utf8, jsonl_lines, loads_json
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
@@ -147,7 +147,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def _text_blocks(path: Path) -> Iterator[str]:
-    """The blocks of a .txt corpus, each line bounded (traces.bounded) and decoded strictly:
+    """The blocks of a .txt corpus, each line bounded (traces.formats.bounded) and decoded strictly:
     a byte that is not UTF-8 is a TraceError naming the file, the line and its byte offset."""
     block: list[str] = []
     size = 0

@@ -7,7 +7,7 @@ token of a trace (`every_token_steps`, what `placer evaluate` replays) or a samp
 (`sampled_token_steps`); `step_mask` turns them into the [S, L, E] selections the stage cost
 model reads (`sample_steps` = the mask of a sample). `split_sequences` makes k folds of
 sequence ids for calibration / held-out evaluation. Every reader streams the Parquet dataset
-batch by batch (`traces.dataset`), so memory is bounded by one batch plus the outputs (and
+batch by batch (`traces.storing.dataset`), so memory is bounded by one batch plus the outputs (and
 one small record per sequence, or per token when every token is replayed).
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from traces.dataset import TraceDir, open_traces, stream_rows
 from traces.errors import TraceError
-from traces.schema import KIND_COUNTS
+from traces.storing.dataset import TraceDir, open_traces, stream_rows
+from traces.storing.schema import KIND_COUNTS
 
 CHUNK_CELLS = 1 << 23
 

@@ -23,11 +23,12 @@ from collections.abc import Callable
 import numpy as np
 from ortools.linear_solver.python import model_builder as mb
 
-from solvers import cost, greedy
-from solvers.lp_bound import dual_bound, pdlp_duals
-from solvers.milp_model import MilpData, MilpModel, milp_data, model_of
+from solvers import cost
 from solvers.patterns import LayerPatterns, problem_patterns
 from solvers.problem import Placement, Problem, SolveResult, relative_gap, validate
+from solvers.static import greedy
+from solvers.static.lp_bound import dual_bound, pdlp_duals
+from solvers.static.milp_model import MilpData, MilpModel, milp_data, model_of
 
 Progress = Callable[[str], None]  # told each stage's name as it starts
 

@@ -9,10 +9,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from traces.corpora import Corpus
-from traces.dataset import scan
+from traces.collecting.corpora import Corpus
 from traces.errors import TraceError
-from traces.schema import KIND_COUNTS, KIND_TOKENS, SEQ_ID_SHIFT
+from traces.storing.dataset import scan
+from traces.storing.schema import KIND_COUNTS, KIND_TOKENS, SEQ_ID_SHIFT
 
 
 @dataclass(frozen=True)

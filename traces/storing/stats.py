@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.dataset import open_traces, stream_rows
 from traces.errors import TraceError
-from traces.profile import Profile, load_profile
-from traces.schema import KIND_COUNTS, PHASES
+from traces.storing.dataset import open_traces, stream_rows
+from traces.storing.profile import Profile, load_profile
+from traces.storing.schema import KIND_COUNTS, PHASES
 
 HOT_SHARES = (0.10, 0.25, 0.50)
 

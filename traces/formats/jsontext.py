@@ -15,8 +15,8 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from traces.bounded import bounded_lines
 from traces.errors import TraceError
+from traces.formats.bounded import bounded_lines
 
 MAX_DEPTH = 64        # containers inside containers; placer's own files need fewer than 10
 MAX_INT_DIGITS = 20   # every integer below 10**20 (2**64 has 20 digits)
@@ -69,7 +69,7 @@ def jsonl_lines(path: Path, where: Callable[[int], str] | None = None, kind: str
                 ) -> Iterator[tuple[int, str]]:
     """(line number, text) of every non-blank line of the JSONL file `path`; a TraceError
     naming the line (`where(number)`, default PATH:NUMBER) and the byte offset in the file of
-    the first byte that is not UTF-8, or of a line longer than traces.bounded.LINE_LIMITS
+    the first byte that is not UTF-8, or of a line longer than traces.formats.bounded.LINE_LIMITS
     allows a file of `kind`."""
     for number, offset, raw in bounded_lines(path, kind, where):
         name = where(number) if where is not None else f"{path}:{number}"

@@ -23,10 +23,10 @@ import time
 import numpy as np
 
 from solvers import cost
-from solvers.cpu_state import CpuState
 from solvers.patterns import LayerPatterns, problem_patterns, selection_counts
 from solvers.problem import Placement, Problem, SolveResult, validate
-from solvers.stall_state import PatternIndex, StallState
+from solvers.static.cpu_state import CpuState
+from solvers.static.stall_state import PatternIndex, StallState
 
 BATCH_SHARE = 0.25  # a round evicts at most this share of a card's excess (at least one page)
 SWAP_CANDIDATES = 4  # best restores x cheapest evictions tried per card and round

@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
-from traces.schema import METADATA_KEY, PHASES, encode_meta, trace_schema
+from traces.storing.schema import METADATA_KEY, PHASES, encode_meta, trace_schema
 
 ROW_GROUP_ROWS = 1 << 18
 
 
 class TraceWriter:
-    """Append (token, layer) rows to the trace file `path` (schema in `traces.schema`)."""
+    """Append (token, layer) rows to the trace file `path` (schema in `traces.storing.schema`)."""
 
     def __init__(self, path: Path, *, tag: str, top_k: int, meta: dict,
                  row_group_rows: int = ROW_GROUP_ROWS) -> None:
