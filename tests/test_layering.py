@@ -22,6 +22,7 @@ ROOMS = {"errors": 0, "units": 0, "files": 0, "progress": 0,
          "placed": 3, "predict": 3, "exporters": 3,
          "runtime": 4,
          "serve": 5,
+         "pipeline": 5.5,
          "commands": 6,
          "cli": 7, "__main__": 8}
 BASICS = {room for room, rank in ROOMS.items() if rank == 0}

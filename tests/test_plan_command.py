@@ -73,10 +73,62 @@ def test_an_output_it_did_not_write_is_never_replaced(user, tmp_path):
     (["--fraction", "1"], "--fraction must be in (0, 1), got 1"),
     (["--engine", "vllm"], "--engine must be one of placer, llamacpp"),
     (["--seed", "-1"], "--seed"),
+    (["--budget", "1e30TiB"], "--budget"),                          # solve's range check
+    (["--budget", "1MiB"], "give --budget or --offload, not both"),  # beside --offload 0.5
+    (["--llamacpp-version", "b12000"], "--llamacpp-version is for --engine llamacpp"),
+    (["--cache-policy", "fifo"], "--cache-policy must be auto or one of"),
+    (["--solver", "simplex"], "--solver must be one of"),
+    (["--execution", "cpu", "--page-size", "1KiB"], "--page-size is for staging"),
+    (["--oracle-time-limit", "-1"], "--oracle-time-limit"),
+    (["--mode", "chat"], "--mode must be one of"),
 ])
-def test_bad_options_are_refused_before_any_stage(user, tmp_path, extra, said):
+def test_bad_options_are_refused_before_any_stage(user, tmp_path, extra, said, monkeypatch):
+    """Each refused by the check its own command runs, before collect starts: --out is left
+    as it was (not made)."""
+    import traces.collecting.collect
+
+    def no_collect(*args, **kwargs):
+        raise AssertionError("collect ran before the options were checked")
+
+    monkeypatch.setattr(traces.collecting.collect, "collect", no_collect)
     assert_one_line_error(plan(user, tmp_path / "out", *extra), said)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_same_inputs_and_seed_give_the_same_files_byte_for_byte(user, tmp_path,
+                                                                    monkeypatch):
+    """Two runs of one `plan` (in two folders, --out named alike) write the same traces,
+    split, plan, evaluation and record, byte for byte."""
+    model, corpus = user
+    files = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        monkeypatch.chdir(tmp_path / run)
+        result = plan((model, corpus), Path("out"))
+        assert result.exit_code == 0, result.output
+        root = tmp_path / run / "out"
+        files.append({str(f.relative_to(root)): f.read_bytes()
+                      for f in sorted(root.rglob("*")) if f.is_file()})
+    assert sorted(files[0]) == sorted(files[1])
+    assert {"plan.json", "evaluate.json", "stages.json", "run.sh"} <= set(files[0])
+    assert [name for name in files[0] if files[0][name] != files[1][name]] == []
+
+
+def test_a_model_that_fits_gets_a_plan_with_every_expert_resident(user, tmp_path):
+    """No --offload, no --budget, and the tiny box holds every expert: a plan, exit 0, every
+    expert resident, nothing staged, and the command that runs it."""
+    model, corpus = user
+    out = tmp_path / "out"
+    result = invoke("plan", "--model", model, "--corpus", corpus, "--hardware", BOX, "--out",
+                    out, "--solver", "greedy", "--max-length", 24, "--oracle-time-limit", 1,
+                    "--concurrency", "1,2", "--json")
+    assert result.exit_code == 0, result.output
+    p = json.loads((out / "plan.json").read_text())
+    assert p["solver"]["status"] == "everything fits"
+    assert all(e["resident_bytes"] == e["bytes"] for e in p["experts"])
+    assert all(c["staging_bytes"] == 0 and c["cache_slots"] == 0 for c in p["cards"])
+    assert all(r["placement"]["stall_ms_per_step"] == 0 for r in p["predicted"])
+    assert json.loads(result.stdout)["command"].startswith("placer emit --plan")
 
 
 def test_a_corpus_that_is_not_utf8_fails_the_first_stage_and_leaves_nothing(user, tmp_path):

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from placer.checkpoint.inventory import read_inventory
-from placer.commands.common import model_identity
 from traces.storing.profile import load_profile
 
 pytest_plugins = ["fixtures_models"]  # trace_models, collected, placer_run
@@ -119,7 +118,7 @@ def stat_dump(counts: np.ndarray, path: Path, buffer: int = 5) -> Path:
 def deepseek(trace_models):
     """The tiny DeepSeek-V3 checkpoint (a dense first layer) and its identity."""
     model = trace_models["deepseek_v3"]
-    return model, model_identity(read_inventory(model))
+    return model, read_inventory(model).identity()
 
 
 def test_per_token_dump_imports_to_the_same_rows(deepseek, collected, tmp_path, placer_run):

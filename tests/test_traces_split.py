@@ -150,3 +150,19 @@ def test_a_failure_after_making_parent_folders_removes_them(source, tmp_path):
                     "--out-b", tmp_path / "file" / "b")
     assert_one_line_error(result, "cannot write the split")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "src"]
+
+
+def test_the_split_does_not_follow_the_run_ids(tmp_path):
+    """The same sequences under other run ids (another collection of the same corpora, its
+    ids ordered the other way round) split the same way with the same seed: which sequence of
+    which tag goes where does not depend on the ids the runs were given."""
+    sides = []
+    for name, ids in (("one", (1, 2)), ("other", (7, 3))):
+        root = tmp_path / name
+        write_tagged(root, "chat", ids[0], [5, 9, 3, 7, 4, 6, 8, 5], seed=1)
+        write_tagged(root, "code", ids[1], [6, 4, 10], seed=2)
+        traces.storing.split.split_traces(root, tmp_path / f"{name}-a", tmp_path / f"{name}-b",
+                                          fraction=0.5, seed=3)
+        sides.append(sorted({(r[-1], r[0] & 0xFFFFFFFF) for r in rows(tmp_path / f"{name}-a")}))
+    assert sides[0] == sides[1]
+    assert 0 < len(sides[0]) < 11

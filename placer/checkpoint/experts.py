@@ -14,10 +14,14 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from placer.errors import PlacerError
+
+if TYPE_CHECKING:
+    from traces.collecting.collect import ModelIdentity
 
 EXPERT_PREFIX = re.compile(r"^.*\.experts\.(?:\d+\.)?")  # what differs between experts' names
 # Config keys that say nothing about the model itself (written by whichever tool saved it).
@@ -131,6 +135,14 @@ class Inventory:
         """The expert `expert` of decoder layer `layer`."""
         ordinal = self.moe_layers.index(layer)
         return self.experts[ordinal * self.experts_per_layer + expert]
+
+    def identity(self) -> ModelIdentity:
+        """What traces record about this model (fingerprint, layers, experts, top-k)."""
+        from traces.collecting.collect import ModelIdentity
+
+        return ModelIdentity(fingerprint=self.fingerprint, num_layers=self.num_layers,
+                             moe_layers=tuple(self.moe_layers),
+                             experts_per_layer=self.experts_per_layer, top_k=self.top_k)
 
     def expert_bytes(self) -> np.ndarray:
         """[L, E] int64 bytes of each expert; row i is the i-th MoE layer."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from placer.commands.common import command, model_identity, print_json
+from placer.commands.common import command, print_json
 from placer.errors import PlacerError
 from placer.files import check_apart, removed_on_failure
 from placer.hardware.devices import check_device
@@ -139,13 +139,13 @@ def register(app: typer.Typer) -> None:
                 if device != "auto" or dtype != "auto":
                     raise PlacerError("--device and --dtype go with --model (llama.cpp runs the "
                                       "GGUF's own types on the CPU)")
-                identity = model_identity(read_inventory(gguf))
+                identity = read_inventory(gguf).identity()
                 with removed_on_failure(out):
                     results = collect_gguf(gguf, corpora, out, identity, options,
                                            random_tokens=random_tokens)
             else:
                 check_device(device)
-                identity = model_identity(read_inventory(model))
+                identity = read_inventory(model).identity()
                 with removed_on_failure(out):
                     results = collect(model, corpora, out, identity, options,
                                       random_tokens=random_tokens)
@@ -169,5 +169,5 @@ def _collect_server(url: str, engine: str, model: Path | None, config: Path | No
                           "the server's routing is checked against that model")
     inv: Inventory = read_inventory(model) if model is not None else estimate_inventory(config)
     return collect_from_server(url, engine, model if model is not None else config.parent,
-                               corpora, out, model_identity(inv), options,
+                               corpora, out, inv.identity(), options,
                                shared_experts=inv.shared_experts, estimated=inv.estimated)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -21,10 +21,6 @@ from placer.units import BYTE_UNITS
 from solvers.errors import SolverError
 from traces.errors import TraceError
 from traces.options import check_rules
-
-if TYPE_CHECKING:
-    from placer.checkpoint.inventory import Inventory
-    from traces.collecting.collect import ModelIdentity
 
 try:  # typer 0.2x carries its own copy of click (see placer.commands.app)
     from typer._click.globals import get_current_context
@@ -178,12 +174,3 @@ def parse_list(text: str, kind: type, what: str) -> list:
     if not values:
         raise PlacerError(f"{what}: empty list")
     return values
-
-
-def model_identity(inv: Inventory) -> ModelIdentity:
-    """What traces record about the model of `inv` (fingerprint, layers, experts, top-k)."""
-    from traces.collecting.collect import ModelIdentity
-
-    return ModelIdentity(fingerprint=inv.fingerprint, num_layers=inv.num_layers,
-                         moe_layers=tuple(inv.moe_layers),
-                         experts_per_layer=inv.experts_per_layer, top_k=inv.top_k)

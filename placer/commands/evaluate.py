@@ -84,6 +84,7 @@ def register(app: typer.Typer) -> None:
         A plan solved with --engine llamacpp is replayed as llama.cpp runs it (its host
         layers on the CPU or through its --moe-cache-mib cache): layer offload is then
         -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache."""
+        from placer.plan.engine import for_build
         from placer.plan.placement import read_plan
         from placer.predict.curve import calibration_curve
         from placer.predict.evaluate import EvalOptions, evaluate
@@ -95,7 +96,7 @@ def register(app: typer.Typer) -> None:
             check_target(plot, what="--plot")
         plan = read_plan(plan_path)
         if llamacpp_version is not None:
-            plan = with_build(plan, llamacpp_version)
+            plan = for_build(plan, llamacpp_version)
         trace_dirs = list(traces or [])
         opts = EvalOptions(
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
@@ -111,23 +112,6 @@ def register(app: typer.Typer) -> None:
             print_json({k: v for k, v in report.items() if k != "per_layer"})
         else:
             print_report(report)
-
-
-def with_build(plan, version: str):
-    """`plan` replayed for the llama.cpp build `version` (a plan solved with --engine
-    llamacpp; PlacerError otherwise, or for a version that is none of the three forms)."""
-    import dataclasses
-
-    from solvers.errors import SolverError
-    from solvers.llamacpp.builds import parse_build
-
-    if plan.engine is None:
-        raise PlacerError("--llamacpp-version is for plans solved with --engine llamacpp")
-    try:
-        build = parse_build(version)
-    except SolverError as exc:
-        raise PlacerError(str(exc)) from None
-    return dataclasses.replace(plan, engine={**plan.engine, "llamacpp_build": build.to_json()})
 
 
 def print_report(report: dict) -> None:

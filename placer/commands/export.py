@@ -213,24 +213,27 @@ class EngineExport:
 def _engine_export(p, asked: EngineExport, out: Path | None, inputs: tuple,
                    json_out: bool) -> None:
     """Print (and with --out write) the llama-server command of an --engine llamacpp plan."""
-    from placer.exporters.llamacpp import check_model, device_names, plan_option, server_command
-    from placer.plan.llamacpp import plan_build
-    from solvers.errors import SolverError
-    from solvers.llamacpp.builds import parse_build
+    from placer.exporters.llamacpp import (
+        check_model,
+        device_names,
+        model_placeholder,
+        plan_option,
+        server_command,
+    )
+    from placer.plan.engine import plan_target
 
     engine = p.engine
-    try:
-        build = plan_build(p, None if asked.version is None else parse_build(asked.version))
-    except SolverError as exc:
-        raise PlacerError(str(exc)) from None
+    target = plan_target(p, asked.version)
+    build = target.build
+    placeholder = None
     if asked.model is not None:
         check_model(p, asked.model)
         model = str(asked.model)
-    elif engine.get("gguf"):
-        model = engine["gguf"]
+    elif target.gguf is not None:
+        model = str(target.gguf)
     else:
-        raise PlacerError("give --model MODEL.gguf: this plan was solved from a checkpoint or "
-                          "config.json, and placer checks the GGUF against it")
+        placeholder = model_placeholder(p)
+        model = placeholder.name
     names = None if asked.devices is None else device_names(p, asked.devices)
     chosen = plan_option(p, asked.option)
     line = server_command(p, build, model, chosen, names)
@@ -244,13 +247,18 @@ def _engine_export(p, asked: EngineExport, out: Path | None, inputs: tuple,
                     "pinned": chosen.get("pinned", True), "choice": engine["choice"],
                     "tensor_split": engine.get("tensor_split"), "context": engine.get("context"),
                     "devices": engine.get("devices"), "build": build.to_json(),
-                    "build_label": build.label})
+                    "build_label": build.label,
+                    "model_placeholder": None if placeholder is None else {
+                        "name": placeholder.name, "must_match": placeholder.must_match}})
         return
     what = (engine["choice"] if asked.option is None else f"option {chosen['name']!r}")
     typer.echo(f"# {what}: experts of decoder layers {chosen['host_layers']} in host memory, "
                f"cache {chosen['moe_cache_mib']} MiB ({chosen['slots'] or 'no'} slots per "
                "group)")
     typer.echo(f"# predicted for {build.label}")
+    if placeholder is not None:
+        typer.echo(f"# {placeholder.name}: your GGUF of this model, {placeholder.must_match} "
+                   "(export again with --model YOUR.gguf to check it)")
     if engine.get("tensor_split"):
         host = set(chosen["host_layers"])
         for c in range(len(engine["tensor_split"])):

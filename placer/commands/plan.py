@@ -1,5 +1,5 @@
 """`placer plan`: collect, split, solve, evaluate and export in one go, resumable
-(placer.commands.pipeline)."""
+(placer.pipeline)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from placer.commands.common import command, parse_list, print_json
-from placer.units import parse_bytes
+from placer.commands import solve_options as so
+from placer.commands.common import command, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -28,17 +28,12 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option(
             help="Directory for every stage's output (traces, split, plan.json, "
                  "evaluate.json, run.sh); a rerun resumes there.")],
-        engine: Annotated[str | None, typer.Option(
-            help="Whose runtime the plan is for: placer (emit + serve) or llamacpp "
-                 "(llama-server; needs the spec's \\[host] table). Default: llamacpp for a "
-                 "GGUF, else placer.")] = None,
-        offload: Annotated[float | None, typer.Option(
-            help="Share of each card's expert bytes that stays on the host, e.g. 0.3.")
-        ] = None,
-        budget: Annotated[str | None, typer.Option(
-            help="VRAM per card for expert pages and the staging buffer, e.g. 20GiB.")] = None,
-        concurrency: Annotated[str, typer.Option(
-            help="Concurrent sequences to plan and evaluate for, e.g. 1,8.")] = "1,8",
+        engine: so.Engine = None,
+        llamacpp_version: so.LlamacppVersion = None,
+        offload: so.Offload = None,
+        budget: so.Budget = None,
+        concurrency: so.Concurrency = "1,8",
+        weights: so.Weights = None,
         fraction: Annotated[float, typer.Option(
             help="Share of the collected sequences to solve on; the rest is held out for "
                  "the evaluation.")] = 0.5,
@@ -57,9 +52,15 @@ def register(app: typer.Typer) -> None:
                               ] = 8,
         device: Annotated[str, typer.Option(
             help="collect: auto (cuda when present), cpu, cuda, cuda:N.")] = "auto",
-        solver: Annotated[str, typer.Option(help="solve: ilp or greedy.")] = "ilp",
-        time_limit: Annotated[float, typer.Option(help="solve: ILP time limit in seconds.")
-                              ] = 60.0,
+        solver: so.Solver = "ilp",
+        time_limit: so.TimeLimit = 60.0,
+        ep: so.Ep = "contiguous",
+        page_size: so.PageSize = None,
+        robust: so.Robust = False,
+        steps: so.Steps = None,
+        cache: so.Cache = "auto",
+        cache_policy: so.CachePolicy = "auto",
+        execution: so.Execution = "stage",
         oracle_time_limit: Annotated[float, typer.Option(
             help="evaluate: seconds for the oracle ILP per concurrency.")] = 10.0,
         json_out: Annotated[bool, typer.Option(
@@ -74,27 +75,27 @@ def register(app: typer.Typer) -> None:
         unchanged (OUT/stages.json records what produced each) is skipped, so changing
         --offload re-solves without collecting again. Prints a line per stage, a progress
         bar while one runs, then the held-out table and the command to run."""
-        from placer.commands.pipeline import PlanRequest, run_plan
-        from placer.plan.options import SolveOptions
+        from placer.pipeline import PlanRequest, run_plan
         from traces.collecting.runs import CollectOptions
 
         gguf = model.suffix.lower() == ".gguf"
         collect = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,
                                  max_tokens=max_tokens, device=device, seed=seed,
                                  weights=not gguf)
-        solve = SolveOptions(
-            solver=solver, budget=parse_bytes(budget, "--budget") if budget is not None else None,
-            offload=offload, concurrency=tuple(parse_list(concurrency, int, "--concurrency")),
-            time_limit=time_limit, seed=seed)
+        solve = so.solve_options(
+            solver=solver, budget=budget, offload=offload, concurrency=concurrency,
+            weights=weights, ep=ep, page_size=page_size, robust=robust, time_limit=time_limit,
+            seed=seed, steps=steps, cache=cache, cache_policy=cache_policy, execution=execution)
         request = PlanRequest(model=model, corpora=tuple(corpus), hardware=hardware, out=out,
-                              engine=engine or ("llamacpp" if gguf else "placer"),
-                              collect=collect, fraction=fraction, seed=seed, solve=solve,
-                              oracle_time_limit=oracle_time_limit, text_field=text_field)
+                              engine=engine, collect=collect, fraction=fraction, seed=seed,
+                              solve=solve, oracle_time_limit=oracle_time_limit,
+                              text_field=text_field, llamacpp_version=llamacpp_version)
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
             result = run_plan(request, progress=not json_out and sys.stderr.isatty(),
                               say=typer.echo)
         if json_out:
             print_json({"out": result["out"], "command": result["command"],
+                        "followups": result["followups"],
                         "stages": {name: {"skipped": s.skipped, "key": s.key}
                                    for name, s in result["stages"].items()},
                         "report": result["report"]})

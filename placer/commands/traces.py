@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from placer.commands.common import command, model_identity, print_json, print_table
+from placer.commands.common import command, print_json, print_table
 from placer.commands.common import console as rich_console
 from placer.errors import PlacerError
 from placer.files import check_apart, check_target, removed_on_failure, write_bytes_atomic
@@ -189,7 +189,7 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
     check_apart(out, [("the checkpoint", model), ("the config", config)], directory=True)
     inventory = (read_inventory(model) if model is not None
                  else estimate_inventory(config) if config is not None else None)
-    request = ImportRequest(identity=None if inventory is None else model_identity(inventory),
+    request = ImportRequest(identity=None if inventory is None else inventory.identity(),
                             estimated=inventory is not None and inventory.estimated,
                             top_k=top_k, tag=tag, tokens=tokens, prompt_lens=prompt_lens,
                             prompt_start=prompt_start, load_balancer=load_balancer,

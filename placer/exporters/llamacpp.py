@@ -218,6 +218,30 @@ def check_model(plan: Plan, model: Path) -> None:
                           f"--model {model}")
 
 
+@dataclass(frozen=True)
+class Placeholder:
+    """What stands for the GGUF in the command of a plan solved without one (a checkpoint or
+    a config.json): its name on the command line, and what the GGUF must match (check_model
+    checks it when --model is given)."""
+
+    name: str
+    must_match: str
+
+
+def model_placeholder(plan: Plan) -> Placeholder:
+    """The placeholder of a plan solved from a checkpoint or config.json (module Placeholder):
+    the fingerprint a GGUF converted from that checkpoint must have; for a config's estimate,
+    which has none, the MoE layers and expert bytes."""
+    if plan.model.get("estimated"):
+        sizes = plan.matrix("bytes")
+        must = (f"with {len(plan.moe_layers)} MoE layers of {plan.experts_per_layer} experts "
+                f"of {format_bytes(int(sizes.max()))} each at most (the config's estimate: "
+                "quantize to the expert dtype solved for)")
+    else:
+        must = f"fingerprint {plan.model['fingerprint'][:16]}"
+    return Placeholder("MODEL.gguf", must)
+
+
 def stage_warning(plan: Plan) -> list[str]:
     """A plan solved for staging reserved VRAM llama.cpp does not use."""
     staging = max(c.staging_bytes for c in plan.cards)

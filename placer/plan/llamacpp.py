@@ -198,21 +198,7 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
     """The llama.cpp plan (module docstring) for `build` (default: the newest policy known);
     `gguf`: the GGUF path solved from, recorded for export's -m."""
     build = build or default_build()
-    check_options(opts)  # the placer engine's option checks (--concurrency, --weights, ...)
-    if opts.weights is not None and len(opts.weights) != len(opts.concurrency):
-        raise PlacerError("--weights needs one weight per --concurrency value")
-    if not trace_dirs:
-        raise PlacerError("--engine llamacpp learns from traffic: give --traces DIR")
-    for flag, given in (("--robust", opts.robust), ("--page-size", opts.page_size is not None),
-                        ("--offload", opts.offload is not None),
-                        ("--cache", opts.cache is not None), ("--ep", opts.ep != "contiguous")):
-        if given:
-            raise PlacerError(f"{flag} is for placer's own runtime; --engine llamacpp chooses "
-                              "llama.cpp's host layers and cache (--budget caps the VRAM)")
-    if opts.num_steps is not None:
-        raise PlacerError("--engine llamacpp replays the calibration tokens in order (the "
-                          "cache is an LRU): leave --steps out")
-    machine = machine_of(inv, spec, opts, build)
+    machine = check_llamacpp(inv, spec, opts, build, len(trace_dirs))
     fits = fewest_host(machine, np.arange(len(inv.moe_layers))) == 0
     traffic = [load_traffic(d, inv, opts.concurrency, None, opts.seed) for d in trace_dirs]
     if any(not t.profile.per_token for t in traffic):
@@ -251,6 +237,27 @@ def solve_llamacpp(inv: Inventory, spec: HardwareSpec, trace_dirs: list, opts: S
                         "gguf": gguf, "tuner_pick": tuner_pick(options, predicted, opts)})
     plan.solver["seconds"] = seconds
     return plan
+
+
+def check_llamacpp(inv: Inventory, spec: HardwareSpec, opts: SolveOptions,
+                   build: Build | None, traces: int) -> Machine:
+    """Every refusal of solve_llamacpp that needs no traffic (placer.plan.engine.check_solve),
+    for `traces` trace sets; the Machine the options and spec give."""
+    check_options(opts)  # the placer engine's option checks (--concurrency, --weights, ...)
+    if opts.weights is not None and len(opts.weights) != len(opts.concurrency):
+        raise PlacerError("--weights needs one weight per --concurrency value")
+    if not traces:
+        raise PlacerError("--engine llamacpp learns from traffic: give --traces DIR")
+    for flag, given in (("--robust", opts.robust), ("--page-size", opts.page_size is not None),
+                        ("--offload", opts.offload is not None),
+                        ("--cache", opts.cache is not None), ("--ep", opts.ep != "contiguous")):
+        if given:
+            raise PlacerError(f"{flag} is for placer's own runtime; --engine llamacpp chooses "
+                              "llama.cpp's host layers and cache (--budget caps the VRAM)")
+    if opts.num_steps is not None:
+        raise PlacerError("--engine llamacpp replays the calibration tokens in order (the "
+                          "cache is an LRU): leave --steps out")
+    return machine_of(inv, spec, opts, build or default_build())
 
 
 def everything_fits(machine: Machine, scenarios: list[Scenario]) -> SearchResult:

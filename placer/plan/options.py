@@ -51,6 +51,8 @@ def check_options(opts: SolveOptions) -> None:
                  "cache": opts.cache, "folds": opts.folds, "concurrency": opts.concurrency,
                  "weights": opts.weights, "offload": opts.offload}, "solve",
                 error=PlacerError)
+    if opts.budget is not None and opts.offload is not None:
+        raise PlacerError("give --budget or --offload, not both")
     for flag, value, low in (("--budget", opts.budget, 0), ("--page-size", opts.page_size, 1)):
         if value is not None and not low <= value <= MAX_BYTES:
             raise PlacerError(f"{flag} must be {low}..2**60 bytes, not {value}")

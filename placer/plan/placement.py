@@ -118,7 +118,7 @@ class Plan:
         return {
             "format": PLAN_FORMAT, "version": PLAN_VERSION, "placer_version": PLACER_VERSION,
             "model": self.model, "hardware": self.hardware.to_json(), "budget": self.budget,
-            "page_size": self.page_size, "ep": self.ep, "solver": self.solver,
+            "page_size": self.page_size, "ep": self.ep, "solver": timeless(self.solver),
             "cards": [{"index": c.index, "budget_bytes": c.budget_bytes,
                        "capacity_bytes": c.capacity_bytes, "resident_bytes": c.resident_bytes,
                        "staging_bytes": c.staging_bytes, "homed_bytes": c.homed_bytes,
@@ -131,8 +131,17 @@ class Plan:
                                     "resident": p.resident} for p in e.pages]}
                         for e in self.experts],
             "calibration": self.calibration, "predicted": self.predicted, "robust": self.robust,
-            "execution": self.execution, "cache": self.cache, "cache_params": self.cache_params,
+            "execution": self.execution, "cache": timeless(self.cache),
+            "cache_params": self.cache_params,
         } | ({"engine": self.engine} if self.engine is not None else {})
+
+
+def timeless(section: dict | None) -> dict | None:
+    """A plan section without the wall-clock seconds its solve took: the same inputs and seed
+    give the same plan, byte for byte (the seconds are printed, not kept)."""
+    if not isinstance(section, dict):
+        return section
+    return {k: v for k, v in section.items() if k != "seconds"}
 
 
 def plan_quotas(plan: Plan, cache_slots: int | None = None) -> np.ndarray:

@@ -118,10 +118,8 @@ def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: Sol
     num_cards = len(spec.cards)
     staging = (staging_bytes(sizes, home, num_cards, max(opts.concurrency), inv.top_k)
                if execution == "stage" else np.zeros(num_cards, dtype=np.int64))
-    homed = np.bincount(home.ravel(), weights=sizes.ravel(), minlength=num_cards).astype(np.int64)
+    homed = homed_bytes(inv, home, num_cards)
     free = np.array([c.free_bytes for c in spec.cards], dtype=np.int64)
-    if opts.budget is not None and opts.offload is not None:
-        raise PlacerError("give --budget or --offload, not both")
     if opts.offload is not None:  # in (0, 1): check_options
         budget = np.floor((1.0 - opts.offload) * homed).astype(np.int64) + staging
     elif opts.budget is not None:
@@ -138,11 +136,81 @@ def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: Sol
             raise PlacerError(
                 f"card {c}: budget {format_bytes(budget[c])} exceeds its free VRAM "
                 f"{format_bytes(free[c])} (vram minus reserved dense, KV and activations)")
-    if np.all(budget - staging >= homed):
-        raise PlacerError(
-            f"the budget holds every expert ({format_bytes(int(homed.max()))} per card at most): "
-            f"nothing needs to stay on the host, so there is no placement to solve")
     return budget, staging
+
+
+def homed_bytes(inv: Inventory, home: np.ndarray, num_cards: int) -> np.ndarray:
+    """[C] expert bytes homed on each card."""
+    return np.bincount(home.ravel(), weights=inv.expert_bytes().ravel(),
+                       minlength=num_cards).astype(np.int64)
+
+
+def fits_whole(inv: Inventory, home: np.ndarray, capacity: np.ndarray, num_cards: int
+               ) -> bool:
+    """Whether every card's capacity (budget less staging) holds all the experts it homes:
+    then nothing need stay on the host."""
+    return bool(np.all(capacity >= homed_bytes(inv, home, num_cards)))
+
+
+def check_placement(inv: Inventory, spec: HardwareSpec, opts: SolveOptions, traces: int
+                    ) -> Execution:
+    """Every refusal of solve_plan that needs no traffic (placer.plan.engine.check_solve), for
+    `traces` trace sets; the execution the options and spec give. The budget is checked
+    against the cards where the homes do not depend on traffic (--ep contiguous)."""
+    check_options(opts)
+    if opts.solver in ("ilp", "greedy") and not traces:
+        raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
+                          f"(or use --solver layer / uniform)")
+    execution = execution_of(opts.execution, spec, inv.config.get("hidden_size"),
+                             expert_flops(inv))
+    if execution.mode == "cpu" and opts.page_size is not None:
+        raise PlacerError("--execution cpu computes whole experts on the host: --page-size "
+                          "is for staging")
+    if opts.ep == "contiguous":
+        home = homes.contiguous_homes(len(inv.moe_layers), inv.experts_per_layer,
+                                      len(spec.cards))
+        card_budgets(inv, spec, home, opts, execution.mode)
+    elif opts.ep != "balanced":
+        raise PlacerError(f"--ep must be contiguous or balanced, not {opts.ep!r}")
+    return execution
+
+
+def resident_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np.ndarray,
+                  traffic: list[Traffic], opts: SolveOptions, execution: Execution) -> Plan:
+    """The plan where every card's budget holds all its experts: each one resident, no
+    staging buffer and no cache, every line of the prediction stall-free."""
+    cards = len(spec.cards)
+    staging = np.zeros(cards, dtype=np.int64)
+    bare = Problem(inv.expert_bytes(), home, budget, cards_of(spec), [], opts.page_size,
+                   **execution.fields)
+    result = baselines.layer_offload(bare)  # at this capacity: no layer offloaded
+    solver = {"name": "resident", "objective": 0.0, "bound": 0.0, "gap": 0.0,
+              "seconds": result.seconds, "status": "everything fits", "seed": opts.seed,
+              "time_limit": None, "steps": opts.num_steps,
+              "objective_unit": "seconds of expected stall per decode step (none: every "
+                                "expert resident)"}
+    plan = build_plan(inv, spec, home=home, resident_pages=result.placement.resident_pages,
+                      page_size=opts.page_size, budget_bytes=budget, staging_bytes=staging,
+                      budget=_budget_json(opts), ep=opts.ep, solver=solver,
+                      execution=execution.mode)
+    plan.cache = {"mode": "off", "reason": "every expert fits the cards' budgets: nothing is "
+                                           "staged, so no cache"}
+    plan.calibration = [calibration_json(t) for t in traffic]
+    lines = {"placement": Line(result.placement), "layer": Line(result.placement),
+             "uniform": Line(result.placement)}
+    plan.predicted = [predicted_row(t, b, t.steps[b], replay_with_intervals(
+        bare, lines, t.steps[b], spec.base_step_s(b), seed=opts.seed))
+        for t in traffic for b in opts.concurrency]
+    return plan
+
+
+def predicted_row(t: Traffic, b: int, steps: TokenSteps, replayed: Replayed) -> dict:
+    """One row of a plan's prediction on calibration traffic: its figures and its ratio to
+    layer offload, and where only a prefix of the steps was replayed, how many."""
+    return {"profile": t.name, "concurrency": b, **replayed.figures,
+            **replayed.ratio("ratio_to_layer", "layer"),
+            **({"judged_steps": [len(steps), len(t.steps[b])]}
+               if steps is not t.steps[b] else {})}
 
 
 def make_problem(inv: Inventory, spec: HardwareSpec, home: np.ndarray, capacity: np.ndarray,
@@ -203,20 +271,14 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     split, static by `opts.solver` among them; N slots per card; 0 none), or with no cache,
     the static placement of `opts.solver`. `progress(stage)` is told each stage as it starts
     (the split's replays and the solvers' own stages included)."""
-    check_options(opts)
-    if opts.solver in ("ilp", "greedy") and not trace_dirs:
-        raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
-                          f"(or use --solver layer / uniform)")
-    execution = execution_of(opts.execution, spec, inv.config.get("hidden_size"),
-                             expert_flops(inv))
-    if execution.mode == "cpu" and opts.page_size is not None:
-        raise PlacerError("--execution cpu computes whole experts on the host: --page-size "
-                          "is for staging")
+    execution = check_placement(inv, spec, opts, len(trace_dirs))
     progress("reading traces")
     traffic = [load_traffic(d, inv, opts.concurrency, opts.num_steps, opts.seed)
                for d in trace_dirs]
     home = choose_homes(inv, spec, opts.ep, traffic)
     budget, staging = card_budgets(inv, spec, home, opts, execution.mode)
+    if fits_whole(inv, home, budget - staging, len(spec.cards)):
+        return resident_plan(inv, spec, home, budget, traffic, opts, execution)
     reason = no_cache_reason(inv, opts, home, traffic)
     check_cache_options(opts, reason)
     if (opts.robust and len(trace_dirs) * len(set(opts.concurrency)) < 2
@@ -258,10 +320,7 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
     # one row per core: the compiled token shares and most of numpy release the GIL
     with ThreadPoolExecutor(max(1, min(len(rows), os.cpu_count() or 1))) as pool:
         for (t, b, steps), replayed in zip(rows, pool.map(predict, rows), strict=True):
-            plan.predicted.append({"profile": t.name, "concurrency": b, **replayed.figures,
-                                   **replayed.ratio("ratio_to_layer", "layer"),
-                                   **({"judged_steps": [len(steps), len(t.steps[b])]}
-                                      if steps is not t.steps[b] else {})})
+            plan.predicted.append(predicted_row(t, b, steps, replayed))
     if opts.robust and plan.robust is None:  # a cached split: its ratios as predicted
         ratios = {f"{r['profile']} B={r['concurrency']}": r["ratio_to_layer"]
                   for r in plan.predicted}

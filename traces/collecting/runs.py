@@ -131,13 +131,19 @@ def run_meta(out_dir: Path, corpus: Corpus, identity: ModelIdentity, run: dict, 
     return meta
 
 
+# Options that change how a run shows, not what it records: not part of its identity, so
+# the same collection with and without a progress bar has the same run id and sequence ids.
+UNIDENTIFYING = ("progress",)
+
+
 def collect_meta(out_dir: Path, corpus: Corpus, identity: ModelIdentity,
                  options: CollectOptions, weights: bool, **engine: str) -> dict:
     """run_meta of a collector that runs the model itself (Hugging Face, llama.cpp) with
     `options`; `engine` (e.g. engine="llama.cpp") is part of both the run's identity and the
     metadata."""
+    run = {k: v for k, v in asdict(options).items() if k not in UNIDENTIFYING}
     return run_meta(out_dir, corpus, identity,
-                    {**asdict(options), **engine, "tokenizer": str(options.tokenizer)},
+                    {**run, **engine, "tokenizer": str(options.tokenizer)},
                     mode=options.mode, weights=weights, max_length=options.max_length,
                     max_new_tokens=options.max_new_tokens if options.mode == "generate" else None,
                     seed=options.seed, **engine)

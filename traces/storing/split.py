@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from traces.errors import TraceError
 from traces.options import check_rules
 from traces.storing.dataset import open_traces, stream_rows
-from traces.storing.schema import KIND_COUNTS
+from traces.storing.schema import KIND_COUNTS, SEQ_ID_SHIFT
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ def split_traces(trace_dir: Path, out_a: Path, out_b: Path, *, fraction: float =
             raise TraceError(f"{td.root} has {len(ids)} sequence: nothing to split")
         take = min(max(round(fraction * len(ids)), 1), len(ids) - 1)
         in_a = np.zeros(len(ids), dtype=bool)
-        in_a[np.random.default_rng(seed).permutation(len(ids))[:take]] = True
+        order = run_free_order(ids, tag_of)
+        in_a[order[np.random.default_rng(seed).permutation(len(ids))[:take]]] = True
         by = "sequence"
     if in_a.all() or not in_a.any():
         raise TraceError(f"the tags {tags} hold {'every' if in_a.all() else 'no'} sequence of "
@@ -80,6 +81,16 @@ def split_traces(trace_dir: Path, out_a: Path, out_b: Path, *, fraction: float =
                 files[side] += _copy_rows(path, temps[side] / rel, keep)
     return SplitResult((int(in_a.sum()), int((~in_a).sum())),
                        (int(tokens[in_a].sum()), int(tokens[~in_a].sum())), tuple(files), by)
+
+
+def run_free_order(ids: np.ndarray, tag_of: dict[int, str]) -> np.ndarray:
+    """The positions of `ids` ordered by tag, then by each sequence's number within its run
+    (its id less the run's base, traces.storing.schema SEQ_ID_SHIFT): what the seeded
+    permutation draws from does not depend on the run ids, so the same corpora, options and
+    seed split the same way whatever ids their runs were given."""
+    local = ids & ((1 << SEQ_ID_SHIFT) - 1)
+    _, tag_rank = np.unique([tag_of[int(s)] for s in ids.tolist()], return_inverse=True)
+    return np.lexsort((ids, local, tag_rank))
 
 
 def _sequences(td) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:

@@ -2,10 +2,12 @@
 evaluation and the command that runs it, in one go.
 
 The stages are the very functions the single commands call: collect (`placer collect`),
-split (`placer traces split`), solve (`placer solve`, or `--engine llamacpp`), evaluate
-(`placer evaluate` on the held-out side) and export (the command to run: `placer emit` +
-`placer serve`, or `placer export llamacpp`'s llama-server line). Each stage's output is
-kept under `--out`:
+split (`placer traces split`), solve (`placer solve` through the one engine dispatch,
+placer.plan.engine), evaluate (`placer evaluate` on the held-out side) and export (the
+command to run: `placer emit` + `placer serve`, or `placer export llamacpp`'s llama-server
+line, naming the user's GGUF). Every option of every stage is checked, by the function the
+single command checks it with, before the first stage runs: a refusal leaves `--out` as it
+was. Each stage's output is kept under `--out`:
 
     OUT/traces/       collected routing, one trace file per corpus
     OUT/split/calib/  the calibration share of the sequences (what solve learns from)
@@ -39,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from placer.checkpoint.inventory import Inventory, read_inventory
-from placer.commands.common import model_identity
 from placer.errors import PlacerError
 from placer.files import (
     check_apart,
@@ -49,12 +50,12 @@ from placer.files import (
     write_text_atomic,
 )
 from placer.hardware.spec import HardwareSpec, load_spec
+from placer.plan.engine import Target, check_solve, plan_target, target_of
 from placer.plan.options import SolveOptions
 from placer.progress import StageSpinner
 from traces.collecting.runs import CollectOptions
 
 STAGES = ("collect", "split", "solve", "evaluate", "export")
-ENGINES = ("placer", "llamacpp")
 RECORD = "stages.json"
 CHUNK = 1 << 20
 
@@ -67,13 +68,14 @@ class PlanRequest:
     corpora: tuple[Path, ...]
     hardware: str
     out: Path
-    engine: str
+    engine: str | None          # None: llamacpp for a GGUF, else placer (placer.plan.engine)
     collect: CollectOptions
     fraction: float = 0.5
     seed: int = 0
     solve: SolveOptions = field(default_factory=SolveOptions)
     oracle_time_limit: float = 10.0
     text_field: str = "text"
+    llamacpp_version: str | None = None
 
 
 @dataclass
@@ -89,11 +91,12 @@ class Stage:
 def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) -> dict:
     """Run (or resume) every stage of `req` (module docstring); `say` gets one line per stage
     and the evaluation table. Returns {stage: Stage}, the report and the command to run."""
-    check_request(req)
-    out = Path(req.out)
-    record = read_record(out)
+    check_paths(req)
     inv = read_inventory(req.model)
     spec = load_spec(req.hardware)
+    target = check_request(req, inv, spec)
+    out = Path(req.out)
+    record = read_record(out)
     stages: dict[str, Stage] = {}
 
     def stage(name: str, inputs: dict, outputs: tuple[Path, ...], work: Callable[[], str]
@@ -120,7 +123,7 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
     made = [p for p in [out, *out.parents] if not os.path.lexists(p)]
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return run_stages(req, inv, spec, out, stage, stages, progress, say)
+        return run_stages(req, inv, spec, target, out, stage, stages, progress, say)
     except BaseException:
         if not record:  # nothing done here: leave no folder behind either
             for path in made:
@@ -129,8 +132,8 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
         raise
 
 
-def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, out: Path,
-               stage: Callable, stages: dict[str, Stage], progress: bool,
+def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Target,
+               out: Path, stage: Callable, stages: dict[str, Stage], progress: bool,
                say: Callable[[str], None]) -> dict:
     """The five stages in order, through `stage` (run_plan's: skip or run and record)."""
     collected, split = out / "traces", out / "split"
@@ -147,9 +150,11 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, out: Path,
     stage("split", split_inputs, (calib, heldout), lambda: run_split(collected, split, req,
                                                                      progress))
     solve_inputs = {"traces": stages["split"].key, "spec": spec.to_json(),
-                    "engine": req.engine, "options": asdict(req.solve)}
+                    "engine": target.engine, "options": asdict(req.solve),
+                    "build": None if target.build is None else target.build.to_json(),
+                    "gguf": None if target.gguf is None else str(target.gguf)}
     stage("solve", solve_inputs, (plan_path,),
-          lambda: run_solve(req, inv, spec, calib, plan_path, progress))
+          lambda: run_solve(req, inv, spec, target, calib, plan_path, progress))
     eval_inputs = {"plan": stages["solve"].key, "heldout": stages["split"].key,
                    "oracle_time_limit": req.oracle_time_limit}
     stage("evaluate", eval_inputs, (report_path, report_path.with_suffix(".txt")),
@@ -158,26 +163,44 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, out: Path,
     stage("export", {"plan": stages["solve"].key, "command": command}, (run_path,),
           lambda: write_command(command, run_path))
 
+    followups = follow_ups(req, plan_path, heldout)
     say((out / "evaluate.txt").read_text().rstrip("\n"))
     say(f"to run it:\n{command}")
+    say("then, as you need them:\n" + "\n".join(followups))
     return {"stages": stages, "report": json.loads(report_path.read_text()),
-            "command": command, "out": str(out)}
+            "command": command, "followups": followups, "out": str(out)}
 
 
-def check_request(req: PlanRequest) -> None:
-    """Refuse, before any work, what no stage would take: an unknown engine, no corpus, a
-    fraction outside (0, 1), an --out on or inside an input."""
-    if req.engine not in ENGINES:
-        raise PlacerError(f"--engine must be one of {', '.join(ENGINES)}, not {req.engine!r}")
+def check_paths(req: PlanRequest) -> None:
+    """Refuse, before reading anything, what no stage would take: no corpus, an --out on or
+    inside an input."""
     if not req.corpora:
         raise PlacerError("give at least one --corpus to collect routing on")
-    if not 0.0 < req.fraction < 1.0:
-        raise PlacerError(f"--fraction must lie strictly between 0 and 1, got {req.fraction}")
-    if not 0 <= req.seed < 2**63:
-        raise PlacerError(f"--seed: expected an integer in 0..2**63-1, got {req.seed}")
     spec_file = Path(req.hardware) if os.path.isfile(req.hardware) else None
     check_apart(req.out, [("the checkpoint", req.model), ("the hardware spec", spec_file),
                           *(("the corpus", c) for c in req.corpora)], directory=True)
+
+
+def check_request(req: PlanRequest, inv: Inventory, spec: HardwareSpec) -> Target:
+    """Every option of every stage, checked by the function its single command checks it
+    with, before the first stage runs; the Target the plan is for."""
+    from placer.predict.evaluate import EvalOptions
+    from placer.predict.evaluate import check_options as check_eval
+    from traces.collecting.collect import check_options as check_collect
+    from traces.options import check_rules
+
+    if not 0 <= req.seed < 2**63:
+        raise PlacerError(f"--seed: expected an integer in 0..2**63-1, got {req.seed}")
+    target = target_of(req.engine, req.llamacpp_version, req.model)
+    check_collect(req.collect)
+    if not req.model.suffix.lower() == ".gguf":
+        from placer.hardware.devices import check_device
+
+        check_device(req.collect.device)
+    check_rules({"fraction": req.fraction, "seed": req.seed}, "split", error=PlacerError)
+    check_eval(EvalOptions(oracle_time_limit=req.oracle_time_limit))
+    check_solve(inv, spec, req.solve, target, traces=1)
+    return target
 
 
 def read_record(out: Path) -> dict:
@@ -221,22 +244,18 @@ def corpus_digests(req: PlanRequest) -> list:
 
 def run_collect(req: PlanRequest, inv: Inventory, out: Path, progress: bool) -> str:
     """`placer collect` over every corpus into `out` (filled beside it, renamed in)."""
-    from traces.collecting.collect import check_options, collect
+    from traces.collecting.collect import collect
     from traces.collecting.corpora import open_corpus
 
     options = CollectOptions(**{**asdict(req.collect), "progress": progress})
-    check_options(options)
     corpora = [open_corpus(p, text_field=req.text_field) for p in req.corpora]
-    identity = model_identity(inv)
+    identity = inv.identity()
     with directory_output(out, replace=True) as temp:
         if req.model.suffix.lower() == ".gguf":
             from traces.llamacpp.collect import collect_gguf
 
             results = collect_gguf(req.model, corpora, temp, identity, options)
         else:
-            from placer.hardware.devices import check_device
-
-            check_device(options.device)
             results = collect(req.model, corpora, temp, identity, options)
     return ", ".join(f"{r.tag} {r.tokens} tokens, {r.sequences} sequences" for r in results)
 
@@ -255,22 +274,16 @@ def run_split(collected: Path, out: Path, req: PlanRequest, progress: bool) -> s
             f"{result.sequences[1]} ({result.tokens[1]} tokens) held out")
 
 
-def run_solve(req: PlanRequest, inv: Inventory, spec: HardwareSpec, calib: Path,
-              out: Path, progress: bool) -> str:
-    """`placer solve` (or `--engine llamacpp`) on the calibration traces, to `out`."""
+def run_solve(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Target,
+              calib: Path, out: Path, progress: bool) -> str:
+    """`placer solve` on the calibration traces, for `target`, to `out`."""
     from placer.commands.solve import print_llamacpp, print_plan
+    from placer.plan.engine import solve
 
     with printed_to_stderr():
-        if req.engine == "llamacpp":
-            from placer.plan.llamacpp import solve_llamacpp
-
-            plan = solve_llamacpp(inv, spec, [calib], req.solve)
-        else:
-            from placer.plan.solve import solve_plan
-
-            limit = req.solve.time_limit if req.solve.solver == "ilp" else None
-            with StageSpinner("solve:", limit, enabled=progress) as spinner:
-                plan = solve_plan(inv, spec, [calib], req.solve, spinner.stage)
+        limit = req.solve.time_limit if req.solve.solver == "ilp" else None
+        with StageSpinner("solve:", limit, enabled=progress) as spinner:
+            plan = solve(inv, spec, [calib], req.solve, target, spinner.stage)
         write_json_atomic(plan.to_json(), out)
     if plan.engine is not None:
         print_llamacpp(plan, out)
@@ -307,16 +320,33 @@ def run_evaluate(plan_path: Path, heldout: Path, out: Path, req: PlanRequest,
 
 def run_command(req: PlanRequest, plan_path: Path) -> str:
     """The command that runs the plan: for placer's runtime the placed directory emitted
-    and served; for llama.cpp the llama-server line."""
-    if req.engine == "llamacpp":
-        from placer.exporters.llamacpp import server_command
-        from placer.plan.placement import read_plan
+    and served; for llama.cpp the llama-server line on the user's GGUF."""
+    from placer.plan.placement import read_plan
 
-        return server_command(read_plan(plan_path), str(req.model))
+    plan = read_plan(plan_path)
+    if plan.engine is not None:
+        from placer.exporters.llamacpp import server_command
+
+        return server_command(plan, plan_target(plan).build, str(req.model))
     placed = req.out / "placed"
     q = shlex.quote
     return (f"placer emit --plan {q(str(plan_path))} --model {q(str(req.model))} --out "
             f"{q(str(placed))} && placer serve {q(str(placed))}")
+
+
+def follow_ups(req: PlanRequest, plan_path: Path, heldout: Path) -> list[str]:
+    """The commands a user runs next on the plan, each as it runs from where `plan` ran: the
+    evaluation on the held-out traffic again (after editing the spec, say), and for a
+    llama.cpp plan the llama-server line with the plan's options to choose from."""
+    from placer.plan.placement import read_plan
+
+    q = shlex.quote
+    lines = [f"placer evaluate {q(str(plan_path))} --traces {q(str(heldout))}"]
+    if read_plan(plan_path).engine is not None:
+        lines.append(f"placer export llamacpp {q(str(plan_path))}")
+    else:
+        lines.append(f"placer verify {q(str(req.out / 'placed'))}")
+    return lines
 
 
 def write_command(command: str, out: Path) -> str:

@@ -1,0 +1,97 @@
+"""The options `placer solve` and `placer plan` share, declared once: their help, and the one
+function that turns their values into SolveOptions. A command gives each its own default
+where the two differ (plan judges B = 1 and 8 by default)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from placer.errors import PlacerError
+from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
+from placer.units import parse_bytes
+
+Solver = Annotated[str, typer.Option(help=f"One of {', '.join(SOLVERS)}.")]
+Budget = Annotated[str | None, typer.Option(
+    help="VRAM per card for expert pages and the staging buffer, e.g. 20GiB (default: each "
+         "card's free VRAM; a model that fits gets a plan with every expert resident).")]
+Offload = Annotated[float | None, typer.Option(
+    help="Share of each card's expert bytes that stays on the host, e.g. 0.3.")]
+Concurrency = Annotated[str, typer.Option(
+    help="Concurrent sequences to optimize for and judge at, e.g. 1,8.")]
+Weights = Annotated[str | None, typer.Option(
+    help="Weight of each concurrency in the objective, e.g. 0.5,0.5.")]
+Ep = Annotated[str, typer.Option(
+    help="Expert-parallel homes: contiguous (vLLM/SGLang default) or balanced.")]
+PageSize = Annotated[str | None, typer.Option(
+    help="Cut experts into pages of this size (default: one page per expert).")]
+Robust = Annotated[bool, typer.Option(
+    help="Hold up on traffic the plan was not solved on: minimize the mean regret (stall over "
+         "that traffic's own best) across the --traces sets and --concurrency values, never "
+         "worse than layer offload on any of them; a cache split also counts each set's "
+         "held-out folds with their experts renamed (traffic unlike the calibration, e.g. "
+         "another task).")]
+TimeLimit = Annotated[float, typer.Option(help="ILP time limit in seconds.")]
+Steps = Annotated[int | None, typer.Option(
+    help="Sample this many decode steps per profile and concurrency instead of using every "
+         "calibration token (imported counts are always sampled: 256 by default).")]
+Cache = Annotated[str, typer.Option(
+    help="Cache slots per card for staged experts, beside the pinned ones: auto (split each "
+         "card's budget between pins and per-layer slots, judged on held-out folds of the "
+         "calibration sequences), N (N slots per card, the rest pinned) or 0 (a static "
+         "placement by --solver).")]
+CachePolicy = Annotated[str, typer.Option(
+    help=f"Which staged expert a full cache evicts: auto | {' | '.join(CACHE_POLICIES)}. auto: "
+         "each policy, per layer and pooled, serves the chosen split (and the plain cache) on "
+         "its held-out folds, and the least stall serves unless (a guard) it stalls more than "
+         "the better of plain lru and lfuda on the same folds with experts renamed, beyond "
+         "their interval, or, not being one of them, it is under 5% below them on its own "
+         "folds or the renamed folds leave room for a loss over 5%: that engine serves then. "
+         "learned: a linear score whose weights are fitted on the calibration folds and "
+         "stored in the plan. lfru: fewest hits since admission over accesses since the last "
+         "one (vLLM PR #37190); lru: least recently used (llama.cpp PR #27861); lfuda: BigRig "
+         "0.9.1's; classlru: llama.cpp b12170's.")]
+Execution = Annotated[str, typer.Option(
+    help=f"How a cold expert runs: {' | '.join(EXECUTIONS)}. stage: its cold bytes are "
+         "copied to its GPU, which computes it (placer's runtime); cpu: the host CPU computes "
+         "it from host RAM (llama.cpp -ot / --n-cpu-moe, KTransformers; needs the spec's "
+         "\\[host] table).")]
+Engine = Annotated[str | None, typer.Option(
+    help="Whose runtime the plan is for: placer (pinned experts, staging and placer's cache; "
+         "emit + serve) or llamacpp (which MoE layers llama.cpp keeps in host memory, -ot / "
+         "-ncmoe, and how big its --moe-cache-mib cache is; several cards by -ts; needs the "
+         "spec's \\[host] table; docs/llamacpp.md). Default: placer (`placer plan`: llamacpp "
+         "for a GGUF model).")]
+LlamacppVersion = Annotated[str | None, typer.Option(
+    help="With --engine llamacpp: the llama.cpp build to plan for (bNNNNN, vX.Y.Z or the "
+         "first line of `llama-server --version`): its cache policy and flags (default: the "
+         "newest policy known, said in the output).")]
+
+
+def solve_options(*, solver: str, budget: str | None, offload: float | None,
+                  concurrency: str, weights: str | None, ep: str, page_size: str | None,
+                  robust: bool, time_limit: float, seed: int, steps: int | None, cache: str,
+                  cache_policy: str, execution: str) -> SolveOptions:
+    """SolveOptions from the shared options' values as typed (parsed, not yet checked:
+    placer.plan.engine.check_solve checks them)."""
+    from placer.commands.common import parse_list
+
+    return SolveOptions(
+        solver=solver, budget=None if budget is None else parse_bytes(budget, "--budget"),
+        offload=offload, concurrency=tuple(parse_list(concurrency, int, "--concurrency")),
+        weights=None if weights is None else tuple(parse_list(weights, float, "--weights")),
+        ep=ep, page_size=None if page_size is None else parse_bytes(page_size, "--page-size"),
+        robust=robust, time_limit=time_limit, seed=seed, num_steps=steps,
+        execution=execution, cache=parse_cache(cache), cache_policy=cache_policy)
+
+
+def parse_cache(value: str) -> int | None:
+    """--cache: auto (None) or a slot count."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise PlacerError(f"--cache: expected auto or a number of slots per card, not "
+                          f"{value!r}") from None
