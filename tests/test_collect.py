@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cli_errors import assert_one_line_error
+from mixed_corpus import rendered_record, write_mixed_corpus
 
 from placer.checkpoint.tiny import ARCHITECTURES
 
@@ -300,6 +301,26 @@ def test_chat_messages_parquet_tags_and_max_tokens(tmp_path, trace_models, place
     first_seq = conv[0][0][0]
     got = [t for (s, _), t in conv if s == first_seq]
     assert got == rendered[:len(got)] and len(got) == min(len(rendered), 123)
+
+
+def test_a_jsonl_mixing_text_messages_and_turns_collects(tmp_path, trace_models, placer_run,
+                                                         trace_data):
+    """Each line is its own form; it was refused ("no field 'text' ...; fields: messages")."""
+    from transformers import AutoTokenizer
+
+    model = trace_models["qwen3_moe"]
+    corpus, records = write_mixed_corpus(tmp_path / "mixed.jsonl", trace_data)
+    out = tmp_path / "traces"
+    placer_run("collect", "--model", model, "--corpus", corpus, "--out", out, "--max-length", 40,
+               "--batch-size", 5, "--no-progress")
+    tokens = _by_token(_read(out))
+    sequences: dict[int, list[tuple[int, int]]] = {}
+    for (seq, pos), entry in tokens.items():
+        sequences.setdefault(seq, []).append((pos, entry["token"]))
+    got = [[t for _, t in sorted(sequences[s])] for s in sorted(sequences)]
+    tok = AutoTokenizer.from_pretrained(model)
+    assert got == [rendered_record(r, tok)[:40] for r in records]
+    assert {e["tag"] for e in tokens.values()} == {"mixed"}
 
 
 def test_seq_ids_unique_across_runs_in_one_directory(tmp_path, trace_models, placer_run,

@@ -12,6 +12,7 @@ import tomllib
 import numpy as np
 import pyarrow.parquet as pq
 from llamacpp_boxes import write_one_card_spec
+from mixed_corpus import rendered_record, write_mixed_corpus
 
 from placer.hardware.spec import parse_spec
 from placer.plan.solve import host_of
@@ -100,6 +101,31 @@ def test_collect_gguf_tokenizes_with_llama_cpp_by_default(gguf_pair, tmp_path, p
     for block, seq in zip(trace_data.blocks()[40:43], g.seq_id.unique(), strict=True):
         ids = g[(g.seq_id == seq) & (g.layer == 0)].token.tolist()
         assert ids == tok(block)["input_ids"][:512]
+
+
+def test_collect_gguf_reads_a_jsonl_mixing_text_messages_and_turns(gguf_pair, tmp_path,
+                                                                  placer_run, trace_data):
+    """Each line its own form (issue 51, item 4), through llama.cpp as through Hugging Face:
+    the same tokens (text, or the chat template's rendering) and the same experts. (Without
+    --tokenizer, llama.cpp renders only its built-in templates, and the tiny model's is not
+    one: a chat line is then refused, mixed file or not.)"""
+    from transformers import AutoTokenizer
+
+    model, gguf = gguf_pair
+    corpus, records = write_mixed_corpus(tmp_path / "mixed.jsonl", trace_data)
+    common = ["--corpus", corpus, "--max-length", 32, "--no-progress"]
+    placer_run("collect", "--gguf", gguf, "--tokenizer", model, "--out", tmp_path / "g", *common)
+    placer_run("collect", "--model", model, "--out", tmp_path / "h", *common)
+    g, ge = rows(tmp_path / "g")
+    h, he = rows(tmp_path / "h")
+    for column in ("pos", "token", "phase", "layer"):
+        assert (g[column].values == h[column].values).all(), column
+    assert (ge == he).all(axis=1).mean() >= 0.99
+    assert g.seq_id.nunique() == len(records)
+    tok = AutoTokenizer.from_pretrained(model)
+    for record, seq in zip(records, g.seq_id.unique(), strict=True):
+        ids = g[(g.seq_id == seq) & (g.layer == g.layer.min())].token.tolist()
+        assert ids == rendered_record(record, tok)[:32]
 
 
 def test_collect_gguf_without_the_side_environment_says_make_llama_env(

@@ -31,12 +31,14 @@ def register(app: typer.Typer) -> None:
             help="Run this GGUF in llama.cpp itself instead (`make llama-env` installs it); "
                  "tokenized by llama.cpp unless --tokenizer is given.")] = None,
         corpus: Annotated[list[Path] | None, typer.Option(
-            help="Corpus file (.txt blocks, .jsonl text/messages/turns, .parquet); repeatable.")
+            help="Corpus file (.txt blocks, .jsonl lines of text, messages or turns, mixed "
+                 "freely, .parquet); repeatable.")
         ] = None,
         tag: Annotated[list[str] | None, typer.Option(
             help="Tag of each --corpus, in order (default: the file stem).")] = None,
         text_field: Annotated[str, typer.Option(
-            help="Text field of .jsonl records / column of .parquet corpora.")] = "text",
+            help="Text field of .jsonl lines (a line without it is a chat: messages, else "
+                 "turns) / column of .parquet corpora.")] = "text",
         random_tokens: Annotated[int | None, typer.Option(
             help="Also run N uniform random token ids (documents of --max-length; tag random).")
         ] = None,

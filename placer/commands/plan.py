@@ -21,8 +21,8 @@ def register(app: typer.Typer) -> None:
             help="Checkpoint directory (config.json, *.safetensors, tokenizer), or a GGUF "
                  "model file (run in llama.cpp itself: `make llama-env`).")],
         corpus: Annotated[list[Path], typer.Option(
-            help="Traffic like yours: .txt blocks, .jsonl text/messages/turns or .parquet; "
-                 "repeatable.")],
+            help="Traffic like yours: .txt blocks, .jsonl lines of text, messages or turns "
+                 "(mixed freely) or .parquet; repeatable.")],
         hardware: Annotated[str, typer.Option(
             help="Hardware spec: a preset name (placer hardware list) or a .toml file.")],
         out: Annotated[Path, typer.Option(
@@ -40,7 +40,8 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Seed of the split, the solver and torch.")
                         ] = 0,
         text_field: Annotated[str, typer.Option(
-            help="Text field of .jsonl records / column of .parquet corpora.")] = "text",
+            help="Text field of .jsonl lines (a line without it is a chat: messages, else "
+                 "turns) / column of .parquet corpora.")] = "text",
         mode: Annotated[str, typer.Option(
             help="collect: score (one forward pass per document) or generate (a prompt, "
                  "then greedy decoding).")] = "score",

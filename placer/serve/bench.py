@@ -67,8 +67,8 @@ class Trial:
 
 
 def read_prompts(path: Path, tokenizer: object) -> list[list[int]]:
-    """Token ids of every prompt of `path` (.txt blocks, .jsonl text / messages / turns,
-    .parquet; a `turns` conversation is its first turn)."""
+    """Token ids of every prompt of `path` (.txt blocks, .jsonl text / messages / turns line
+    by line, .parquet; a `turns` conversation is its first turn)."""
     try:
         corpus = open_corpus(path)
     except TraceError as exc:
@@ -78,7 +78,7 @@ def read_prompts(path: Path, tokenizer: object) -> list[list[int]]:
         if doc.messages is None:
             prompts.append(encode_text(tokenizer, doc.text))
         else:
-            messages = list(doc.messages[:1] if corpus.kind == "turns" else doc.messages)
+            messages = list(doc.messages[:1] if doc.turns else doc.messages)
             prompts.append(encode_messages(tokenizer, messages))
         if not prompts[-1]:
             raise PlacerError(f"--prompts: prompt {len(prompts)} of {path} has no tokens")

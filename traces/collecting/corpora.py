@@ -3,14 +3,16 @@
 Formats (chosen by the file suffix):
 
 - `.txt`: one document per block of lines separated by blank lines.
+- `.jsonl`: one document per line, each line of its own form (a file may mix them): its text
+  field (`text_field`, default `text`) if it has one, else a chat, `messages` (a list of
+  `{"role", "content"}`, rendered with the tokenizer's chat template), else `turns` (a list of
+  user messages, one conversation per line, as MT-Bench writes them). A field whose value is
+  null counts as absent (a dataset of both forms, exported, has null columns). A line with
+  none of them is one TraceError naming the file, the line and the fields it has.
+- `.parquet`: one document per row of the `text_field` column.
 
 Every corpus is UTF-8, decoded strictly (a .txt or .jsonl byte that is not UTF-8 is one
 TraceError naming the file, line and byte offset; Parquet strings are checked by Arrow).
-- `.jsonl`: one document per line, either a text field (`text_field`, default `text`), or a
-  chat: `messages` (a list of `{"role", "content"}`, rendered with the tokenizer's chat
-  template) or `turns` (a list of user messages, one conversation per line). The first record
-  decides which; every later record must have the same field.
-- `.parquet`: one document per row of the `text_field` column.
 
 A corpus is validated and counted in one cheap pass when it is opened, so a missing field or
 an empty file is reported before any model is loaded. Documents are then streamed.
@@ -37,23 +39,30 @@ TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
 RANDOM_TAG = "random"
 SUFFIXES = (".txt", ".jsonl", ".parquet")
+JSONL_FORMS = ("jsonl-text", "chat", "turns")  # a .jsonl line's forms, in the order tried
+MIXED = "mixed"  # the kind of a .jsonl whose lines take more than one form
+MAX_FIELDS_SHOWN = 8  # field names a refused line's error lists
+MAX_FIELD_SHOWN = 40  # characters of each
 
 
 @dataclass(frozen=True)
 class Document:
-    """One sequence of traffic: exactly one of `text`, `messages` or `token_ids` is set."""
+    """One sequence of traffic: exactly one of `text`, `messages` or `token_ids` is set;
+    `turns` marks messages that are a `turns` line's user messages (one conversation)."""
 
     text: str | None = None
     messages: tuple[dict, ...] | None = None
     token_ids: tuple[int, ...] | None = None
+    turns: bool = False
 
 
 @dataclass(frozen=True)
 class Corpus:
     """A validated corpus: `documents()` streams its `num_documents` documents.
 
-    `kind` is one of text | jsonl-text | chat | turns | parquet | random; `sha256` identifies
-    the file's bytes (for `random`, the generator's parameters).
+    `kind` is one of text | jsonl-text | chat | turns | mixed | parquet | random (a .jsonl is
+    mixed when its lines take more than one form; each document says its own); `sha256`
+    identifies the file's bytes (for `random`, the generator's parameters).
     """
 
     tag: str
@@ -81,8 +90,9 @@ class Corpus:
         elif self.kind == "parquet":
             yield from (Document(text=t) for t in _parquet_texts(self.path, self.text_field))
         else:
-            for _, record in _jsonl_records(self.path):
-                yield _jsonl_document(record, self.kind, self.text_field)
+            for number, record in _jsonl_records(self.path):
+                yield _jsonl_document(record, _jsonl_form(self.path, number, record,
+                                                          self.text_field), self.text_field)
 
 
 def check_tag(tag: str) -> str:
@@ -175,42 +185,60 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
         yield number, record
 
 
-def _jsonl_kind(record: dict, text_field: str) -> str | None:
-    if text_field in record:
-        return "jsonl-text"
-    if "messages" in record:
-        return "chat"
-    if "turns" in record:
-        return "turns"
-    return None
+def _jsonl_form(path: Path, number: int, record: dict, text_field: str) -> str:
+    """The form of a .jsonl line: its text field, else `messages`, else `turns`."""
+    for form, field in zip(JSONL_FORMS, (text_field, "messages", "turns"), strict=True):
+        if record.get(field) is not None:  # null: absent
+            return form
+    raise TraceError(f"corpus {path} line {number}: no field {text_field!r} (nor 'messages' / "
+                     f"'turns'); fields: {_field_names(record)}; choose the text field with "
+                     "--text-field")
+
+
+def _field_names(record: dict) -> str:
+    """The fields of a record, for one short line: sorted, a few, each clipped, escaped
+    where not plain (a name may hold a newline), null values marked."""
+    if not record:
+        return "none"
+    shown = []
+    for name in sorted(record)[:MAX_FIELDS_SHOWN]:
+        clipped = name[:MAX_FIELD_SHOWN]
+        text = clipped if clipped.isprintable() and "," not in clipped and clipped == name \
+            else json.dumps(clipped) + ("..." if clipped != name else "")
+        shown.append(f"{text} (null)" if record[name] is None else text)
+    if len(record) > MAX_FIELDS_SHOWN:
+        shown.append(f"... ({len(record)} in all)")
+    return ", ".join(shown)
 
 
 def _jsonl_scan(path: Path, text_field: str) -> tuple[str, int]:
-    kind, count = None, 0
+    """The kind of a .jsonl corpus (its lines' one form, or `mixed`) and its line count,
+    every line checked."""
+    forms: set[str] = set()
+    count = 0
     for number, record in _jsonl_records(path):
-        found = _jsonl_kind(record, text_field)
-        if kind is None:
-            kind = found
-        if found is None or found != kind:
-            raise TraceError(f"corpus {path} line {number}: no field {text_field!r} (nor "
-                             f"'messages' / 'turns'); fields: {', '.join(sorted(record))}; "
-                             f"choose the text field with --text-field")
-        _jsonl_document(record, kind, text_field, where=f"corpus {path} line {number}")
+        form = _jsonl_form(path, number, record, text_field)
+        _jsonl_document(record, form, text_field, where=f"corpus {path} line {number}")
+        forms.add(form)
         count += 1
-    return kind or "jsonl-text", count
+    if len(forms) > 1:
+        return MIXED, count
+    return forms.pop() if forms else "jsonl-text", count
 
 
-def _jsonl_document(record: dict, kind: str, text_field: str, where: str = "corpus") -> Document:
-    if kind == "jsonl-text":
+def _jsonl_document(record: dict, form: str, text_field: str, where: str = "corpus"
+                    ) -> Document:
+    if form == "jsonl-text":
         text = record[text_field]
         if not isinstance(text, str):
             raise TraceError(f"{where}: field {text_field!r} is not a string")
         return Document(text=text)
-    if kind == "turns":
+    if form == "turns":
         turns = record["turns"]
         if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
             raise TraceError(f"{where}: 'turns' is not a list of strings")
-        return Document(messages=tuple({"role": "user", "content": t} for t in turns))
+        return Document(messages=tuple({"role": "user", "content": t} for t in turns),
+                        turns=True)
     messages = record["messages"]
     if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
