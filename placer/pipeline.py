@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import os
 import shlex
 import sys
@@ -53,7 +52,10 @@ from placer.hardware.spec import HardwareSpec, load_spec
 from placer.plan.engine import Target, check_solve, plan_target, target_of
 from placer.plan.options import SolveOptions
 from placer.progress import StageSpinner
+from traces.collecting.corpora import Corpus, open_corpus
 from traces.collecting.runs import CollectOptions
+from traces.formats.bounded import read_bounded
+from traces.formats.jsontext import loads_json
 
 STAGES = ("collect", "split", "solve", "evaluate", "export")
 RECORD = "stages.json"
@@ -94,7 +96,7 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
     check_paths(req)
     inv = read_inventory(req.model)
     spec = load_spec(req.hardware)
-    target = check_request(req, inv, spec)
+    target, corpora = check_request(req, inv, spec)
     out = Path(req.out)
     record = read_record(out)
     stages: dict[str, Stage] = {}
@@ -104,18 +106,23 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
         index = STAGES.index(name) + 1
         key = digest({"stage": name, **inputs})
         done = record.get(name)
-        if isinstance(done, dict) and done.get("key") == key and all(map(complete, outputs)):
-            stages[name] = Stage(name, key, True, str(outputs[0]))
-            say(f"[{index}/{len(STAGES)}] {name}: skipped ({outputs[0]} is complete and its "
-                "inputs and options are unchanged)")
-            return
+        if done is not None and done["key"] == key:
+            changed = changed_output(done, outputs)
+            if changed is None:
+                stages[name] = Stage(name, key, True, str(outputs[0]))
+                say(f"[{index}/{len(STAGES)}] {name}: skipped ({outputs[0]} is complete and "
+                    "its inputs and options are unchanged)")
+                return
+            say(f"[{index}/{len(STAGES)}] {name}: {changed} since placer plan wrote it: "
+                "running it again")
         theirs = [p for p in outputs if os.path.lexists(p)] if name not in record else []
         if theirs:
             raise PlacerError(f"{theirs[0]} exists and placer plan did not write it (no "
                               f"{name} in {out / RECORD}): give another --out")
         say(f"[{index}/{len(STAGES)}] {name} ...")
         summary = work()
-        record[name] = {"key": key, "outputs": [str(p) for p in outputs], "inputs": inputs}
+        record[name] = {"key": key, "outputs": [str(p) for p in outputs], "inputs": inputs,
+                        "files": fingerprint(outputs)}
         write_json_atomic(record, out / RECORD)
         stages[name] = Stage(name, key, False, summary)
         say(f"[{index}/{len(STAGES)}] {name}: {summary}")
@@ -123,7 +130,7 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
     made = [p for p in [out, *out.parents] if not os.path.lexists(p)]
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return run_stages(req, inv, spec, target, out, stage, stages, progress, say)
+        return run_stages(req, inv, spec, target, corpora, out, stage, stages, progress, say)
     except BaseException:
         if not record:  # nothing done here: leave no folder behind either
             for path in made:
@@ -133,19 +140,20 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
 
 
 def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Target,
-               out: Path, stage: Callable, stages: dict[str, Stage], progress: bool,
-               say: Callable[[str], None]) -> dict:
+               corpora: list[Corpus], out: Path, stage: Callable, stages: dict[str, Stage],
+               progress: bool, say: Callable[[str], None]) -> dict:
     """The five stages in order, through `stage` (run_plan's: skip or run and record)."""
     collected, split = out / "traces", out / "split"
     calib, heldout = split / "calib", split / "heldout"
     plan_path, report_path, run_path = out / "plan.json", out / "evaluate.json", out / "run.sh"
 
-    collect_inputs = {"model": model_files(req.model), "corpora": corpus_digests(req),
+    collect_inputs = {"model": model_files(req.model),
+                      "corpora": [[str(c.path), c.sha256] for c in corpora],
                       "options": {k: v for k, v in asdict(req.collect).items()
                                   if k not in ("progress", "device", "tokenizer")},
                       "text_field": req.text_field}
     stage("collect", collect_inputs, (collected,),
-          lambda: run_collect(req, inv, collected, progress))
+          lambda: run_collect(req, inv, corpora, collected, progress))
     split_inputs = {"traces": stages["collect"].key, "fraction": req.fraction, "seed": req.seed}
     stage("split", split_inputs, (calib, heldout), lambda: run_split(collected, split, req,
                                                                      progress))
@@ -164,10 +172,10 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Tar
           lambda: write_command(command, run_path))
 
     followups = follow_ups(req, plan_path, heldout)
-    say((out / "evaluate.txt").read_text().rstrip("\n"))
+    say(read_text(out / "evaluate.txt").rstrip("\n"))
     say(f"to run it:\n{command}")
     say("then, as you need them:\n" + "\n".join(followups))
-    return {"stages": stages, "report": json.loads(report_path.read_text()),
+    return {"stages": stages, "report": read_json(report_path),
             "command": command, "followups": followups, "out": str(out)}
 
 
@@ -181,9 +189,11 @@ def check_paths(req: PlanRequest) -> None:
                           *(("the corpus", c) for c in req.corpora)], directory=True)
 
 
-def check_request(req: PlanRequest, inv: Inventory, spec: HardwareSpec) -> Target:
+def check_request(req: PlanRequest, inv: Inventory, spec: HardwareSpec
+                  ) -> tuple[Target, list[Corpus]]:
     """Every option of every stage, checked by the function its single command checks it
-    with, before the first stage runs; the Target the plan is for."""
+    with, and every corpus read through (collect's validation, which also hashes it), before
+    the first stage runs; the Target the plan is for and the corpora."""
     from placer.predict.evaluate import EvalOptions
     from placer.predict.evaluate import check_options as check_eval
     from traces.collecting.collect import check_options as check_collect
@@ -200,23 +210,105 @@ def check_request(req: PlanRequest, inv: Inventory, spec: HardwareSpec) -> Targe
     check_rules({"fraction": req.fraction, "seed": req.seed}, "split", error=PlacerError)
     check_eval(EvalOptions(oracle_time_limit=req.oracle_time_limit))
     check_solve(inv, spec, req.solve, target, traces=1)
-    return target
+    return target, [open_corpus(p, text_field=req.text_field) for p in req.corpora]
 
 
 def read_record(out: Path) -> dict:
-    """What produced each output under `out` ({} where nothing was recorded or the record
-    does not parse: every stage then runs)."""
+    """What produced each output under `out` ({} where nothing was recorded yet), read as any
+    input is: bounded, strict, every entry of the shape placer writes; anything else stops in
+    one line (placer will not guess which outputs it wrote)."""
+    path = out / RECORD
     try:
-        with open(out / RECORD, "rb") as f:
-            record = json.loads(f.read(CHUNK))
-    except (OSError, ValueError):
+        record = loads_json(read_bounded(path, "plan", error=PlacerError), str(path),
+                            PlacerError)
+        bad = record_problem(record)
+    except FileNotFoundError:
         return {}
-    return record if isinstance(record, dict) else {}
+    except PlacerError as exc:
+        bad = str(exc).removeprefix(f"{path}: ")
+    if bad:
+        raise PlacerError(f"{path}: {bad}; it is placer plan's record of what it wrote: "
+                          f"remove {out} (or give another --out) to start again")
+    return record
 
 
-def complete(path: Path) -> bool:
-    """Whether a stage's output is there: a file, or a non-empty directory."""
-    return path.is_file() or (path.is_dir() and any(path.iterdir()))
+def record_problem(record: object) -> str | None:
+    """What is wrong with a stages.json (None: nothing)."""
+    if not isinstance(record, dict):
+        return "expected an object of stages"
+    for name, entry in record.items():
+        if name not in STAGES:
+            return f"unknown stage {name[:40]!r}"
+        if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+                and isinstance(entry.get("outputs"), list)
+                and isinstance(entry.get("files"), list)):
+            return f"{name}: expected key, outputs and files"
+    return None
+
+
+def fingerprint(outputs: tuple[Path, ...]) -> list:
+    """What each output holds, cheaply: every file under it (a file, or a directory's files)
+    by relative name, size and the SHA-256 of its first and last MiB; what is not a file or
+    directory, by its kind. A stage output that was replaced, truncated or edited no longer
+    matches, and its stage runs again."""
+    rows = []
+    for output in outputs:
+        if output.is_dir():
+            files = sorted(f for f in output.rglob("*") if f.is_file())
+        else:
+            files = [output] if output.is_file() else []
+        if not files:
+            rows.append([str(output), "missing" if not os.path.lexists(output) else "empty"])
+        for f in files:
+            rows.append([str(f), *ends_digest(f)])
+    return rows
+
+
+def ends_digest(path: Path) -> list:
+    """[size, SHA-256 of the first and the last MiB] of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        h.update(f.read(CHUNK))
+        if size > 2 * CHUNK:
+            f.seek(size - CHUNK)
+        h.update(f.read(CHUNK))
+    return [size, h.hexdigest()]
+
+
+def changed_output(done: dict, outputs: tuple[Path, ...]) -> str | None:
+    """Which of a recorded stage's outputs differs from what it wrote (None: none does)."""
+    was = done["files"]
+    for output in outputs:
+        rows = fingerprint((output,))
+        if [r for r in was if Path(r[0]) == output or output in Path(r[0]).parents] != rows:
+            return f"{output} changed"
+    return None
+
+
+def read_text(path: Path) -> str:
+    """A stage's text output, read as a user's file is: bounded, UTF-8."""
+    raw = read_bounded(path, "plan", error=PlacerError)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlacerError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def read_json(path: Path) -> dict:
+    """A stage's JSON output (the evaluation report), read as a user's file is."""
+    report = loads_json(read_bounded(path, "plan", error=PlacerError), str(path), PlacerError)
+    if not isinstance(report, dict) or not isinstance(report.get("results"), list):
+        raise PlacerError(f"{path}: expected the evaluation report (an object with results)")
+    return report
+
+
+def check_replaceable(out: Path) -> None:
+    """A directory output about to be written anew must be a directory (placer's own, the
+    record says) or absent: placer removes no file it did not write."""
+    if os.path.lexists(out) and (out.is_symlink() or not out.is_dir()):
+        raise PlacerError(f"{out} is no longer the directory placer plan wrote there: move it "
+                          "away (or give another --out) and run plan again")
 
 
 def digest(obj: Any) -> str:
@@ -230,27 +322,15 @@ def model_files(model: Path) -> list:
     return [[p.name, st.st_size, st.st_mtime_ns] for p in paths for st in [p.stat()]]
 
 
-def corpus_digests(req: PlanRequest) -> list:
-    """Each corpus by name and the SHA-256 of its bytes."""
-    rows = []
-    for path in req.corpora:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(CHUNK), b""):
-                h.update(chunk)
-        rows.append([str(path), h.hexdigest()])
-    return rows
-
-
-def run_collect(req: PlanRequest, inv: Inventory, out: Path, progress: bool) -> str:
+def run_collect(req: PlanRequest, inv: Inventory, corpora: list[Corpus], out: Path,
+                progress: bool) -> str:
     """`placer collect` over every corpus into `out` (filled beside it, renamed in)."""
     from traces.collecting.collect import collect
-    from traces.collecting.corpora import open_corpus
 
     options = CollectOptions(**{**asdict(req.collect), "progress": progress})
-    corpora = [open_corpus(p, text_field=req.text_field) for p in req.corpora]
     identity = inv.identity()
-    with directory_output(out, replace=True) as temp:
+    check_replaceable(out)
+    with directory_output(out, replace=True, what="the stage output") as temp:
         if req.model.suffix.lower() == ".gguf":
             from traces.llamacpp.collect import collect_gguf
 
@@ -265,8 +345,9 @@ def run_split(collected: Path, out: Path, req: PlanRequest, progress: bool) -> s
     rest), both filled beside `out` and renamed in together."""
     from traces.storing.split import split_traces
 
+    check_replaceable(out)
     with StageSpinner("split:", None, enabled=progress) as spinner, \
-            directory_output(out, replace=True) as temp:
+            directory_output(out, replace=True, what="the stage output") as temp:
         spinner.show("by sequence")
         result = split_traces(collected, temp / "calib", temp / "heldout",
                               fraction=req.fraction, seed=req.seed)

@@ -140,3 +140,100 @@ def test_a_corpus_that_is_not_utf8_fails_the_first_stage_and_leaves_nothing(user
     assert result.stderr.splitlines() == [f"error: corpus {bad} line 1: not UTF-8 text (byte "
                                           "0xff at byte offset 6)"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]
+
+
+@pytest.fixture(scope="module")
+def planned(user, tmp_path_factory) -> Path:
+    """One complete `plan` run, copied afresh by each test that damages it."""
+    out = tmp_path_factory.mktemp("planned") / "out"
+    result = plan(user, out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def damaged(planned: Path, tmp_path: Path, monkeypatch) -> Path:
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(planned, out)
+    record = (out / "stages.json").read_text().replace(str(planned), str(out))
+    (out / "stages.json").write_text(record)
+    monkeypatch.chdir(tmp_path)
+    return out
+
+
+@pytest.mark.parametrize(("name", "damage", "stage"), [
+    ("plan.json", b"{}", "solve"),
+    ("plan.json", b"{", "solve"),
+    ("evaluate.json", b"\xff\xfe", "evaluate"),
+    ("split/calib", None, "split"),
+])
+def test_a_damaged_stage_output_reruns_that_stage_saying_so(user, planned, tmp_path,
+                                                            monkeypatch, name, damage, stage):
+    """placer's own outputs are inputs like any other: one replaced, emptied or removed is
+    not trusted because placer wrote it once; its stage runs again, and says why."""
+    import shutil
+
+    out = damaged(planned, tmp_path, monkeypatch)
+    if damage is None:
+        shutil.rmtree(out / name)
+    else:
+        (out / name).write_bytes(damage)
+    result = plan(user, out)
+    assert result.exit_code == 0, result.output
+    index = ["collect", "split", "solve", "evaluate", "export"].index(stage) + 1
+    assert (f"[{index}/5] {stage}: {out / name} changed since placer plan wrote it: running "
+            "it again") in result.stdout
+    assert (out / name).is_dir() if damage is None else (out / name).read_bytes() != damage
+
+
+def test_a_sparse_8_gib_stage_output_is_rerun_without_reading_it(user, planned, tmp_path,
+                                                                 monkeypatch):
+    out = damaged(planned, tmp_path, monkeypatch)
+    with open(out / "evaluate.json", "r+b") as f:
+        f.truncate(8 << 30)
+    result = plan(user, out)
+    assert result.exit_code == 0, result.output
+    assert "[4/5] evaluate: " + str(out / "evaluate.json") + " changed" in result.stdout
+    assert (out / "evaluate.json").stat().st_size < 1 << 20
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    ("[" * 200_000, "nested deeper than"),
+    ("{}x", "not valid JSON"),
+    ('{"collect": 1}', "collect: expected key, outputs and files"),
+    ('{"nope": {}}', "unknown stage 'nope'"),
+])
+def test_a_damaged_record_stops_in_one_line(user, planned, tmp_path, monkeypatch, content,
+                                            said):
+    out = damaged(planned, tmp_path, monkeypatch)
+    (out / "stages.json").write_text(content)
+    assert_one_line_error(plan(user, out), f"{out / 'stages.json'}: {said}",
+                          "it is placer plan's record of what it wrote")
+
+
+def test_a_stage_directory_replaced_by_a_file_stops_in_one_line(user, planned, tmp_path,
+                                                                monkeypatch):
+    import shutil
+
+    out = damaged(planned, tmp_path, monkeypatch)
+    shutil.rmtree(out / "traces")
+    (out / "traces").write_text("mine")
+    result = plan(user, out)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == [f"error: {out / 'traces'} is no longer the directory "
+                                          "placer plan wrote there: move it away (or give "
+                                          "another --out) and run plan again"]
+    assert (out / "traces").read_text() == "mine"
+
+
+def test_a_huge_corpus_is_refused_before_it_is_hashed(user, tmp_path):
+    """An 8 GiB corpus (sparse: no disk used) of no blank line is refused at its first
+    document, before any stage and before it is hashed whole."""
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(8 << 30)
+    result = invoke("plan", "--model", user[0], "--corpus", big, "--hardware", BOX, "--out",
+                    tmp_path / "out", "--offload", 0.5)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert str(big) in result.stderr and not (tmp_path / "out").exists()
