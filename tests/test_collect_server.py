@@ -44,9 +44,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from traces.collecting.corpora import Corpus
-from traces.collecting.runs import ModelIdentity, run_id_of, run_meta
+from traces.collecting.runs import run_id_of, run_meta
 from traces.collecting.server import ServerOptions
-from traces.storing.schema import SEQ_ID_SHIFT
+from traces.storing.schema import SEQ_ID_SHIFT, ModelIdentity
 
 pytest_plugins = ["fixtures_models"]  # trace_models, trace_data, placer_run
 

@@ -24,9 +24,9 @@ from importer_files import (
     write_config,
 )
 
-from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.sglang_http import decode_routed_experts
+from traces.storing.schema import ModelIdentity
 
 
 def response(rng: np.random.Generator, prompt: int, completion: int, width: int = TOP_K

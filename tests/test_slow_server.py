@@ -23,9 +23,9 @@ from raw_server import drip, http_reply, once, raw_server, replying, silence, st
 from test_startup import default_sigint
 
 from placer.checkpoint.tiny import build_tiny_model
-from traces.collecting.collect import ModelIdentity
 from traces.collecting.server import ServerOptions, SGLangClient
 from traces.errors import TraceError
+from traces.storing.schema import ModelIdentity
 
 REPO = Path(__file__).resolve().parent.parent
 IDENTITY = ModelIdentity("0" * 64, num_layers=2, moe_layers=(0, 1), experts_per_layer=8,

@@ -21,7 +21,7 @@ import numpy as np
 from placer.errors import PlacerError
 
 if TYPE_CHECKING:
-    from traces.collecting.collect import ModelIdentity
+    from traces.storing.schema import ModelIdentity
 
 EXPERT_PREFIX = re.compile(r"^.*\.experts\.(?:\d+\.)?")  # what differs between experts' names
 # Config keys that say nothing about the model itself (written by whichever tool saved it).
@@ -138,7 +138,7 @@ class Inventory:
 
     def identity(self) -> ModelIdentity:
         """What traces record about this model (fingerprint, layers, experts, top-k)."""
-        from traces.collecting.collect import ModelIdentity
+        from traces.storing.schema import ModelIdentity
 
         return ModelIdentity(fingerprint=self.fingerprint, num_layers=self.num_layers,
                              moe_layers=tuple(self.moe_layers),

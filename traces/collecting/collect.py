@@ -31,14 +31,13 @@ from traces.collecting.corpora import Corpus, Document, random_corpus
 from traces.collecting.runs import (
     CollectOptions,
     CollectResult,
-    ModelIdentity,
     check_request,
     collect_meta,
     refuse_duplicates,
 )
 from traces.errors import TraceError, first_line
 from traces.options import check_rules
-from traces.storing.schema import PHASES
+from traces.storing.schema import PHASES, ModelIdentity
 from traces.storing.writer import TraceWriter
 
 if TYPE_CHECKING:  # torch loads in seconds: only a run that collects imports it

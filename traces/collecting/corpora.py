@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import TraceError, first_line
+from traces.errors import TraceError
 from traces.formats.bounded import MAX_BLOCK, bounded_lines
 from traces.formats.jsontext import decode_utf8, jsonl_lines, loads_json
+from traces.storing.schema import check_tag, first_line
 
-TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
 RANDOM_TAG = "random"
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 JSONL_FORMS = ("jsonl-text", "chat", "turns")  # a .jsonl line's forms, in the order tried
@@ -93,16 +91,6 @@ class Corpus:
             for number, record in _jsonl_records(self.path):
                 yield _jsonl_document(record, _jsonl_form(self.path, number, record,
                                                           self.text_field), self.text_field)
-
-
-def check_tag(tag: str) -> str:
-    """`tag` if it is a safe file-name token, else a TraceError."""
-    if not TAG_PATTERN.match(tag):
-        raise TraceError(f"bad tag {tag[:MAX_TAG]!r}: use letters, digits, '_', '-', '.'")
-    if len(tag) > MAX_TAG:
-        raise TraceError(f"tag {tag[:20]}... is {len(tag)} characters long: at most {MAX_TAG} "
-                         "(it names the trace file)")
-    return tag
 
 
 def open_corpus(path: Path, *, tag: str | None = None, text_field: str = "text") -> Corpus:

@@ -12,18 +12,7 @@ from pathlib import Path
 from traces.collecting.corpora import Corpus
 from traces.errors import TraceError
 from traces.storing.dataset import scan
-from traces.storing.schema import KIND_COUNTS, KIND_TOKENS, SEQ_ID_SHIFT
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """What the traces record about the model (from the checkpoint inventory)."""
-
-    fingerprint: str
-    num_layers: int
-    moe_layers: tuple[int, ...]
-    experts_per_layer: int
-    top_k: int
+from traces.storing.schema import KIND_COUNTS, KIND_TOKENS, SEQ_ID_SHIFT, ModelIdentity
 
 
 @dataclass(frozen=True)

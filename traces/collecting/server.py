@@ -82,7 +82,6 @@ from traces.collecting.collect import (
     PREFILL,
     CollectOptions,
     CollectResult,
-    ModelIdentity,
     _encode,
     load_tokenizer,
 )
@@ -94,6 +93,7 @@ from traces.importers.common import token_ids
 from traces.importers.npfiles import npy_from_bytes
 from traces.importers.sglang_http import decode_routed_experts
 from traces.importers.vllm import moe_routing
+from traces.storing.schema import ModelIdentity
 from traces.storing.writer import TraceWriter
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collecting.collect import ModelIdentity
-from traces.collecting.corpora import check_tag
 from traces.errors import TraceError
 from traces.storing.dataset import scan
-from traces.storing.schema import KIND_TOKENS, SEQ_ID_SHIFT
+from traces.storing.schema import KIND_TOKENS, SEQ_ID_SHIFT, ModelIdentity, check_tag
 from traces.storing.writer import TraceWriter
 
 UNKNOWN_TOKEN = -1  # the `token` column where the source records no token ids

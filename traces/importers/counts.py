@@ -18,12 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.collecting.corpora import check_tag
 from traces.errors import TraceError, first_line
 from traces.formats.jsontext import decode_utf8
 from traces.importers.common import ImportRequest, check_empty, sources_sha256
 from traces.importers.npfiles import load_npy
-from traces.storing.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, counts_schema
+from traces.storing.schema import COUNTS_FILE, KIND_COUNTS, MAX_SELECTIONS, check_tag, counts_schema
 
 
 def read_count_matrix(path: Path, want: tuple[int, int] | None = None) -> np.ndarray:

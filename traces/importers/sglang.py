@@ -49,7 +49,6 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError, first_line
 from traces.importers.common import (
     ImportRequest,
@@ -60,7 +59,7 @@ from traces.importers.common import (
 )
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
 from traces.importers.npfiles import check_inflation
-from traces.storing.schema import PHASES
+from traces.storing.schema import PHASES, ModelIdentity
 
 STAT, PER_PASS, PER_TOKEN = "stat", "per_pass", "per_token"
 MAX_COUNT = 2**15 - 1  # layers, experts per layer: int16 in traces/storing/schema.py

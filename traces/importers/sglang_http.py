@@ -47,7 +47,6 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.formats.jsontext import jsonl_lines, loads_json
 from traces.importers.common import (
@@ -59,7 +58,7 @@ from traces.importers.common import (
     token_ids,
     write_rows,
 )
-from traces.storing.schema import PHASES
+from traces.storing.schema import PHASES, ModelIdentity
 
 HTTP_FORMAT = "sglang-http"
 DEFAULT_TAG = "sglang"

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.importers.common import (
     UNKNOWN_TOKEN,
@@ -31,7 +30,7 @@ from traces.importers.common import (
     write_rows,
 )
 from traces.importers.npfiles import Check, NpyHeader, load_arrays, npz_keys
-from traces.storing.schema import PHASES
+from traces.storing.schema import PHASES, ModelIdentity
 
 FORMAT = "tokens"
 WEIGHT_KEYS = ("weights", "expert_weights")

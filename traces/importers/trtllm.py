@@ -44,13 +44,12 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError, first_line
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import MAX_DEPTH, decode_utf8, depth, loads_json
 from traces.importers.common import UNKNOWN_TOKEN, ImportRequest, TokenRows, write_rows
 from traces.importers.counts import check_counts, resolve_top_k, write_counts
-from traces.storing.schema import PHASES
+from traces.storing.schema import PHASES, ModelIdentity
 
 FORMAT = "trtllm"
 META = "meta_info.json"

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.collecting.collect import ModelIdentity
 from traces.errors import TraceError
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import loads_json
@@ -42,7 +41,7 @@ from traces.importers.common import (
     write_rows,
 )
 from traces.importers.npfiles import NpyHeader, load_arrays
-from traces.storing.schema import PHASES
+from traces.storing.schema import PHASES, ModelIdentity
 
 FORMAT = "vllm"
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")

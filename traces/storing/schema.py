@@ -59,6 +59,8 @@ They carry no fingerprint and no per-token rows; a directory holds one or the ot
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from importlib.metadata import version
 
 import pyarrow as pa
@@ -123,3 +125,28 @@ def read_meta(path) -> dict:
         raise TraceError(f"{path} has trace schema version {meta.get('schema_version')}, "
                          f"this placer reads version {SCHEMA_VERSION}")
     return meta
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What the traces record about the model (from the checkpoint inventory)."""
+
+    fingerprint: str
+    num_layers: int
+    moe_layers: tuple[int, ...]
+    experts_per_layer: int
+    top_k: int
+
+
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_TAG = 200  # a tag names files (`<tag>-<run id>.parquet.tmp`): 255 bytes at most in all
+
+
+def check_tag(tag: str) -> str:
+    """`tag` if it is a safe file-name token, else a TraceError."""
+    if not TAG_PATTERN.match(tag):
+        raise TraceError(f"bad tag {tag[:MAX_TAG]!r}: use letters, digits, '_', '-', '.'")
+    if len(tag) > MAX_TAG:
+        raise TraceError(f"tag {tag[:20]}... is {len(tag)} characters long: at most {MAX_TAG} "
+                         "(it names the trace file)")
+    return tag
