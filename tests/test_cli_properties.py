@@ -221,6 +221,8 @@ OPTION_CASES = [
          lambda p, w, v: serve(p, "--cache-slots", v)),
     Case("serve --device", DEVICES, lambda p, w, v: serve(p, "--device", v)),
     Case("serve --kv-tokens", NON_POSITIVE, lambda p, w, v: serve(p, "--kv-tokens", v)),
+    Case("serve --max-prompt-tokens", NON_POSITIVE,
+         lambda p, w, v: serve(p, "--max-prompt-tokens", v)),
     Case("serve --batching", EMPTY | st.just("bogus"), lambda p, w, v: serve(p, "--batching", v)),
     Case("serve --host", st.sampled_from(["no such host", "256.1.1.1"]),
          lambda p, w, v: serve(p, "--host", v)),

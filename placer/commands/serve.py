@@ -21,6 +21,10 @@ BATCHING_HELP = (
     "mixtral, olmoe and deepseek_v3 with sdpa or eager attention, and gpt_oss with eager "
     "attention. continuous: fail instead of falling back. serial: never batch.")
 
+PROMPT_HELP = ("The most tokens a prompt may hold (default: the model's context, "
+               "max_position_embeddings, or --kv-tokens on a CPU if fewer); a longer one is a "
+               "400, refused after tokenizing about this many tokens of it.")
+
 
 def register(app: typer.Typer) -> None:
     @command(app, "serve")
@@ -42,6 +46,7 @@ def register(app: typer.Typer) -> None:
         kv_tokens: Annotated[int, typer.Option(
             help="KV cache tokens on a CPU device (on a GPU transformers sizes the cache "
                  "from free memory); also the longest prompt + completion there.")] = 16384,
+        max_prompt_tokens: Annotated[int | None, typer.Option(help=PROMPT_HELP)] = None,
     ) -> None:
         """Serve PLACED over HTTP with the OpenAI API: POST /v1/completions and
         /v1/chat/completions (stream: true for server-sent events ending in
@@ -65,7 +70,7 @@ def register(app: typer.Typer) -> None:
         check_device(device)
         serve(placed, source_model(placed, model), host=host, port=port, device=device,
               cache_slots=cache_slots,
-              batching=batching, kv_tokens=kv_tokens,
+              batching=batching, kv_tokens=kv_tokens, max_prompt_tokens=max_prompt_tokens,
               announce=lambda line: typer.echo(line))
         exit_now()
 

@@ -16,21 +16,21 @@ unknown path is a 404 and a wrong method a 405, in the same shape. A client that
 mid-stream cancels its request.
 
 Nothing long runs on the event loop: the model computes in the engine's threads, prompts are
-tokenized in a worker thread, and a reply's text is decoded and matched against its stop
-strings incrementally (placer.serve.openai_api.TextStream), so `/health` and other clients
-are answered while a request runs.
+rendered and tokenized on a worker thread, bounded in tokens and in the memory they take
+(placer.serve.prompts), and a reply's text is decoded and matched against its stop strings
+incrementally (placer.serve.openai_api.TextStream), so `/health` and other clients are
+answered while a request runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,17 +47,19 @@ from placer.serve.openai_api import (
     CompletionRequest,
     Reply,
     TextStream,
-    encode_messages,
-    encode_text,
     finish_reason,
     usage,
 )
+from placer.serve.prompts import Prompts
+
+Request_ = TypeVar("Request_", ChatRequest, CompletionRequest)
 
 
 @dataclass
 class Served:
     """What the app serves: the engine, the tokenizer, the model's id and context length,
-    the metrics, and why continuous batching is not serving (None when it is)."""
+    the metrics, why continuous batching is not serving (None when it is), and the most
+    tokens a prompt may hold (None: the context's)."""
 
     engine: Engine
     tokenizer: Any
@@ -65,6 +67,10 @@ class Served:
     max_context: int
     metrics: ServerMetrics
     fallback: str | None = None
+    max_prompt_tokens: int | None = None
+
+    def prompt_cap(self) -> int:
+        return min(self.max_prompt_tokens or self.max_context, self.max_context)
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,15 @@ class BodyLimit:
 
 
 def build_app(served: Served) -> FastAPI:
-    app = FastAPI(title="placer serve", docs_url=None, redoc_url=None, openapi_url=None)
+    prompts = Prompts(served.tokenizer, served.prompt_cap())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        prompts.close()
+
+    app = FastAPI(title="placer serve", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
 
@@ -140,31 +154,20 @@ def build_app(served: Served) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest) -> Response:
-        texts = body.texts()
-        prompts = await asyncio.to_thread(tokenized, lambda: [
-            encode_text(served.tokenizer, text) for text in texts])
-        jobs = accept(served, body, "completions", prompts, body.max_tokens)
+        texts = check(served, body).texts()
+        ids = [await prompts.text(text) for text in texts]
+        jobs = accept(served, body, "completions", ids, body.max_tokens)
         return await answer(served, jobs, body)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest) -> Response:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt = await asyncio.to_thread(tokenized, lambda: encode_messages(served.tokenizer,
-                                                                             messages))
-        jobs = accept(served, body, "chat", [prompt], body.limit())
+        messages = [{"role": m.role, "content": m.text()}
+                    for m in check(served, body).messages]
+        ids = await prompts.messages(messages)
+        jobs = accept(served, body, "chat", [ids], body.limit())
         return await answer(served, jobs, body)
 
     return app
-
-
-TOKENIZING = threading.Lock()  # one encode at a time: a fast tokenizer is not reentrant
-
-
-def tokenized(encode: Callable[[], Any]) -> Any:
-    """`encode()` (a prompt's tokenization, off the event loop: a 4 MB prompt takes a while),
-    one at a time."""
-    with TOKENIZING:
-        return encode()
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -188,13 +191,19 @@ def install_error_handlers(app: FastAPI) -> None:
                             status_code=exc.status_code, headers=exc.headers)
 
 
-def accept(served: Served, body: ChatRequest | CompletionRequest, endpoint: str,
-           prompts: list[list[int]], max_tokens: int | None) -> list[Job]:
-    """The request as one job per prompt, or an ApiError saying why it cannot be served."""
+def check(served: Served, body: Request_) -> Request_:
+    """`body`, or an ApiError for what it asks that is refused whatever its prompts: checked
+    before they are tokenized."""
     body.check_choices()
     if body.model != served.model_id:
         raise ApiError(404, f"model {body.model!r} is not served here (GET /v1/models: "
                             f"{served.model_id!r})", param="model")
+    return body
+
+
+def accept(served: Served, body: ChatRequest | CompletionRequest, endpoint: str,
+           prompts: list[list[int]], max_tokens: int | None) -> list[Job]:
+    """The request as one job per prompt, or an ApiError saying why it cannot be served."""
     reply, sampling = Reply(chat=endpoint == "chat", model=served.model_id), body.sampling()
     jobs = [accept_prompt(served, endpoint, prompt_ids, max_tokens)
             for prompt_ids in prompts]

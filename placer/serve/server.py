@@ -50,8 +50,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(placed: Path, checkpoint: Path, *, host: str = "127.0.0.1", port: int = 8000,
           device: str = "auto", cache_slots: int | None = None, batching: str = "auto",
-          kv_tokens: int = 16384, announce: Callable[[str], None] = print) -> None:
-    """Serve `placed` (see module docstring); `announce` gets the ready line."""
+          kv_tokens: int = 16384, max_prompt_tokens: int | None = None,
+          announce: Callable[[str], None] = print) -> None:
+    """Serve `placed` (see module docstring); `announce` gets the ready line. A prompt may
+    hold `max_prompt_tokens` tokens (None: the model's context; never more)."""
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise PlacerError(f"--max-prompt-tokens must be at least 1, got {max_prompt_tokens}")
     sock = bind(host, port)
     try:
         loaded = load_placed_model(placed, checkpoint, device=device, cache_slots=cache_slots)
@@ -59,7 +63,8 @@ def serve(placed: Path, checkpoint: Path, *, host: str = "127.0.0.1", port: int 
                                         encode_text(loaded.tokenizer, PROBE_PROMPT), batching,
                                         kv_tokens=kv_tokens)
         try:
-            stop_at = run_server(sock, host, loaded, engine, fallback, kv_tokens, announce)
+            stop_at = run_server(sock, host, loaded, engine, fallback, kv_tokens,
+                                 max_prompt_tokens, announce)
         finally:
             gc.freeze()  # see the module docstring
             engine.stop(timeout=DRAIN_SECONDS)
@@ -70,8 +75,8 @@ def serve(placed: Path, checkpoint: Path, *, host: str = "127.0.0.1", port: int 
 
 
 def run_server(sock: socket.socket, host: str, loaded: PlacedModel, engine: Engine,
-               fallback: str | None, kv_tokens: int, announce: Callable[[str], None]
-               ) -> float | None:
+               fallback: str | None, kv_tokens: int, max_prompt_tokens: int | None,
+               announce: Callable[[str], None]) -> float | None:
     """Serve on `sock` until SIGTERM or SIGINT, and drain; when the signal came (monotonic)."""
     import uvicorn
 
@@ -80,11 +85,12 @@ def run_server(sock: socket.socket, host: str, loaded: PlacedModel, engine: Engi
         loaded.runtime.counters.reset()  # the probe is not traffic
     served = Served(engine, loaded.tokenizer, loaded.checkpoint.name,
                     context_of(loaded.model, kv_tokens),
-                    ServerMetrics(loaded.runtime.counters, gate), fallback)
+                    ServerMetrics(loaded.runtime.counters, gate), fallback, max_prompt_tokens)
 
     address = sock.getsockname()
     announce(f"placer serve: http://{host}:{address[1]} serving {served.model_id} "
-             f"({engine.mode} batching{'; ' + fallback if fallback else ''}; cache slots per "
+             f"({engine.mode} batching{'; ' + fallback if fallback else ''}; prompts of at "
+             f"most {served.prompt_cap()} tokens; cache slots per "
              f"card {loaded.runtime.cache.slots.tolist()} ({loaded.runtime.cache.name}); device "
              f"{loaded.device})")
     config = uvicorn.Config(build_app(served), log_level="warning",

@@ -205,20 +205,25 @@ def _encode(corpus: Corpus, tokenizer, options: CollectOptions) -> Iterator[list
 
 
 def encode_document(doc: Document, tokenizer, generation_prompt: bool) -> list[int]:
-    """A document's token ids: its own, its text with the tokenizer's special tokens, or its
-    messages through the chat template (with the generation prompt when asked; no template:
-    "role: content" lines)."""
+    """A document's token ids: its own, or its text (document_text) tokenized."""
     if doc.token_ids is not None:
         return list(doc.token_ids)
+    text, special = document_text(doc, tokenizer, generation_prompt)
+    return tokenizer(text, add_special_tokens=special)["input_ids"]
+
+
+def document_text(doc: Document, tokenizer, generation_prompt: bool) -> tuple[str, bool]:
+    """The text a document of text or messages tokenizes as, and whether the tokenizer adds
+    its special tokens: its text with them, or its messages through the chat template
+    without them (with the generation prompt when asked; no template: "role: content" lines,
+    with them)."""
     if doc.messages is None:
-        return tokenizer(doc.text, add_special_tokens=True)["input_ids"]
+        return doc.text, True
     messages = list(doc.messages)
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-    return tokenizer(text, add_special_tokens=True)["input_ids"]
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=generation_prompt), False
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages), True
 
 
 def _batches(docs: Iterator[list[int]], size: int) -> Iterator[list[list[int]]]:
