@@ -67,8 +67,9 @@ from solvers.cache import make_policy
 from solvers.cache.costs import CostTable, first, pins_of
 from solvers.cache.learn import fit_learned
 from solvers.cache.replay import Requests
+from solvers.cache_table import AUTO_POLICIES
 
-CHOICES = ("lru", "lfru", "lfuda", "classlru", "learned")
+CHOICES = AUTO_POLICIES  # the policies auto judges: solvers/cache_table.py's rows marked auto
 ENGINES = ("lru", "lfuda")  # the engines' own caches: per layer, the whole budget, no pins
 SPLIT, PLAIN = "split", "plain cache"  # whose pins and slots a row serves
 POLICY_KEYS = 1e8     # requests the choice replays at most (beyond: a prefix of each fold)
