@@ -103,9 +103,9 @@ def watched_solve(args: list[str]) -> dict:
     got: dict = {}
     real_choose, real_guard, real_weights = split.choose_policy, choice.guard, split.with_weights
 
-    def choose(table, *args, **kwargs):
-        got["table"] = table
-        got["choice"] = real_choose(table, *args, **kwargs)
+    def choose(folds, *args, **kwargs):
+        got["table"] = folds.table
+        got["choice"] = real_choose(folds, *args, **kwargs)
         return replace(got["choice"], plan=choice.SPLIT, name="lfru", pooled=False)
 
     def guard(objective, twin, share, chosen, plan=choice.PLAIN):
@@ -342,13 +342,13 @@ ROW_SETS = {
 def served(figures: dict, rule, rows=ROW_SETS["every row"], fallback: bool = False) -> tuple:
     """The row `rule` serves in one case (the objective's pick where backed, else the least
     objective of the rows backed) among the `rows` kept, from the kept figures."""
-    from solvers.cache.choice import ENGINES
+    from solvers.cache.choice import ENGINE_CACHES
 
     share = np.asarray(figures["share"])
     twin = {(r["plan"], r["policy"], r["pooled"]): r["renamed"] for r in figures["rows"]}
     objective = {(r["plan"], r["policy"], r["pooled"]): r["objective"] for r in figures["rows"]
                  if rows((r["plan"], r["policy"], r["pooled"]))}
-    engines = [(figures["engines"], name, False) for name in ENGINES]
+    engines = [(figures["engines"], name, False) for name in ENGINE_CACHES]
     best = min(engines, key=lambda k: float(share @ np.asarray(twin[k])))
     least = min(objective[e] for e in engines)
 
@@ -401,8 +401,8 @@ def report(results: dict[str, dict]) -> None:
             share = np.asarray(figures["share"])
             twin = {(r["plan"], r["policy"], r["pooled"]): r["renamed"]
                     for r in figures["rows"]}
-            from solvers.cache.choice import ENGINES
-            engines = [(figures["engines"], e, False) for e in ENGINES]
+            from solvers.cache.choice import ENGINE_CACHES
+            engines = [(figures["engines"], e, False) for e in ENGINE_CACHES]
             best = min(engines, key=lambda k: float(share @ np.asarray(twin[k])))
             ratio, low, high = interval(twin, share, row, best)
             line = [f"  {case:14s} {label:36s} renamed {ratio:.3f} [{low:.3f}, {high:.3f}]"]

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from placed_plans import layer_plan
+from placed_plans import cached_plan, layer_plan
 from test_runtime import PROMPTS
 from test_runtime_placed import placed_model
 
@@ -16,9 +16,11 @@ from placer.commands.bench import print_report
 from placer.hardware.spec import load_spec
 from placer.plan.placement import read_plan
 from placer.predict.evaluate import cache_lines, plan_placement, plan_problem
+from placer.predict.staging import expected_staging
 from placer.serve.bench_predict import cache_verdicts, predict_arm
+from solvers.cache_table import POLICY_NAMES
 from solvers.judge.replay import replay_with_intervals
-from traces.storing.profile import TokenSteps
+from traces.storing.profile import TokenSteps, step_mask
 
 pytest_plugins = ["fixtures_models"]
 
@@ -158,3 +160,60 @@ def test_the_prediction_is_evaluates_replay_of_the_same_steps(arms, batch):
     cached = predict_arm(plan, steps, 6, cache_slots=4, seed=3, replicates=200)
     assert cached["staged_bytes_per_token"] < mine["staged_bytes_per_token"]
     assert cached["tokens_per_s"] > mine["tokens_per_s"]
+
+
+# every policy of the table per layer, and the two whose pooled cache differs most from it
+SERVED = [(name, False) for name in POLICY_NAMES] + [("lfru", True), ("learned", True)]
+
+
+@pytest.fixture(scope="module")
+def served(trace_models, tmp_path_factory, cli):
+    """A placed directory of the tiny qwen3_moe served by each policy of SERVED: every third
+    expert pinned, 1-3 slots per layer and card (placed_plans.cached_plan; learned with its
+    weights, calibration and transition in the plan's cache_params)."""
+    checkpoint = trace_models["qwen3_moe"]
+    root = tmp_path_factory.mktemp("served")
+    staging = int(read_inventory(checkpoint).expert_bytes().sum(axis=1).max())
+    out = {}
+    for policy, pooled in SERVED:
+        name = f"{policy}-pooled" if pooled else policy
+        (root / name).mkdir()
+        cli("emit", "--plan", cached_plan(checkpoint, root / name, policy, staging, pooled),
+            "--model", checkpoint, "--out", root / name / "placed")
+        out[(policy, pooled)] = root / name / "placed"
+    return checkpoint, out
+
+
+def test_bench_runs_a_placed_directory_served_by_each_policy(served, tmp_path, cli):
+    """#51 item 6: bench predicted a learned plan without its weights (a ValueError from the
+    replay) and a pooled one per layer; now each arm's prediction runs the plan's caches."""
+    checkpoint, placed = served
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n\n".join(PROMPTS) + "\n")
+    placed = {k: v for k, v in placed.items() if not k[1]}  # each row per layer
+    report = json.loads(cli("bench", *placed.values(), "--model", checkpoint, "--prompts",
+                            prompts, "--concurrency", "1", "--trials", "1",
+                            "--max-new-tokens", "3", "--device", "cpu", "--json").output)
+    rows = report["arms"]
+    assert [r["placed"] for r in rows] == [str(p) for p in placed.values()]
+    for (policy, pooled), r in zip(placed, rows, strict=True):
+        plan = read_plan(r["placed"])
+        assert plan.cards[0].cache_policy == policy and plan.cache_params["pooled"] == pooled
+        assert r["decode_steps"] > 0 and r["measured_tokens_per_s"] > 0
+        assert r["predicted_tokens_per_s"] > 0 and r["predicted_stall_ratio_to_lru"] > 0
+        assert r["predicted_staged_bytes_per_token"] > 0  # a third pinned, few slots
+
+
+@pytest.mark.parametrize(("policy", "pooled"), SERVED)
+def test_the_prediction_replays_the_caches_the_runtime_loads_from_the_plan(served, policy,
+                                                                         pooled):
+    """The bench's predicted staging of a cached plan is what the runtime's own caches
+    (plan_caches: the plan's policy, pooled or not, with its cache_params) stage for the same
+    steps: the prediction goes through the plan's policy, its weights included."""
+    plan = read_plan(served[1][(policy, pooled)])
+    steps = random_steps(plan, 60, 1, prompts=6, seed=5)
+    predicted = predict_arm(plan, steps, 6, cache_slots=None, seed=3, replicates=50)
+    staged = expected_staging(plan, step_mask(steps.tokens, plan.experts_per_layer))
+    assert predicted["staged_bytes_per_token"] == pytest.approx(
+        staged.bytes.sum() / len(steps), rel=1e-12)
+    assert staged.hits.sum() > 0  # the caches hit: the policy mattered

@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from placer.plan.options import CACHE_POLICIES, LEARNED_FEATURES
+from placer.plan.options import LEARNED_FEATURES
 from solvers.cache import POLICIES, Lookup, make_policy, simulate
 from solvers.cache.belady import BeladyReplay, _min_hits
 from solvers.cache.kernels import FEATURES, replay_requests
@@ -489,8 +489,5 @@ def test_belady_never_misses_more_than_lru_and_reads_back_by_chunks():
     assert missed.sum() < lru.copies.sum()
 
 
-def test_the_cli_names_every_policy_and_only_those():
-    """`placer solve --cache-policy` and the plan check name the policies without importing
-    the compiled caches: the names must be exactly the classes'."""
-    assert CACHE_POLICIES == tuple(POLICIES)
+def test_the_plan_check_names_the_learned_features_as_the_kernel_does():
     assert LEARNED_FEATURES == FEATURES  # the plan check's names of the learned weights

@@ -13,10 +13,13 @@ from test_cache_split import traffic
 from test_cache_unlike import selections
 
 from solvers.cache.choice import (
+    ABOVE,
     CHOICES,
-    ENGINES,
+    ENGINE_CACHES,
+    LOOSE,
     MIN_GAIN,
     PLAIN,
+    SMALL_GAIN,
     SPLIT,
     guard,
     paired_ratio,
@@ -59,6 +62,7 @@ def test_the_guard_serves_the_better_engine_where_the_pick_stalls_more_beyond_th
     pick, found = guard(objective, twin, np.ones(4), CLEVER)
     assert found["switched"] and found["engine"] == "lfuda"
     assert found["instead_of"] == list(CLEVER) and "renamed" in found["why"]
+    assert found["fired"] == [ABOVE, LOOSE]  # (its interval's top is past 1 + MIN_GAIN too)
     assert found["renamed_ratio"] == pytest.approx(np.mean(clever))
     assert found["renamed_ratio_ci95"][0] > 1.0
     assert pick == (PLAIN, "lfuda", False)
@@ -77,6 +81,7 @@ def test_a_pick_within_the_interval_of_the_better_engine_is_served():
     assert low < 1.0 < high <= 1.0 + MIN_GAIN
     assert pick == CLEVER and not found["switched"] and found["instead_of"] is None
     assert found["objective_ratio"] == pytest.approx(0.7) and found["why"] is None
+    assert found["fired"] == []
 
 
 def test_a_pick_whose_renamed_interval_reaches_past_min_gain_is_not_served():
@@ -90,7 +95,7 @@ def test_a_pick_whose_renamed_interval_reaches_past_min_gain_is_not_served():
     assert low < 1.0 and high > 1.0 + MIN_GAIN
     assert pick == (PLAIN, "lfuda", False) and found["switched"]
     assert found["why"] == "the renamed folds do not bound its loss to them under 5%"
-    assert found["min_gain"] == MIN_GAIN
+    assert found["fired"] == [LOOSE] and found["min_gain"] == MIN_GAIN
     twin[(PLAIN, "lru", False)] = np.array([0.7, 1.4, 0.8, 1.3])  # an engine as wide
     objective[(PLAIN, "lru", False)] = 0.5
     assert guard(objective, twin, np.ones(4), (PLAIN, "lru", False))[0] == (PLAIN, "lru", False)
@@ -108,6 +113,7 @@ def test_a_pick_other_than_an_engine_must_gain_min_gain_on_its_own_folds(gain, k
     assert found["objective_ratio"] == pytest.approx(gain)
     assert (pick == CLEVER) == kept and found["switched"] == (not kept)
     assert found["why"] == (None if kept else "less than 5% below the engines on its own folds")
+    assert found["fired"] == ([] if kept else [SMALL_GAIN])
 
 
 def test_the_guard_keeps_a_choice_the_renamed_folds_back():
@@ -124,6 +130,7 @@ def test_an_engine_is_kept_unless_the_other_one_beats_it_beyond_the_interval():
         (PLAIN, "lfuda", False)
     pick, found = guard(objective, twin, np.ones(4), (PLAIN, "lru", False))
     assert found["switched"] and found["renamed_ratio"] == pytest.approx(1.2)
+    assert found["fired"] == [ABOVE]  # an engine is asked no gain and no bound
     assert pick == (PLAIN, "lfuda", False)  # the better engine, not the clever row
 
 
@@ -165,9 +172,9 @@ def test_the_default_gives_up_pins_that_only_fit_the_calibrations_names():
     assert split.stall_s == row["stall_s"] and split.unlike_stall_s == row["unlike_stall_s"]
     objective = min(split.policy.rows, key=lambda r: r["objective"])
     assert not objective["chosen"]  # the guard, not the objective, chose
-    assert not row["pooled"] and row["policy"] == found["engine"] in ENGINES
+    assert not row["pooled"] and row["policy"] == found["engine"] in ENGINE_CACHES
     assert row["unlike_stall_s"] == min(r["unlike_stall_s"] for r in split.policy.rows
-                                        if r["plan"] == PLAIN and r["policy"] in ENGINES
+                                        if r["plan"] == PLAIN and r["policy"] in ENGINE_CACHES
                                         and not r["pooled"])
 
 
@@ -210,24 +217,31 @@ def test_solve_prints_one_line_where_the_guard_changed_the_choice_and_why():
         return out.getvalue()
 
     found = {"engine": "lfuda", "renamed_ratio": 1.667, "renamed_ratio_ci95": [1.5, 1.8],
-             "switched": True, "instead_of": [SPLIT, "learned", False],
+             "switched": True, "fired": [ABOVE], "instead_of": [SPLIT, "learned", False],
+             "why": "above the better engine on the renamed folds",
              "served_renamed_ratio": 1.0, "served_renamed_ratio_ci95": [1.0, 1.0]}
     (line,) = [x for x in printed(found).splitlines() if x.startswith("guard:")]
     assert "learned on the split's pins and slots stalls 1.667x [1.500, 1.800]" in line
     assert "above it beyond the interval; lfuda on the plain cache's pins and slots serves " \
         "instead (1.000x [1.000, 1.000] there)" in line
     small = {**found, "renamed_ratio": 0.98, "renamed_ratio_ci95": [0.95, 1.01],
-             "objective_ratio": 0.97, "why": "less than 5% below the engines on its own folds"}
+             "objective_ratio": 0.97, "fired": [SMALL_GAIN],
+             "why": "less than 5% below the engines on its own folds"}
     (line,) = [x for x in printed(small).splitlines() if x.startswith("guard:")]
     assert "learned on the split's pins and slots stalls 0.970x the engines on its own " \
         "folds, less than 5% below the engines on its own folds (and 0.980x [0.950, 1.010] " \
         "the better engine cache" in line and "lfuda on the plain cache's pins" in line
     loose = {**found, "renamed_ratio": 1.098, "renamed_ratio_ci95": [0.653, 1.543],
-             "objective_ratio": 0.944, "min_gain": 0.05,
+             "objective_ratio": 0.944, "min_gain": 0.05, "fired": [LOOSE],
              "why": "the renamed folds do not bound its loss to them under 5%"}
     (line,) = [x for x in printed(loose).splitlines() if x.startswith("guard:")]
     assert "learned on the split's pins and slots stalls 1.098x [0.653, 1.543] the better " \
         "engine cache" in line and "renamed folds (traffic unlike the calibration): the " \
         "renamed folds do not bound its loss to them under 5%; lfuda on the plain" in line
+    assert "fired too" not in line
+    both = {**small, "fired": [SMALL_GAIN, LOOSE]}  # what fired, as the guard said: printed
+    (line,) = [x for x in printed(both).splitlines() if x.startswith("guard:")]
+    assert "stalls 0.970x the engines on its own folds, less than 5% below" in line
+    assert "(the guard's loose_interval test fired too); lfuda on the plain" in line
     kept = {**found, "switched": False, "instead_of": None}
     assert "guard:" not in printed(kept) and "guard:" not in printed(None)

@@ -127,9 +127,10 @@ def test_the_schema_takes_cache_params_and_both_versions():
 def test_solve_takes_every_policy_and_auto_and_refuses_another_name():
     """solve fits the learned policy's weights on the calibration (solvers/cache/learn.py),
     so every policy is an option, and auto (the default) chooses among them."""
-    from placer.plan.options import CACHE_POLICIES, SolveOptions, check_options
+    from placer.plan.options import SolveOptions, check_options
+    from solvers.cache_table import POLICY_NAMES
 
-    for policy in (*CACHE_POLICIES, "auto"):
+    for policy in (*POLICY_NAMES, "auto"):
         check_options(SolveOptions(offload=0.5, cache_policy=policy))
     with pytest.raises(PlacerError, match="--cache-policy must be auto or one of"):
         check_options(SolveOptions(offload=0.5, cache_policy="fifo"))

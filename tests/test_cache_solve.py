@@ -334,3 +334,31 @@ def test_a_large_calibration_is_predicted_on_its_first_steps_and_says_so(solved,
     out.write_text(json.dumps(plan))
     result = placer_run("evaluate", out, "--traces", solved["traces"], ok=False)
     assert result.exit_code == 1 and "judged_steps" in result.output, result.output
+
+
+def test_the_learned_policy_asked_by_name_is_fitted_as_auto_fits_it(solved, placer_run):
+    """--cache-policy learned, listed in --help, was always refused ("needs its weights"): now
+    the split is priced under lfru, as auto's is, and the learned weights fitted to it, judged
+    per layer and pooled on the same held-out folds (the better serves: no guard, it was asked
+    for), and shipped in the plan; evaluate replays the plan with them."""
+    out = solved["root"] / "learned.json"
+    placer_run("solve", *solved["common"], "--cache-policy", "learned", "--out", out)
+    plan = json.loads(out.read_text())
+    cache, params = plan["cache"], plan["cache_params"]
+    assert cache["policy"] == "learned" and cache["policy_choice"] == "forced"
+    assert cache["guard"] is None
+    assert [(r["plan"], r["policy"], r["pooled"]) for r in cache["policies"]] == [
+        ("split", "learned", False), ("split", "learned", True)]
+    (row,) = [r for r in cache["policies"] if r["chosen"]]
+    assert row["held_out_objective"] == min(r["held_out_objective"] for r in cache["policies"])
+    assert row["pooled"] == cache["pooled"] == params["pooled"]
+    assert cache["held_out_stall_ms_per_step"] == row["held_out_stall_ms_per_step"]
+    assert all(c["cache_policy"] == "learned" for c in plan["cards"] if c["cache_slots"])
+    layers, experts = len(plan["model"]["moe_layers"]), plan["model"]["experts_per_layer"]
+    assert np.shape(params["weights"]) == (layers, 7)
+    assert np.shape(params["calibration"]) == (layers, experts)
+    report = json.loads(placer_run("evaluate", out, "--traces", solved["traces"],
+                                   "--concurrency", "1", "--json").output)
+    (result,) = report["results"]
+    assert result["cache"]["placement"]["policy"] == "learned"
+    assert result["cache"]["placement"]["pooled"] == cache["pooled"]

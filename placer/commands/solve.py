@@ -160,6 +160,8 @@ def cache_losses(plan: Plan) -> list[str]:
     """Where every cached option is slower than the best one without a cache, and why: too
     few slots for a step at that concurrency (llama.cpp then leaves the cache unused), or
     the misses' uploads over the link."""
+    from solvers.llamacpp.lru import MAX_BATCH
+
     notes = []
     options = {o["name"]: o for o in plan.engine["options"]}
     cached = {name for name, o in options.items() if o["moe_cache_mib"]}
@@ -174,7 +176,8 @@ def cache_losses(plan: Plan) -> list[str]:
         slots = min(options[best]["slots"])
         need = min(b * need_of, plan.experts_per_layer)
         why = (f"its {slots} slots are fewer than the {need} experts a step of {b} needs per "
-               f"layer, so llama.cpp leaves the cache unused at B={b}" if slots < need or b > 32
+               f"layer, so llama.cpp leaves the cache unused at B={b}"
+               if slots < need or b > MAX_BATCH
                else f"it serves {100 * figs[best]['hit_rate']:.0f}% of the selected bytes from "
                     f"VRAM and every miss crosses the link ({len(options[best]['host_layers'])}"
                     f" host layers share {len(options[best]['slots'])} LRU)")
@@ -309,24 +312,26 @@ def print_policies(cache: dict, console: Console) -> None:
 
 
 def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) -> None:
-    """One line: the guard changed the choice (solvers/cache/choice.py), why, and to what."""
-    from solvers.cache.choice import MIN_GAIN  # a plan from before min_gain was recorded
-
+    """One line: the guard changed the choice (solvers/cache/choice.py), the tests that fired
+    (its `fired`, the first's reason `why`), and what serves instead."""
     was, (low, high) = found["instead_of"], found["renamed_ratio_ci95"]
     served_low, served_high = found["served_renamed_ratio_ci95"]
+    fired = found.get("fired") or [None]
     why = (f"{found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
            f"({found['engine']} per layer, nothing pinned) on the renamed folds (traffic "
            "unlike the calibration)")
-    if low > 1.0:  # the guard's first test (solvers/cache/choice.py guard)
+    if fired[0] == "above":
         why = f"stalls {why}, above it beyond the interval"
-    elif found["objective_ratio"] <= 1.0 - found.get("min_gain", MIN_GAIN):  # its third test
-        why = f"stalls {why}: {found['why']}"
-    else:
+    elif fired[0] == "small_gain":
         why = (f"stalls {found['objective_ratio']:.3f}x the engines on its own folds, "
                f"{found['why']} (and {why})")
+    else:  # loose_interval
+        why = f"stalls {why}: {found['why']}"
+    also = (f" (the guard's {', '.join(fired[1:])} test{'s' if len(fired) > 2 else ''} "
+            "fired too)") if fired[1:] else ""
     console.print(
         f"guard: {was[1]}{' pooled' if was[2] else ''} on the {was[0]}'s pins and slots "
-        f"{why}; {cache['policy']}{' pooled' if cache['pooled'] else ''} on the "
+        f"{why}{also}; {cache['policy']}{' pooled' if cache['pooled'] else ''} on the "
         f"{rows_plan(rows)}'s pins and slots serves instead "
         f"({found['served_renamed_ratio']:.3f}x [{served_low:.3f}, {served_high:.3f}] there)")
 

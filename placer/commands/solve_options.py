@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 
 from placer.errors import PlacerError
-from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
+from placer.plan.options import EXECUTIONS, SOLVERS, SolveOptions
 from placer.units import parse_bytes
+from solvers.cache_table import cache_policy_help
 
 Solver = Annotated[str, typer.Option(help=f"One of {', '.join(SOLVERS)}.")]
 Budget = Annotated[str | None, typer.Option(
@@ -41,17 +42,7 @@ Cache = Annotated[str, typer.Option(
          "card's budget between pins and per-layer slots, judged on held-out folds of the "
          "calibration sequences), N (N slots per card, the rest pinned) or 0 (a static "
          "placement by --solver).")]
-CachePolicy = Annotated[str, typer.Option(
-    help=f"Which staged expert a full cache evicts: auto | {' | '.join(CACHE_POLICIES)}. auto: "
-         "each policy, per layer and pooled, serves the chosen split (and the plain cache) on "
-         "its held-out folds, and the least stall serves unless (a guard) it stalls more than "
-         "the better of plain lru and lfuda on the same folds with experts renamed, beyond "
-         "their interval, or, not being one of them, it is under 5% below them on its own "
-         "folds or the renamed folds leave room for a loss over 5%: that engine serves then. "
-         "learned: a linear score whose weights are fitted on the calibration folds and "
-         "stored in the plan. lfru: fewest hits since admission over accesses since the last "
-         "one (vLLM PR #37190); lru: least recently used (llama.cpp PR #27861); lfuda: BigRig "
-         "0.9.1's; classlru: llama.cpp b12170's.")]
+CachePolicy = Annotated[str, typer.Option(help=cache_policy_help())]
 Execution = Annotated[str, typer.Option(
     help=f"How a cold expert runs: {' | '.join(EXECUTIONS)}. stage: its cold bytes are "
          "copied to its GPU, which computes it (placer's runtime); cpu: the host CPU computes "

@@ -3,12 +3,17 @@
 `placer solve --cache auto` (the default) splits each card's budget between pinned experts
 and per-layer cache slots, judged on held-out folds of the calibration sequences, and with
 `--cache-policy auto` (the default) chooses on the same folds the policy that serves it
-(solvers/cache/choice.py: lru, lfru, lfuda, classlru, learned, per layer or pooled; the
-learned weights fitted on the calibration folds go in the plan's `cache_params`), guarded by
-the same folds renamed: the pick serves only where it stalls no more than the better of the
-engines' lru and lfuda per layer over the plain cache there beyond the interval and, unless it
-is one of them, is 5% below them on its own folds and at most 1.05x them at the interval's
-top (else that engine serves, on the plain cache's pins and slots; `cache.guard` says so);
+(solvers/cache/choice.py: each policy of solvers/cache_table.py that auto tries, per layer or
+pooled; the learned weights fitted on the calibration folds go in the plan's `cache_params`),
+guarded by the same folds renamed: the pick serves only where it stalls no more than the
+better of the engines' lru and lfuda per layer over the plain cache there beyond the interval
+and, unless it is one of them, is 5% below them on its own folds and at most 1.05x them at
+the interval's top (else that engine serves, on the plain cache's pins and slots;
+`cache.guard` says so).
+`--cache-policy NAME` serves the split with NAME per layer, the split priced under it, but
+a fitted policy (learned) cannot price a split before its weights are fitted to one: the
+split is priced under the default, as auto's is, and the policy fitted to it and judged on
+the same folds, per layer and pooled (the better serves; no guard: it was asked for).
 `--cache N` gives every card N slots (spread over its layers) and pins the rest;
 `--cache 0` is a static placement (`--solver`). Where a cache cannot be predicted, auto
 falls back to a static placement and says why (`no_cache_reason`), and N is refused.
@@ -32,7 +37,6 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions
 from placer.plan.traffic import Traffic, traffic_steps
-from solvers.cache import DEFAULT_POLICY
 from solvers.cache.choice import CHOICES
 from solvers.cache.costs import unlike
 from solvers.cache.replay import Requests
@@ -44,6 +48,7 @@ from solvers.cache.split import (
     replay_count,
     solve_split,
 )
+from solvers.cache_table import DEFAULT_POLICY, policy_row
 from solvers.staging import fetch_limit, slot_unit
 from traces.errors import TraceError
 from traces.storing.profile import batched_steps, split_sequences
@@ -90,8 +95,7 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
                          for i, c in enumerate(spec.cards)]),
         units=np.asarray(budget, dtype=np.int64) // np.maximum(unit, 1),
         fetch_limit=fetch_limit(home, num_cards, max(opts.concurrency), inv.top_k),
-        policy=DEFAULT_POLICY if opts.cache_policy == "auto" else opts.cache_policy,
-        choose=CHOICES if opts.cache_policy == "auto" else ())
+        **policy_of(opts.cache_policy))
     scenarios, folds, notes = scenarios_of(traffic, opts, inv.experts_per_layer)
     if opts.robust:
         scenarios = unlike(scenarios, home, opts.seed)
@@ -108,7 +112,8 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
         notes.append("the split was not judged on renamed folds (traffic unlike the "
                      f"calibration): that replays over {RENAMED_KEYS:.0e} requests here; "
                      "--robust judges every candidate so")
-    info = {"mode": "auto" if opts.cache is None else "fixed", **policy_json(split, problem),
+    info = {"mode": "auto" if opts.cache is None else "fixed",
+            **policy_json(split, problem, opts.cache_policy),
             "folds": folds, "held_out": "each --traces set against the others" if several
             else "folds over the calibration sequences" if folds else "in sample",
             "chosen": next(c["name"] for c in split.candidates if c["chosen"]),
@@ -123,17 +128,32 @@ def solve_cache(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: np
     return split, info
 
 
-def policy_json(split: Split, problem: SplitProblem) -> dict:
-    """What the plan records of the policy: its name, whether pooled, and where it was chosen
-    (auto) every row's held-out figures (ms/step; `plan`: the split's pins and slots or the
-    plain cache's), the share of each fold judged and the guard's finding (`guard`: the
-    chosen row's renamed stall over the better engine cache's, with its interval, and
-    whether that changed the choice; solvers/cache/choice.py)."""
+def policy_of(asked: str) -> dict:
+    """SplitProblem's `policy` (what prices the split) and `choose` (the policies judged on
+    its held-out folds, the better serving) for `--cache-policy asked`: auto, DEFAULT_POLICY
+    and every policy auto tries; a fitted policy, DEFAULT_POLICY and that policy (its weights
+    are fitted to the split); any other, that policy and none."""
+    if asked == "auto":
+        return {"policy": DEFAULT_POLICY, "choose": CHOICES}
+    if policy_row(asked).fitted:
+        return {"policy": DEFAULT_POLICY, "choose": (asked,)}
+    return {"policy": asked, "choose": ()}
+
+
+def policy_json(split: Split, problem: SplitProblem, asked: str) -> dict:
+    """What the plan records of the policy (`--cache-policy asked`): its name, whether pooled,
+    and where policies were judged (auto, or a fitted policy's per layer and pooled) every
+    row's held-out figures (ms/step; `plan`: the split's pins and slots or the plain
+    cache's), the share of each fold judged and the guard's finding (`guard`: the chosen row's
+    renamed stall over the better engine cache's, with its interval, the tests that fired
+    and whether that changed the choice; solvers/cache/choice.py)."""
     choice = split.policy
     if choice is None:
-        return {"policy": problem.policy, "pooled": False, "policy_choice": "forced"
-                if not problem.choose else "none (no cache slots)", "policies": []}
-    return {"policy": choice.name, "pooled": choice.pooled, "policy_choice": "auto",
+        return {"policy": problem.policy if asked == "auto" else asked, "pooled": False,
+                "policy_choice": "none (no cache slots)" if asked == "auto" else "forced",
+                "policies": []}
+    return {"policy": choice.name, "pooled": choice.pooled,
+            "policy_choice": "auto" if asked == "auto" else "forced",
             "policy_judged_share": choice.judged, "guard": choice.guard,
             "policies": [{"plan": r["plan"], "policy": r["policy"], "pooled": r["pooled"],
                           "held_out_stall_ms_per_step": r["stall_s"] * 1e3,
@@ -149,9 +169,9 @@ def cache_params(split: Split) -> dict | None:
     solvers/cache/learn.py's TRANSITION_KEYS); None for a per-layer cache of a policy
     without parameters."""
     choice = split.policy
-    if choice is None or (not choice.pooled and choice.name != "learned"):
+    learned = choice is not None and policy_row(choice.name).fitted
+    if choice is None or (not choice.pooled and not learned):
         return None
-    learned = choice.name == "learned"
     return {"pooled": choice.pooled,
             "weights": np.asarray(choice.weights, dtype=float).tolist() if learned else None,
             "calibration": choice.calibration.tolist() if learned else None,

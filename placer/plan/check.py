@@ -26,7 +26,8 @@ from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
 from placer.plan.engine_check import check_engine
 from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, READ_VERSIONS, page_spans
-from placer.plan.options import CACHE_POLICIES, LEARNED_FEATURES
+from placer.plan.options import LEARNED_FEATURES
+from solvers.cache_table import POLICY_NAMES
 from traces.errors import first_line
 from traces.options import MAX_PLAN_SLOTS
 
@@ -204,8 +205,8 @@ def _check_cache(w: _Where, at: str, card: dict, layers: int) -> int:
         w.fail(f"{at}.layer_slots", f"they sum to {sum(per_layer)}, but cache_slots is {slots}")
     if not _int_in(unit, 0, MAX_BYTES):
         w.fail(f"{at}.slot_bytes", f"expected a byte count >= 0, got {unit!r}")
-    if slots and policy not in CACHE_POLICIES:
-        w.fail(f"{at}.cache_policy", f"expected one of {', '.join(CACHE_POLICIES)} for "
+    if slots and policy not in POLICY_NAMES:
+        w.fail(f"{at}.cache_policy", f"expected one of {', '.join(POLICY_NAMES)} for "
                f"{slots} cache slots, got {policy!r}")
     if not slots and policy is not None:
         w.fail(f"{at}.cache_policy", f"expected null without cache slots, got {policy!r}")

@@ -6,13 +6,12 @@ from dataclasses import dataclass
 
 from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES  # a budget or page past it is a typo
+from solvers.cache_table import POLICY_NAMES  # plain data: no numba (solvers/cache_table.py)
 from traces.options import check_rules
 
 SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
-# solvers.cache.POLICIES, named here without importing numba
-CACHE_POLICIES = ("classlru", "learned", "lfru", "lfuda", "lru")
 # solvers.cache.kernels.FEATURES: the learned policy's features, in the order of its weights
 LEARNED_FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "transition",
                     "bias")
@@ -33,7 +32,7 @@ class SolveOptions:
     num_steps: int | None = None   # None: every calibration token (counts: DEFAULT_STEPS)
     execution: str = "stage"       # how a cold expert runs: staged to its card, or on the CPU
     cache: int | None = None       # cache slots per card; None: the best split (auto)
-    cache_policy: str = "auto"     # a policy of solvers.cache, or auto: chosen with the split
+    cache_policy: str = "auto"     # solvers/cache_table.py's, or auto: chosen with the split
     folds: int = 4                 # auto: folds over calibration sequences
 
 
@@ -56,7 +55,7 @@ def check_options(opts: SolveOptions) -> None:
     for flag, value, low in (("--budget", opts.budget, 0), ("--page-size", opts.page_size, 1)):
         if value is not None and not low <= value <= MAX_BYTES:
             raise PlacerError(f"{flag} must be {low}..2**60 bytes, not {value}")
-    if opts.cache_policy != "auto" and opts.cache_policy not in CACHE_POLICIES:
-        raise PlacerError(f"--cache-policy must be auto or one of {', '.join(CACHE_POLICIES)}, "
+    if opts.cache_policy != "auto" and opts.cache_policy not in POLICY_NAMES:
+        raise PlacerError(f"--cache-policy must be auto or one of {', '.join(POLICY_NAMES)}, "
                           f"not {opts.cache_policy!r}")
 

@@ -21,6 +21,7 @@ from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
 from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
+from solvers.cache_table import DEFAULT_POLICY, policy_row
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import loads_json
 
@@ -66,7 +67,7 @@ class CardPlan:
     homed_bytes: int      # all experts homed on this card
     cache_slots: int = 0  # staged experts kept for reuse, each in a slot of slot_bytes
     slot_bytes: int = 0   # the largest expert homed here (0 without slots)
-    cache_policy: str | None = None  # a name in solvers.cache.POLICIES (None without slots)
+    cache_policy: str | None = None  # a name of solvers/cache_table.py (None without slots)
     layer_slots: tuple[int, ...] = ()  # the slots of each MoE layer (sum: cache_slots)
 
     @property
@@ -155,26 +156,38 @@ def plan_quotas(plan: Plan, cache_slots: int | None = None) -> np.ndarray:
     return np.array([c.layer_slots or (0,) * layers for c in plan.cards], dtype=np.int64)
 
 
-def plan_caches(plan: Plan, cache_slots: int | None = None) -> CachePolicy:
-    """Fresh caches as the plan's cards run them: each card's slots per layer (or pooled, as
-    its cache_params say) under the plan's policy and its parameters, or `cache_slots` slots
-    on every card instead (under the plan's policy, else the default) when given."""
-    from solvers.cache import DEFAULT_POLICY, make_policy
+@dataclass(frozen=True)
+class PlanPolicy:
+    """How a plan's cards run their caches: the policy's `name` (solvers/cache_table.py) and
+    make_policy's keyword `options`: pooled, and a fitted policy's parameters (learned's
+    weights, calibration feature and transition, from the plan's cache_params)."""
 
-    policy = next((c.cache_policy for c in plan.cards if c.cache_policy), DEFAULT_POLICY)
-    return make_policy(policy, plan_quotas(plan, cache_slots),
-                       len(plan.moe_layers) * plan.experts_per_layer, **plan_cache_options(plan))
+    name: str
+    options: dict
 
 
-def plan_cache_options(plan: Plan) -> dict:
-    """make_policy's keyword arguments of the plan's caches (its cache_params): pooled, and
-    the learned policy's weights, calibration frequencies and transition."""
-    policy = next((c.cache_policy for c in plan.cards if c.cache_policy), None)
+def plan_policy(plan: Plan) -> PlanPolicy:
+    """The plan's cache policy, its parameters included: the one reading of a plan's policy
+    that the runtime's caches (`plan_caches`) and every replay of the plan (evaluate, bench,
+    solve's prediction) go through. A plan without cache slots names none: DEFAULT_POLICY
+    then (what `--cache-slots N` gives such a plan)."""
+    name = next((c.cache_policy for c in plan.cards if c.cache_policy), DEFAULT_POLICY)
     params = plan.cache_params or {}
-    options = {} if policy != "learned" else {"weights": params.get("weights"),
-                                               "calibration": params.get("calibration"),
-                                               "transition": params.get("transition")}
-    return {"pooled": bool(params.get("pooled", False)), **options}
+    options = {"pooled": bool(params.get("pooled", False))}
+    if policy_row(name).fitted:
+        options |= {key: params.get(key) for key in ("weights", "calibration", "transition")}
+    return PlanPolicy(name, options)
+
+
+def plan_caches(plan: Plan, cache_slots: int | None = None) -> CachePolicy:
+    """Fresh caches as the plan's cards run them (`plan_policy`): each card's slots per layer
+    (or pooled) under the plan's policy and its parameters, or `cache_slots` slots on every
+    card instead when given."""
+    from solvers.cache import make_policy
+
+    policy = plan_policy(plan)
+    return make_policy(policy.name, plan_quotas(plan, cache_slots),
+                       len(plan.moe_layers) * plan.experts_per_layer, **policy.options)
 
 
 def plan_from_json(d: dict, source: str = "plan") -> Plan:

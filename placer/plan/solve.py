@@ -26,7 +26,7 @@ from placer.plan.cache import (
     solve_cache,
 )
 from placer.plan.options import SOLVERS, SolveOptions, check_options
-from placer.plan.placement import Plan, build_plan, plan_cache_options
+from placer.plan.placement import Plan, build_plan, plan_policy
 from placer.plan.traffic import Traffic, load_traffic
 from placer.units import format_bytes
 from solvers import homes
@@ -402,8 +402,9 @@ def _cached_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: n
                       budget=_budget_json(opts), ep=opts.ep, solver=solver, execution="stage",
                       quotas=split.quotas, cache_policy=info["policy"],
                       cache_params=cache_params(split))
-    return plan, {"placement": Line(Placement(pins), info["policy"], split.quotas,
-                                    plan_cache_options(plan))}
+    policy = plan_policy(plan)  # as evaluate and bench replay it
+    return plan, {"placement": Line(Placement(pins), policy.name, split.quotas,
+                                    policy.options)}
 
 
 SPLIT_STALL = ("seconds of stall per decode step on held-out folds of the calibration "

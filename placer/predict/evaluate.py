@@ -28,7 +28,7 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
-from placer.plan.placement import Plan, plan_cache_options, plan_caches
+from placer.plan.placement import Plan, plan_policy, plan_quotas
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from placer.predict.llamacpp import llamacpp_row
@@ -269,15 +269,27 @@ def evaluate_row(plan: Plan, name: str, steps: TokenSteps, placement: Placement,
     return row, {line: (replayed.staged[line] * scale).tolist() for line in lines}
 
 
+def plan_line(plan: Plan, placement: Placement, cache_slots: int | None = None) -> Line:
+    """The plan as deployed: `placement` and, where the plan has cache slots (or
+    `cache_slots` on every card), its caches as its cards run them (`plan_policy`: the
+    policy, pooled, a fitted policy's parameters). Every replay of a plan's own line
+    (evaluate, bench's prediction) is this one."""
+    quotas = plan_quotas(plan, cache_slots)
+    if not quotas.any():
+        return Line(placement)
+    policy = plan_policy(plan)
+    return Line(placement, policy.name, quotas, policy.options)
+
+
 def cache_lines(plan: Plan, problem: Problem, placement: Placement, cache_slots: int | None
                 ) -> dict[str, Line]:
-    """The plan as deployed (its pinned pages and cache slots per layer, or `cache_slots` on
-    every card), the whole budget as per-layer LRU caches with nothing pinned (what an
-    engine's expert cache does with the same VRAM: llama.cpp PR #27861, vLLM PR #37190), and
-    the same as per-layer LFUDA caches (BigRig 0.9.1's engine cache), and Belady's MIN with
-    the plan's slots and pinned set (the limit of any policy for that split,
-    solvers/cache/belady.py). The plan's line runs its own policy and cache_params."""
-    caches = plan_caches(plan, cache_slots)
+    """The plan as deployed (`plan_line`: its pinned pages and cache slots per layer, or
+    `cache_slots` on every card, under its own policy and cache_params), the whole budget as
+    per-layer LRU caches with nothing pinned (what an engine's expert cache does with the same
+    VRAM: llama.cpp PR #27861, vLLM PR #37190), and the same as per-layer LFUDA caches (BigRig
+    0.9.1's engine cache), and Belady's MIN with the plan's slots and pinned set (the limit of
+    any policy for that split, solvers/cache/belady.py)."""
+    quotas = plan_quotas(plan, cache_slots)
     budget = np.array([c.budget_bytes for c in plan.cards], dtype=np.int64)
     unit = slot_unit(problem.expert_bytes, problem.home, problem.num_cards)
     limit = fetch_limit(problem.home, problem.num_cards,
@@ -286,9 +298,9 @@ def cache_lines(plan: Plan, problem: Problem, placement: Placement, cache_slots:
     bare = Placement(np.zeros_like(placement.resident_pages))
     out = {"lru": Line(bare, "lru", even_quotas(whole, problem.num_layers)),
            "lfuda": Line(bare, "lfuda", even_quotas(whole, problem.num_layers)),
-           "belady": Line(placement, BELADY, caches.quotas)}
-    if caches.slots.any():
-        out["placement"] = Line(placement, caches.name, caches.quotas, plan_cache_options(plan))
+           "belady": Line(placement, BELADY, quotas)}
+    if quotas.any():
+        out["placement"] = plan_line(plan, placement, cache_slots)
     return out
 
 

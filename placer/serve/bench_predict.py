@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from placer.plan.placement import Plan, plan_caches
-from placer.predict.evaluate import cache_lines, plan_placement, plan_problem
+from placer.plan.placement import Plan
+from placer.predict.evaluate import cache_lines, plan_line, plan_placement, plan_problem
 from solvers.judge.intervals import (
     REPLICATES,
     Estimate,
@@ -27,7 +27,7 @@ from solvers.judge.intervals import (
     units_of,
     verdict,
 )
-from solvers.judge.replay import Line, replay_lines
+from solvers.judge.replay import replay_lines
 from traces.storing.profile import TokenSteps
 
 
@@ -45,9 +45,7 @@ def predict_arm(plan: Plan, steps: TokenSteps, num_prompts: int, cache_slots: in
     the tokens/s point and bootstrap replicates, for paired ratios."""
     batch = steps.batch
     problem = plan_problem(plan, [], "stage")
-    caches = plan_caches(plan, cache_slots)
-    line = Line(plan_placement(plan, "stage"), caches.name if caches.slots.any() else None,
-                caches.quotas)
+    line = plan_line(plan, plan_placement(plan, "stage"), cache_slots)
     units = prompt_units(steps.seqs, num_prompts)
     lru = cache_lines(plan, problem, line.placement, cache_slots)["lru"]
     sums, _ = replay_lines(problem, {"arm": line, "lru": lru}, steps, units)

@@ -1,6 +1,7 @@
 """Caches of staged experts: the policies the runtime runs and the replay that predicts them.
 
-One class per policy (`POLICIES`), each a compiled `fetch` over per-card state
+One class per policy (`POLICIES`: one per row of solvers/cache_table.py, in its order, where
+the names live), each a compiled `fetch` over per-card state
 (`solvers.cache.policy`), used both by the runtime (`placer.runtime.staging`) and by the
 replay (`solvers.cache.replay`); Belady's offline-optimal replacement (`solvers.cache.belady`)
 bounds what any of them could do with the same slots. llama.cpp's own `--moe-cache-mib` cache
@@ -23,10 +24,10 @@ from solvers.cache.lfuda import LFUDA
 from solvers.cache.lru import LRU
 from solvers.cache.policy import CachePolicy, Lookup
 from solvers.cache.replay import StagingCounts, cache_hits, staging_counts
+from solvers.cache_table import DEFAULT_POLICY, POLICY_TABLE, policy_row
 
-POLICIES: dict[str, type[CachePolicy]] = {
-    p.name: p for p in (ClassLRU, Learned, LFRU, LFUDA, LRU)}
-DEFAULT_POLICY = "lfru"
+_CLASSES = {p.name: p for p in (ClassLRU, Learned, LFRU, LFUDA, LRU)}
+POLICIES: dict[str, type[CachePolicy]] = {row.name: _CLASSES[row.name] for row in POLICY_TABLE}
 
 __all__ = ["POLICIES", "DEFAULT_POLICY", "CachePolicy", "Lookup", "StagingCounts", "cache_hits",
            "even_quotas", "make_policy", "simulate", "staging_counts"]
@@ -37,9 +38,7 @@ def make_policy(name: str, quotas: np.ndarray, num_keys: int, *, pooled: bool = 
     """A fresh `name` cache on every card, quotas[c, l] slots for layer l of card c (pooled:
     their sum, one pool per card that every layer shares: solvers/cache/partition.py);
     `options` are the policy's own (learned's weights and calibration frequencies)."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown cache policy {name!r}; choose from {', '.join(POLICIES)}")
-    return POLICIES[name](quotas, num_keys, pooled=pooled, **options)
+    return POLICIES[policy_row(name).name](quotas, num_keys, pooled=pooled, **options)
 
 
 def even_quotas(slots: Sequence[int], num_layers: int) -> np.ndarray:

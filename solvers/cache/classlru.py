@@ -6,7 +6,9 @@ llama.cpp b12170 (ggml-org/llama.cpp #31233, `src/llama-moe-cache.cpp` at
 c4fb579695320929b6a453f4f3a56951bda332ee: the header comment and fields of `moe_cache_lru`)
 replaced its per-group LRU with one LRU list per frequency class. The rules, as read and as
 `solvers/llamacpp/classlru.py` replays them over llama.cpp's groups of layers (its docstring
-and /work/notes/classlru-rules.md list what could not be read and the reading chosen):
+and docs/llamacpp.md, "ClassLRU's sources", list what could not be read and the reading
+chosen; its constants, n_class and crf_half_life, live in solvers/llamacpp/walk.py, which
+compiles them in):
 
 - per key, kept across evictions: CRF (a C float) and the clock at its last use; a use (hit or
   fill, once per distinct expert of a fetch) sets CRF = CRF * 2^(-(now - last use) / 128) + 1;
@@ -34,6 +36,7 @@ import numpy as np
 
 from solvers.cache.kernels import CLASSLRU_SCORE
 from solvers.cache.partition import PartitionedCache
+from solvers.llamacpp.walk import CRF_HALF_LIFE, N_CLASS
 
 
 class ClassLRU(PartitionedCache):
@@ -42,8 +45,8 @@ class ClassLRU(PartitionedCache):
     name = "classlru"
     score = CLASSLRU_SCORE
     keeps = 1  # the CRF of each key
-    half_life = 128.0  # tokens (llama.cpp's crf_half_life)
-    top_class = 7      # llama.cpp's n_class - 1
+    half_life = CRF_HALF_LIFE  # tokens (llama.cpp's crf_half_life)
+    top_class = N_CLASS - 1    # llama.cpp's n_class - 1
 
     def params(self) -> np.ndarray:
         return np.array([self.half_life, float(self.top_class)])

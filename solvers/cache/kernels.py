@@ -21,7 +21,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-LRU_SCORE, LFRU_SCORE, LFUDA_SCORE, CLASSLRU_SCORE, LEARNED_SCORE = 0, 1, 2, 3, 4
+from solvers.cache_table import policy_row
+
+# each policy's victim rule: its row's score (solvers/cache_table.py; compiled in below)
+LRU_SCORE, LFRU_SCORE, LFUDA_SCORE, CLASSLRU_SCORE, LEARNED_SCORE = (
+    policy_row(name).score for name in ("lru", "lfru", "lfuda", "classlru", "learned"))
 
 # learned's features, in the order of its weights (solvers/cache/learned.py)
 HALF_LIVES = (4.0, 16.0, 64.0)  # tokens, of its decayed selection counts (each 4x the last:

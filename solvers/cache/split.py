@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.cache import even_quotas
-from solvers.cache.choice import PLAIN, PolicyChoice, choose_policy, with_weights
+from solvers.cache.choice import PLAIN, Folds, PolicyChoice, choose_policy, with_weights
 from solvers.cache.costs import Cell, CostProblem, CostTable, Scenario, first, pin_order, pins_of
 from solvers.staging import cache_only_slots
 
@@ -234,8 +234,8 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
     choice = None
     if problem.choose and plan.q.any():
         plain = next((j for j in judged if j[0].kind == "cache"), None)
-        choice = choose_policy(table, plans, weight, share, renamed, stall, seed,
-                               problem.choose,
+        choice = choose_policy(Folds(table, weight, share, renamed, stall, seed),
+                               problem.choose, plans,
                                None if plain is None or plain is best else plain[3],
                                plain is best)
         if choice.plan == PLAIN:  # the guard's: the plain cache's pins and slots

@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# ClassLRU's constants, here for both of its replays (this walk compiles them in; placer's
+# per-card ClassLRU, solvers/cache/classlru.py, hands them to its kernel as parameters)
 N_CLASS = 8              # moe_cache_lru::n_class (ClassLRU)
 CRF_HALF_LIFE = 128.0    # moe_cache_lru::crf_half_life, tokens (ClassLRU)
 CLASS_LRU_STATE = 14     # the length of ClassLRU's state (ClassLruCache.reset); any other:
