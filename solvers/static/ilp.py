@@ -48,9 +48,12 @@ def run(milp: MilpModel, time_limit: float, seed: int) -> tuple[np.ndarray | Non
     offset, proven optimal)."""
     solver = mb.Solver(BACKEND)
     solver.set_time_limit_in_seconds(max(0.1, float(time_limit)))
+    # misc/catchctrlc: SCIP would take SIGINT itself, stop and return its best: the command
+    # would go on and write its outputs as if never interrupted. Left to Python, the signal
+    # raises KeyboardInterrupt when the solve returns (within its time limit).
     solver.set_solver_specific_parameters(
         f"parallel/maxnthreads = 1\nrandomization/randomseedshift = {int(seed)}\n"
-        "limits/gap = 1e-6")
+        "limits/gap = 1e-6\nmisc/catchctrlc = FALSE")
     status = solver.solve(milp.model)
     solved = status in (mb.SolveStatus.OPTIMAL, mb.SolveStatus.FEASIBLE)
     # A run stopped before any solution (NOT_SOLVED) may still have proved a bound.
