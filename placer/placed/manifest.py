@@ -195,12 +195,7 @@ def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outp
                    "cards": [c.index for c in plan.cards]} for t in inv.dense_tensors]
     for ed, ep in zip(d["experts"], plan.experts, strict=True):
         ex = inv.expert(ep.layer, ep.expert)
-        ed["tensors"] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
-                          "stream_offset": pos, "length": t.length, "source_file": t.file,
-                          "source_offset": t.offset,
-                          "fused_shape": list(t.fused_shape) if t.fused_shape else None,
-                          "tensor_offset": t.tensor_offset}
-                         for t, pos in zip(ex.tensors, expert_starts(ex), strict=True)]
+        ed["tensors"] = expert_tensors(ex)
         mine = sorted(pieces.get((ep.layer, ep.expert), []), key=lambda p: p["stream"])
         cold = [p for p in mine if p["stream"] >= ep.resident_bytes]
         ed["cold"] = None if not cold else {
@@ -212,6 +207,15 @@ def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outp
                             if p["stream"] < hi and p["stream"] + p["length"] > lo]
     seal_manifest(d)
     return d
+
+
+def expert_tensors(ex) -> list[dict]:
+    """The `tensors` of inventory expert `ex` as the manifest records them."""
+    return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "stream_offset": pos,
+             "length": t.length, "source_file": t.file, "source_offset": t.offset,
+             "fused_shape": list(t.fused_shape) if t.fused_shape else None,
+             "tensor_offset": t.tensor_offset}
+            for t, pos in zip(ex.tensors, expert_starts(ex), strict=True)]
 
 
 def entry_pieces(file: str, e: Entry) -> list[dict]:
