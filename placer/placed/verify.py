@@ -16,6 +16,7 @@ every other check).
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import os
 import time
@@ -139,6 +140,9 @@ def check_placement(manifest: dict, inv, report: Report) -> None:
                                        f"wrong source tensors or ranges")
         if pos != src.bytes:
             report.problems.append(f"expert {key}: pages cover {pos} of {src.bytes} bytes")
+        differs = _cold_differs(ex)
+        if differs:
+            report.problems.append(f"expert {key}: {differs}")
         resident[ex["card"]] = resident.get(ex["card"], 0) + ex["resident_bytes"]
     for ex in inv.experts:
         n = seen.get((ex.layer, ex.expert), 0)
@@ -151,6 +155,28 @@ def check_placement(manifest: dict, inv, report: Report) -> None:
         elif used > capacity[c]:
             report.problems.append(f"card {c}: {used} resident bytes exceed its capacity "
                                    f"{capacity[c]}")
+
+
+def _cold_differs(ex: dict) -> str | None:
+    """How an expert's `resident_bytes` and `cold` range differ from what its pages say (the
+    resident pages' length; the cold pages' first piece and the rest of the bytes)."""
+    held = sum(page["length"] for page in ex["pages"] if page["resident"])
+    if ex["resident_bytes"] != held:
+        return f"resident_bytes {ex['resident_bytes']}, its resident pages hold {held}"
+    cold = [p for page in ex["pages"] if not page["resident"] for p in page["pieces"]]
+    want = None if not cold else {"file": cold[0]["file"], "tensor": cold[0]["tensor"],
+                                  "offset": cold[0]["offset"],
+                                  "length": ex["bytes"] - ex["resident_bytes"]}
+    got = ex["cold"] if want is None or ex["cold"] is None else {k: ex["cold"][k] for k in want}
+    if got != want:
+        return f"cold is {_short(got)}, its cold pages say {_short(want)}"
+    return None
+
+
+def _short(value: object) -> str:
+    """`value` as JSON, cut to one short line."""
+    text = json.dumps(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _tensors_differ(got: list[dict], want: list[dict]) -> str | None:
