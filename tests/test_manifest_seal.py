@@ -234,3 +234,25 @@ def test_a_sealed_manifest_that_lies_is_reported_not_raised(small: tuple[Path, P
     write_sealed(sealed(tensor, "x"), placed)
     assert verify_placed(placed, model).problems == [
         "expert (0, 0): tensors[0].name differs from the model's"]
+
+
+@pytest.mark.parametrize(("path", "value", "problem"), [
+    (("experts", 0, "tensors", 0, "shape", 0), 31,
+     "expert (0, 0): tensors[0].shape differs from the model's"),
+    (("experts", 0, "pages", 0, "pieces", 1, "tensor"), "x",
+     "card0.safetensors: tensor x named by the manifest is absent")])
+def test_run_refuses_a_sealed_manifest_that_lies_in_one_line(small: tuple[Path, Path],
+                                                             tmp_path: Path, path: tuple,
+                                                             value: object, problem: str) -> None:
+    """Were a RuntimeError from a tensor view and a KeyError from the loader."""
+    placed, model = small
+    placed = Path(shutil.copytree(placed, tmp_path / "placed"))
+    manifest = json.loads((placed / "manifest.json").read_text())
+    node = manifest
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    write_sealed(manifest, placed)
+    for args in readers(placed, model)[2:]:  # run, serve
+        assert_one_line_error(invoke(*args), f"{placed / 'manifest.json'}: {problem}")
+    assert problem in invoke("verify", placed, "--model", model).output
