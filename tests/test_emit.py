@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from placed_plans import mixed_plan
 from safetensors import safe_open
+from tiny_pipeline import write_sealed
 
 from placer.checkpoint.inventory import read_inventory
 from placer.checkpoint.tiny import quantize_layout
@@ -105,7 +106,7 @@ def flip_byte(out: Path, file: str, offset: int, forge_sha: bool) -> None:
         for f in manifest["files"]:
             if f["name"] == file:
                 f["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
-        (out / "manifest.json").write_text(json.dumps(manifest))
+        write_sealed(manifest, out)
 
 
 def flip_cold_byte(out: Path, at: int, forge_sha: bool) -> dict:
@@ -152,7 +153,7 @@ def test_verify_names_an_output_the_manifest_does_not_list(placed, cli) -> None:
     out, model = placed
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["files"] = [f for f in manifest["files"] if f["name"] != "host1.safetensors"]
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    write_sealed(manifest, out)
     result = cli("verify", out, "--model", model, ok=False)
     assert "host1.safetensors: holds pieces but is not among the manifest's files" \
         in result.output
@@ -364,7 +365,7 @@ def test_schema_is_printed_and_enforced_on_read(placed, cli) -> None:
     out, model = placed
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["experts"][0]["cold"]
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    write_sealed(manifest, out)
     result = cli("verify", out, "--model", model, ok=False)
     assert result.exit_code == 1 and "schema" in result.output and "experts/0" in result.output
 

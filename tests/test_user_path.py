@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from cli_errors import assert_one_line_error
 from rich.table import Table
-from tiny_pipeline import BOX, Pipeline, build_pipeline, invoke
+from tiny_pipeline import BOX, Pipeline, build_pipeline, invoke, write_sealed
 
 from placer.checkpoint.inventory import read_inventory
 from placer.checkpoint.step import standin_experts
@@ -166,7 +166,7 @@ def test_model_defaults_to_the_manifests_source(pipe, tmp_path):
     shutil.copytree(pipe.placed, moved / "placed")
     manifest = json.loads((moved / "placed" / "manifest.json").read_text())
     manifest["source"]["dir"] = str(tmp_path / "gone")
-    (moved / "placed" / "manifest.json").write_text(json.dumps(manifest))
+    write_sealed(manifest, moved / "placed")
     for args in (["verify", moved / "placed"], ["run", moved / "placed", "--prompt", "x"],
                  ["bench", moved / "placed", "--prompts", BOX],
                  ["serve", moved / "placed"]):

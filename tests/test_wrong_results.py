@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cli_errors import assert_one_line_error
-from tiny_pipeline import BOX, Pipeline, build_pipeline, invoke
+from tiny_pipeline import BOX, Pipeline, build_pipeline, invoke, write_sealed
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_manifest_file_names_stay_in_their_directory(pipe: Pipeline, tmp_path: P
                                                      field: str, bad: str) -> None:
     placed, manifest = placed_copy(pipe, tmp_path)
     NAMES[field](manifest, bad)
-    (placed / "manifest.json").write_text(json.dumps(manifest))
+    write_sealed(manifest, placed)
     for args in (["verify", placed, "--model", pipe.model],
                  ["run", placed, "--model", pipe.model, "--prompt", "Hi", "--max-new-tokens", 1,
                   "--device", "cpu"]):
@@ -116,7 +116,7 @@ def test_manifest_file_names_stay_in_their_directory(pipe: Pipeline, tmp_path: P
 def test_a_card_outside_the_manifest_is_named(pipe: Pipeline, tmp_path: Path) -> None:
     placed, manifest = placed_copy(pipe, tmp_path)
     manifest["experts"][0]["card"] = 7
-    (placed / "manifest.json").write_text(json.dumps(manifest))
+    write_sealed(manifest, placed)
     result = invoke("verify", placed, "--model", pipe.model, "--json")
     problems = json.loads(result.stdout)["problems"]
     assert "card 7: homes experts but is not among the manifest's cards [0, 1]" in problems

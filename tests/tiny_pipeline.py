@@ -48,3 +48,13 @@ def tree(path: Path) -> dict[str, bytes]:
     """Every file under `path` (links followed) by relative name, with its bytes."""
     return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*"))
             if f.is_file()}
+
+
+def write_sealed(manifest: dict, placed: Path) -> None:
+    """Write `manifest` into placed/manifest.json sealed as emit seals it (a digest of its own
+    bytes): a manifest that proves itself yet says something else, as a faulty or hostile
+    emitter would write one, for the checks behind the digest."""
+    from placer.placed.seal import manifest_text, seal_manifest
+
+    seal_manifest(manifest)
+    (Path(placed) / "manifest.json").write_text(manifest_text(manifest))

@@ -22,9 +22,9 @@ import jsonschema
 
 from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
-from placer.files import dumps_json
 from placer.placed.layout import Entry, expert_starts
-from placer.plan.format import MANIFEST_FORMAT
+from placer.placed.seal import check_seal, manifest_text, seal_manifest
+from placer.plan.format import MANIFEST_FORMAT, MANIFEST_VERSION
 from placer.plan.placement import Plan
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import loads_json
@@ -143,7 +143,8 @@ def validate_manifest(manifest: dict) -> None:
 def read_manifest(path: Path) -> dict:
     """Read and validate a manifest (`path` is the placed directory or the manifest).
     PlacerError in one line when it is missing, not a file, unreadable, not UTF-8 JSON
-    (RFC 8259; emit writes UTF-8) or not the schema."""
+    (RFC 8259; emit writes UTF-8), not the bytes its digest covers (placer.placed.seal:
+    checked before anything else) or not the schema."""
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
@@ -152,7 +153,11 @@ def read_manifest(path: Path) -> dict:
                           "not finish)")
     raw = read_bounded(path, "manifest", error=PlacerError)
     manifest = loads_json(raw, str(path), PlacerError)
-    validate_manifest(manifest)
+    check_seal(raw, manifest, str(path))  # first: nothing else reads bytes changed after emit
+    try:
+        validate_manifest(manifest)
+    except PlacerError as exc:
+        raise PlacerError(f"{path}: {exc}") from None
     return manifest
 
 
@@ -160,7 +165,7 @@ def write_manifest(manifest: dict, path: Path) -> None:
     """Write the manifest (strict JSON) into the staging directory and fsync it: no temporary
     name is needed there, nothing reads the directory before it is put in place."""
     with open(path, "w") as f:
-        f.write(dumps_json(manifest) + "\n")
+        f.write(manifest_text(manifest))
         f.flush()
         os.fsync(f.fileno())
 
@@ -168,15 +173,16 @@ def write_manifest(manifest: dict, path: Path) -> None:
 
 def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outputs: list,
                    align: int, source_sha: dict[str, str]) -> dict:
-    """The plan plus where every byte landed (see docs/manifest.md); `source_sha` is the
-    sha256 of every source file and config.json, by name."""
+    """The plan plus where every byte landed (see docs/manifest.md), sealed with its digest
+    (placer.placed.seal); `source_sha` is the sha256 of every source file and config.json,
+    by name."""
     pieces: dict[tuple[int, int], list[dict]] = {}
     for f, _, entries in laid:
         for e in entries:
             if e.owner is not None:
                 pieces.setdefault(e.owner, []).extend(entry_pieces(f.name, e))
     d = plan.to_json()
-    d["format"] = MANIFEST_FORMAT
+    d["format"], d["version"] = MANIFEST_FORMAT, MANIFEST_VERSION
     d["source"] = {"dir": str(model_dir.resolve()),
                    "files": [{"name": s.name, "size": s.size, "sha256": source_sha[s.name]}
                              for s in inv.files]
@@ -189,12 +195,7 @@ def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outp
                    "cards": [c.index for c in plan.cards]} for t in inv.dense_tensors]
     for ed, ep in zip(d["experts"], plan.experts, strict=True):
         ex = inv.expert(ep.layer, ep.expert)
-        ed["tensors"] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
-                          "stream_offset": pos, "length": t.length, "source_file": t.file,
-                          "source_offset": t.offset,
-                          "fused_shape": list(t.fused_shape) if t.fused_shape else None,
-                          "tensor_offset": t.tensor_offset}
-                         for t, pos in zip(ex.tensors, expert_starts(ex), strict=True)]
+        ed["tensors"] = expert_tensors(ex)
         mine = sorted(pieces.get((ep.layer, ep.expert), []), key=lambda p: p["stream"])
         cold = [p for p in mine if p["stream"] >= ep.resident_bytes]
         ed["cold"] = None if not cold else {
@@ -204,7 +205,17 @@ def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outp
             lo, hi = pd["offset"], pd["offset"] + pd["length"]
             pd["pieces"] = [_clip(p, lo, hi) for p in mine
                             if p["stream"] < hi and p["stream"] + p["length"] > lo]
+    seal_manifest(d)
     return d
+
+
+def expert_tensors(ex) -> list[dict]:
+    """The `tensors` of inventory expert `ex` as the manifest records them."""
+    return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "stream_offset": pos,
+             "length": t.length, "source_file": t.file, "source_offset": t.offset,
+             "fused_shape": list(t.fused_shape) if t.fused_shape else None,
+             "tensor_offset": t.tensor_offset}
+            for t, pos in zip(ex.tensors, expert_starts(ex), strict=True)]
 
 
 def entry_pieces(file: str, e: Entry) -> list[dict]:

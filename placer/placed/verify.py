@@ -1,10 +1,11 @@
 """Prove a placed directory byte for byte against its source checkpoint.
 
-Checks, in order: the manifest validates; the checkpoint is the model it was placed from;
-every output file exists with the recorded size and opens as safetensors with the tensors
-the manifest names; every routed expert of the inventory is placed exactly once, its pages
-tile its byte stream with a resident prefix, and their pieces name the right source tensors;
-no card keeps more resident than its capacity; and, once all of that holds, reading each
+Checks, in order: the manifest's bytes are those its digest covers (placer.placed.seal) and
+it validates; the checkpoint is the model it was placed from; every output file exists with
+the recorded size and opens as safetensors with the tensors the manifest names; every routed
+expert of the inventory is placed exactly once, its tensors are the model's, its pages tile
+its byte stream with a resident prefix and their pieces name the right source tensors and
+files; no card keeps more resident than its capacity; and, once all of that holds, reading each
 output once (streamed, chunk by chunk), its sha256 is the manifest's and every piece's bytes
 equal the source bytes they came from (a difference is reported at the absolute offset of its
 first differing byte, in the output and in the source), and every source file, hashed afresh,
@@ -15,6 +16,7 @@ every other check).
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import os
 import time
@@ -30,7 +32,7 @@ from placer.checkpoint.inventory import read_inventory
 from placer.errors import PlacerError
 from placer.placed import digests
 from placer.placed.layout import stream_segments
-from placer.placed.manifest import read_manifest
+from placer.placed.manifest import expert_tensors, read_manifest
 from placer.placed.stream import WRITE_BYTES, direct_io, pread_into, set_direct, sha256_file
 from traces.errors import first_line
 
@@ -117,6 +119,10 @@ def check_placement(manifest: dict, inv, report: Report) -> None:
             report.problems.append(f"expert {key}: {ex['bytes']} bytes, the model's has "
                                    f"{src.bytes}")
             continue
+        differs = _tensors_differ(ex["tensors"], expert_tensors(src))
+        if differs:
+            report.problems.append(f"expert {key}: {differs} differs from the model's")
+            continue
         pos, cold_seen = 0, False
         for page in ex["pages"]:
             if page["offset"] != pos or sum(p["length"] for p in page["pieces"]) != page["length"]:
@@ -127,13 +133,16 @@ def check_placement(manifest: dict, inv, report: Report) -> None:
             cold_seen |= not page["resident"]
             pos += page["length"]
             want = stream_segments(src, page["offset"], page["offset"] + page["length"])
-            got = [(p["origin"]["tensor"], p["origin"]["start"], p["length"])
-                   for p in page["pieces"]]
-            if [(s.tensor, s.start, s.length) for s in want] != got:
+            got = [(p["origin"]["tensor"], p["origin"]["source_file"], p["origin"]["start"],
+                    p["length"]) for p in page["pieces"]]
+            if [(s.tensor, s.file, s.start, s.length) for s in want] != got:
                 report.problems.append(f"expert {key} page {page['index']}: pieces name the "
                                        f"wrong source tensors or ranges")
         if pos != src.bytes:
             report.problems.append(f"expert {key}: pages cover {pos} of {src.bytes} bytes")
+        differs = _cold_differs(ex)
+        if differs:
+            report.problems.append(f"expert {key}: {differs}")
         resident[ex["card"]] = resident.get(ex["card"], 0) + ex["resident_bytes"]
     for ex in inv.experts:
         n = seen.get((ex.layer, ex.expert), 0)
@@ -146,6 +155,37 @@ def check_placement(manifest: dict, inv, report: Report) -> None:
         elif used > capacity[c]:
             report.problems.append(f"card {c}: {used} resident bytes exceed its capacity "
                                    f"{capacity[c]}")
+
+
+def _cold_differs(ex: dict) -> str | None:
+    """How an expert's `resident_bytes` and `cold` range differ from what its pages say (the
+    resident pages' length; the cold pages' first piece and the rest of the bytes)."""
+    held = sum(page["length"] for page in ex["pages"] if page["resident"])
+    if ex["resident_bytes"] != held:
+        return f"resident_bytes {ex['resident_bytes']}, its resident pages hold {held}"
+    cold = [p for page in ex["pages"] if not page["resident"] for p in page["pieces"]]
+    want = None if not cold else {"file": cold[0]["file"], "tensor": cold[0]["tensor"],
+                                  "offset": cold[0]["offset"],
+                                  "length": ex["bytes"] - ex["resident_bytes"]}
+    got = ex["cold"] if want is None or ex["cold"] is None else {k: ex["cold"][k] for k in want}
+    if got != want:
+        return f"cold is {_short(got)}, its cold pages say {_short(want)}"
+    return None
+
+
+def _short(value: object) -> str:
+    """`value` as JSON, cut to one short line."""
+    text = json.dumps(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _tensors_differ(got: list[dict], want: list[dict]) -> str | None:
+    """The first field where an expert's recorded `tensors` differ from the model's."""
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        for k, v in w.items():
+            if g.get(k) != v:
+                return f"tensors[{i}].{k}"
+    return None if len(got) == len(want) else f"tensors (the model's has {len(want)})"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,13 @@ import jsonschema
 from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
 from placer.plan.engine_check import check_engine
-from placer.plan.format import MANIFEST_FORMAT, PLAN_FORMAT, READ_VERSIONS, page_spans
+from placer.plan.format import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    PLAN_FORMAT,
+    READ_VERSIONS,
+    page_spans,
+)
 from placer.plan.options import LEARNED_FEATURES
 from solvers.cache_table import POLICY_NAMES
 from traces.errors import first_line
@@ -55,9 +61,10 @@ def check_plan(d: Any, source: str) -> None:
     if d.get("format") not in (PLAN_FORMAT, MANIFEST_FORMAT):
         raise PlacerError(f"{source}: not a placer plan or manifest "
                           f"(no 'format': '{PLAN_FORMAT}')")
-    if d.get("version") not in READ_VERSIONS:
+    versions = READ_VERSIONS + ((MANIFEST_VERSION,) if d["format"] == MANIFEST_FORMAT else ())
+    if d.get("version") not in versions:
         raise PlacerError(f"{source}: plan version {d.get('version')!r} is not supported "
-                          f"(this placer reads versions {', '.join(map(str, READ_VERSIONS))})")
+                          f"(this placer reads versions {', '.join(map(str, versions))})")
     for key in REQUIRED:
         if key not in d:
             w.fail(key, "missing")

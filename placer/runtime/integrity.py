@@ -8,6 +8,10 @@ Digests come from the cache of placer/digests.py where a file's stat is unchange
 remembers its sources'), else the file is hashed once (threads, one file each) and its
 digest remembered, so only the first run after a change pays for reading the bytes.
 `placer verify` is the full proof: it hashes everything afresh and compares every byte.
+Its checks that read no byte (every expert placed once with the model's tensors, pages that
+tile it, pieces naming tensors the files hold) run next (`check_layout`): a manifest
+whose digest holds but which says something else (a faulty emitter's) is one line, not a
+traceback from deep in the loader.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from placer.errors import PlacerError
 from placer.placed import digests
 from placer.placed.stream import sha256_file
+from placer.placed.verify import Report, check_files, check_placement
 
 
 def check_integrity(placed: Path, checkpoint: Path, manifest: dict) -> None:
@@ -44,6 +49,18 @@ def check_integrity(placed: Path, checkpoint: Path, manifest: dict) -> None:
         if found[path] != f["sha256"]:
             raise PlacerError(f"{path}: sha256 differs from the manifest's (changed since "
                               "emit; placer verify names the bytes)")
+
+
+def check_layout(placed: Path, manifest: dict, inv) -> None:
+    """PlacerError (one line) at the first problem `placer verify` finds in `manifest`
+    (placed from the checkpoint of inventory `inv`) without reading a placed byte."""
+    report = Report(str(placed))
+    check_files(Path(placed), manifest, report)
+    check_placement(manifest, inv, report)
+    if report.problems:
+        more = len(report.problems) - 1
+        raise PlacerError(f"{Path(placed) / 'manifest.json'}: {report.problems[0]}"
+                          + (f" (and {more} more: placer verify names them)" if more else ""))
 
 
 def file_digests(paths: list[Path]) -> dict[Path, str]:

@@ -19,7 +19,7 @@ from placer.checkpoint.inventory import read_inventory
 from placer.errors import PlacerError
 from placer.placed.manifest import read_manifest
 from placer.runtime.experts import StagedExperts
-from placer.runtime.integrity import check_integrity
+from placer.runtime.integrity import check_integrity, check_layout
 from placer.runtime.loader import PlacedRuntime, load_placed
 from placer.runtime.patch import load_staged_model
 
@@ -68,11 +68,12 @@ def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
     hf_logging.disable_progress_bar()  # stdout/stderr stay the command's own (--json)
     torch_device = resolve_device(device)
     manifest = read_manifest(placed)
-    fingerprint = read_inventory(checkpoint, gguf=False).fingerprint
-    if fingerprint != manifest["model"]["fingerprint"]:
+    inv = read_inventory(checkpoint, gguf=False)
+    if inv.fingerprint != manifest["model"]["fingerprint"]:
         raise PlacerError(f"{placed} was placed for model {manifest['model']['fingerprint']}, "
-                          f"but {checkpoint} is model {fingerprint}")
+                          f"but {checkpoint} is model {inv.fingerprint}")
     check_integrity(placed, checkpoint, manifest)
+    check_layout(placed, manifest, inv)
     runtime = load_placed(placed, device=torch_device, cache_slots=cache_slots)
     model = load_staged_model(checkpoint, runtime, device=str(torch_device), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
