@@ -19,7 +19,9 @@ PlanArg = Annotated[Path, typer.Argument(help="plan.json or manifest.json (or it
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
 
 
-GROUP_HELP = "Write a plan in serving engines' formats."
+GROUP_HELP = ("A plan in serving engines' terms: SGLang's expert locations (sglang), "
+              "TensorRT-LLM's static placement (trtllm), sglang-kt's GPU experts "
+              "(ktransformers), llama.cpp's arguments (llamacpp).")
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,9 @@ from placer.hardware.spec_toml import spec_toml
 from placer.report.hardware import print_known_cards, print_spec
 from placer.units import parse_bytes
 
-GROUP_HELP = "Hardware specs: the presets that ship with placer."
+GROUP_HELP = ("Hardware specs: list and show the presets that ship with placer (or a spec "
+              "file), write one for your box from what you know of it (new), and the cards "
+              "placer knows (cards).")
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,8 @@ from placer.files import check_apart, check_target, removed_on_failure, write_by
 from placer.report.traces import print_stats
 from traces.choices import FORMAT_NAMES
 
-GROUP_HELP = "Inspect routing traces and import other tools' dumps."
+GROUP_HELP = ("Routing traces: summarize one (stats), split one into calibration and held-out "
+              "traffic (split), import other engines' routing (import).")
 
 
 def register(app: typer.Typer) -> None:
