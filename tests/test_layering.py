@@ -22,7 +22,7 @@ ROOMS = {"errors": 0, "units": 0, "files": 0, "progress": 0,
          "placed": 3, "predict": 3, "exporters": 3,
          "runtime": 4,
          "serve": 5,
-         "report": 5.5,  # what the commands print: tables, figures and summaries
+         "report": 5.25,  # what the commands print: tables, figures and summaries
          "commands": 6,
          "cli": 7, "__main__": 8}
 BASICS = {room for room, rank in ROOMS.items() if rank == 0}

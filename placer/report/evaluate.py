@@ -12,8 +12,10 @@ from rich.table import Table
 
 from placer.files import write_text_atomic
 from placer.report.figures import (
+    MOST_ROWS,
     beside,
     bytes_plus_minus,
+    capped,
     columns,
     label,
     plus_minus,
@@ -23,8 +25,6 @@ from placer.report.figures import (
     wrapped,
 )
 from placer.report.figures import console as rich_console
-
-MOST_ROWS = 12  # rows of the summary's ratio table; the rest are in the full tables
 
 
 def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = False,
@@ -36,9 +36,10 @@ def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = Fa
 
     full = None
     if out is not None:
-        full = beside(out)
         write_json_atomic({k: v for k, v in report.items() if k != "per_layer"}, out)
-        write_text_atomic(printed(lambda: print_report(report)), full)
+        full = beside(out)
+        if full is not None:
+            write_text_atomic(printed(lambda: print_report(report)), full)
     if quiet:
         return
     if verbose:
@@ -78,14 +79,11 @@ def ratio_lines(results: list[dict]) -> list[str]:
              ratio_text(r, "lru", short=True) if "ratio_to_lru" in r
              else ratio_text(r, "nocache", short=True) if "ratio_to_nocache" in r else "-")
             for r in results]
-    llama = {r["execution"] == "llamacpp" for r in results}
-    head = [("traffic", "B", "execution", "/ -ncmoe" if llama == {True} else "/ layer offload",
-             "verdict", {frozenset({True}): "/ no cache", frozenset({False}): "/ lru"}.get(
-                 frozenset(llama), "/ lru or no cache"))]
-    more = len(rows) - MOST_ROWS
-    lines = columns(head + rows[:MOST_ROWS])
-    if more > 0:
-        lines.append(f"  ... {more} more rows in the full tables")
+    llama = [r["execution"] == "llamacpp" for r in results]
+    cache = "/ no cache" if all(llama) else "/ lru or no cache" if any(llama) else "/ lru"
+    head = [("traffic", "B", "execution", "/ -ncmoe" if all(llama) else "/ layer offload",
+             "verdict", cache)]
+    lines = capped(columns(head + rows), MOST_ROWS + 1)
     paths = {n: p for p, n in names.items() if n != p}
     return lines + [f"  {n}: {p}" for n, p in list(paths.items())[:3]]
 

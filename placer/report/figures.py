@@ -20,6 +20,7 @@ PIPE_WIDTH = 1000  # columns of text when stdout is not a terminal: never cut
 TABLE_WIDTH = 100  # columns a table or a summary line takes at most: cells wrap, never cut
 SUMMARY_LINES = 25  # lines a command's closing summary takes, about
 LABEL_WIDTH = 20  # a row label of a summary at most (a longer name is cut at its start)
+MOST_ROWS = 12  # rows of a summary's table; the rest are in the full tables
 
 
 def console() -> Console:
@@ -46,9 +47,12 @@ def printed(show: Callable[[], None]) -> str:
     return text.getvalue()
 
 
-def beside(out: Path) -> Path:
+def beside(out: Path) -> Path | None:
     """The text file of the full tables beside the output `out`: plan.json -> plan.txt (a
-    .txt output gets .txt.txt, never itself)."""
+    .txt output gets .txt.txt, never itself); None where `out` is no regular file
+    (/dev/null, a pipe: nothing is written beside it)."""
+    if not Path(out).is_file():
+        return None
     return out.with_name(out.name + ".txt") if out.suffix == ".txt" else out.with_suffix(".txt")
 
 
@@ -94,6 +98,13 @@ def columns(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     return [(indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                 for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              ).rstrip() for r in rows]
+
+
+def capped(rows: list[str], most: int = MOST_ROWS) -> list[str]:
+    """The first `most` rows of a summary's table, and a line saying how many more there are
+    in the full tables."""
+    more = len(rows) - most
+    return rows if more <= 0 else [*rows[:most], f"  ... {more} more rows in the full tables"]
 
 
 def wrapped(text: str, indent: str = "  ") -> list[str]:

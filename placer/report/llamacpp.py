@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from placer.report.figures import columns, label, plus_minus, print_table, span, wrapped
+from placer.report.figures import capped, columns, label, plus_minus, print_table, span, wrapped
 from placer.report.figures import console as rich_console
 from placer.report.marks import closing
 
@@ -33,10 +33,10 @@ def llamacpp_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[s
     ncmoe = next((o for o in engine["options"] if o["name"] == "ncmoe"), None)
     against = "-ncmoe" if ncmoe is None else _layers(ncmoe)
     lines.append(f"predicted decode: the choice's stall / {against}'s (95% interval)")
-    lines += columns([(label(r["profile"]), f"B={r['concurrency']}",
-                       f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}",
-                       f"{fig['tokens_per_s']:.2f} tok/s")
-                      for r in plan.predicted for fig in [r["options"]["chosen"]]])
+    lines += capped(columns([(label(r["profile"]), f"B={r['concurrency']}",
+                              f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}",
+                              f"{fig['tokens_per_s']:.2f} tok/s")
+                             for r in plan.predicted for fig in [r["options"]["chosen"]]]))
     losses = [f"{r['profile']} B={r['concurrency']}" for r in plan.predicted
               if any(note.startswith(f"{r['profile']} B={r['concurrency']}:")
                      for note in cache_losses(plan))]

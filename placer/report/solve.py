@@ -15,6 +15,7 @@ from rich.table import Table
 from placer.files import write_text_atomic
 from placer.report.figures import (
     beside,
+    capped,
     columns,
     label,
     plus_minus,
@@ -42,7 +43,8 @@ def report_solve(plan: Plan, out: Path, notes: Sequence[str] = (), *, verbose: b
     else:
         show, summary = (lambda: print_plan(plan, out, notes)), solve_summary
     full = beside(out)
-    write_text_atomic(printed(show), full, inputs)
+    if full is not None:
+        write_text_atomic(printed(show), full, inputs)
     if quiet:
         return
     if verbose:
@@ -64,11 +66,11 @@ def solve_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[str]
     lines += card_lines(plan)
     lines += cache_lines(plan.cache or {})
     lines.append("predicted on calibration traffic: stall / layer offload (95% interval)")
-    lines += columns([(label(r["profile"]), f"B={r['concurrency']}",
-                       f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}",
-                       f"{r['placement']['tokens_per_s']:.2f} tok/s",
-                       f"(layer offload {r['layer']['tokens_per_s']:.2f})")
-                      for r in plan.predicted])
+    lines += capped(columns([(label(r["profile"]), f"B={r['concurrency']}",
+                              f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}",
+                              f"{r['placement']['tokens_per_s']:.2f} tok/s",
+                              f"(layer offload {r['layer']['tokens_per_s']:.2f})")
+                             for r in plan.predicted]))
     if plan.robust:
         worst = plan.robust.get("worst_ratio") or max(plan.robust["ratios"].values())
         lines.append(f"robust: at most {worst:.3f}x layer offload's stall on any traffic set "
