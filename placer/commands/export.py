@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -10,10 +11,9 @@ import typer
 from placer.checkpoint.config import read_config
 from placer.commands.common import command, print_json
 from placer.errors import PlacerError
-from placer.exporters.engine_command import EngineCommand
 from placer.exporters.output import check_out
 from placer.files import write_text_atomic
-from placer.report.exporters import print_engine_command, print_offload
+from placer.report.exporters import print_offload
 
 PlanArg = Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
@@ -168,7 +168,7 @@ def register(app: typer.Typer) -> None:
         p = read_plan(plan)
         names = None if devices is None else [d.strip() for d in devices.split(",")]
         if p.engine is not None:
-            _engine_export(p, EngineCommand(model, option, llamacpp_version, names), out,
+            _engine_export(p, EngineExport(model, option, llamacpp_version, names), out,
                            inputs, json_out)
             return
         for flag, given in (("--option", option), ("--llamacpp-version", llamacpp_version),
@@ -185,15 +185,61 @@ def register(app: typer.Typer) -> None:
             print_offload(p, offload)
 
 
-def _engine_export(p, asked: EngineCommand, out: Path | None, inputs: tuple,
+@dataclass(frozen=True)
+class EngineExport:
+    """What `export llamacpp` was asked for an --engine llamacpp plan."""
+
+    model: Path | None
+    option: str | None
+    version: str | None
+    devices: list[str] | None
+
+
+def _engine_export(p, asked: EngineExport, out: Path | None, inputs: tuple,
                    json_out: bool) -> None:
     """Print (and with --out write) the llama-server command of an --engine llamacpp plan."""
-    from placer.exporters.engine_command import engine_command
+    from placer.exporters.llamacpp import check_model, device_names, plan_option, server_command
+    from placer.plan.llamacpp import plan_build
+    from solvers.errors import SolverError
+    from solvers.llamacpp.builds import parse_build
 
-    found = engine_command(p, asked)
-    if out is not None:
-        write_text_atomic(found.line + "\n", out, inputs)
-    if json_out:
-        print_json(found.to_json(p))
+    engine = p.engine
+    try:
+        build = plan_build(p, None if asked.version is None else parse_build(asked.version))
+    except SolverError as exc:
+        raise PlacerError(str(exc)) from None
+    if asked.model is not None:
+        check_model(p, asked.model)
+        model = str(asked.model)
+    elif engine.get("gguf"):
+        model = engine["gguf"]
     else:
-        print_engine_command(p, found, asked.option)
+        raise PlacerError("give --model MODEL.gguf: this plan was solved from a checkpoint or "
+                          "config.json, and placer checks the GGUF against it")
+    names = None if asked.devices is None else device_names(p, asked.devices)
+    chosen = plan_option(p, asked.option)
+    line = server_command(p, build, model, chosen, names)
+    if out is not None:
+        write_text_atomic(line + "\n", out, inputs)
+    if json_out:
+        print_json({"command": line, "option": chosen.get("name", "chosen"),
+                    "host_layers": chosen["host_layers"], "n_cpu_moe": chosen["n_cpu_moe"],
+                    "moe_cache_mib": chosen["moe_cache_mib"], "slots": chosen["slots"],
+                    "cpu_share": chosen.get("cpu_share", 0.0),
+                    "pinned": chosen.get("pinned", True), "choice": engine["choice"],
+                    "tensor_split": engine.get("tensor_split"), "context": engine.get("context"),
+                    "devices": engine.get("devices"), "build": build.to_json(),
+                    "build_label": build.label})
+        return
+    what = (engine["choice"] if asked.option is None else f"option {chosen['name']!r}")
+    typer.echo(f"# {what}: experts of decoder layers {chosen['host_layers']} in host memory, "
+               f"cache {chosen['moe_cache_mib']} MiB ({chosen['slots'] or 'no'} slots per "
+               "group)")
+    typer.echo(f"# predicted for {build.label}")
+    if engine.get("tensor_split"):
+        host = set(chosen["host_layers"])
+        for c in range(len(engine["tensor_split"])):
+            mine = [x for x, d in zip(p.moe_layers, engine["devices"], strict=True) if d == c]
+            typer.echo(f"# card {c} (-ts {engine['tensor_split'][c]:g}): MoE layers {mine}, "
+                       f"host {[x for x in mine if x in host]}")
+    typer.echo(line)

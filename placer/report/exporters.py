@@ -1,5 +1,5 @@
-"""What `placer export llamacpp` prints besides the arguments: the layer-offload baseline's
-cold layers and tensors, or an --engine llamacpp plan's choice, build and cards."""
+"""What `placer export llamacpp` prints besides the arguments of a plan's layer-offload
+baseline: its cold layers and the tensors they move, each device's layers, warnings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from placer.exporters.engine_command import ServerLine
     from placer.exporters.llamacpp import LlamaCppOffload
     from placer.plan.placement import Plan
 
@@ -35,21 +34,3 @@ def print_offload(plan: Plan, offload: LlamaCppOffload) -> None:
         typer.echo(f"# {name}: experts of decoder layers {layers or 'none'}")
     for warning in offload.warnings:
         typer.echo(f"# warning: {warning}")
-
-
-def print_engine_command(plan: Plan, found: ServerLine, option: str | None) -> None:
-    """An --engine llamacpp plan's llama-server line, after comments: the choice (or the
-    option asked), the build, each card's layers."""
-    engine, chosen = plan.engine, found.chosen
-    what = (engine["choice"] if option is None else f"option {chosen['name']!r}")
-    typer.echo(f"# {what}: experts of decoder layers {chosen['host_layers']} in host memory, "
-               f"cache {chosen['moe_cache_mib']} MiB ({chosen['slots'] or 'no'} slots per "
-               "group)")
-    typer.echo(f"# predicted for {found.build.label}")
-    if engine.get("tensor_split"):
-        host = set(chosen["host_layers"])
-        for c in range(len(engine["tensor_split"])):
-            mine = [x for x, d in zip(plan.moe_layers, engine["devices"], strict=True) if d == c]
-            typer.echo(f"# card {c} (-ts {engine['tensor_split'][c]:g}): MoE layers {mine}, "
-                       f"host {[x for x in mine if x in host]}")
-    typer.echo(found.line)
