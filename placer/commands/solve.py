@@ -17,7 +17,8 @@ from placer.hardware.spec import load_spec
 from placer.plan.options import CACHE_POLICIES, EXECUTIONS, SOLVERS, SolveOptions
 from placer.progress import StageSpinner
 from placer.report.llamacpp import print_llamacpp  # noqa: F401 - placer.commands.pipeline's
-from placer.report.solve import print_plan, report_solve  # noqa: F401 - print_plan: the same
+from placer.report.solve import print_plan  # noqa: F401 - placer.commands.pipeline's
+from placer.report.solve_summary import report_solve
 from placer.units import parse_bytes
 
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 from rich.table import Table
 
-from placer.files import write_text_atomic
+from placer.files import write_json_atomic
 from placer.report.figures import (
     MOST_ROWS,
     beside,
     bytes_plus_minus,
     capped,
     columns,
+    finish,
     label,
     plus_minus,
     print_table,
-    printed,
     span,
     wrapped,
 )
@@ -32,21 +32,10 @@ def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = Fa
     """With `out`, the report as JSON there and its full tables beside it (evaluate.json,
     evaluate.txt); then the summary on stdout, or with `verbose` the full tables, or with
     `quiet` nothing (--json)."""
-    from placer.files import write_json_atomic
-
-    full = None
     if out is not None:
         write_json_atomic({k: v for k, v in report.items() if k != "per_layer"}, out)
-        full = beside(out)
-        if full is not None:
-            write_text_atomic(printed(lambda: print_report(report)), full)
-    if quiet:
-        return
-    if verbose:
-        print_report(report)
-    else:
-        rich_console().print("\n".join(evaluate_summary(report, full)), highlight=False,
-                             markup=False)
+    finish(lambda: print_report(report), lambda full: evaluate_summary(report, full),
+           None if out is None else beside(out), verbose=verbose, quiet=quiet)
 
 
 def evaluate_summary(report: dict, full: Path | None = None) -> list[str]:

@@ -10,11 +10,16 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
+from placer.files import write_text_atomic
 from placer.units import BYTE_UNITS
+
+if TYPE_CHECKING:
+    from placer.files import Inputs
 
 PIPE_WIDTH = 1000  # columns of text when stdout is not a terminal: never cut
 TABLE_WIDTH = 100  # columns a table or a summary line takes at most: cells wrap, never cut
@@ -45,6 +50,20 @@ def printed(show: Callable[[], None]) -> str:
     with contextlib.redirect_stdout(text):
         show()
     return text.getvalue()
+
+
+def finish(show: Callable[[], None], summary: Callable[[Path | None], list[str]],
+           full: Path | None, *, verbose: bool = False, quiet: bool = False,
+           inputs: Inputs = ()) -> None:
+    """How solve and evaluate end: what `show` prints (the full tables) written to `full`
+    (None: nowhere); then on stdout the `summary(full)` lines, or with `verbose` the full
+    tables, or with `quiet` nothing (--json prints instead)."""
+    if full is not None:
+        write_text_atomic(printed(show), full, inputs)
+    if verbose and not quiet:
+        show()
+    elif not quiet:
+        console().print("\n".join(summary(full)), highlight=False, markup=False)
 
 
 def beside(out: Path) -> Path | None:

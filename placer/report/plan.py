@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from placer.report.evaluate import ratio_lines
 from placer.report.figures import shell_lines, wrapped
 from placer.report.marks import estimates
-from placer.report.solve import cache_lines, card_lines
+from placer.report.solve_summary import cache_lines, card_lines
 
 if TYPE_CHECKING:
     from placer.plan.placement import Plan
