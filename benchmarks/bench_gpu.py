@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from placed_models import OVERHEAD_TARGET, build_model, place, sync, time_arms
 
-from placer.commands.bench import print_report
+from placer.report.serving import print_bench
 from placer.runtime.counters import StagingCounters
 from placer.runtime.loader import load_placed
 from placer.runtime.patch import load_staged_model
@@ -220,7 +220,7 @@ def campaign(model: Path, root: Path, spec: Path, prompts: Path, size: Size) -> 
         arms.append(root / name)
     opts = BenchOptions(concurrency=size.concurrency, trials=size.trials,
                         max_new_tokens=size.new_tokens, device=size.device)
-    print_report(bench(arms, model, prompts, opts))
+    print_bench(bench(arms, model, prompts, opts))
 
 
 def main() -> None:

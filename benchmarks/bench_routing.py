@@ -349,7 +349,7 @@ def skew(name: str, counts: dict[str, np.ndarray], top_k: int, expert_bytes: int
 
 
 def curve(root: Path, dirs: dict[str, tuple[Path, Path]]) -> None:
-    from placer.commands.common import plus_minus
+    from placer.report.figures import plus_minus
 
     print("\n3. calibration curve (ESFT intent, 4 folds over sequences, B=1; means over folds "
           "± the 95% interval over folds)")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import os
 import shlex
 import sys
@@ -78,6 +77,7 @@ class PlanRequest:
     oracle_time_limit: float = 10.0
     text_field: str = "text"
     llamacpp_version: str | None = None
+    verbose: bool = False       # the full tables of plan and evaluate before the summary
 
 
 @dataclass
@@ -161,7 +161,7 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Tar
                     "engine": target.engine, "options": asdict(req.solve),
                     "build": None if target.build is None else target.build.to_json(),
                     "gguf": None if target.gguf is None else str(target.gguf)}
-    stage("solve", solve_inputs, (plan_path,),
+    stage("solve", solve_inputs, (plan_path, plan_path.with_suffix(".txt")),
           lambda: run_solve(req, inv, spec, target, calib, plan_path, progress))
     eval_inputs = {"plan": stages["solve"].key, "heldout": stages["split"].key,
                    "oracle_time_limit": req.oracle_time_limit}
@@ -171,11 +171,19 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Tar
     stage("export", {"plan": stages["solve"].key, "command": command}, (run_path,),
           lambda: write_command(command, run_path))
 
+    from placer.plan.placement import read_plan
+    from placer.report.figures import shell_lines
+    from placer.report.plan import plan_summary
+
     followups = follow_ups(req, plan_path, heldout)
-    say(read_text(out / "evaluate.txt").rstrip("\n"))
-    say(f"to run it:\n{command}")
-    say("then, as you need them:\n" + "\n".join(followups))
-    return {"stages": stages, "report": read_json(report_path),
+    report = read_json(report_path)
+    if req.verbose:
+        say(read_text(plan_path.with_suffix(".txt")).rstrip("\n"))
+        say(read_text(out / "evaluate.txt").rstrip("\n"))
+    say("\n".join(plan_summary(read_plan(plan_path), report, command, out)))
+    say("\n".join(["then, as you need them:",
+                   *(line for f in followups for line in shell_lines(f))]))
+    return {"stages": stages, "report": report,
             "command": command, "followups": followups, "out": str(out)}
 
 
@@ -357,19 +365,18 @@ def run_split(collected: Path, out: Path, req: PlanRequest, progress: bool) -> s
 
 def run_solve(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Target,
               calib: Path, out: Path, progress: bool) -> str:
-    """`placer solve` on the calibration traces, for `target`, to `out`."""
-    from placer.commands.solve import print_llamacpp, print_plan
+    """`placer solve` on the calibration traces, for `target`, to `out`, and its full tables
+    beside it (plan.txt, from the plan as written: no wall-clock seconds)."""
     from placer.plan.engine import solve
+    from placer.plan.placement import read_plan
+    from placer.report.solve_summary import report_solve
 
     with printed_to_stderr():
         limit = req.solve.time_limit if req.solve.solver == "ilp" else None
         with StageSpinner("solve:", limit, enabled=progress) as spinner:
             plan = solve(inv, spec, [calib], req.solve, target, spinner.stage)
         write_json_atomic(plan.to_json(), out)
-    if plan.engine is not None:
-        print_llamacpp(plan, out)
-    else:
-        print_plan(plan, out)
+    report_solve(read_plan(out), out, quiet=True)
     return f"{out} ({len(plan.cards)} card{'s' if len(plan.cards) != 1 else ''})"
 
 
@@ -383,18 +390,14 @@ def printed_to_stderr() -> Iterator[None]:
 def run_evaluate(plan_path: Path, heldout: Path, out: Path, req: PlanRequest,
                  progress: bool) -> str:
     """`placer evaluate` of the plan on the held-out traces: the report to `out` (JSON) and
-    as printed to evaluate.txt beside it."""
-    from placer.commands.evaluate import print_report
+    its full tables beside it (evaluate.txt)."""
     from placer.plan.placement import read_plan
     from placer.predict.evaluate import EvalOptions, evaluate
+    from placer.report.evaluate import report_evaluate
 
     report = evaluate(read_plan(plan_path), [heldout],
                       EvalOptions(oracle_time_limit=req.oracle_time_limit), progress=progress)
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text):
-        print_report(report)
-    write_text_atomic(text.getvalue(), out.with_suffix(".txt"))
-    write_json_atomic({k: v for k, v in report.items() if k != "per_layer"}, out)
+    report_evaluate(report, out, quiet=True)
     verdicts = sorted({r["verdict"] for r in report["results"]})
     return f"{out} ({len(report['results'])} rows; against layer offload: {', '.join(verdicts)})"
 

@@ -12,11 +12,11 @@ from test_runtime import PROMPTS
 from test_runtime_placed import placed_model
 
 from placer.checkpoint.inventory import read_inventory
-from placer.commands.bench import print_report
 from placer.hardware.spec import load_spec
 from placer.plan.placement import read_plan
 from placer.predict.evaluate import cache_lines, plan_placement, plan_problem
 from placer.predict.staging import expected_staging
+from placer.report.serving import print_bench
 from placer.serve.bench_predict import cache_verdicts, predict_arm
 from solvers.cache_table import POLICY_NAMES
 from solvers.judge.replay import replay_with_intervals
@@ -70,7 +70,7 @@ def test_bench_measures_and_predicts_every_arm(arms, tmp_path, cli, capsys):
     assert measured.base_step_ms == ((1, bases[0]), (2, max(bases)))  # never falling
     assert report["spec_out"] == str(spec) and "measured by placer bench" in spec.read_text()
     capsys.readouterr()
-    print_report(report)
+    print_bench(report)
     table = capsys.readouterr().out
     assert "decode tok/s" in table and "measured" in table and "predicted" in table
     assert max(map(len, table.splitlines()[:-3])) <= 100  # the table; notes and paths after

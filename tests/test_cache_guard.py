@@ -204,7 +204,7 @@ def test_solve_prints_one_line_where_the_guard_changed_the_choice_and_why():
 
     from rich.console import Console
 
-    from placer.commands.solve import print_policies
+    from placer.report.solve import print_policies
 
     def printed(found: dict | None) -> str:
         rows = [{"plan": SPLIT, "policy": "learned", "pooled": False, "chosen": False,

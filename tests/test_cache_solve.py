@@ -109,7 +109,8 @@ def test_robust_regret_is_a_ratio_in_the_table_the_json_and_the_plan(solved, pla
     """Under --robust the objective is the mean over scenarios of stall / that scenario's
     plain-cache stall: the plain cache's own regret is 1, the stall stays in ms/step."""
     plan_path = solved["root"] / "robust.json"
-    result = placer_run("solve", *solved["common"], "--robust", "--out", plan_path)
+    result = placer_run("solve", *solved["common"], "--robust", "--out", plan_path,
+                        "--verbose")  # the full tables
     plan = json.loads(plan_path.read_text())
     cache = plan["cache"]
     rows = {r["kind"]: r for r in cache["candidates"]}
@@ -295,7 +296,7 @@ def test_a_forced_policy_is_kept_and_evaluate_prints_the_plans_policy_beside_lru
             assert row[f"ratio_to_{line}_ci95"] is not None
         assert row["better_baseline"] in ("lru", "lfuda", "oracle")
     printed = placer_run("evaluate", solved["auto"], "--traces", solved["traces"],
-                         "--concurrency", "1").output
+                         "--concurrency", "1", "--verbose").output
     assert auto["policy"] in printed and "/ lfuda " in printed  # (the table wraps names)
 
 
@@ -321,7 +322,7 @@ def test_a_large_calibration_is_predicted_on_its_first_steps_and_says_so(solved,
     assert all("judged_steps" not in r for r in full)
     monkeypatch.setattr(solve, "PREDICT_KEYS", 500)
     out = solved["root"] / "cut.json"
-    done = placer_run("solve", *solved["common"], "--cache", "3", "--out", out)
+    done = placer_run("solve", *solved["common"], "--cache", "3", "--out", out, "--verbose")
     cut = json.loads(out.read_text())["predicted"]
     for before, after in zip(full, cut, strict=True):
         kept, steps = after["judged_steps"]

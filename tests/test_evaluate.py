@@ -206,7 +206,7 @@ def test_every_figure_has_an_interval_around_it(small, cli):
                                   strict=True):
         assert low < point < high
     text = cli("evaluate", small["plan"], "--traces", small["held"],
-               "--oracle-time-limit", "1").output
+               "--oracle-time-limit", "1", "--verbose").output  # the full tables
     assert "±" in text and "every held-out token" in text
     half = (drift["js_mean_bits_ci95"][1] - drift["js_mean_bits_ci95"][0]) / 2
     assert f"profile {drift['js_mean_bits']:.4f} ± {half:.4f} bits" in text

@@ -105,14 +105,14 @@ def test_readme_plan_is_one_command_to_a_plan_its_evaluation_and_a_resumable_rer
         assert f"] {stage}: " in done.stdout and f"{stage}: skipped" not in done.stdout
     assert "stall / layer offload" in done.stdout  # evaluate's table and lines
     assert f"placer emit --plan myplan/plan.json --model {model}" in done.stdout
-    assert (out / "run.sh").read_text().splitlines()[-1] == done.stdout.splitlines()[-1]
+    assert (out / "run.sh").read_text().splitlines()[-1] == printed_command(done.stdout)
     before = {p: p.stat().st_mtime_ns for p in (out / "plan.json", out / "evaluate.json")}
 
     again = run_lines(lines[1:], model, tmp_path, warm_placer)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count(": skipped (") == 5, again.stdout
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
-    assert again.stdout.splitlines()[-1] == done.stdout.splitlines()[-1]
+    assert printed_command(again.stdout) == printed_command(done.stdout)
 
     other = run_lines([*lines[1:-1], lines[-1].replace("--offload 0.3", "--offload 0.6")],
                       model, tmp_path, warm_placer)
@@ -145,3 +145,16 @@ def test_readme_quickstart_from_no_spec_to_a_measured_spec_and_a_plan(tmp_path: 
     assert plan.hardware == measured
     assert verify_placed(tmp_path / "placed", model).ok
     assert "expert locations ->" in done.stdout  # step 5b: export sglang
+
+
+def printed_command(stdout: str) -> str:
+    """The command `placer plan` printed after "to run it (...):", its continued lines
+    (" \\") joined back into the one line run.sh holds."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("to run it (")) + 1
+    command = []
+    for line in lines[start:]:
+        command.append(line.removesuffix(" \\"))
+        if not line.endswith(" \\"):
+            break
+    return " ".join(command)

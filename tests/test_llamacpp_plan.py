@@ -109,7 +109,8 @@ def test_gptoss_slow_8gb_card_keeps_the_cache_off(tmp_path):
     # (with b12191's CPU share 0.98 the cache wins there: tests/test_llamacpp_tuner.py)
     calib = routing_trace(GPTOSS, "mmlu_dev", tmp_path / "calib", 5000)
     held = routing_trace(GPTOSS, "mmlu_dev", tmp_path / "held", 2000, first_sequence=60)
-    plan, output = solve(tmp_path, "1x-8gb-pcie3x4", calib, "--llamacpp-version", "b11669")
+    plan, output = solve(tmp_path, "1x-8gb-pcie3x4", calib, "--llamacpp-version", "b11669",
+                         "--verbose")
     engine = plan["engine"]
     assert "vs -ncmoe" in output and "] │" in output  # the options with their intervals
     assert engine["moe_cache_mib"] == 0 and "the cache loses" in output

@@ -208,9 +208,9 @@ def test_show_toml_escapes_del_and_loads_back(tmp_path):
     ("RTX 4090", "NVIDIA GeForce RTX 3090", False),
 ])
 def test_the_device_timed_is_matched_to_the_spec_card(model, gpu, same) -> None:
-    from placer.commands.probe import other_device
     from placer.hardware.cards import same_card
     from placer.hardware.spec import parse_spec
+    from placer.hardware.spec_probe import other_device
 
     assert same_card(model, gpu) is same
     spec = parse_spec({"cards": 1, "card": {"model": model, "vram": "24GiB",

@@ -49,7 +49,7 @@ def test_one_held_out_sequence_is_too_little_traffic(pipe: Pipeline, tmp_path: P
     assert verdict["verdict"] == "too little traffic" and verdict["ok"] is False
     assert any("fewer than 5: no interval can be estimated" in n for n in report["notes"])
     shown = invoke("evaluate", pipe.plan, "--traces", held, "--concurrency", "1",
-                   "--oracle-time-limit", 1).stdout
+                   "--oracle-time-limit", 1, "--verbose").stdout  # the full tables
     assert "too little traffic" in shown and "± ?" in shown and "WORSE" not in shown
 
 

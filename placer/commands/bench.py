@@ -3,22 +3,19 @@ what `placer evaluate`'s cost model predicts for the same tokens."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from placer.checkpoint.step import monotone
-from placer.commands.common import command, parse_list, print_json, print_table, span
-from placer.commands.common import console as rich_console
+from placer.commands.common import command, parse_list, print_json
 from placer.commands.placed_dir import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
-from placer.files import check_outputs_apart, check_target, write_text_atomic
+from placer.files import check_outputs_apart, check_target
 from placer.hardware.devices import check_device
 from placer.progress import ItemsBar
+from placer.report.serving import print_bench
 
 
 def register(app: typer.Typer) -> None:
@@ -84,16 +81,25 @@ def register(app: typer.Typer) -> None:
         so measured and predicted see the same tokens (95% interval over prompts). Each
         arm's ratio to the first arm is shown for both."""
         if engine == "llamacpp":
-            from placer.commands.bench_llamacpp import run_llamacpp_bench
+            from placer.report.llamacpp import print_llamacpp_bench
+            from placer.serve.llamacpp.bench import LlamaBenchOptions
+            from placer.serve.llamacpp.campaign import run_llamacpp_bench
 
-            run_llamacpp_bench(
-                placed, model, prompts, trials=trials, max_new_tokens=max_new_tokens,
-                max_prompt_tokens=max_prompt_tokens, threads=threads, options=options,
-                server=server, seed=seed, spec_out=spec_out, calibrate_on=calibrate_on,
-                json_out=json_out, ignored={"--concurrency": concurrency != "1,8",
-                                            "--device": device != "auto",
-                                            "--cache-slots": cache_slots is not None,
-                                            "--plot": plot is not None})
+            names = tuple(n.strip() for n in options.split(",") if n.strip()) if options \
+                else None
+            report = run_llamacpp_bench(
+                placed, model, prompts, LlamaBenchOptions(
+                    trials=trials, max_new_tokens=max_new_tokens,
+                    max_prompt_tokens=max_prompt_tokens, options=names, seed=seed,
+                    server=server, **({"threads": threads} if threads else {})),
+                spec_out=spec_out, calibrate_on=calibrate_on,
+                ignored={"--concurrency": concurrency != "1,8", "--device": device != "auto",
+                         "--cache-slots": cache_slots is not None, "--plot": plot is not None},
+                progress=not json_out and sys.stderr.isatty())
+            if json_out:
+                print_json(report)
+            else:
+                print_llamacpp_bench(report)
             return
         if engine != "placer":
             raise PlacerError(f"--engine: expected placer or llamacpp, got {engine!r}")
@@ -101,7 +107,7 @@ def register(app: typer.Typer) -> None:
                             ("--threads", threads), ("--calibrate-on", calibrate_on)):
             if value is not None:
                 raise PlacerError(f"{flag} goes with --engine llamacpp")
-        from placer.serve.bench import BenchOptions, bench
+        from placer.serve.bench import BenchOptions, bench, write_measured_spec
         from placer.serve.bench_plot import plot_bench
 
         opts = BenchOptions(concurrency=tuple(parse_list(concurrency, int, "--concurrency")),
@@ -122,7 +128,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(report)
         else:
-            print_report(report)
+            print_bench(report)
 
 
 def check_bench_options(placed: list[Path], prompts: Path, plot: Path | None,
@@ -148,68 +154,3 @@ def check_outputs(placed: list[Path], model: Path, prompts: Path, spec_out: Path
     for what, path in outputs:
         if path is not None:
             check_target(path, inputs, what=what)
-
-
-def print_report(report: dict) -> None:
-    """Two rows per arm and concurrency: measured and predicted decode tokens/s, each with
-    its 95% interval, and each as a ratio to the first arm; arms by directory name (see
-    --json for the paths)."""
-    from placer.serve.bench_plot import labels
-
-    console = rich_console()
-    table = Table(title=f"{report['num_prompts']} prompts x "
-                        f"{report['trials']} trials, {report['max_new_tokens']} new tokens "
-                        f"(95% intervals; ratios to the first arm)")
-    for col in ("arm", "C", "", "decode tok/s", "/ first arm", "TTFT ms", "steps"):
-        table.add_column(col, justify="left" if col == "arm" else "right")
-    names = labels([r["placed"] for r in report["arms"]])
-    for name, r in zip(names, report["arms"], strict=True):
-        for kind in ("measured", "predicted"):
-            first_row = kind == "measured"
-            table.add_row(name if first_row else "", str(r["concurrency"]) if first_row else "",
-                          kind, figure(r, f"{kind}_tokens_per_s"),
-                          figure(r, f"{kind}_ratio_to_first", "{:.3f}"),
-                          f"{r['ttft_ms']:.1f}" if first_row else "",
-                          str(r["decode_steps"]) if first_row else "", end_section=not first_row)
-    print_table(table, console)
-    bases = sorted({(r["concurrency"], r["predicted_base_step_ms"]) for r in report["arms"]})
-    console.print("predicted with each plan's hardware spec, base step "
-                  + ", ".join(f"{ms:.2f} ms at C={c}" for c, ms in bases), highlight=False)
-    first = report["arms"][0]["placed"]
-    measured = [r for r in report["arms"] if r["placed"] == first]
-    console.print(f"measured on this box ({first}): decode step "
-                  + ", ".join(f"{r['measured_step_ms']:.2f} ms at C={r['concurrency']}"
-                              for r in measured)
-                  + "; less the predicted stall, base step "
-                  + ", ".join(f"{r['measured_base_step_ms']:.2f} ms" for r in measured)
-                  + (f": written to {report['spec_out']}" if "spec_out" in report else
-                     ": put it in the spec's \\[decode] base_step_ms (or run with --spec-out)"),
-                  highlight=False)
-    for note in report.get("notes", []):
-        console.print(f"note: {note}", highlight=False)
-    for v in report["verdicts"]:
-        for message in v["messages"]:
-            console.print(message, style="bold red", highlight=False)
-    if "plot" in report:
-        console.print(f"plot written to {report['plot']}")
-
-
-def write_measured_spec(report: dict, placed: Path, model: Path, out: Path) -> None:
-    """The first arm's plan's hardware spec with the base step its run measured, at `out`;
-    the report records where."""
-    from placer.hardware.spec_toml import spec_toml
-    from placer.plan.placement import read_plan
-
-    spec = read_plan(placed / "manifest.json").hardware
-    rows = [r for r in report["arms"] if r["placed"] == str(placed)]
-    steps = monotone(sorted((r["concurrency"], float(f"{r['measured_base_step_ms']:.4g}"))
-                            for r in rows))
-    text = spec_toml(dataclasses.replace(spec, base_step_ms=steps),
-                     f"measured by placer bench {placed} (decode step less predicted stall)")
-    write_text_atomic(text, out, [("the checkpoint", model)], what="--spec-out")
-    report["spec_out"] = str(out)
-
-
-def figure(row: dict, key: str, fmt: str = "{:.2f}") -> str:
-    """A figure and its 95% interval: "value [low, high]"."""
-    return f"{fmt.format(row[key])} {span(row[f'{key}_ci95'], fmt)}"

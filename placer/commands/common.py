@@ -1,23 +1,19 @@
-"""What every command shares: the domain-error boundary, JSON printing and how a figure with
-its 95% interval is shown."""
+"""What every command shares: the domain-error boundary, option values checked, JSON printing
+(the tables and figures are placer.report's)."""
 
 from __future__ import annotations
 
 import functools
 import math
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from placer.errors import PlacerError
 from placer.files import NAME_MAX, dumps_json
-from placer.units import BYTE_UNITS
 from solvers.errors import SolverError
 from traces.errors import TraceError
 from traces.options import check_rules
@@ -30,8 +26,6 @@ except ImportError:  # pragma: no cover - a typer that uses click itself
 # The filesystem's refusals (a missing, unreadable or read-only path, a full disk, a name
 # too long) are the user's to fix, worded as the OS words them: "permission denied: PATH".
 DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, OSError)
-PIPE_WIDTH = 1000  # columns of text when stdout is not a terminal: never cut
-TABLE_WIDTH = 100  # columns a table takes at most, terminal or not: its cells wrap, never cut
 PATH_MAX = 4096  # bytes in a path on Linux, its terminating NUL included
 MAX_INT = 2**63 - 1  # no option counts past an int64
 INTERRUPTED = 130  # exit status after Ctrl-C: 128 + SIGINT, as a shell reports it
@@ -115,54 +109,10 @@ def option_name(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def console() -> Console:
-    """A rich Console on stdout: the terminal's width there, and wide enough that no table
-    column or name is cut when the output goes to a file or a pipe (rich's default is 80)."""
-    return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
-
-
-def print_table(table: Table, out: Console | None = None) -> None:
-    """Print `table` at most TABLE_WIDTH columns wide (the terminal's width if narrower): a
-    cell too long for its column wraps onto further lines (folded inside a long path or
-    number), nothing is cut."""
-    out = out or console()
-    for column in table.columns:
-        column.overflow = "fold"
-    out.print(table, width=min(out.width, TABLE_WIDTH))
-
-
 def print_json(obj: Any) -> None:
     """Print `obj` as indented strict JSON on stdout (the `--json` contract for scripts:
     NaN and inf print as null)."""
     typer.echo(dumps_json(obj, indent=2))
-
-
-def plus_minus(figures: dict, key: str, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
-    """"value ± half-width" of figure `key` and its 95% interval `<key>_ci95`, each times
-    `scale`, in `fmt` ("value ± ?" where the interval is null: too little traffic)."""
-    value, ci = fmt.format(figures[key] * scale), figures[f"{key}_ci95"]
-    if ci is None:
-        return f"{value} ± ?"
-    low, high = ci
-    return f"{value} ± {fmt.format((high - low) / 2 * scale)}"
-
-
-def bytes_plus_minus(figures: dict, key: str) -> str:
-    """A byte figure and the half-width of its 95% interval in one binary unit, chosen by the
-    figure ("313.54 ± 2.10 MiB"; "± ?" where the interval is null)."""
-    value = figures[key]
-    unit, scale = next(((u, s) for u, s in BYTE_UNITS if abs(value) >= s), ("B", 1))
-    ci = figures[f"{key}_ci95"]
-    half = "?" if ci is None else f"{(ci[1] - ci[0]) / 2 / scale:.2f}"
-    return f"{value / scale:.2f} ± {half} {unit}"
-
-
-def span(ci: list[float] | None, fmt: str = "{:.3f}") -> str:
-    """An interval [low, high] as "[low, high]" in `fmt`; "(no interval)" for null (in
-    brackets rich would read it as markup and print nothing)."""
-    if ci is None:
-        return "(no interval)"
-    return f"[{fmt.format(ci[0])}, {fmt.format(ci[1])}]"
 
 
 def parse_list(text: str, kind: type, what: str) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -13,17 +13,19 @@ from placer.commands.common import command, print_json
 from placer.errors import PlacerError
 from placer.exporters.output import check_out
 from placer.files import write_text_atomic
-
-if TYPE_CHECKING:
-    from placer.exporters.llamacpp import LlamaCppOffload
+from placer.report.exporters import print_offload
 
 PlanArg = Annotated[Path, typer.Argument(help="plan.json or manifest.json (or its dir).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
 
 
+GROUP_HELP = ("A plan in serving engines' terms: SGLang's expert locations (sglang), "
+              "TensorRT-LLM's static placement (trtllm), sglang-kt's GPU experts "
+              "(ktransformers), llama.cpp's arguments (llamacpp).")
+
+
 def register(app: typer.Typer) -> None:
-    export_app = typer.Typer(help="Write a plan in serving engines' formats.",
-                             no_args_is_help=True)
+    export_app = typer.Typer(help=GROUP_HELP, no_args_is_help=True)
     app.add_typer(export_app, name="export")
 
     @command(export_app, "sglang")
@@ -178,26 +180,9 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             write_text_atomic(offload.args() + "\n", out, inputs)
         if json_out:
-            print_json({"cold_layers": offload.cold_layers, "override_tensor": offload.override,
-                        "n_cpu_moe": offload.n_cpu_moe, "cpu_moe": offload.all_cold,
-                        "devices": [{"name": n, "layers": ls} for n, ls in offload.devices],
-                        "tensor_split": offload.tensor_split, "args": offload.args(),
-                        "gguf_arch": offload.gguf_arch, "tensors": offload.tensor_names(),
-                        "warnings": offload.warnings})
-            return
-        typer.echo(f"# layer offload at this plan's budget: {len(offload.cold_layers)} of "
-                   f"{len(p.moe_layers)} MoE layers cold (decoder layers "
-                   f"{offload.cold_layers or 'none'})")
-        if offload.arg_list():
-            typer.echo(offload.args())
-        if offload.cold_layers:
-            _echo_tensors(offload)
-        if offload.n_cpu_moe and not offload.all_cold:
-            typer.echo(f"# equivalent: --n-cpu-moe {offload.n_cpu_moe}")
-        for name, layers in offload.devices:
-            typer.echo(f"# {name}: experts of decoder layers {layers or 'none'}")
-        for warning in offload.warnings:
-            typer.echo(f"# warning: {warning}")
+            print_json(offload.to_json())
+        else:
+            print_offload(p, offload)
 
 
 @dataclass(frozen=True)
@@ -266,13 +251,3 @@ def _engine_export(p, asked: EngineExport, out: Path | None, inputs: tuple,
             typer.echo(f"# card {c} (-ts {engine['tensor_split'][c]:g}): MoE layers {mine}, "
                        f"host {[x for x in mine if x in host]}")
     typer.echo(line)
-
-
-def _echo_tensors(offload: LlamaCppOffload) -> None:
-    names = [t.replace("{layer}", "N") for t in offload.expert_tensors()]
-    if not names:
-        typer.echo("# GGUF tensors to CPU: blk.N.ffn_{gate,up,down}_exps of the cold layers N "
-                   "(names of this architecture not known to placer)")
-        return
-    typer.echo(f"# GGUF tensors to CPU ({offload.gguf_arch}), N in the cold layers: "
-               f"{', '.join(names)}")

@@ -1,4 +1,4 @@
-"""`placer hardware list|show|new`: the serving box's spec (`placer probe` measures it:
+"""`placer hardware list|show|cards|new`: the serving box's spec (`placer probe` measures it:
 placer/commands/probe.py)."""
 
 from __future__ import annotations
@@ -7,21 +7,23 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from placer.commands.common import command, print_json, print_table
-from placer.commands.common import console as rich_console
+from placer.commands.common import command, print_json
 from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
 from placer.hardware.cards import CARDS, known_card
-from placer.hardware.spec import HardwareSpec, load_spec, preset_names
+from placer.hardware.spec import load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
-from placer.units import format_bytes, parse_bytes
+from placer.report.hardware import print_known_cards, print_spec
+from placer.units import parse_bytes
+
+GROUP_HELP = ("Hardware specs: list and show the presets that ship with placer (or a spec "
+              "file), write one for your box from what you know of it (new), and the cards "
+              "placer knows (cards).")
 
 
 def register(app: typer.Typer) -> None:
-    hardware = typer.Typer(help="Hardware specs: the presets that ship with placer.",
-                           no_args_is_help=True)
+    hardware = typer.Typer(help=GROUP_HELP, no_args_is_help=True)
     app.add_typer(hardware, name="hardware")
 
     @command(hardware, "list")
@@ -56,15 +58,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json([{**c.__dict__, "aliases": list(c.aliases)} for c in CARDS])
             return
-        table = Table(title="cards placer knows (placer/hardware/cards.py)")
-        for col in ("card", "VRAM", "memory", "bf16 dense", "int8 dense", "source"):
-            table.add_column(col)
-        for c in CARDS:
-            table.add_row(c.name, f"{c.vram_gib:g} GB", f"{c.bandwidth_gbps:g} GB/s",
-                          "-" if c.bf16_tflops is None else f"{c.bf16_tflops:g} TFLOPS",
-                          "-" if c.int8_tops is None else f"{c.int8_tops:g} TOPS",
-                          c.source.split(" (")[0] + (" (derived)" if c.derived else ""))
-        print_table(table)
+        print_known_cards()
 
     @command(hardware, "new")
     def new(
@@ -118,35 +112,3 @@ def register(app: typer.Typer) -> None:
                    "latency_us), `placer probe --host --hardware SPEC --out SPEC` ([host]), "
                    "`placer probe --step --model M --hardware SPEC --out SPEC` ([decode])",
                    err=True)
-
-
-def print_spec(spec: HardwareSpec) -> None:
-    """A human table of a spec."""
-    table = Table(title=f"{spec.name}: {spec.description}")
-    for col in ("card", "model", "vram", "reserved", "free for experts", "H2D", "latency"):
-        table.add_column(col)
-    for c in spec.cards:
-        table.add_row(str(c.index), c.model, format_bytes(c.vram),
-                      format_bytes(c.vram - c.free_bytes), format_bytes(c.free_bytes),
-                      f"{c.h2d_bandwidth / 1e9:.1f} GB/s", f"{c.latency_s * 1e6:.1f} us")
-    console = rich_console()
-    print_table(table, console)
-    for link in spec.links:
-        console.print(f"link {link.name}: cards {list(link.cards)}, "
-                      f"{link.bandwidth / 1e9:.1f} GB/s shared")
-    steps = ", ".join(f"B={b}: {ms:.4g} ms" for b, ms in spec.base_step_ms)
-    console.print(f"base decode step: {steps}; host RAM {format_bytes(spec.host_ram)}")
-    if spec.host is not None:
-        h = spec.host
-        console.print(f"host CPU: {h.memory_bandwidth / 1e9:.1f} GB/s from RAM, "
-                      f"{h.flops / 1e12:.2f} TFLOP/s, {h.sync_s * 1e6:.1f} us sync per layer, "
-                      f"{h.sockets} socket{'s' if h.sockets > 1 else ''}; the GPU computes cold "
-                      + (f"experts at >= {h.offload_min_batch} tokens a step"
-                         if h.offload_min_batch else "experts never"))
-        for t in h.expert:
-            points = ", ".join(f"{n}: {s * 1e3:.3g}" for n, s in zip(t.tokens, t.seconds,
-                                                                    strict=True))
-            console.print(f"measured expert {t.hidden} x {t.inter} {t.dtype}, ms by tokens: "
-                          f"{points}")
-    else:
-        console.print("host CPU: not given (add a \\[host] table to predict CPU execution)")

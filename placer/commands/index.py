@@ -86,13 +86,18 @@ COMMANDS: dict[str, str] = {
         "docs/manifest.md)."
     ),
     "hardware": (
-        "Hardware specs: the presets that ship with placer."
+        "Hardware specs: list and show the presets that ship with placer (or a spec file), "
+        "write one for your box from what you know of it (new), and the cards placer knows "
+        "(cards)."
     ),
     "traces": (
-        "Inspect routing traces and import other tools' dumps."
+        "Routing traces: summarize one (stats), split one into calibration and held-out "
+        "traffic (split), import other engines' routing (import)."
     ),
     "export": (
-        "Write a plan in serving engines' formats."
+        "A plan in serving engines' terms: SGLang's expert locations (sglang), TensorRT-LLM's "
+        "static placement (trtllm), sglang-kt's GPU experts (ktransformers), llama.cpp's "
+        "arguments (llamacpp)."
     ),
 }
 GROUPS = frozenset({"hardware", "traces", "export"})

@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option(
             "--json", help="Print the stages, the held-out report and the command as JSON.")
         ] = False,
+        verbose: Annotated[bool, typer.Option(
+            "--verbose", help="Print the full tables (always written under --out: plan.txt, "
+                              "evaluate.txt) before the summary.")] = False,
     ) -> None:
         """From a checkpoint (or a GGUF) and a corpus to a plan, its held-out evaluation and
         the command that runs it: collect, split, solve, evaluate, export, the functions the
@@ -90,7 +93,8 @@ def register(app: typer.Typer) -> None:
         request = PlanRequest(model=model, corpora=tuple(corpus), hardware=hardware, out=out,
                               engine=engine, collect=collect, fraction=fraction, seed=seed,
                               solve=solve, oracle_time_limit=oracle_time_limit,
-                              text_field=text_field, llamacpp_version=llamacpp_version)
+                              text_field=text_field, llamacpp_version=llamacpp_version,
+                              verbose=verbose)
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
             result = run_plan(request, progress=not json_out and sys.stderr.isatty(),
                               say=typer.echo)

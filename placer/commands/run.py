@@ -7,14 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from placer.commands.common import command, print_json, print_table
-from placer.commands.common import console as rich_console
+from placer.commands.common import command, print_json
 from placer.commands.placed_dir import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
 from placer.hardware.devices import check_device
-from placer.units import format_bytes
+from placer.report.serving import print_result
 
 
 def register(app: typer.Typer) -> None:
@@ -72,18 +70,3 @@ def check_run_options(placed: Path, prompt: str, cache_slots: int | None, device
     if not prompt.strip():
         raise PlacerError("--prompt: expected some text to continue, got an empty prompt")
     check_device(device)
-
-
-def print_result(result: dict) -> None:
-    """The generated text, then staging per card and in total."""
-    console = rich_console()
-    console.print(f"[bold]{result['prompt']}[/bold]{result['text']}", highlight=False)
-    table = Table(title=f"staging over {result['new_tokens']} new tokens on {result['device']}"
-                  f" (cache slots per card: {result['cache_slots']})")
-    for col in ("card", "staged", "copies", "cache hits", "seconds"):
-        table.add_column(col, justify="right")
-    staging = result["staging"]
-    for row in [*staging["per_card"], {"card": "total", **staging["total"]}]:
-        table.add_row(str(row["card"]), format_bytes(row["bytes"]), str(row["copies"]),
-                      str(row["cache_hits"]), f"{row['seconds']:.4f}")
-    print_table(table, console)

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from placer.checkpoint.config import DTYPE_HELP
 from placer.commands import solve_options as so
-from placer.commands.common import command, plus_minus, print_json, print_table, span
-from placer.commands.common import console as rich_console
+from placer.commands.common import command, print_json
 from placer.errors import PlacerError
 from placer.files import check_target, write_json_atomic
 from placer.hardware.spec import load_spec
 from placer.progress import StageSpinner
-from placer.units import format_bytes
-
-if TYPE_CHECKING:
-    from placer.plan.placement import Plan
+from placer.report.solve_summary import report_solve
 
 
 def register(app: typer.Typer) -> None:
@@ -63,6 +56,9 @@ def register(app: typer.Typer) -> None:
         llamacpp_version: so.LlamacppVersion = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
+        verbose: Annotated[bool, typer.Option(
+            "--verbose", help="Print the full tables (always written beside --out: "
+                              "plan.json -> plan.txt), not the summary.")] = False,
     ) -> None:
         """Solve which experts stay pinned on each GPU and how many cache slots each layer
         keeps for staged ones, within a VRAM budget, from routing traces; the rest stay in
@@ -91,270 +87,8 @@ def register(app: typer.Typer) -> None:
                           else None, enabled=not json_out and sys.stderr.isatty()) as spinner:
             plan = dispatch.solve(inv, spec, list(traces or []), opts, target, spinner.stage)
         write_json_atomic(plan.to_json(), out, inputs)
+        notes = [] if plan.engine is not None else [
+            note for trace_dir in traces or [] if (note := dropped_prefill(trace_dir))]
+        report_solve(plan, out, notes, verbose=verbose, quiet=json_out, inputs=inputs)
         if json_out:
             print_json(plan.to_json())
-        elif plan.engine is not None:
-            print_llamacpp(plan, out)
-        else:
-            print_plan(plan, out)
-            for trace_dir in traces or []:
-                note = dropped_prefill(trace_dir)
-                if note:
-                    rich_console().print(f"note: {note}", highlight=False)
-
-
-def print_llamacpp(plan: Plan, out: Path) -> None:
-    """The llama.cpp options side by side, per traffic and concurrency, with 95% intervals;
-    where the cache loses; the choice."""
-    console = rich_console()
-    engine = plan.engine
-    judged = ("on held-out folds of the calibration sequences" if engine["folds"]
-              else "in sample (too few sequences for folds)")
-    build = engine.get("llamacpp_build") or {}
-    from solvers.llamacpp.builds import build_from_json
-    console.print(f"{build_from_json(build).label}: choice judged {judged}: "
-                  f"{engine['choice']}")
-    options = {o["name"]: o for o in engine["options"]}
-    pick = engine.get("tuner_pick")
-    for row in plan.predicted:
-        table = Table(title=f"{row['profile']} B={row['concurrency']}: predicted decode "
-                            "(± 95% bootstrap interval over sequences)")
-        for col in ("option", "host layers", "--moe-cache-mib", "slots", "cpu share",
-                    "host experts", "tok/s", "stall ms/step", "vs -ncmoe"):
-            table.add_column(col, justify="right")
-        for name, fig in row["options"].items():
-            o = options[name]
-            if o.get("tuner") and name != pick:
-                continue
-            low, high = fig["tokens_per_s_ci95"] or (None, None)
-            tok = (f"{fig['tokens_per_s']:.2f}" if low is None
-                   else f"{fig['tokens_per_s']:.2f} [{low:.2f}, {high:.2f}]")
-            shown = f"{name} (the tuner's pick)" if name == pick else name
-            table.add_row(shown, _layers(o), str(o["moe_cache_mib"]),
-                          ",".join(map(str, o["slots"])) or "-",
-                          f"{o.get('cpu_share', 0.0):g}",
-                          "pinned" if o.get("pinned", True) else "mmap'd", tok,
-                          plus_minus(fig, "stall_ms_per_step"),
-                          f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}")
-        console.print(table)
-    grid = [o["name"] for o in engine["options"] if o.get("tuner")]
-    if grid:
-        console.print(f"upstream's tuner (scripts/moe-cache-tune.py: -cmoe, its sizes x CPU "
-                      f"shares) picks from {len(grid)} options; the table shows the one "
-                      f"placer's replay ranks first; any of them: placer export llamacpp "
-                      f"{out} --option NAME")
-    for note in cache_losses(plan):
-        console.print(f"note: {note}")
-    console.print(f"plan written to {out}; placer export llamacpp {out} prints the command")
-
-
-def _layers(option: dict) -> str:
-    if not option["host_layers"]:
-        return "none"
-    if option["n_cpu_moe"] is not None:
-        return f"-ncmoe {option['n_cpu_moe']}"
-    return f"{len(option['host_layers'])}: {','.join(map(str, option['host_layers']))}"
-
-
-def cache_losses(plan: Plan) -> list[str]:
-    """Where every cached option is slower than the best one without a cache, and why: too
-    few slots for a step at that concurrency (llama.cpp then leaves the cache unused), or
-    the misses' uploads over the link."""
-    from solvers.llamacpp.lru import MAX_BATCH
-
-    notes = []
-    options = {o["name"]: o for o in plan.engine["options"]}
-    cached = {name for name, o in options.items() if o["moe_cache_mib"]}
-    need_of = min(int(plan.model["top_k"]), plan.experts_per_layer)
-    for row in plan.predicted:
-        figs, b = row["options"], row["concurrency"]
-        plain = max(v["tokens_per_s"] for k, v in figs.items() if k not in cached)
-        mine = [k for k in figs if k in cached and not options[k].get("tuner")]
-        if not mine or max(figs[k]["tokens_per_s"] for k in mine) >= plain:
-            continue
-        best = max(mine, key=lambda k: figs[k]["tokens_per_s"])
-        slots = min(options[best]["slots"])
-        need = min(b * need_of, plan.experts_per_layer)
-        why = (f"its {slots} slots are fewer than the {need} experts a step of {b} needs per "
-               f"layer, so llama.cpp leaves the cache unused at B={b}"
-               if slots < need or b > MAX_BATCH
-               else f"it serves {100 * figs[best]['hit_rate']:.0f}% of the selected bytes from "
-                    f"VRAM and every miss crosses the link ({len(options[best]['host_layers'])}"
-                    f" host layers share {len(options[best]['slots'])} LRU)")
-        notes.append(f"{row['profile']} B={b}: the cache loses: its best option "
-                     f"({best}, {options[best]['moe_cache_mib']} MiB) "
-                     f"{figs[best]['tokens_per_s']:.2f} tok/s against {plain:.2f} without it: "
-                     f"{why}")
-    return notes
-
-
-def print_plan(plan: Plan, out: Path) -> None:
-    """The human summary of a plan: solver quality, cards, the cache split, predictions."""
-    console = rich_console()
-    s = plan.solver
-    bound = solver_bound(s)
-    console.print(f"solver {s['name']}: objective {s['objective']:.6g} ({s['objective_unit']}), "
-                  f"{bound}" + (f", {s['seconds']:.2f} s" if "seconds" in s else "")
-                  + f", {s['status']}")
-    cards = Table(title="cards")
-    for col in ("card", "budget", "staging", "pinned", "cache slots", "homed experts",
-                "cold"):
-        cards.add_column(col, justify="right")
-    for c in plan.cards:
-        slots = (f"{c.cache_slots} x {format_bytes(c.slot_bytes)} ({c.cache_policy})"
-                 if c.cache_slots else "0")
-        cards.add_row(str(c.index), format_bytes(c.budget_bytes), format_bytes(c.staging_bytes),
-                      format_bytes(c.resident_bytes), slots, format_bytes(c.homed_bytes),
-                      format_bytes(c.homed_bytes - c.resident_bytes))
-    print_table(cards, console)
-    print_cache(plan.cache or {})
-    print_table(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
-                                                 "bootstrap interval over sequences)"), console)
-    for r in plan.predicted:
-        if "judged_steps" in r:
-            kept, steps = r["judged_steps"]
-            console.print(f"{r['profile']} B={r['concurrency']} predicted on its first {kept} "
-                          f"of {steps} steps (in sample, a large calibration: a prefix bounds the "
-                          "replay's seconds)")
-    if plan.robust:
-        ratios = ", ".join(f"{k}: {v:.3f}" for k, v in plan.robust["ratios"].items())
-        console.print(f"robust: stall / layer-offload stall per profile and concurrency: {ratios}")
-    console.print(f"plan written to {out}")
-
-
-def solver_bound(solver: dict) -> str:
-    """"bound B, gap G%", or "bound n/a" where the solver proved none (None or NaN: greedy,
-    a time limit before any bound), and the gap likewise."""
-    bound, gap = solver.get("bound"), solver.get("gap")
-    if bound is None or not math.isfinite(bound):
-        return "bound n/a"
-    gap_text = "n/a" if gap is None or not math.isfinite(gap) else f"{100 * gap:.2f}%"
-    return f"bound {bound:.6g}, gap {gap_text}"
-
-
-def print_cache(cache: dict) -> None:
-    """How the split between pins and slots was chosen: every candidate's held-out figures,
-    the chosen one marked."""
-    console = rich_console()
-    if cache.get("mode") == "off":
-        console.print(f"cache: none ({cache['reason']})")
-        return
-    if not cache:
-        return
-    judged = {"in sample": "in sample (too few sequences for folds)"}.get(
-        cache["held_out"], f"held out: {cache['held_out']}"
-        + (f" ({cache['folds']})" if cache["folds"] else ""))
-    regret = cache.get("held_out_regret")
-    unlike = cache.get("held_out_unlike_stall_ms_per_step")
-    how = "pooled (one pool per card)" if cache.get("pooled") else "per layer"
-    console.print(f"cache: {cache['policy']} {how}, {cache['mode']}: {cache['chosen']}, "
-                  f"judged {judged}: held-out stall {cache['held_out_stall_ms_per_step']:.4f} "
-                  f"ms/step" + ("" if unlike is None else
-                                f", {unlike:.4f} on the same folds with experts renamed "
-                                f"(traffic unlike the calibration)")
-                  + ("" if regret is None else
-                     f", regret {regret:.4f} (mean stall / the plain cache's)"))
-    table = Table(title="candidates on the same held-out traffic (each chosen without the "
-                        "part it is judged on)")
-    columns = ["candidate", "pinned", "cache slots", "stall ms/step"]
-    columns += ["renamed ms/step"] if unlike is not None else []
-    plain = next((c for c in cache["candidates"] if c["kind"] == "cache"), None)
-    for col in columns + (["regret (ratio)"] if regret is not None else []):
-        table.add_column(col, justify="left" if col == "candidate" else "right")
-    for c in cache["candidates"]:
-        row = [("* " if c["chosen"] else "  ") + c["name"], str(c["pinned"]), str(c["slots"]),
-               f"{c['held_out_stall_ms_per_step']:.4f}"]
-        if unlike is not None:
-            renamed = c["held_out_unlike_stall_ms_per_step"]
-            row.append("-" if renamed is None else f"{renamed:.4f}")
-        if regret is not None:
-            row.append(f"{c['held_out_regret']:.4f}")
-        table.add_row(*row, style="bold" if c["chosen"] else None)
-    print_table(table, console)
-    print_policies(cache, console)
-    for note in cache.get("notes", []):
-        console.print(f"note: {note}")
-    if unlike is not None and regret is None and plain is not None \
-            and unlike > plain["held_out_unlike_stall_ms_per_step"]:
-        console.print(f"note: on traffic unlike the calibration (the held-out folds with each "
-                      f"layer's experts renamed, as another task would route) this split "
-                      f"stalls {unlike / plain['held_out_unlike_stall_ms_per_step']:.2f}x the "
-                      f"plain cache; if the serving traffic may differ from the calibration, "
-                      f"--robust weighs that in")
-
-
-def print_policies(cache: dict, console: Console) -> None:
-    """The policies the chosen split (and the plain cache) was judged under (--cache-policy
-    auto), the chosen one marked: held-out stall per step on the same folds and on them
-    renamed (the learned weights of each fold fitted on the other folds); a line where the
-    guard (solvers/cache/choice.py) changed the choice, and why."""
-    rows = cache.get("policies") or []
-    if not rows:
-        return
-    judged = cache.get("policy_judged_share", 1.0)
-    table = Table(title="cache policies serving the chosen split and the plain cache, on the "
-                        "same held-out folds and on them renamed"
-                  + ("" if judged >= 1.0 else f" (the first {judged:.0%} of each fold's "
-                     "requests, scaled to the split's figure)"))
-    for col in ("policy", "pins and slots", "slots", "stall ms/step", "renamed ms/step"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for r in rows:
-        renamed = r["held_out_unlike_stall_ms_per_step"]
-        table.add_row(("* " if r["chosen"] else "  ") + r["policy"], r.get("plan", "split"),
-                      "pooled" if r["pooled"] else "per layer",
-                      f"{r['held_out_stall_ms_per_step']:.4f}",
-                      "-" if renamed is None else f"{renamed:.4f}",
-                      style="bold" if r["chosen"] else None)
-    print_table(table, console)
-    found = cache.get("guard")
-    if found and found["switched"]:
-        print_guard(found, cache, rows, console)
-
-
-def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) -> None:
-    """One line: the guard changed the choice (solvers/cache/choice.py), the tests that fired
-    (its `fired`, the first's reason `why`), and what serves instead."""
-    was, (low, high) = found["instead_of"], found["renamed_ratio_ci95"]
-    served_low, served_high = found["served_renamed_ratio_ci95"]
-    fired = found.get("fired") or [None]
-    why = (f"{found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
-           f"({found['engine']} per layer, nothing pinned) on the renamed folds (traffic "
-           "unlike the calibration)")
-    if fired[0] == "above":
-        why = f"stalls {why}, above it beyond the interval"
-    elif fired[0] == "small_gain":
-        why = (f"stalls {found['objective_ratio']:.3f}x the engines on its own folds, "
-               f"{found['why']} (and {why})")
-    else:  # loose_interval
-        why = f"stalls {why}: {found['why']}"
-    also = (f" (the guard's {', '.join(fired[1:])} test{'s' if len(fired) > 2 else ''} "
-            "fired too)") if fired[1:] else ""
-    console.print(
-        f"guard: {was[1]}{' pooled' if was[2] else ''} on the {was[0]}'s pins and slots "
-        f"{why}{also}; {cache['policy']}{' pooled' if cache['pooled'] else ''} on the "
-        f"{rows_plan(rows)}'s pins and slots serves instead "
-        f"({found['served_renamed_ratio']:.3f}x [{served_low:.3f}, {served_high:.3f}] there)")
-
-
-def rows_plan(rows: list[dict]) -> str:
-    """Whose pins and slots the chosen policy row serves."""
-    return next(r.get("plan", "split") for r in rows if r["chosen"])
-
-
-def prediction_table(rows: list[dict], title: str) -> Table:
-    """Per (profile, concurrency), one row per line (placement, layer offload, uniform):
-    stall with the half-width of its 95% interval, tokens/s, hit rate; the placement's row
-    gives its paired ratio to layer offload with its interval."""
-    table = Table(title=title)
-    for col in ("line", "stall ms/step", "tok/s", "hit rate", "stall / layer offload"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(f"[bold]{r['profile']}[/bold] B={r['concurrency']}", end_section=True)
-        for i, (key, name) in enumerate((("placement", "placement"),
-                                         ("layer", "layer offload"), ("uniform", "uniform"))):
-            f = r[key]
-            table.add_row(name, plus_minus(f, "stall_ms_per_step"), f"{f['tokens_per_s']:.2f}",
-                          f"{f['hit_rate']:.3f}",
-                          f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}"
-                          if key == "placement" else "", end_section=i == 2)
-    return table

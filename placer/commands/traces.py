@@ -7,18 +7,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from placer.commands.common import command, print_json, print_table
-from placer.commands.common import console as rich_console
+from placer.commands.common import command, print_json
 from placer.errors import PlacerError
 from placer.files import check_apart, check_target, removed_on_failure, write_bytes_atomic
+from placer.report.traces import print_stats
 from traces.choices import FORMAT_NAMES
+
+GROUP_HELP = ("Routing traces: summarize one (stats), split one into calibration and held-out "
+              "traffic (split), import other engines' routing (import).")
 
 
 def register(app: typer.Typer) -> None:
-    traces_app = typer.Typer(help="Inspect routing traces and import other tools' dumps.",
-                             no_args_is_help=True)
+    traces_app = typer.Typer(help=GROUP_HELP, no_args_is_help=True)
     app.add_typer(traces_app, name="traces")
 
     @command(traces_app, "stats")
@@ -54,7 +55,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(result)
             return
-        _print_stats(result)
+        print_stats(result)
         if plot is not None:
             typer.echo(f"heatmap -> {plot}")
 
@@ -200,23 +201,3 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                       ("--prompt-lens", prompt_lens), ("--load-balancer", load_balancer)],
                 directory=True)
     return import_routing(sources, out, request, fmt)
-
-
-def _print_stats(result: dict) -> None:
-    console = rich_console()
-    console.print(f"[bold]{result['name']}[/bold] ({result['kind']}): {result['tokens']} tokens, "
-                  f"{result['sequences']} sequences, {len(result['moe_layers'])} MoE layers x "
-                  f"{result['num_experts']} experts, top-{result['top_k']}")
-    tags = Table("tag", "tokens", "sequences", title="per tag")
-    for tag, entry in result["tags"].items():
-        tags.add_row(tag, str(entry["tokens"]), str(entry["sequences"]))
-    print_table(tags, console)
-    if result["phases"]:
-        console.print("phases: " + ", ".join(f"{k} {v}" for k, v in result["phases"].items()))
-    layers = Table("layer", "entropy (bits)", "hot 10%", "hot 25%", "hot 50%",
-                   title=f"per MoE layer ({result['layer_stats_phase'] or 'all'} rows)")
-    for entry in result["layers"]:
-        share = entry["hot_share"]
-        layers.add_row(str(entry["layer"]), f"{entry['entropy_bits']:.2f}",
-                       f"{share['10%']:.1%}", f"{share['25%']:.1%}", f"{share['50%']:.1%}")
-    print_table(layers, console)

@@ -114,6 +114,15 @@ class LlamaCppOffload:
         return [t.format(layer=layer) for layer in self.cold_layers
                 for t in self.expert_tensors()]
 
+    def to_json(self) -> dict:
+        """`placer export llamacpp --json` of a plan's layer-offload baseline."""
+        return {"cold_layers": self.cold_layers, "override_tensor": self.override,
+                "n_cpu_moe": self.n_cpu_moe, "cpu_moe": self.all_cold,
+                "devices": [{"name": n, "layers": ls} for n, ls in self.devices],
+                "tensor_split": self.tensor_split, "args": self.args(),
+                "gguf_arch": self.gguf_arch, "tensors": self.tensor_names(),
+                "warnings": self.warnings}
+
 
 def layer_offload_cold(plan: Plan) -> int:
     """N: the fewest leading MoE layers to make cold so that on every card the experts it

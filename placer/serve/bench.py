@@ -23,6 +23,7 @@ same tokens; each arm's ratio to the first arm is given for both.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import time
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from placer.checkpoint.step import monotone
 from placer.errors import PlacerError
-from placer.plan.placement import Plan
+from placer.files import write_text_atomic
+from placer.plan.placement import Plan, read_plan
 from placer.progress import NO_BAR, ItemsBar
 from placer.runtime.placed_model import PlacedModel, load_placed_model
 from placer.serve.bench_predict import MIN_TRIALS, cache_verdicts, predict_arm, ratio_to, t_interval
@@ -226,3 +229,18 @@ def release(loaded: PlacedModel) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def write_measured_spec(report: dict, placed: Path, model: Path, out: Path) -> None:
+    """The first arm's plan's hardware spec with the base step its run measured, at `out`;
+    the report records where."""
+    from placer.hardware.spec_toml import spec_toml
+
+    spec = read_plan(placed / "manifest.json").hardware
+    rows = [r for r in report["arms"] if r["placed"] == str(placed)]
+    steps = monotone(sorted((r["concurrency"], float(f"{r['measured_base_step_ms']:.4g}"))
+                            for r in rows))
+    text = spec_toml(dataclasses.replace(spec, base_step_ms=steps),
+                     f"measured by placer bench {placed} (decode step less predicted stall)")
+    write_text_atomic(text, out, [("the checkpoint", model)], what="--spec-out")
+    report["spec_out"] = str(out)
