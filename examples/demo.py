@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("demo-out"))
     parser.add_argument("--quick", action="store_true", help="fewer tokens, shorter ILP")
     args = parser.parse_args()
-    tokens, seconds, oracle = (3000, 2, 1) if args.quick else (12000, 20, 10)
+    tokens, seconds, oracle = (1500, 2, 1) if args.quick else (12000, 20, 10)
     out = fresh_dir(args.out)
 
     model = tiny_model(out / "model")

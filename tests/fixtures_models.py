@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from once_per_run import once_per_run
 from typer.testing import CliRunner
 
 from placer.checkpoint.tiny import ARCHITECTURES, build_tiny_model
@@ -60,8 +61,12 @@ def make_deepseek_runnable(model_dir: Path, seed: int = 0) -> None:
 
 @pytest.fixture(scope="session")
 def trace_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """{arch: tiny checkpoint dir} for the five architectures (3 layers, 8 experts, top-2)."""
-    root = tmp_path_factory.mktemp("trace_models")
+    """{arch: tiny checkpoint dir} for the five architectures (3 layers, 8 experts, top-2);
+    built once per test run (once_per_run.py)."""
+    return once_per_run(tmp_path_factory, "trace_models", build_trace_models)
+
+
+def build_trace_models(root: Path) -> dict[str, Path]:
     texts = prose_blocks()[:600]
     models = {}
     for arch in ARCHITECTURES:
@@ -123,8 +128,12 @@ def collected(tmp_path_factory: pytest.TempPathFactory,
               trace_models: dict[str, Path]) -> dict[tuple[str, str], Path]:
     """{(arch, mode): trace dir}: score mode over 12 prose blocks (batches of 5, so padded)
     plus 150 random tokens; generate mode over real chat prompts (batches of 3, left-padded),
-    6 new tokens each, 400 tokens at most."""
-    root = tmp_path_factory.mktemp("collected")
+    6 new tokens each, 400 tokens at most; built once per test run (once_per_run.py)."""
+    return once_per_run(tmp_path_factory, "collected",
+                        lambda root: collect_all(root, trace_models))
+
+
+def collect_all(root: Path, trace_models: dict[str, Path]) -> dict[tuple[str, str], Path]:
     prose = write_prose_corpus(root / "prose.txt")
     out = {}
     for arch, model in trace_models.items():

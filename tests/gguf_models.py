@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from once_per_run import once_per_run
 
 from placer.checkpoint.tiny import build_tiny_model
 
@@ -49,19 +50,24 @@ def convert(model_dir: Path, out: Path, outtype: str = "f32") -> Path:
 
 @pytest.fixture(scope="session")
 def gguf_pair(tmp_path_factory: pytest.TempPathFactory, prose: list[str]) -> tuple[Path, Path]:
-    """(tiny qwen3_moe checkpoint dir, its F32 GGUF): 3 layers, 8 experts, top-2."""
-    root = tmp_path_factory.mktemp("gguf")
-    model = build_tiny_model("qwen3_moe", root / "qwen3_moe", texts=prose[:600],
-                             router_scale=3.0)
-    return model, convert(model, root / "qwen3_moe-f32.gguf")
+    """(tiny qwen3_moe checkpoint dir, its F32 GGUF): 3 layers, 8 experts, top-2; built once
+    per test run (once_per_run.py)."""
+    def build(root: Path) -> tuple[Path, Path]:
+        model = build_tiny_model("qwen3_moe", root / "qwen3_moe", texts=prose[:600],
+                                 router_scale=3.0)
+        return model, convert(model, root / "qwen3_moe-f32.gguf")
+
+    return once_per_run(tmp_path_factory, "gguf", build)
 
 
 @pytest.fixture(scope="session")
 def gguf_bench(tmp_path_factory: pytest.TempPathFactory, prose: list[str]) -> tuple[Path, Path]:
     """(checkpoint dir, F32 GGUF) of a tiny qwen3_moe whose experts are big enough for a
     1 MiB --moe-cache-mib to hold a fraction of them: hidden 128 (experts of 96 KiB), 16
-    experts, 3 layers, top-2."""
-    root = tmp_path_factory.mktemp("gguf-bench")
-    model = build_tiny_model("qwen3_moe", root / "qwen3_moe", texts=prose[:600],
-                             router_scale=3.0, hidden=128, experts=16)
-    return model, convert(model, root / "qwen3_moe-f32.gguf")
+    experts, 3 layers, top-2; built once per test run (once_per_run.py)."""
+    def build(root: Path) -> tuple[Path, Path]:
+        model = build_tiny_model("qwen3_moe", root / "qwen3_moe", texts=prose[:600],
+                                 router_scale=3.0, hidden=128, experts=16)
+        return model, convert(model, root / "qwen3_moe-f32.gguf")
+
+    return once_per_run(tmp_path_factory, "gguf-bench", build)

@@ -1,13 +1,14 @@
 """A plugin fixture (tests name it in `pytest_plugins`): the tiny qwen3_moe of the motivating
 regression, its traces on prose, held-out prose, chat and random tokens, and three plans
-solved from them; session-scoped, so the modules that read it (test_regression_case,
-test_export) build it once per worker."""
+solved from them; built once per test run (once_per_run.py) for the modules that read it
+(test_regression_case, test_export)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from once_per_run import once_per_run
 
 from placer.checkpoint.tiny import build_tiny_model
 
@@ -18,7 +19,10 @@ BOX = REPO / "examples" / "tiny-box.toml"
 
 @pytest.fixture(scope="session")
 def setup(tmp_path_factory: pytest.TempPathFactory, cli) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("regression")
+    return once_per_run(tmp_path_factory, "regression", lambda root: build_setup(root, cli))
+
+
+def build_setup(root: Path, cli) -> dict[str, Path]:
     texts = [b for b in (DATA / "shakespeare_head.txt").read_text().split("\n\n") if b.strip()]
     model = build_tiny_model("qwen3_moe", root / "model", texts=texts, layers=4, experts=16,
                              top_k=2, hidden=64, router_scale=4.0)

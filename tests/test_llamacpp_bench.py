@@ -15,7 +15,7 @@ from placer.hardware.spec import parse_spec
 
 pytest_plugins = ["gguf_models", "fixtures_models", "llamacpp_bench_plan"]
 
-BENCH = ("--trials", 3, "--max-new-tokens", 2, "--max-prompt-tokens", 4, "--threads", 1)
+BENCH = ("--trials", 3, "--max-new-tokens", 2, "--max-prompt-tokens", 2, "--threads", 1)
 
 
 def four_options(plan: Path) -> str:

@@ -11,6 +11,7 @@ import tomllib
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from llamacpp_boxes import write_one_card_spec
 from mixed_corpus import rendered_record, write_mixed_corpus
 
@@ -186,6 +187,7 @@ PROBE = ("probe", "--host", "--mb", "8", "--tokens", "64", "--expert", "256x512"
          "--expert-tokens", "1,4,16")
 
 
+@pytest.mark.usefixtures("quick_host_probe")
 def test_probe_host_times_gguf_experts_with_llama_cpp_kernels(cli):
     """`probe --host --gguf-type Q4_K`: the curve of llama.cpp's own CPU kernels for Q4_K
     experts, a valid `[[host.expert]]` table the spec and the cpu model read back (at Q4_K's

@@ -130,6 +130,7 @@ def test_a_config_that_lies_about_its_sizes_is_refused(model, tmp_path, change, 
     assert says is None or says in lines[0], lines[0]
 
 
+@pytest.mark.usefixtures("quick_host_probe")
 def test_host_out_merges_into_the_spec_in_place(tmp_path):
     """The README's `probe --host ... >> box.toml` made a second [host] table; `--hardware
     box.toml --out box.toml` replaces the one there, the rest of the spec kept."""
@@ -159,6 +160,7 @@ def test_host_fragment_names_the_cpu_and_marks_noise() -> None:
     assert tomllib.loads(busy)["host"]["memory_bandwidth"] == "10.00GB/s"
 
 
+@pytest.mark.usefixtures("quick_host_probe")
 def test_host_model_takes_the_checkpoints_expert_shape(model):
     result = invoke("probe", "--host", *FAST_HOST, "--model", model, "--json")
     assert result.exit_code == 0, result.output
@@ -171,6 +173,7 @@ def test_host_model_takes_the_checkpoints_expert_shape(model):
     assert model.name in report["source"]
 
 
+@pytest.mark.usefixtures("quick_host_probe")
 def test_host_model_gguf_takes_its_expert_type_and_shape(tmp_path):
     """`probe --host --model model.gguf` was silently ignored: it times the GGUF's experts,
     in its gate projection's type, with llama.cpp's kernels, and names where they came

@@ -40,6 +40,7 @@ def bench():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.usefixtures("quick_host_probe")
 def test_probe_host_json_needs_no_gpu(cli, dtype: str) -> None:
     threads_before = torch.get_num_threads()
     out = json.loads(cli("probe", "--host", "--json", "--dtype", dtype, *SMALL).stdout)
@@ -54,6 +55,7 @@ def test_probe_host_json_needs_no_gpu(cli, dtype: str) -> None:
     assert timing["tokens"] == [1, 4] and 0 < timing["seconds"][0] <= timing["seconds"][1]
 
 
+@pytest.mark.usefixtures("quick_host_probe")
 def test_probe_host_fragment_parses_as_the_host_table(cli) -> None:
     text = cli("probe", "--host", *SMALL).stdout
     host = tomllib.loads(text)["host"]
