@@ -38,6 +38,7 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from placer.checkpoint.config import EXPERT_COUNT_KEYS
@@ -120,13 +121,20 @@ def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, 
                      "no KV cache)")
 
 
-def free_memory(device: str) -> int:
-    """Bytes free on the torch `device` (host RAM available for cpu)."""
-    import torch
-
+def free_memory(device: str = "cpu") -> int:
+    """Bytes free on the torch `device`; for cpu the host RAM available (MemAvailable of
+    /proc/meminfo: free pages and the caches the kernel gives back; else the free pages)."""
     if device.startswith("cuda"):
+        import torch
+
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
