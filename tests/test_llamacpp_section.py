@@ -115,3 +115,21 @@ def test_the_options_of_a_solved_plan_all_pass(valid, tmp_path) -> None:
         done = runner.invoke(app, ["export", "llamacpp", str(path), "--option",
                                    option["name"]])
         assert done.exit_code == 0, (option["name"], done.output)
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("expert_flops", 1e308, "model.expert_flops"),
+    ("counts", 1e308, "calibration[0].counts"),
+    ("counts", 2.0**60, "calibration[0].counts"),
+])
+def test_numbers_whose_arithmetic_overflows_are_refused(valid, tmp_path, field, value,
+                                                       says) -> None:
+    """An expert's FLOPs or a calibration count of 1e308 passed as finite, then overflowed
+    the replay's and the drift's sums (numpy's warnings, inf in the table)."""
+    d, traces = valid
+    d = json.loads(json.dumps(d))
+    if field == "expert_flops":
+        d["model"]["expert_flops"][0][0] = value
+    else:
+        d["calibration"][0]["counts"][0][0] = value
+    refused(d, traces, tmp_path, says)
