@@ -99,6 +99,16 @@ def test_steps_beyond_memory_are_one_line(pipe: Pipeline, tmp_path: Path, monkey
     assert not (tmp_path / "p.json").exists()
 
 
+def test_emit_align_2_30_is_refused_before_writing_gigabytes_of_padding(pipe: Pipeline,
+                                                                       tmp_path: Path) -> None:
+    """Every tensor is padded to --align: 2**30 wrote 49 GB for a 200 kB model."""
+    out = tmp_path / "placed"
+    result = invoke("emit", "--plan", pipe.plan, "--model", pipe.model, "--out", out,
+                    "--align", 2**30)
+    assert_one_line_error(result, "--align must be a power of two in 8..2097152")
+    assert not out.exists()
+
+
 NEW = ["hardware", "new", "--card", "RTX 3060", "--pcie", "4.0x16", "--ram", "ddr4-3200x2"]
 
 
