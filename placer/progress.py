@@ -1,16 +1,17 @@
 """What placer shows on a terminal: progress on stderr for commands that run long (a bar
 over a known number of items, ItemsBar; a spinner naming the running stage of a solve, with
 its time elapsed beside its time limit, StageSpinner: the solvers call its `stage` and never
-import placer), and stdout kept free of control sequences that came from input.
+import placer), and stdout and stderr kept free of control sequences that came from input.
 
 A name, a description or a path that a spec, a plan, a checkpoint or the user gave may hold
 control characters (ESC sequences clear the screen, move the cursor, set the window's title;
 BEL, BS, CR overwrite what was shown). Whatever a command prints is shown printable
-(traces.errors.printable: each such character as its \\uXXXX escape): `printable_stdout`
-filters what is written on stdout while a command runs (`placer.commands.common.command`),
-and `console()`'s rich Console escapes every string it renders before it adds its own
-styles, writing past the filter. On a terminal the filter passes whole SGR sequences (colours,
-`ESC [ ... m`), which libraries print there (uvicorn's access log) and which move nothing.
+(traces.errors.printable: each such character as its \\uXXXX escape): `printable_output`
+filters what is written on stdout and stderr while a command runs
+(`placer.commands.common.command`), and `console()`'s rich Console escapes every string it
+renders before it adds its own styles and cursor moves (progress bars), writing past the
+filter. On a terminal the filter passes whole SGR sequences (colours, `ESC [ ... m`), which
+libraries print there (uvicorn's access log) and which move nothing.
 """
 
 from __future__ import annotations
@@ -67,17 +68,22 @@ class PrintableStream(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def printable_stdout() -> Iterator[None]:
-    """sys.stdout filtered by a PrintableStream while the block runs."""
-    before = sys.stdout
-    if isinstance(before, PrintableStream):
-        yield
-        return
-    sys.stdout = PrintableStream(before)
+def printable_output() -> Iterator[None]:
+    """sys.stdout and sys.stderr each filtered by a PrintableStream while the block runs
+    (rich's consoles write past the filter: `console`, `unfiltered`)."""
+    before = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (stream if isinstance(stream, PrintableStream)
+                              else PrintableStream(stream) for stream in before)
     try:
         yield
     finally:
-        sys.stdout = before
+        sys.stdout, sys.stderr = before
+
+
+def unfiltered(stream: Any) -> Any:
+    """The stream a PrintableStream writes to (`stream` itself if it is none): where rich,
+    which escapes its own strings, writes its styles and cursor moves."""
+    return getattr(stream, "unfiltered", stream)
 
 
 @functools.cache
@@ -95,10 +101,10 @@ def _console_class() -> type:
 
 
 def console(**kwargs: Any) -> Any:
-    """A rich Console on stdout, past printable_stdout's filter, that shows its strings
-    printable (module docstring); `kwargs` are rich's."""
-    if "file" not in kwargs and not kwargs.get("stderr"):
-        kwargs["file"] = getattr(sys.stdout, "unfiltered", sys.stdout)
+    """A rich Console on stdout (stderr with `stderr=True`), past printable_output's filter,
+    that shows its strings printable (module docstring); `kwargs` are rich's."""
+    if "file" not in kwargs:
+        kwargs["file"] = unfiltered(sys.stderr if kwargs.pop("stderr", False) else sys.stdout)
     return _console_class()(**kwargs)
 
 
@@ -110,10 +116,9 @@ class _Live:
     def __init__(self, enabled: bool, total: int | None, columns: Any) -> None:
         self.bar = None
         if enabled:
-            from rich.console import Console
             from rich.progress import Progress
 
-            self.bar = Progress(*columns(), console=Console(stderr=True), transient=True)
+            self.bar = Progress(*columns(), console=console(stderr=True), transient=True)
             self.task = self.bar.add_task("", total=total)
 
     def __enter__(self) -> Any:

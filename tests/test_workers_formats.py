@@ -269,3 +269,19 @@ def test_json_and_toml_output_read_back_the_same_text(tmp_path: Path) -> None:
     assert "\x9b" not in shown and json.loads(shown)["description"].startswith("evil\x9b\x7f")
     toml = invoke("hardware", "show", spec, "--toml").output
     assert "\x9b" not in toml and tomllib.loads(toml)["description"].startswith("evil\x9b")
+
+
+def test_stdout_and_stderr_are_filtered_while_a_command_runs(capsys) -> None:
+    """What a command writes itself (typer.echo, print, a warning on stderr) is escaped; a
+    rich console writes past the filter, its strings escaped before its styles."""
+    import sys
+
+    from placer.progress import console, printable_output
+
+    with printable_output():
+        print("out" + ESCAPES)
+        sys.stderr.write("err" + ESCAPES + "\n")
+        console(width=200).print("rich" + ESCAPES)
+    out, err = capsys.readouterr()
+    assert not CONTROLS & set(out + err), (out, err)
+    assert "out\\u001b[2J" in out and "err\\u001b[2J" in err and "rich\\u001b[2J" in out

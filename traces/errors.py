@@ -4,6 +4,8 @@ where it holds control characters (`printable`), cut where it is long (`shown`).
 from __future__ import annotations
 
 import re
+import sys
+from typing import Any
 
 
 class TraceError(ValueError):
@@ -32,6 +34,13 @@ def shown(text: object, limit: int = SHOWN_CHARS) -> str:
     if len(text) > limit:
         return f"{printable(text[:limit])}... ({len(text)} characters)"
     return printable(text)
+
+
+def bar_stream() -> Any:
+    """The stderr a rich progress bar writes to: past the filter that makes a command's
+    output printable (placer.progress.PrintableStream, which escapes what it is given and
+    keeps the stream it wraps as `unfiltered`), which would escape the bar's cursor moves."""
+    return getattr(sys.stderr, "unfiltered", sys.stderr)
 
 
 def first_line(exc: BaseException, limit: int = 120) -> str:

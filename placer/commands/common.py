@@ -18,7 +18,7 @@ from rich.table import Table
 from placer.errors import PlacerError, error_text
 from placer.files import NAME_MAX, dumps_json
 from placer.progress import console as printable_console
-from placer.progress import printable_stdout
+from placer.progress import printable_output
 from placer.units import BYTE_UNITS
 from solvers.errors import SolverError
 from traces.errors import TraceError
@@ -53,7 +53,7 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
             try:
                 check_values(kw)
                 check_rules(kw, name, name_of=option_name, error=PlacerError)
-                with printable_stdout():  # what the command prints, shown printable
+                with printable_output():  # what the command prints, shown printable
                     return fn(*args, **kw)
             except DOMAIN_ERRORS as exc:
                 fail(error_line(exc, kw), exc)
