@@ -133,3 +133,31 @@ def test_numbers_whose_arithmetic_overflows_are_refused(valid, tmp_path, field, 
     else:
         d["calibration"][0]["counts"][0][0] = value
     refused(d, traces, tmp_path, says)
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("b1", "llama.cpp b1 (no expert cache) has no --moe-cache-mib, but engine"),
+    ("b11669", "has no --moe-cache-cpu-share, but engine"),
+])
+def test_a_build_without_the_flags_the_plan_uses_is_named(valid, tmp_path, given,
+                                                          says) -> None:
+    """The recorded build must have what the choice and the options use: a cache, a CPU
+    share (evaluate --llamacpp-version still replays any build on purpose)."""
+    d, traces = valid
+    d = json.loads(json.dumps(d))
+    d["engine"]["llamacpp_build"] = {"given": given}
+    refused(d, traces, tmp_path, "engine.llamacpp_build", says)
+
+
+@pytest.mark.parametrize("version", ["b1", "b11669"])
+def test_plans_solved_for_older_builds_pass_their_own_check(tmp_path, version) -> None:
+    model = tiny_gguf(tmp_path)
+    traces = tiny_traces(tmp_path, model)
+    spec = two_card_spec(tmp_path / "two.toml", (1 << 20) + 4 * expert_bytes() + (1 << 20))
+    plan, _ = solve(tmp_path, model, traces, spec, "--llamacpp-version", version)
+    runner = CliRunner()
+    for option in load(plan)["engine"]["options"]:
+        done = runner.invoke(app, ["export", "llamacpp", str(plan), "--option", option["name"]])
+        assert done.exit_code == 0, (option["name"], done.output)
+    done = runner.invoke(app, ["evaluate", str(plan), "--traces", str(traces)])
+    assert done.exit_code == 0, done.output

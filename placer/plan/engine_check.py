@@ -19,7 +19,8 @@ Two steps, each failing on the first problem with one line naming the file and t
    are those of its GPU layers: `--option NAME` exports it as the choice is exported, so its
    cache must fit the cards as the choice's does); `llamacpp_build` one that
    solvers.llamacpp.builds re-derives from its `given` text, the same build it records (a
-   failure names this field, not --llamacpp-version); the model's `hidden_size` and
+   failure names this field, not --llamacpp-version), with the flags the choice and every
+   option use (a cache, a CPU share); the model's `hidden_size` and
    `expert_flops` present (the replay needs them) and every calibration entry with its
    `counts` (evaluate's drift reads them).
 
@@ -98,7 +99,7 @@ def check_engine(d: dict, source: str, layers: list[int], cards: list[dict]) -> 
     for i, option in enumerate(engine["options"]):
         _check_option_budget(fail, f"engine.options[{i}]", option, d, layers, cards, split,
                              devices)
-    _check_build(fail, engine.get("llamacpp_build"))
+    _check_build(fail, engine)
 
 
 def _float32_sum_ok(split: list[float]) -> bool:
@@ -130,19 +131,32 @@ def _check_option_budget(fail, at: str, option: dict, d: dict, layers: list[int]
                  f"({card['budget_bytes']} bytes)")
 
 
-def _check_build(fail, build: Any) -> None:
+def _check_build(fail, engine: dict) -> None:
     """The recorded build: the one its `given` text names (builds.build_from_json, which
-    re-derives it), each recorded field that build's own."""
+    re-derives it), each recorded field that build's own, and a build that has the flags
+    the choice and every option use (--moe-cache-mib for a cache, --moe-cache-cpu-share for
+    a CPU share): export would print them for a llama.cpp that has none."""
     from solvers.llamacpp.builds import build_from_json
 
+    build = engine.get("llamacpp_build")
     try:
-        derived = build_from_json(build).to_json()
+        made = build_from_json(build)
     except SolverError as exc:
         fail("engine.llamacpp_build.given", str(exc).removeprefix(f"{BUILD_GIVEN}: "))
+    derived = made.to_json()
     for key, value in (build or {}).items():
         if key in derived and key != "given" and value != derived[key]:
             fail(f"engine.llamacpp_build.{key}", f"{_short(repr(value))}, but "
                  f"{_short(repr(derived['given']))} is {_short(repr(derived[key]))}")
+    setups = [("engine", engine), *((f"engine.options[{i}]", o)
+                                    for i, o in enumerate(engine["options"]))]
+    for at, setup in setups:
+        if setup["moe_cache_mib"] and not made.has_cache:
+            fail("engine.llamacpp_build", f"{made.label} has no --moe-cache-mib, but "
+                 f"{at}.moe_cache_mib is {setup['moe_cache_mib']}")
+        if setup.get("cpu_share", 0.0) and not made.has_cpu_share:
+            fail("engine.llamacpp_build", f"{made.label} has no --moe-cache-cpu-share, but "
+                 f"{at}.cpu_share is {setup['cpu_share']:g}")
 
 
 def _check_split(fail, engine: dict, model: dict, layers: list[int], cards: list[dict]
