@@ -11,7 +11,9 @@ OPTIONS_JSON is what placer passes the real worker; PLACER_FAKE_MODE says how to
 - "garbage": writes bytes that are no frame on the reply channel;
 - "huge": announces a reply of 2**40 bytes;
 - "notjson": a well-formed frame whose payload is not JSON;
-- "silent-exit": exits 3 before answering, printing one line to stderr.
+- "silent-exit": exits 3 before answering, printing one line to stderr;
+- "hang": answers ready, then reads requests and never answers one (a wedged worker);
+- "deaf": answers ready, then never reads its stdin (a long request fills the pipe).
 A tokenize request is answered with one token per character sent: [chars, 0, 0, ...].
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "traces" / "llamacpp"))
@@ -48,6 +51,10 @@ def main() -> None:
         raw(HEADER.pack(MAGIC, 5) + b"{oops")
         sys.exit(0)
     reply({"ready": True, "n_vocab": 64})
+    if MODE in ("hang", "deaf"):
+        if MODE == "hang":
+            sys.stdin.readline()
+        time.sleep(3600)
     for line in sys.stdin:
         req = json.loads(line)
         print(f"print_info: {req['op']} {'{'}not json", flush=True)

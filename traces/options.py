@@ -33,7 +33,9 @@ MAX_PLAN_SLOTS = 1 << 31      # evaluate --cache-slots: what a plan may hold (pl
 MAX_SOLVE_SLOTS = 1 << 24     # solve --cache
 MAX_POSITION = 2**31 - 1      # token positions and lengths: int32 in traces and llama.cpp
 MAX_STEPS = 1 << 24           # decode steps sampled per profile and concurrency (plan schema)
-MAX_ALIGN = 1 << 30           # emit --align: a shard's data offset alignment
+MAX_ALIGN = 1 << 21           # emit --align: a shard's data offset alignment, at most a
+#                               huge page (2 MiB): every tensor is padded to it, so 2**30
+#                               wrote 49 GB of padding for a 200 kB model
 MAX_CARDS = 1024              # cards in a spec (placer.hardware.spec)
 MAX_CORES = 1024              # hardware new --cpu-cores, bench --threads
 

@@ -69,6 +69,51 @@ def check_config(config: dict, path: Path) -> None:
         raise PlacerError(f"{path}: architectures must be a list of strings, got {archs!r}")
 
 
+def check_heads(config: dict, where: str = "config.json") -> None:
+    """PlacerError naming the field where the attention head counts cannot shape attention:
+    num_key_value_heads more than num_attention_heads or not dividing them (grouped-query
+    attention repeats each key/value head num_attention_heads / num_key_value_heads times),
+    hidden_size not a multiple of the heads where no head_dim is given (the head's width is
+    then hidden_size / heads), or an odd head width (rotary embeddings turn pairs of
+    dimensions: qk_rope_head_dim for MLA, else the head's width). Checked before a model is
+    built from the config, not in its first forward."""
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    hidden, head_dim = config.get("hidden_size"), config.get("head_dim")
+    if heads and kv and (kv > heads or heads % kv):
+        raise PlacerError(f"{where}: num_key_value_heads {kv} does not divide "
+                          f"num_attention_heads {heads} (each key/value head serves a whole "
+                          "group of attention heads)")
+    if heads and hidden and not head_dim and hidden % heads:
+        raise PlacerError(f"{where}: hidden_size {hidden} is not a multiple of "
+                          f"num_attention_heads {heads} (and no head_dim is given)")
+    rope_key = "qk_rope_head_dim" if config.get("kv_lora_rank") else "head_dim"
+    named = rope_key if config.get(rope_key) else "hidden_size / num_attention_heads"
+    width = config.get(rope_key) or (hidden // heads if heads and hidden else None)
+    if width and width % 2:
+        raise PlacerError(f"{where}: {named} is {width}, odd: rotary embeddings turn pairs "
+                          "of dimensions")
+
+
+KV_BYTES = 2  # a key or value element in the model's cache (bf16, f16)
+
+
+def kv_bytes_per_token(config: dict) -> int:
+    """Bytes of key/value cache one token takes in a Hugging Face model of `config`, a
+    floor: every layer's keys and values of its key/value heads (MLA models: of every head,
+    keys of qk_nope + qk_rope and values of v_head_dim wide, as transformers caches them);
+    0 where the config lacks the attention shape."""
+    layers, heads = config.get("num_hidden_layers") or 0, config.get("num_attention_heads")
+    hidden = config.get("hidden_size")
+    if not layers or not heads or not hidden:
+        return 0
+    if config.get("kv_lora_rank"):
+        width = ((config.get("qk_nope_head_dim") or 0) + (config.get("qk_rope_head_dim") or 0)
+                 + (config.get("v_head_dim") or 0))
+        return layers * heads * width * KV_BYTES
+    head_dim = config.get("head_dim") or hidden // heads
+    return 2 * layers * (config.get("num_key_value_heads") or heads) * head_dim * KV_BYTES
+
+
 def moe_shape(config: dict) -> tuple[int, int, int, int]:
     """(num_layers, experts per layer, top_k, shared experts) from a config checked by
     `check_config`, or a PlacerError."""

@@ -5,7 +5,9 @@ MODEL_TENSOR / TENSOR_NAMES, Keys.LLM, Keys.Split) spells them:
 
 - routed experts are fused, one tensor per projection and layer: `blk.N.ffn_gate_exps`,
   `ffn_up_exps`, `ffn_down_exps` or `ffn_gate_up_exps`, with suffix `.weight` (and `.bias`,
-  `.scale`, `.input_scale` where an architecture has them, e.g. gpt-oss's biases). ggml's
+  `.scale`, `.input_scale` where an architecture has them, e.g. gpt-oss's biases), exactly
+  (EXPERT_SUFFIXES: any other name that starts like one is refused, as llama.cpp refuses
+  it; a name holding a NUL byte is refused by the header reader). ggml's
   ne[] lists dimensions innermost first and every model file of llama.cpp creates these with
   the expert outermost (`{n_embd, n_ff_exp, n_expert}`, `src/models/*.cpp` at
   ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f), so the row-major shape is ne
@@ -56,9 +58,19 @@ _EXPERT_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_UP_EXP)]
 _SHARED_NAMES = [TENSOR_NAMES[t].removeprefix(_PREFIX) for t in (
     MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP, MODEL_TENSOR.FFN_DOWN_SHEXP)]
-# Layer indices are ASCII decimals (read_gguf_header refuses any other: block_index).
-EXPERT_TENSOR = re.compile(r"^blk\.(?P<layer>[0-9]+)\.(?P<base>" + "|".join(_EXPERT_NAMES)
-                           + r")\.(?P<suffix>[A-Za-z_]+)$")
+# The suffixes llama.cpp loads a routed expert tensor under, `tn(LLM_TENSOR_FFN_*_EXPS,
+# SUFFIX, i)` (LLM_TN_IMPL::str appends "." SUFFIX, src/llama-arch.cpp), read in ggml-org/
+# llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (the tree llama-cpp-python 0.3.36
+# vendors): "weight" everywhere, "bias" (src/models/openai-moe.cpp), "scale" and
+# "input_scale" (src/llama-model.cpp, per-expert scales). llama.cpp finds a tensor by that exact
+# name and refuses a file with a tensor it did not load (`done_getting_tensors`: wrong
+# number of tensors), so `blk.1.ffn_up_exps.weightx` is no tensor of a model it runs.
+EXPERT_SUFFIXES = ("weight", "bias", "scale", "input_scale")
+# Layer indices are ASCII decimals (read_gguf_header refuses any other: block_index); \Z,
+# not $, which also matches before a final newline.
+EXPERT_TENSOR = re.compile(r"blk\.(?P<layer>[0-9]+)\.(?P<base>" + "|".join(_EXPERT_NAMES)
+                           + r")\.(?P<suffix>" + "|".join(EXPERT_SUFFIXES) + r")\Z")
+EXPERT_LIKE = re.compile(r"blk\.[0-9]+\.(?:" + "|".join(_EXPERT_NAMES) + r")(?:\.|\Z)")
 SHARED_TENSOR = re.compile(r"^blk\.[0-9]+\.(?:" + "|".join(_SHARED_NAMES) + r")\.")
 BLOCK = re.compile(r"^blk\.([0-9]+)\.")
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
@@ -221,6 +233,10 @@ def _expert_ranges(file: Path, t: TensorInfo, num_experts: int) -> ExpertRanges 
     """The (layer, expert) ranges of tensor `t`, or None when it is not a routed expert's."""
     m = EXPERT_TENSOR.match(t.name)
     if m is None:
+        if EXPERT_LIKE.match(t.name):
+            raise PlacerError(f"{file}: tensor {t.name!r} is no routed expert tensor llama.cpp "
+                              f"loads: blk.N.{{{','.join(_EXPERT_NAMES)}}}.SUFFIX with SUFFIX "
+                              f"one of {', '.join(EXPERT_SUFFIXES)} (LLM_TN, src/llama-arch.cpp)")
         return None
     layer = int(m["layer"])
     if len(t.ne) < 2 or t.ne[-1] != num_experts:

@@ -38,9 +38,10 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from placer.checkpoint.config import EXPERT_COUNT_KEYS
+from placer.checkpoint.config import EXPERT_COUNT_KEYS, check_heads
 from placer.errors import PlacerError
 
 if TYPE_CHECKING:
@@ -120,18 +121,28 @@ def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, 
                      "no KV cache)")
 
 
-def free_memory(device: str) -> int:
-    """Bytes free on the torch `device` (host RAM available for cpu)."""
-    import torch
-
+def free_memory(device: str = "cpu") -> int:
+    """Bytes free on the torch `device`; for cpu the host RAM available (MemAvailable of
+    /proc/meminfo: free pages and the caches the kernel gives back; else the free pages)."""
     if device.startswith("cuda"):
+        import torch
+
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def fits(inv: Inventory, device: str) -> bool:
-    """Whether the stand-in fits `device`'s free memory with a margin."""
+    """Whether the stand-in fits `device`'s free memory with a margin; first, a PlacerError
+    where its config cannot describe one (check_config_sizes: before anything is said or
+    built)."""
+    check_config_sizes(inv.config)
     return standin_bytes(inv) <= MEMORY_MARGIN * free_memory(device)
 
 
@@ -149,7 +160,7 @@ def measure_steps(inv: Inventory, device: str, batches: tuple[int, ...],
     with torch.inference_mode():
         for b in batches:
             prompt = torch.randint(vocab, (b, context), generator=generator).to(device)
-            out = model(input_ids=prompt, use_cache=True)
+            out = prefill(model, prompt, inv.config)
             cache, token = out.cache, out.logits[:, -1:].argmax(-1)
             times: list[float] = []
             first = time.perf_counter()
@@ -176,6 +187,19 @@ def measure_steps(inv: Inventory, device: str, batches: tuple[int, ...],
                      f"{context}-token prompt, median of "
                      f"{'/'.join(str(n) for _, n in counts)} decode steps",
                      spread=tuple(spread), steps=tuple(counts), device=name)
+
+
+def prefill(model, prompt, config: dict):
+    """The stand-in's forward over `prompt` (use_cache), a PlacerError where transformers
+    cannot run it: a config whose sizes pass every check may still describe no model its
+    code computes (a shape torch refuses), one line instead of torch's traceback."""
+    try:
+        return model(input_ids=prompt, use_cache=True)
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        raise PlacerError(f"config.json: transformers cannot run model_type "
+                          f"{config.get('model_type')!r} as configured "
+                          f"({' '.join(str(exc).split())[:200]}); give --estimate with "
+                          "--memory-bandwidth to estimate the step instead") from None
 
 
 def relative_iqr(times: list[float]) -> float:
@@ -245,12 +269,17 @@ CONFIG_SIZES = {  # config.json sizes the stand-in is built from: each a count i
     "hidden_size": 1 << 17, "vocab_size": 1 << 22, "num_attention_heads": 1 << 12,
     "num_key_value_heads": 1 << 12, "num_hidden_layers": 1 << 12, "head_dim": 1 << 14,
     "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20,
+    # MLA (DeepSeek): each a width of the attention's projections when given
+    "kv_lora_rank": 1 << 14, "q_lora_rank": 1 << 14, "qk_rope_head_dim": 1 << 14,
+    "qk_nope_head_dim": 1 << 14, "v_head_dim": 1 << 14,
 }
 
 
 def check_config_sizes(config: dict) -> None:
     """PlacerError naming the field where a size the stand-in is built from is not a count
-    in 1..its bound (0 heads divide by zero in transformers; 2**40 allocates before failing)."""
+    in 1..its bound (0 heads divide by zero in transformers; 2**40 allocates before failing),
+    or where the head counts cannot shape attention (config.check_heads: a forward would
+    fail in torch, after the stand-in was built)."""
     for key, bound in CONFIG_SIZES.items():
         value = config.get(key)
         if value is None:
@@ -258,10 +287,7 @@ def check_config_sizes(config: dict) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
             raise PlacerError(f"config.json: {key}: expected an integer in 1..{bound}, got "
                               f"{value!r}")
-    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
-    if heads and hidden and "head_dim" not in config and hidden % heads:
-        raise PlacerError(f"config.json: hidden_size {hidden} is not a multiple of "
-                          f"num_attention_heads {heads}")
+    check_heads(config)
 
 
 def sync(device: str) -> None:

@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - a typer that uses click itself
     from click import exceptions as click_errors
 
 from placer.commands.index import COMMANDS, GROUPS
+from placer.errors import error_text
 
 HELP_WIDTH = 120  # --help when stdout is not a terminal (typer's rich default is 80 there)
 SETTINGS: dict[str, Any] = {"pretty_exceptions_enable": False, "add_completion": False}
@@ -130,7 +131,7 @@ class PlacerGroup(TyperGroup):
         except click_errors.NoArgsIsHelpError as exc:  # bare `placer`: typer printed the help
             code = exc.exit_code
         except click_errors.ClickException as exc:
-            echo(f"error: {usage_message(exc)}", err=True)
+            echo(f"error: {error_text(usage_message(exc), {'argv': argv})}", err=True)
             code = exc.exit_code
         except typer.Abort:
             echo("error: aborted", err=True)

@@ -12,8 +12,9 @@ from typing import Any
 
 import typer
 
-from placer.errors import PlacerError
+from placer.errors import PlacerError, error_text
 from placer.files import NAME_MAX, dumps_json
+from placer.progress import printable_output
 from solvers.errors import SolverError
 from traces.errors import TraceError
 from traces.options import check_rules
@@ -45,9 +46,10 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
             try:
                 check_values(kw)
                 check_rules(kw, name, name_of=option_name, error=PlacerError)
-                return fn(*args, **kw)
+                with printable_output():  # what the command prints, shown printable
+                    return fn(*args, **kw)
             except DOMAIN_ERRORS as exc:
-                fail(error_line(exc), exc)
+                fail(error_line(exc, kw), exc)
             except KeyboardInterrupt as exc:
                 signal_name = str(exc) or "SIGINT"
                 fail(f"interrupted by {signal_name}; nothing partial was left behind", exc,
@@ -65,12 +67,13 @@ def fail(message: str, cause: BaseException, code: int = 1) -> None:
     raise typer.Exit(code) from cause
 
 
-def error_line(exc: Exception) -> str:
-    """A domain error as one line; an OSError as the OS words it, naming its path."""
+def error_line(exc: Exception, values: dict[str, Any] | None = None) -> str:
+    """A domain error as one line (placer.errors.error_text: what it quotes of `values` cut,
+    control characters escaped); an OSError as the OS words it, naming its path."""
     if isinstance(exc, OSError):
         reason = (exc.strerror or str(exc) or type(exc).__name__).lower()
-        return f"{reason}: {exc.filename}" if exc.filename else reason
-    return " ".join(str(exc).split()) or type(exc).__name__
+        return error_text(f"{reason}: {exc.filename}" if exc.filename else reason, values or {})
+    return error_text(" ".join(str(exc).split()) or type(exc).__name__, values or {})
 
 
 def check_values(values: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from placer.errors import PlacerError
+from traces.errors import shown
 
 AMPERE_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper v2.1, Appendix A "
              "(https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-"
@@ -155,7 +156,7 @@ def known_card(name: str) -> CardFigures:
     """card(name), or a PlacerError listing the cards placer knows."""
     found = card(name)
     if found is None:
-        raise PlacerError(f"--card: placer knows no card {name!r}; known: "
+        raise PlacerError(f"--card: placer knows no card '{shown(name)}'; known: "
                           f"{', '.join(c.name for c in CARDS)} (or start from a preset: "
                           "placer hardware list)")
     return found
@@ -192,7 +193,7 @@ def pcie_link(text: str) -> tuple[str, int, float]:
     if not m or m[1] not in PCIE_GTS or int(m[2]) not in PCIE_LANES:
         raise PlacerError(f"--pcie: expected GEN x LANES with GEN one of "
                           f"{', '.join(PCIE_GTS)} and LANES one of "
-                          f"{', '.join(map(str, PCIE_LANES))} (e.g. 4.0x16), got {text!r}")
+                          f"{', '.join(map(str, PCIE_LANES))} (e.g. 4.0x16), got '{shown(text)}'")
     lanes = int(m[2])
     return m[1], lanes, PCIE_GTS[m[1]] * 1e9 * lanes * 128 / 130 / 8
 
@@ -207,4 +208,4 @@ def ddr_memory(text: str) -> tuple[str, int, int, float]:
             return kind, rate, channels, rate * 1e6 * 8 * channels
     ranges = "; ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in DDR_RATES.items())
     raise PlacerError(f"--ram: expected KIND-RATExCHANNELS (e.g. ddr4-3200x2, ddr5-6000x2; "
-                      f"MT/s {ranges}; 1..{MAX_CHANNELS} channels), got {text!r}")
+                      f"MT/s {ranges}; 1..{MAX_CHANNELS} channels), got '{shown(text)}'")

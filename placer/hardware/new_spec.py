@@ -9,12 +9,18 @@ a model's inventory it is estimated from the card's memory bandwidth as `probe -
 --estimate` does (placer/checkpoint/step.py: the bytes a step reads, a floor); without one,
 from the dense weights the card reserves, read once a step: a floor of a floor, to be
 replaced by `placer probe --step`.
+
+What it writes loads: `new_spec` refuses, naming the option, a value the loader (and so
+`solve --hardware`) would refuse (a --host-ram past 2**60 bytes), and reads its own TOML back
+through the loader before it is printed or written (`check_loads`).
 """
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 
+from placer.errors import PlacerError
 from placer.hardware.cards import (
     DDR_SOURCE,
     H2D_SHARE,
@@ -24,7 +30,8 @@ from placer.hardware.cards import (
     ddr_memory,
     pcie_link,
 )
-from placer.hardware.spec import Card, HardwareSpec, Host
+from placer.hardware.spec import MAX_BYTES, Card, HardwareSpec, Host, parse_spec
+from placer.hardware.spec_toml import spec_toml
 
 GIB = 2**30
 RESERVED_SHARES = {"reserved_dense": 0.15, "reserved_kv": 0.10, "reserved_activations": 0.05}
@@ -50,6 +57,9 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
     """The spec of `cards` x `card` on `pcie` links with `ram` host memory and `cpu_cores`
     cores; `steps` (batch, ms) where a model's step was estimated (`step_how` says how),
     else the dense-reserve floor (module docstring)."""
+    if not 0 <= host_ram <= MAX_BYTES:
+        raise PlacerError(f"--host-ram: expected a size up to 2**60 bytes (what a spec "
+                          f"holds), got {host_ram:.3g} bytes")
     gen, lanes, link_peak = pcie_link(pcie)
     kind, rate, channels, ram_peak = ddr_memory(ram)
     vram = round(card.vram_gib * GIB)
@@ -75,8 +85,30 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
                      f"{kind.upper()}-{rate} x {channels} channels, {cpu_cores} cores "
                      "(placer hardware new: ESTIMATED figures)"),
         host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host)
-    return NewSpec(spec, card_notes(card, gen, lanes, link_peak), host_notes(
+    made = NewSpec(spec, card_notes(card, gen, lanes, link_peak), host_notes(
         kind, rate, channels, ram_peak, cpu_cores), step_how)
+    check_loads(made)
+    return made
+
+
+# The option each field of a made spec comes from, for an error naming the option.
+FIELD_OPTIONS = (("host_ram", "--host-ram"), ("cards", "--card/--cards/--pcie"),
+                 ("host.flops", "--cpu-cores"), ("host", "--ram/--cpu-cores"),
+                 ("decode", "--model"))
+
+
+def check_loads(made: NewSpec) -> None:
+    """PlacerError, naming the option, unless the TOML of `made` loads as a spec (the check
+    `solve --hardware` makes of the file)."""
+    text = spec_toml(made.spec, made.step_note, "\n".join(made.host_notes),
+                     "\n".join(made.card_notes))
+    try:
+        parse_spec(tomllib.loads(text), "the spec")
+    except PlacerError as exc:
+        field = str(exc).removeprefix("the spec: ")
+        option = next((o for f, o in FIELD_OPTIONS if field.startswith(f)), "hardware new")
+        raise PlacerError(f"{option}: the spec these options make would not load ({field})"
+                          ) from None
 
 
 def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float) -> tuple[str, ...]:

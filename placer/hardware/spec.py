@@ -62,6 +62,7 @@ from typing import Any
 from placer.errors import PlacerError
 from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
+from traces.errors import shown
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import MAX_DEPTH, decode_utf8, depth
 from traces.options import MAX_CARDS as OPTION_MAX_CARDS
@@ -203,7 +204,7 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
         raw = read_bounded(path, "spec", f"hardware spec {path}", PlacerError)
     else:
         if str(name_or_path) not in preset_names():
-            raise PlacerError(f"unknown hardware preset {str(name_or_path)!r}; presets: "
+            raise PlacerError(f"unknown hardware preset '{shown(name_or_path)}'; presets: "
                               f"{', '.join(preset_names())} (or give a .toml path)")
         raw = PRESETS.joinpath(f"{name_or_path}.toml").read_bytes()
     text = decode_utf8(raw, f"hardware spec {name_or_path}", PlacerError)

@@ -40,6 +40,12 @@ from traces.options import MAX_PLAN_SLOTS
 REQUIRED = ("model", "hardware", "budget", "page_size", "ep", "solver", "cards", "experts")
 CARD_BYTES = ("budget_bytes", "staging_bytes", "resident_bytes", "homed_bytes")
 MAX_SLOTS = MAX_PLAN_SLOTS  # cache slots per card
+# An expert's FLOPs per token: 6 x hidden x inter is 7e12 at 2**20 x 2**20; past 1e15 a
+# figure is a typo, and 1e308 overflows the replay's arithmetic (numpy's warnings, inf).
+MAX_EXPERT_FLOPS = 1e15
+# A calibration count: selections of one expert, exact in float64 up to 2**53; past it (1e308)
+# the drift's sums overflow (numpy's warnings) instead of being refused.
+MAX_CALIBRATION_COUNT = 2**53
 
 
 class _Where:
@@ -77,10 +83,11 @@ def check_plan(d: Any, source: str) -> None:
     if flops is not None and not (
             isinstance(flops, list) and len(flops) == len(layers)
             and all(isinstance(row, list) and len(row) == experts_per_layer
-                    and all(_number(v) and math.isfinite(v) and v >= 0 for v in row)
+                    and all(_number(v) and math.isfinite(v) and 0 <= v <= MAX_EXPERT_FLOPS
+                            for v in row)
                     for row in flops)):
         w.fail("model.expert_flops", f"expected [{len(layers)}][{experts_per_layer}] "
-               "finite non-negative numbers")
+               f"finite numbers in 0..{MAX_EXPERT_FLOPS:g} (an expert's FLOPs per token)")
     cards = _check_cards(w, d["cards"], spec, len(layers))
     sums = _check_experts(w, d["experts"], layers, experts_per_layer, len(cards), page_size)
     for c, card in enumerate(cards):
@@ -377,9 +384,10 @@ def _check_calibration(w: _Where, calibration: Any, layers: int, experts: int) -
             w.fail(f"calibration[{i}].counts", f"expected {layers} rows of {experts} counts")
         for row in counts:
             for x in row:
-                if not (_int_in(x, 0, 2**63) or (isinstance(x, float) and math.isfinite(x)
-                                                 and x >= 0)):
-                    w.fail(f"calibration[{i}].counts", f"expected finite counts >= 0, got {x!r}")
+                if not (_int_in(x, 0, MAX_CALIBRATION_COUNT) or (
+                        isinstance(x, float) and 0 <= x <= MAX_CALIBRATION_COUNT)):
+                    w.fail(f"calibration[{i}].counts", f"expected counts in "
+                           f"0..2**53, got {x!r}")
 
 
 def _int_in(value: Any, lo: int, hi: int) -> bool:

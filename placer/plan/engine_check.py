@@ -15,9 +15,18 @@ Two steps, each failing on the first problem with one line naming the file and t
    of `moe_cache_mib` for those host layers (solvers.llamacpp.lru.group_slots: one per group,
    derived, not trusted), a CPU share only with a cache, each card's -ts share of the cache
    beside its resident experts within its budget, every expert cold exactly where its layer
-   is a host layer, and the same for every option of the table; the model's `hidden_size`
-   and `expert_flops` present (the replay needs them) and every calibration entry with its
+   is a host layer, and the same for every option of the table (an option's resident experts
+   are those of its GPU layers: `--option NAME` exports it as the choice is exported, so its
+   cache must fit the cards as the choice's does); `llamacpp_build` one that
+   solvers.llamacpp.builds re-derives from its `given` text, the same build it records (a
+   failure names this field, not --llamacpp-version), with the flags the choice and every
+   option use (a cache, a CPU share); the model's `hidden_size` and
+   `expert_flops` present (the replay needs them) and every calibration entry with its
    `counts` (evaluate's drift reads them).
+
+Numbers are checked before any arithmetic uses them: `tensor_split` finite (the schema lets
+NaN through: NaN < 0 is false) and, summed as llama.cpp sums it (float32), finite and
+positive, so 1e308 is one line here, not numpy's overflow warnings and a wrong layer map.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from placer.errors import PlacerError
 from solvers.errors import SolverError
 
 MAX_HIDDEN = 1 << 20
+BUILD_GIVEN = "the plan's engine.llamacpp_build.given"  # how builds.build_from_json names it
 MIB = 1 << 20
 
 
@@ -86,6 +96,67 @@ def check_engine(d: dict, source: str, layers: list[int], cards: list[dict]) -> 
     if engine.get("tuner_pick") is not None and engine["tuner_pick"] not in names:
         fail("engine.tuner_pick", f"{_short(engine['tuner_pick'])!r} is not an option")
     _check_budgets(fail, engine, d, layers, cards, split, devices)
+    for i, option in enumerate(engine["options"]):
+        _check_option_budget(fail, f"engine.options[{i}]", option, d, layers, cards, split,
+                             devices)
+    _check_build(fail, engine)
+
+
+def _float32_sum_ok(split: list[float]) -> bool:
+    """Whether the -ts values, each >= 0 and finite, sum in float32 (as llama.cpp's
+    load_tensors adds them) to a finite positive number at every step."""
+    with np.errstate(all="ignore"):
+        points = np.cumsum(np.asarray(split, dtype=np.float64).astype(np.float32),
+                           dtype=np.float32)
+    return bool(all(x >= 0 for x in split) and np.isfinite(points).all() and points[-1] > 0)
+
+
+def _check_option_budget(fail, at: str, option: dict, d: dict, layers: list[int],
+                         cards: list[dict], split: list[float], devices: list[int]) -> None:
+    """An option's cache (its -ts shares) beside the experts of its GPU layers within each
+    card's budget, as _check_budgets checks the choice's."""
+    host = set(option["host_layers"])
+    mib = option["moe_cache_mib"]
+    resident = [0] * len(cards)
+    for e in d["experts"]:
+        if e["layer"] not in host:
+            resident[e["card"]] += e["bytes"]
+    cached = {dev for dev, layer in zip(devices, layers, strict=True) if layer in host}
+    total = sum(split[c] for c in cached)
+    for c, card in enumerate(cards):
+        share = (mib << 20) * split[c] / total if c in cached and total > 0 else 0
+        if resident[c] + share > card["budget_bytes"]:
+            fail(f"{at}.moe_cache_mib", f"{mib} MiB of cache (card {c}'s -ts share) beside "
+                 f"the experts of the option's GPU layers exceed card {c}'s budget "
+                 f"({card['budget_bytes']} bytes)")
+
+
+def _check_build(fail, engine: dict) -> None:
+    """The recorded build: the one its `given` text names (builds.build_from_json, which
+    re-derives it), each recorded field that build's own, and a build that has the flags
+    the choice and every option use (--moe-cache-mib for a cache, --moe-cache-cpu-share for
+    a CPU share): export would print them for a llama.cpp that has none."""
+    from solvers.llamacpp.builds import build_from_json
+
+    build = engine.get("llamacpp_build")
+    try:
+        made = build_from_json(build)
+    except SolverError as exc:
+        fail("engine.llamacpp_build.given", str(exc).removeprefix(f"{BUILD_GIVEN}: "))
+    derived = made.to_json()
+    for key, value in (build or {}).items():
+        if key in derived and key != "given" and value != derived[key]:
+            fail(f"engine.llamacpp_build.{key}", f"{_short(repr(value))}, but "
+                 f"{_short(repr(derived['given']))} is {_short(repr(derived[key]))}")
+    setups = [("engine", engine), *((f"engine.options[{i}]", o)
+                                    for i, o in enumerate(engine["options"]))]
+    for at, setup in setups:
+        if setup["moe_cache_mib"] and not made.has_cache:
+            fail("engine.llamacpp_build", f"{made.label} has no --moe-cache-mib, but "
+                 f"{at}.moe_cache_mib is {setup['moe_cache_mib']}")
+        if setup.get("cpu_share", 0.0) and not made.has_cpu_share:
+            fail("engine.llamacpp_build", f"{made.label} has no --moe-cache-cpu-share, but "
+                 f"{at}.cpu_share is {setup['cpu_share']:g}")
 
 
 def _check_split(fail, engine: dict, model: dict, layers: list[int], cards: list[dict]
@@ -102,9 +173,10 @@ def _check_split(fail, engine: dict, model: dict, layers: list[int], cards: list
         split = list(given)
         if len(split) != len(cards):
             fail("engine.tensor_split", f"{len(split)} proportions for {len(cards)} cards")
-        if not all(math.isfinite(x) for x in split) or not sum(split) > 0:
-            fail("engine.tensor_split", f"expected finite proportions >= 0 with a positive "
-                 f"sum, got {_short(repr(split))}")
+        if not all(math.isfinite(x) for x in split) or not _float32_sum_ok(split):
+            fail("engine.tensor_split", f"expected finite proportions >= 0 whose sum, as "
+                 f"llama.cpp adds them in float32, is finite and positive, got "
+                 f"{_short(repr(split))}")
     from solvers.llamacpp.cost import layer_devices  # numba: only for llama.cpp plans
 
     expected = [0] * len(layers)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from placer.checkpoint.step import free_memory
 from placer.errors import PlacerError
 from placer.hardware.spec import MAX_BYTES  # a budget or page past it is a typo
+from placer.units import format_bytes
 from solvers.cache_table import POLICY_NAMES  # plain data: no numba (solvers/cache_table.py)
 from traces.options import check_rules
 
@@ -13,6 +15,8 @@ SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
 # solvers.cache.kernels.FEATURES: the learned policy's features, in the order of its weights
+STEP_CELL_BYTES = 8  # a sampled step's [L, E] selection and [B, L, k] token ids, as the
+#                      solvers and the replay widen them (float64, int64): its memory
 LEARNED_FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "transition",
                     "bias")
 
@@ -59,3 +63,23 @@ def check_options(opts: SolveOptions) -> None:
         raise PlacerError(f"--cache-policy must be auto or one of {', '.join(POLICY_NAMES)}, "
                           f"not {opts.cache_policy!r}")
 
+
+
+def check_steps_memory(steps: int | None, batches: tuple[int, ...], layers: int,
+                       experts: int, top_k: int, sets: int = 1) -> None:
+    """PlacerError where `--steps` sampled decode steps, held at once for each of `sets`
+    (trace set, concurrency) pairs at the concurrency `batches` (each step STEP_CELL_BYTES
+    per layer for each expert and each token's top-k), need more memory than this host has
+    available (placer.checkpoint.step.free_memory): the count is bounded by what it
+    allocates, before anything is sampled."""
+    if steps is None:
+        return
+    per_step = max(layers * STEP_CELL_BYTES * (experts + b * top_k) for b in batches)
+    need = steps * per_step * max(1, sets)
+    free = free_memory()
+    if need > free:
+        raise PlacerError(f"--steps {steps}: that many sampled decode steps of {layers} MoE "
+                          f"layers x {experts} experts (top-{top_k}, B up to {max(batches)}"
+                          f"{f', {sets} sets at once' if sets > 1 else ''}) need about "
+                          f"{format_bytes(need)}, more than the {format_bytes(free)} this "
+                          f"host has available; sample fewer")

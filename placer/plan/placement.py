@@ -152,8 +152,21 @@ def plan_quotas(plan: Plan, cache_slots: int | None = None) -> np.ndarray:
 
     layers = len(plan.moe_layers)
     if cache_slots is not None:
+        check_cache_slots(plan, cache_slots)
         return even_quotas([cache_slots] * len(plan.cards), layers)
     return np.array([c.layer_slots or (0,) * layers for c in plan.cards], dtype=np.int64)
+
+
+def check_cache_slots(plan: Plan, cache_slots: int | None) -> None:
+    """PlacerError unless `cache_slots` (--cache-slots: that many slots on every card instead
+    of the plan's) is None or in 0..the plan's experts: the slots, split over the MoE layers,
+    then hold at most a layer's experts each, and what a cache allocates (a slot's state in the
+    replay, an expert's weights in the runtime) is bounded by the model's experts."""
+    most = len(plan.moe_layers) * plan.experts_per_layer
+    if cache_slots is not None and not 0 <= cache_slots <= most:
+        raise PlacerError(f"--cache-slots must be in 0..{most} for this plan (its "
+                          f"{len(plan.moe_layers)} MoE layers x {plan.experts_per_layer} "
+                          f"experts: a card caches no more), got {cache_slots}")
 
 
 @dataclass(frozen=True)

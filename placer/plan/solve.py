@@ -25,7 +25,7 @@ from placer.plan.cache import (
     no_cache_reason,
     solve_cache,
 )
-from placer.plan.options import SOLVERS, SolveOptions, check_options
+from placer.plan.options import SOLVERS, SolveOptions, check_options, check_steps_memory
 from placer.plan.placement import Plan, build_plan, plan_policy
 from placer.plan.traffic import Traffic, load_traffic
 from placer.units import format_bytes
@@ -158,6 +158,8 @@ def check_placement(inv: Inventory, spec: HardwareSpec, opts: SolveOptions, trac
     `traces` trace sets; the execution the options and spec give. The budget is checked
     against the cards where the homes do not depend on traffic (--ep contiguous)."""
     check_options(opts)
+    check_steps_memory(opts.num_steps, opts.concurrency, len(inv.moe_layers),
+                       inv.experts_per_layer, inv.top_k, traces * len(opts.concurrency))
     if opts.solver in ("ilp", "greedy") and not traces:
         raise PlacerError(f"--solver {opts.solver} learns from traffic: give --traces DIR "
                           f"(or use --solver layer / uniform)")

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.plan.options import DEFAULT_STEPS, EXECUTIONS
-from placer.plan.placement import Plan, plan_policy, plan_quotas
+from placer.plan.options import DEFAULT_STEPS, EXECUTIONS, check_steps_memory
+from placer.plan.placement import Plan, check_cache_slots, plan_policy, plan_quotas
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from placer.predict.llamacpp import llamacpp_row
@@ -67,11 +67,17 @@ class EvalOptions:
     execution: str | None = None                # stage, cpu or both; default: the plan's
 
 
-def check_options(opts: EvalOptions) -> None:
-    """One PlacerError line for the first option out of range."""
+def check_options(opts: EvalOptions, plan: Plan | None = None) -> None:
+    """One PlacerError line for the first option out of range (with `plan`: --cache-slots
+    beyond its experts, check_cache_slots; --steps beyond memory, check_steps_memory)."""
     check_rules({"concurrency": opts.concurrency, "steps": opts.num_steps, "seed": opts.seed,
                  "oracle_time_limit": opts.oracle_time_limit,
                  "cache_slots": opts.cache_slots}, "evaluate", error=PlacerError)
+    if plan is not None:
+        check_cache_slots(plan, opts.cache_slots)
+        check_steps_memory(opts.num_steps, opts.concurrency or tuple(
+            plan.budget.get("concurrency") or (1,)), len(plan.moe_layers),
+            plan.experts_per_layer, int(plan.model["top_k"]))
     if opts.execution is not None and opts.execution not in (*EXECUTIONS, "both"):
         raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)} or both, got "
                           f"{opts.execution!r}")
@@ -166,7 +172,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     `progress`, a bar on stderr over the (traffic, concurrency) rows. A row's `oracle_gap` is
     the oracle ILP's relative MIP gap, (objective - bound) / objective (0 when proven optimal),
     a solver figure and not a statistical estimate: it has no interval."""
-    check_options(opts)
+    check_options(opts, plan)
     if not trace_dirs:
         raise PlacerError("give at least one --traces DIR to evaluate on")
     batches = opts.concurrency or tuple(plan.budget.get("concurrency") or (1,))

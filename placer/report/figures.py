@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from placer.files import write_text_atomic
+from placer.progress import console as printable_console
 from placer.units import BYTE_UNITS
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ MOST_ROWS = 12  # rows of a summary's table; the rest are in the full tables
 def console() -> Console:
     """A rich Console on stdout: the terminal's width there, and wide enough that no table
     column or name is cut when the output goes to a file or a pipe (rich's default is 80)."""
-    return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
+    return printable_console() if sys.stdout.isatty() else printable_console(width=PIPE_WIDTH)
 
 
 def print_table(table: Table, out: Console | None = None) -> None:

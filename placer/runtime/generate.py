@@ -7,7 +7,11 @@ from pathlib import Path
 import torch
 
 from placer.errors import PlacerError
-from placer.runtime.placed_model import load_placed_model
+from placer.runtime.placed_model import (
+    check_generation_memory,
+    load_placed_model,
+    resolve_device,
+)
 from placer.runtime.tables import tables_json
 
 
@@ -17,6 +21,7 @@ def run_prompt(placed: Path, checkpoint: Path, prompt: str, *, max_new_tokens: i
     come from the placed directory `placed`; the text and what the runtime staged."""
     if max_new_tokens < 1:
         raise PlacerError("--max-new-tokens must be >= 1")
+    check_generation_memory(checkpoint, max_new_tokens, resolve_device(device))
     placed_model = load_placed_model(placed, checkpoint, device=device, cache_slots=cache_slots)
     model, runtime, tokenizer = placed_model.model, placed_model.runtime, placed_model.tokenizer
     inputs = tokenizer(prompt, return_tensors="pt").to(placed_model.device)

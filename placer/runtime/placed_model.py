@@ -15,13 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from placer.checkpoint.config import kv_bytes_per_token, read_config
 from placer.checkpoint.inventory import read_inventory
+from placer.checkpoint.step import free_memory
 from placer.errors import PlacerError
 from placer.placed.manifest import read_manifest
+from placer.plan.placement import Plan, check_cache_slots, plan_from_json
 from placer.runtime.experts import StagedExperts
 from placer.runtime.integrity import check_integrity, check_layout
 from placer.runtime.loader import PlacedRuntime, load_placed
 from placer.runtime.patch import load_staged_model
+from placer.units import format_bytes
 
 
 @dataclass
@@ -57,6 +61,36 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def check_cache_memory(plan: Plan, cache_slots: int | None, device: torch.device) -> None:
+    """PlacerError, before anything is loaded or hashed, where `cache_slots` slots on every
+    card (--cache-slots) are more than the plan's experts (check_cache_slots) or more than
+    `device`'s free memory holds: each slot keeps one expert's weights, its largest, and every
+    card's slots live on the one device."""
+    if cache_slots is None:
+        return
+    check_cache_slots(plan, cache_slots)
+    need = cache_slots * len(plan.cards) * int(plan.matrix("bytes").max(initial=0))
+    free = free_memory(str(device))
+    if need > free:
+        raise PlacerError(f"--cache-slots {cache_slots}: {len(plan.cards)} cards x "
+                          f"{cache_slots} slots of up to {format_bytes(plan.matrix('bytes').max())}"
+                          f" need {format_bytes(need)} on {device}, which has "
+                          f"{format_bytes(free)} free")
+
+
+def check_generation_memory(checkpoint: Path, tokens: int, device: torch.device,
+                            option: str = "--max-new-tokens") -> None:
+    """PlacerError, before anything is loaded, where `tokens` generated tokens' key/value
+    cache (config.kv_bytes_per_token, a floor) is more than `device`'s free memory: a count
+    bounded by what it allocates, not a generation that runs until memory is gone."""
+    per_token = kv_bytes_per_token(read_config(Path(checkpoint) / "config.json"))
+    free = free_memory(str(device))
+    if per_token * tokens > free:
+        raise PlacerError(f"{option} {tokens}: their key/value cache alone takes "
+                          f"{format_bytes(per_token)} a token, {format_bytes(per_token * tokens)}"
+                          f" in all, more than the {format_bytes(free)} free on {device}")
+
+
 def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
                       cache_slots: int | None = None, **kwargs: Any) -> PlacedModel:
     """Check and load `placed` for `checkpoint` (see module docstring); `cache_slots` None
@@ -68,6 +102,7 @@ def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
     hf_logging.disable_progress_bar()  # stdout/stderr stay the command's own (--json)
     torch_device = resolve_device(device)
     manifest = read_manifest(placed)
+    check_cache_memory(plan_from_json(manifest), cache_slots, torch_device)
     inv = read_inventory(checkpoint, gguf=False)
     if inv.fingerprint != manifest["model"]["fingerprint"]:
         raise PlacerError(f"{placed} was placed for model {manifest['model']['fingerprint']}, "

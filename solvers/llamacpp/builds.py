@@ -132,14 +132,15 @@ def default_build() -> Build:
     return Build("", newest.number, None, newest.policy, newest.flags, assumed=True)
 
 
-def parse_build(text: str | None) -> Build:
+def parse_build(text: str | None, what: str = "--llamacpp-version") -> Build:
     """The Build `--llamacpp-version` names (module docstring); None or "": default_build().
-    SolverError, one line, for text that is none of the three forms."""
+    SolverError, one line naming `what` (where the text came from), for text that is none of
+    the three forms."""
     if text is None or not text.strip():
         return default_build()
     given = text.strip().splitlines()[0].strip()
     if len(given) > 200:
-        raise SolverError("--llamacpp-version: expected bNNNNN, vX.Y.Z or the first line of "
+        raise SolverError(f"{what}: expected bNNNNN, vX.Y.Z or the first line of "
                           "`llama-server --version`, got 200+ characters")
     if m := _BUILD.match(given):
         return of_number(int(m.group(1)), given)
@@ -150,19 +151,19 @@ def parse_build(text: str | None) -> Build:
         if number > 0:
             return of_number(number, given, release)
         if release is None:  # a build from a source archive prints build 0
-            raise SolverError(f"--llamacpp-version: {given!r} names build 0 and no release: "
+            raise SolverError(f"{what}: {given!r} names build 0 and no release: "
                               "give the build (bNNNNN) it was made from")
-        return _of_release(release, given)
+        return _of_release(release, given, what)
     if m := _OLD_LINE.match(given):
         return of_number(int(m.group(1)), given)
     if _TAG.match(given):
-        return _of_release(given, given)
-    raise SolverError(f"--llamacpp-version: expected bNNNNN (a build), vX.Y.Z (a release) or "
+        return _of_release(given, given, what)
+    raise SolverError(f"{what}: expected bNNNNN (a build), vX.Y.Z (a release) or "
                       f"the first line of `llama-server --version` "
                       f"(\"version: X.Y.Z (build N, commit H)\"), got {given[:80]!r}")
 
 
-def _of_release(tag: str, given: str) -> Build:
+def _of_release(tag: str, given: str, what: str) -> Build:
     m = _TAG.match(tag)
     assert m is not None
     version = tuple(int(x) for x in m.groups())
@@ -171,7 +172,7 @@ def _of_release(tag: str, given: str) -> Build:
     if version >= FIRST_WITH_SHARE:
         newest = of_number(int(NEWEST[1:]), given)
         return Build(given, None, tag, newest.policy, newest.flags)
-    raise SolverError(f"--llamacpp-version: llama.cpp {tag}'s build number is not known to "
+    raise SolverError(f"{what}: llama.cpp {tag}'s build number is not known to "
                       f"placer; give its build (bNNNNN: the `build N` that `llama-server "
                       f"--version` prints)")
 
@@ -184,4 +185,4 @@ def build_from_json(d: object) -> Build:
     if not isinstance(d, dict) or not isinstance(d.get("given", ""), str):
         raise SolverError("engine.llamacpp_build: expected an object with \"given\" (the "
                           "--llamacpp-version text)")
-    return parse_build(d.get("given") or None)
+    return parse_build(d.get("given") or None, "the plan's engine.llamacpp_build.given")

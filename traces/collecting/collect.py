@@ -35,7 +35,7 @@ from traces.collecting.runs import (
     collect_meta,
     refuse_duplicates,
 )
-from traces.errors import TraceError, first_line
+from traces.errors import TraceError, bar_stream, first_line
 from traces.options import check_rules
 from traces.storing.schema import PHASES, ModelIdentity
 from traces.storing.writer import TraceWriter
@@ -371,7 +371,7 @@ class _Progress:
         self.tokens = 0
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                            console=Console(stderr=True), disable=not self.options.progress,
+                            console=Console(file=bar_stream()), disable=not self.options.progress,
                             transient=False)
         self.bar.start()
         unit = "tokens" if self.by_tokens else "docs"

@@ -88,7 +88,7 @@ from traces.collecting.collect import (
 from traces.collecting.corpora import Corpus
 from traces.collecting.http import Connections, HTTPStatus
 from traces.collecting.runs import check_out_dir, run_meta
-from traces.errors import TraceError
+from traces.errors import TraceError, bar_stream
 from traces.importers.common import token_ids
 from traces.importers.npfiles import npy_from_bytes
 from traces.importers.sglang_http import decode_routed_experts
@@ -456,7 +456,7 @@ class _Progress:
 
         self.start, self.tokens = perf_counter(), 0
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[rate]}"), console=Console(stderr=True),
+                            TextColumn("{task.fields[rate]}"), console=Console(file=bar_stream()),
                             disable=not self.options.progress)
         self.bar.start()
         self.task = self.bar.add_task(f"{self.corpus.tag} (requests)", rate="",

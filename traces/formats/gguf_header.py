@@ -18,7 +18,11 @@ names shorter than GGML_MAX_NAME (64) and unique, at most GGML_MAX_DIMS (4) dims
 element count < 2**63, a ggml type of the `gguf` package's GGML_QUANT_SIZES table, rows a
 whole number of blocks; each tensor's offset is the sum of the padded sizes of the tensors
 before it, and the data ends inside the file. A block tensor's layer index is the decimal
-llama.cpp writes (`block_index`).
+llama.cpp writes (`block_index`). No name (a key's, a tensor's) holds a NUL byte: gguf.cpp
+reads it whole into a std::string but then names the tensor with `ggml_set_name(&info.t,
+name.c_str())` and finds keys and tensors by `strcmp` on C strings, so llama.cpp sees
+`blk.1.ffn_up_exps.weight\0x` as layer 1's up experts where a reader of the whole bytes sees
+another (dense) tensor; both readings cannot be right, so such a file is refused.
 
 Beyond llama.cpp, placer caps what it reads (MAX_KV, MAX_TENSORS, MAX_STRING_ARRAY: far above
 any real model) so that a file of millions of tiny entries is refused in seconds too, and what
@@ -180,9 +184,14 @@ class _Cursor:
             return Skipped("STRING", n)
         raw = self.take(n, what)
         try:
-            return raw.decode("utf-8", errors="strict" if name else "replace")
+            text = raw.decode("utf-8", errors="strict" if name else "replace")
         except UnicodeDecodeError:
             raise self.error(f"{self.path}: {what} is not UTF-8") from None
+        if name and "\x00" in text:
+            raise self.error(f"{self.path}: {what} {text!r} holds a NUL byte: llama.cpp reads "
+                             f"names as C strings, so to it this is "
+                             f"{text.split(chr(0))[0]!r}, another name than placer's")
+        return text
 
 
 def read_gguf_header(path: Path, error: type[Exception]) -> GGUFHeader:

@@ -49,7 +49,9 @@ from traces.importers.counts import resolve_top_k, write_counts
 FORMAT = "imatrix"
 GGUF_MAGIC = b"GGUF"
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_gate_up_exps", "ffn_up_exps", "ffn_down_exps")
-_COUNTS = re.compile(r"^blk\.(\d+)\.(" + "|".join(EXPERT_TENSORS) + r")\.weight\.counts$")
+# ASCII digits and the exact name (\Z: $ also matches before a final newline), as llama.cpp
+# names these tensors (blk.%d.NAME.weight, with llama-imatrix's ".counts").
+_COUNTS = re.compile(r"blk\.([0-9]+)\.(" + "|".join(EXPERT_TENSORS) + r")\.weight\.counts\Z")
 _SNAPSHOT = re.compile(r"\.at_\d+$")
 MAX_COUNTS = 4 << 15  # bytes of one counts tensor: 2**15 experts (traces' int16 ids), F32
 NOTE = "llama-imatrix counts come from prompt processing only (prefill), never decode"
