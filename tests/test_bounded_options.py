@@ -6,8 +6,8 @@ allocated or written.
   experts: a card caches no more), and the runtime's slots must fit its device's memory
   (placer.plan.placement.check_cache_slots, placer.runtime.placed_model.check_cache_memory);
 - `--steps` is bounded by the memory its sampled steps take (placer.plan.options.
-  check_steps_memory), `run --max-new-tokens` by the key/value cache its tokens take
-  (placer.runtime.placed_model.check_generation_memory);
+  check_steps_memory), `run` and `collect --mode generate` `--max-new-tokens` by the
+  key/value cache its tokens take (traces.options.kv_bytes_per_token, available_memory);
 - `hardware new` refuses what the loader (and so `solve --hardware`) refuses, naming the
   option, and what it writes loads;
 - an option's text quoted in an error is cut (placer.errors.error_text, traces.errors.shown),
@@ -84,6 +84,16 @@ def test_run_max_new_tokens_beyond_memory_is_one_line(pipe: Pipeline) -> None:
     generate until memory was gone)."""
     result = invoke("run", pipe.placed, "--prompt", "To be", "--max-new-tokens", 2**40)
     assert_one_line_error(result, "--max-new-tokens 1099511627776", "key/value cache")
+
+
+def test_collect_generate_max_new_tokens_beyond_memory_is_one_line(pipe: Pipeline,
+                                                                     tmp_path: Path) -> None:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("To be, or not to be\n")
+    result = invoke("collect", "--model", pipe.model, "--corpus", corpus, "--mode", "generate",
+                    "--max-new-tokens", 2**40, "--out", tmp_path / "t", "--no-progress")
+    assert_one_line_error(result, "--max-new-tokens 1099511627776", "key/value cache")
+    assert not (tmp_path / "t").exists()
 
 
 @pytest.mark.parametrize("command", ["solve", "evaluate"])

@@ -20,8 +20,10 @@ stages check options with it (traces/ may not import placer/).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from traces.errors import TraceError
 
@@ -124,6 +126,46 @@ OVERRIDES: dict[tuple[str, str], Rule | None] = {  # (command, name): the rule t
     ("collect", "weights"): None,  # a flag there: record the gate weights
 }
 AGREE = (("weights", "concurrency"),)  # (a list, the list it must match in length)
+
+
+def available_memory(device: str = "cpu") -> int:
+    """Bytes free on the torch `device` for a count's allocation to be checked against
+    ("counts by memory"): a CUDA device's free memory; for cpu the host RAM available
+    (MemAvailable of /proc/meminfo: free pages and the caches the kernel gives back; else the
+    free pages)."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+KV_BYTES = 2  # a key or value element in the model's cache (bf16, f16)
+
+
+def kv_bytes_per_token(config: Mapping, element: int = KV_BYTES) -> int:
+    """Bytes of key/value cache one token takes in a Hugging Face model of `config` (its
+    config.json's keys) at `element` bytes a value, a floor: every layer's keys and values of
+    its key/value heads (MLA models: of every head, keys of qk_nope + qk_rope and values of
+    v_head_dim wide, as transformers caches them); 0 where the config lacks the attention
+    shape."""
+    layers, heads = config.get("num_hidden_layers") or 0, config.get("num_attention_heads")
+    hidden = config.get("hidden_size")
+    if not layers or not heads or not hidden:
+        return 0
+    if config.get("kv_lora_rank"):
+        width = ((config.get("qk_nope_head_dim") or 0) + (config.get("qk_rope_head_dim") or 0)
+                 + (config.get("v_head_dim") or 0))
+        return layers * heads * width * element
+    head_dim = config.get("head_dim") or hidden // heads
+    return 2 * layers * (config.get("num_key_value_heads") or heads) * head_dim * element
 
 
 def _values(value: object, kind: type) -> list | None:

@@ -94,26 +94,6 @@ def check_heads(config: dict, where: str = "config.json") -> None:
                           "of dimensions")
 
 
-KV_BYTES = 2  # a key or value element in the model's cache (bf16, f16)
-
-
-def kv_bytes_per_token(config: dict) -> int:
-    """Bytes of key/value cache one token takes in a Hugging Face model of `config`, a
-    floor: every layer's keys and values of its key/value heads (MLA models: of every head,
-    keys of qk_nope + qk_rope and values of v_head_dim wide, as transformers caches them);
-    0 where the config lacks the attention shape."""
-    layers, heads = config.get("num_hidden_layers") or 0, config.get("num_attention_heads")
-    hidden = config.get("hidden_size")
-    if not layers or not heads or not hidden:
-        return 0
-    if config.get("kv_lora_rank"):
-        width = ((config.get("qk_nope_head_dim") or 0) + (config.get("qk_rope_head_dim") or 0)
-                 + (config.get("v_head_dim") or 0))
-        return layers * heads * width * KV_BYTES
-    head_dim = config.get("head_dim") or hidden // heads
-    return 2 * layers * (config.get("num_key_value_heads") or heads) * head_dim * KV_BYTES
-
-
 def moe_shape(config: dict) -> tuple[int, int, int, int]:
     """(num_layers, experts per layer, top_k, shared experts) from a config checked by
     `check_config`, or a PlacerError."""

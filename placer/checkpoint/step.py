@@ -33,16 +33,15 @@ compute, attention's KV reads and launch overheads: a floor, marked estimated.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from placer.checkpoint.config import EXPERT_COUNT_KEYS, check_heads
 from placer.errors import PlacerError
+from traces.options import available_memory
 
 if TYPE_CHECKING:
     from placer.checkpoint.inventory import Inventory
@@ -122,20 +121,9 @@ def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, 
 
 
 def free_memory(device: str = "cpu") -> int:
-    """Bytes free on the torch `device`; for cpu the host RAM available (MemAvailable of
-    /proc/meminfo: free pages and the caches the kernel gives back; else the free pages)."""
-    if device.startswith("cuda"):
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """Bytes free on the torch `device` (traces.options.available_memory: for cpu the host
+    RAM available)."""
+    return available_memory(device)
 
 
 def fits(inv: Inventory, device: str) -> bool:

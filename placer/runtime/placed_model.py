@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from placer.checkpoint.config import kv_bytes_per_token, read_config
+from placer.checkpoint.config import read_config
 from placer.checkpoint.inventory import read_inventory
 from placer.checkpoint.step import free_memory
 from placer.errors import PlacerError
@@ -26,6 +26,7 @@ from placer.runtime.integrity import check_integrity, check_layout
 from placer.runtime.loader import PlacedRuntime, load_placed
 from placer.runtime.patch import load_staged_model
 from placer.units import format_bytes
+from traces.options import kv_bytes_per_token
 
 
 @dataclass
@@ -81,7 +82,7 @@ def check_cache_memory(plan: Plan, cache_slots: int | None, device: torch.device
 def check_generation_memory(checkpoint: Path, tokens: int, device: torch.device,
                             option: str = "--max-new-tokens") -> None:
     """PlacerError, before anything is loaded, where `tokens` generated tokens' key/value
-    cache (config.kv_bytes_per_token, a floor) is more than `device`'s free memory: a count
+    cache (traces.options.kv_bytes_per_token, a floor) is more than `device`'s free memory: a count
     bounded by what it allocates, not a generation that runs until memory is gone."""
     per_token = kv_bytes_per_token(read_config(Path(checkpoint) / "config.json"))
     free = free_memory(str(device))

@@ -36,7 +36,7 @@ from traces.collecting.runs import (
     refuse_duplicates,
 )
 from traces.errors import TraceError, bar_stream, first_line
-from traces.options import check_rules
+from traces.options import available_memory, check_rules, kv_bytes_per_token
 from traces.storing.schema import PHASES, ModelIdentity
 from traces.storing.writer import TraceWriter
 
@@ -107,6 +107,24 @@ def load_model(model_dir: Path, device: str, dtype: str):
     return model.to(device).eval()
 
 
+def check_generation_memory(model, options: CollectOptions, device: str) -> None:
+    """TraceError, before anything is run, where generate mode's --max-new-tokens take more
+    key/value cache for one sequence (traces.options.kv_bytes_per_token, a floor) than
+    `device` has available: a count bounded by what it allocates, not a generation that runs
+    until memory is gone."""
+    if options.mode != "generate":
+        return
+    config = model.config.to_dict()
+    config.update(getattr(model.config, "get_text_config", lambda: model.config)().to_dict())
+    per_token = kv_bytes_per_token(config, model.dtype.itemsize)
+    free = available_memory(device)
+    if per_token * options.max_new_tokens > free:
+        raise TraceError(f"--max-new-tokens {options.max_new_tokens}: their key/value cache "
+                         f"alone takes {per_token} bytes a token, "
+                         f"{per_token * options.max_new_tokens / 2**30:.3g} GiB for one "
+                         f"sequence, more than the {free / 2**30:.3g} GiB available on {device}")
+
+
 def resolve_device(device: str) -> str:
     """`auto` -> cuda when present, else cpu."""
     import torch
@@ -135,6 +153,7 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     device = resolve_device(options.device)
     torch.manual_seed(options.seed)
     model = load_model(model_dir, device, options.dtype)
+    check_generation_memory(model, options, device)
     from traces.collecting.capture import RouterCapture
 
     capture = RouterCapture(model, weights=options.weights)
