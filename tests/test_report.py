@@ -70,8 +70,9 @@ def test_evaluate_prints_a_summary_and_with_out_writes_the_report_and_its_tables
     rows = [line for line in full.splitlines() if line.startswith("│")]
     assert rows and not any("split" in line for line in rows)  # the path is in the title
     assert all(len(line) <= TABLE_WIDTH for line in rows)
-    verbose = invoke(*args, "--verbose")
-    assert verbose.exit_code == 0 and verbose.output == full
+    verbose = invoke(*args, "--verbose", "--out", "again.json")  # the same run's tables
+    assert verbose.exit_code == 0 and verbose.output == Path("again.txt").read_text()
+    assert verbose.output.splitlines()[0] == full.splitlines()[0]  # the full tables, not a summary
 
 
 def test_evaluate_out_is_refused_on_an_input(pipe, here):
