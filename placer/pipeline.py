@@ -48,7 +48,7 @@ from placer.files import (
     write_text_atomic,
 )
 from placer.hardware.spec import HardwareSpec, load_spec
-from placer.plan.engine import Target, check_solve, plan_target, target_of
+from placer.plan.engine import Target, check_solve, is_gguf, plan_target, target_of
 from placer.plan.options import SolveOptions
 from placer.progress import StageSpinner
 from traces.collecting.corpora import Corpus, open_corpus
@@ -211,7 +211,7 @@ def check_request(req: PlanRequest, inv: Inventory, spec: HardwareSpec
         raise PlacerError(f"--seed: expected an integer in 0..2**63-1, got {req.seed}")
     target = target_of(req.engine, req.llamacpp_version, req.model)
     check_collect(req.collect)
-    if not req.model.suffix.lower() == ".gguf":
+    if not is_gguf(req.model):
         from placer.hardware.devices import check_device
 
         check_device(req.collect.device)
@@ -339,7 +339,7 @@ def run_collect(req: PlanRequest, inv: Inventory, corpora: list[Corpus], out: Pa
     identity = inv.identity()
     check_replaceable(out)
     with directory_output(out, replace=True, what="the stage output") as temp:
-        if req.model.suffix.lower() == ".gguf":
+        if is_gguf(req.model):
             from traces.llamacpp.collect import collect_gguf
 
             results = collect_gguf(req.model, corpora, temp, identity, options)

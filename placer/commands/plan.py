@@ -80,9 +80,10 @@ def register(app: typer.Typer) -> None:
         --offload re-solves without collecting again. Prints a line per stage, a progress
         bar while one runs, then the held-out table and the command to run."""
         from placer.pipeline import PlanRequest, run_plan
+        from placer.plan.engine import is_gguf
         from traces.collecting.runs import CollectOptions
 
-        gguf = model.suffix.lower() == ".gguf"
+        gguf = is_gguf(model)
         collect = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,
                                  max_tokens=max_tokens, device=device, seed=seed,
                                  weights=not gguf)

@@ -82,7 +82,6 @@ def register(app: typer.Typer) -> None:
         inv = (read_inventory(model) if model is not None
                else estimate_inventory(config, expert_dtype, dense_dtype))
         spec = load_spec(hardware)
-        dispatch.check_solve(inv, spec, opts, target, len(traces or []))
         with StageSpinner("solve:", opts.time_limit if opts.solver == "ilp" or robust
                           else None, enabled=not json_out and sys.stderr.isatty()) as spinner:
             plan = dispatch.solve(inv, spec, list(traces or []), opts, target, spinner.stage)

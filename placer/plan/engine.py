@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from placer.errors import PlacerError
-from placer.plan.options import SolveOptions, check_options
 
 if TYPE_CHECKING:
     from placer.checkpoint.inventory import Inventory
     from placer.hardware.spec import HardwareSpec
+    from placer.plan.options import SolveOptions
     from placer.plan.placement import Plan
     from solvers.llamacpp.builds import Build
     from solvers.static.ilp import Progress
@@ -71,8 +71,8 @@ def target_of(engine: str | None, version: str | None, model: Path | None) -> Ta
 def check_solve(inv: Inventory, spec: HardwareSpec, opts: SolveOptions, target: Target,
                 traces: int) -> None:
     """Every refusal of `solve(...)` that needs no traffic, for `traces` trace sets: the
-    options' ranges, their combinations, the budget against the cards."""
-    check_options(opts)
+    options' ranges (check_options, which both solvers' checks run first), their
+    combinations, the budget against the cards."""
     if target.engine == "llamacpp":
         from placer.plan.llamacpp import check_llamacpp
 
@@ -93,8 +93,9 @@ def solve(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts: Solv
         return solve_llamacpp(inv, spec, trace_dirs, opts, target.build,
                               None if target.gguf is None else str(target.gguf))
     from placer.plan.solve import solve_plan
+    from solvers.static.ilp import no_progress
 
-    return solve_plan(inv, spec, trace_dirs, opts, *([progress] if progress else []))
+    return solve_plan(inv, spec, trace_dirs, opts, progress or no_progress)
 
 
 def plan_target(plan: Plan, version: str | None = None) -> Target:
