@@ -84,3 +84,17 @@ def write_moe_gguf(path: Path, *, arch: str = "qwen3moe", layers: int = 2, exper
     writer.write_tensors_to_file()
     writer.close()
     return data
+
+
+def names_gguf(path: Path, names: list[str], blocks: int = 2) -> Path:
+    """A qwen3moe GGUF of `blocks` blocks, 4 experts, one F32 expert tensor per name."""
+    writer = GGUFWriter(path, "qwen3moe")
+    writer.add_block_count(blocks)
+    writer.add_expert_count(4)
+    writer.add_expert_used_count(2)
+    for name in names:
+        writer.add_tensor(name, np.zeros((4, 8, 32), np.float32))
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                 writer.write_tensors_to_file, writer.close):
+        step()
+    return path

@@ -17,7 +17,7 @@ import pytest
 from bounded_cli import run_bounded
 from cli_errors import assert_one_line_error
 from gguf import GGUFReader, GGUFWriter
-from gguf_files import write_moe_gguf
+from gguf_files import names_gguf, write_moe_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -248,20 +248,6 @@ def test_random_hostile_headers_are_one_line_in_bounded_memory(data: st.DataObje
 
 
 # Issue 44, class 7: layer names and split parts as strictly as llama.cpp loads them.
-
-def names_gguf(path: Path, names: list[str], blocks: int = 2) -> Path:
-    """A qwen3moe GGUF of `blocks` blocks, 4 experts, one F32 expert tensor per name."""
-    writer = GGUFWriter(path, "qwen3moe")
-    writer.add_block_count(blocks)
-    writer.add_expert_count(4)
-    writer.add_expert_used_count(2)
-    for name in names:
-        writer.add_tensor(name, np.zeros((4, 8, 32), np.float32))
-    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
-                 writer.write_tensors_to_file, writer.close):
-        step()
-    return path
-
 
 @pytest.mark.parametrize(("names", "index"), [
     (["blk.0.ffn_gate_exps.weight", "blk.1.ffn_gate_exps.weight",

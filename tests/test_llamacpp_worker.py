@@ -15,25 +15,9 @@ import traces.llamacpp.runner as runner
 from traces.errors import TraceError
 from traces.llamacpp.runner import MAX_CONTEXT, TOKEN_BYTES, EngineOptions, LlamaCpp
 
-pytest_plugins = ["gguf_models", "fixtures_models"]
+pytest_plugins = ["gguf_models", "fixtures_models", "fake_llama"]
 
 FAKE = Path(__file__).with_name("fake_llama_worker.py")
-
-
-@pytest.fixture
-def fake(monkeypatch, tmp_path):
-    """`fake(mode)`: LlamaCpp on a stand-in GGUF runs the fake worker in `mode`."""
-    monkeypatch.setattr(runner, "WORKER", FAKE)
-    monkeypatch.setenv("PLACER_LLAMA_PYTHON", sys.executable)
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF")
-
-    def start(mode: str) -> LlamaCpp:
-        monkeypatch.setenv("PLACER_FAKE_MODE", mode)
-        return LlamaCpp(EngineOptions(str(gguf), n_ctx=64, n_batch=32))
-
-    return start
-
 
 def no_children_left() -> bool:
     """No child process of this one is still alive (zombies are reaped by wait)."""

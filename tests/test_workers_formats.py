@@ -18,17 +18,16 @@ import numpy as np
 import pytest
 from cli_errors import assert_one_line_error
 from gguf import GGUFWriter
+from gguf_files import names_gguf
 from tiny_pipeline import invoke
 
 import traces.llamacpp.channel as channel
-import traces.llamacpp.runner as runner
 from traces.errors import TraceError
 from traces.formats.gguf_header import read_gguf_header
-from traces.llamacpp.runner import EngineOptions, LlamaCpp
+from traces.llamacpp.runner import LlamaCpp
 
-pytest_plugins = ["gguf_models", "fixtures_models"]
+pytest_plugins = ["gguf_models", "fixtures_models", "fake_llama"]
 
-FAKE = Path(__file__).with_name("fake_llama_worker.py")
 STOPPED_S = 2.0  # the stopped-worker grace the tests run with (channel.STOPPED_S is 10 s)
 
 
@@ -86,20 +85,11 @@ def test_a_worker_stopped_between_requests_fails_in_one_line(gguf_pair, tmp_path
 
 
 @pytest.fixture
-def fake(monkeypatch, tmp_path):
-    """`fake(mode)`: LlamaCpp on a stand-in GGUF runs tests/fake_llama_worker.py in `mode`,
-    with a reply deadline of 2 s (PLACER_WORKER_TIMEOUT)."""
-    monkeypatch.setattr(runner, "WORKER", FAKE)
-    monkeypatch.setenv("PLACER_LLAMA_PYTHON", sys.executable)
+def fake(fake, monkeypatch):
+    """The fake worker (tests/fake_llama.py) with a reply deadline of 2 s
+    (PLACER_WORKER_TIMEOUT)."""
     monkeypatch.setenv("PLACER_WORKER_TIMEOUT", "2")
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF")
-
-    def start(mode: str) -> LlamaCpp:
-        monkeypatch.setenv("PLACER_FAKE_MODE", mode)
-        return LlamaCpp(EngineOptions(str(gguf), n_ctx=64, n_batch=32))
-
-    return start
+    return fake
 
 
 def test_a_worker_that_never_answers_fails_at_the_deadline(fake) -> None:
@@ -143,20 +133,6 @@ def test_the_deadline_is_read_from_the_environment(monkeypatch, value, seconds) 
 
 
 # GGUF tensor names as llama.cpp reads them.
-
-def names_gguf(path: Path, names: list[str]) -> Path:
-    """A qwen3moe GGUF of 2 blocks, 4 experts, one F32 expert tensor per name."""
-    writer = GGUFWriter(path, "qwen3moe")
-    writer.add_block_count(2)
-    writer.add_expert_count(4)
-    writer.add_expert_used_count(2)
-    for name in names:
-        writer.add_tensor(name, np.zeros((4, 8, 32), np.float32))
-    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
-                 writer.write_tensors_to_file, writer.close):
-        step()
-    return path
-
 
 BASE = ["blk.0.ffn_up_exps.weight", "blk.1.ffn_gate_exps.weight"]
 
@@ -274,7 +250,6 @@ def test_json_and_toml_output_read_back_the_same_text(tmp_path: Path) -> None:
 def test_stdout_and_stderr_are_filtered_while_a_command_runs(capsys) -> None:
     """What a command writes itself (typer.echo, print, a warning on stderr) is escaped; a
     rich console writes past the filter, its strings escaped before its styles."""
-    import sys
 
     from placer.progress import console, printable_output
 
