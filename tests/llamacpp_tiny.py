@@ -66,6 +66,17 @@ def solve(root: Path, model: Path, traces: Path, spec: Path, *extra: str,
     return plan, done.output
 
 
+def two_card_plan(root: Path, *extra: str) -> tuple[Path, Path, Path]:
+    """(plan.json, its GGUF, traces) of a two-card plan with host layers and a cached option
+    (solved with `extra` options): 4 layers at -ts 1,1 (0-2 on card 0, 3 on card 1); card 0
+    holds one layer and 1 MiB more."""
+    model = tiny_gguf(root)
+    traces = tiny_traces(root, model)
+    spec = two_card_spec(root / "two.toml", (1 << 20) + 4 * expert_bytes() + (1 << 20))
+    plan, _ = solve(root, model, traces, spec, *extra)
+    return plan, model, traces
+
+
 def one_card(root: Path, layers_that_fit: float = 2) -> Path:
     """A one-card spec with room for `layers_that_fit` layers' experts."""
     return write_one_card_spec(root / "box.toml",

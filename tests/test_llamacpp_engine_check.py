@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from llamacpp_tiny import expert_bytes, load, solve, tiny_gguf, tiny_traces, two_card_spec
+from llamacpp_tiny import load, two_card_plan
 from typer.testing import CliRunner
 
 from placer.cli import app
@@ -17,12 +17,7 @@ from placer.cli import app
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory):
     """(plan JSON, its GGUF, traces) of a two-card plan with host layers and a cached option."""
-    root = tmp_path_factory.mktemp("engine")
-    model = tiny_gguf(root)
-    traces = tiny_traces(root, model)
-    # 4 layers at -ts 1,1: 0-2 on card 0, 3 on card 1; card 0 holds one layer and 1 MiB more
-    spec = two_card_spec(root / "two.toml", (1 << 20) + 4 * expert_bytes() + (1 << 20))
-    plan, _ = solve(root, model, traces, spec)
+    plan, model, traces = two_card_plan(tmp_path_factory.mktemp("engine"))
     return load(plan), model, traces
 
 

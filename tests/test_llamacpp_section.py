@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from llamacpp_tiny import expert_bytes, load, solve, tiny_gguf, tiny_traces, two_card_spec
+from llamacpp_tiny import load, two_card_plan
 from typer.testing import CliRunner
 
 from placer.cli import app
@@ -20,11 +20,7 @@ from solvers.llamacpp.lru import cache_groups, group_slots
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory):
     """(plan JSON, traces) of a two-card plan (cards of about 2 MiB) with cached options."""
-    root = tmp_path_factory.mktemp("section")
-    model = tiny_gguf(root)
-    traces = tiny_traces(root, model)
-    spec = two_card_spec(root / "two.toml", (1 << 20) + 4 * expert_bytes() + (1 << 20))
-    plan, _ = solve(root, model, traces, spec)
+    plan, _, traces = two_card_plan(tmp_path_factory.mktemp("section"))
     return load(plan), traces
 
 
@@ -151,10 +147,7 @@ def test_a_build_without_the_flags_the_plan_uses_is_named(valid, tmp_path, given
 
 @pytest.mark.parametrize("version", ["b1", "b11669"])
 def test_plans_solved_for_older_builds_pass_their_own_check(tmp_path, version) -> None:
-    model = tiny_gguf(tmp_path)
-    traces = tiny_traces(tmp_path, model)
-    spec = two_card_spec(tmp_path / "two.toml", (1 << 20) + 4 * expert_bytes() + (1 << 20))
-    plan, _ = solve(tmp_path, model, traces, spec, "--llamacpp-version", version)
+    plan, _, traces = two_card_plan(tmp_path, "--llamacpp-version", version)
     runner = CliRunner()
     for option in load(plan)["engine"]["options"]:
         done = runner.invoke(app, ["export", "llamacpp", str(plan), "--option", option["name"]])
