@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.errors import PlacerError
@@ -55,6 +55,9 @@ from traces.collecting.corpora import Corpus, open_corpus
 from traces.collecting.runs import CollectOptions
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import loads_json
+
+if TYPE_CHECKING:
+    from placer.plan.placement import Plan
 
 STAGES = ("collect", "split", "solve", "evaluate", "export")
 RECORD = "stages.json"
@@ -167,20 +170,21 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Tar
                    "oracle_time_limit": req.oracle_time_limit}
     stage("evaluate", eval_inputs, (report_path, report_path.with_suffix(".txt")),
           lambda: run_evaluate(plan_path, heldout, report_path, req, progress))
-    command = run_command(req, plan_path)
-    stage("export", {"plan": stages["solve"].key, "command": command}, (run_path,),
-          lambda: write_command(command, run_path))
-
     from placer.plan.placement import read_plan
     from placer.report.figures import shell_lines
     from placer.report.plan import plan_summary
 
-    followups = follow_ups(req, plan_path, heldout)
+    plan = read_plan(plan_path)  # read once, as evaluate and the user read it
+    command = run_command(req, plan, plan_path)
+    stage("export", {"plan": stages["solve"].key, "command": command}, (run_path,),
+          lambda: write_command(command, run_path))
+
+    followups = follow_ups(req, plan, plan_path, heldout)
     report = read_json(report_path)
     if req.verbose:
         say(read_text(plan_path.with_suffix(".txt")).rstrip("\n"))
         say(read_text(out / "evaluate.txt").rstrip("\n"))
-    say("\n".join(plan_summary(read_plan(plan_path), report, command, out)))
+    say("\n".join(plan_summary(plan, report, command, out)))
     say("\n".join(["then, as you need them:",
                    *(line for f in followups for line in shell_lines(f))]))
     return {"stages": stages, "report": report,
@@ -402,12 +406,9 @@ def run_evaluate(plan_path: Path, heldout: Path, out: Path, req: PlanRequest,
     return f"{out} ({len(report['results'])} rows; against layer offload: {', '.join(verdicts)})"
 
 
-def run_command(req: PlanRequest, plan_path: Path) -> str:
-    """The command that runs the plan: for placer's runtime the placed directory emitted
-    and served; for llama.cpp the llama-server line on the user's GGUF."""
-    from placer.plan.placement import read_plan
-
-    plan = read_plan(plan_path)
+def run_command(req: PlanRequest, plan: Plan, plan_path: Path) -> str:
+    """The command that runs `plan` (written to `plan_path`): for placer's runtime the placed
+    directory emitted and served; for llama.cpp the llama-server line on the user's GGUF."""
     if plan.engine is not None:
         from placer.exporters.llamacpp import server_command
 
@@ -418,15 +419,14 @@ def run_command(req: PlanRequest, plan_path: Path) -> str:
             f"{q(str(placed))} && placer serve {q(str(placed))}")
 
 
-def follow_ups(req: PlanRequest, plan_path: Path, heldout: Path) -> list[str]:
-    """The commands a user runs next on the plan, each as it runs from where `plan` ran: the
-    evaluation on the held-out traffic again (after editing the spec, say), and for a
-    llama.cpp plan the llama-server line with the plan's options to choose from."""
-    from placer.plan.placement import read_plan
-
+def follow_ups(req: PlanRequest, plan: Plan, plan_path: Path, heldout: Path) -> list[str]:
+    """The commands a user runs next on `plan`, each as it runs from where `placer plan` ran:
+    the evaluation on the held-out traffic again (after editing the spec, say), and the
+    llama-server line again (`export llamacpp`, whose --option picks another row) or the
+    check of the placed directory once it is emitted."""
     q = shlex.quote
     lines = [f"placer evaluate {q(str(plan_path))} --traces {q(str(heldout))}"]
-    if read_plan(plan_path).engine is not None:
+    if plan.engine is not None:
         lines.append(f"placer export llamacpp {q(str(plan_path))}")
     else:
         lines.append(f"placer verify {q(str(req.out / 'placed'))}")
