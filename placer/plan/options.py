@@ -13,10 +13,11 @@ from traces.options import check_rules
 
 SOLVERS = ("ilp", "greedy", "layer", "uniform")
 EXECUTIONS = ("stage", "cpu")
+EPS = ("contiguous", "balanced")  # expert-parallel homes (placer.plan.solve.choose_homes)
 DEFAULT_STEPS = 256  # decode steps sampled per profile and concurrency from imported counts
-# solvers.cache.kernels.FEATURES: the learned policy's features, in the order of its weights
 STEP_CELL_BYTES = 8  # a sampled step's [L, E] selection and [B, L, k] token ids, as the
 #                      solvers and the replay widen them (float64, int64): its memory
+# solvers.cache.kernels.FEATURES: the learned policy's features, in the order of its weights
 LEARNED_FEATURES = ("age", "decayed_4", "decayed_16", "decayed_64", "calibration", "transition",
                     "bias")
 
@@ -47,6 +48,8 @@ def check_options(opts: SolveOptions) -> None:
     if opts.execution not in EXECUTIONS:
         raise PlacerError(f"--execution must be one of {', '.join(EXECUTIONS)}, "
                           f"not {opts.execution!r}")
+    if opts.ep not in EPS:
+        raise PlacerError(f"--ep must be contiguous or balanced, not {opts.ep!r}")
     if opts.robust and opts.solver not in ("ilp", "greedy"):
         raise PlacerError(f"--robust solves its own MILP: it cannot be combined with --solver "
                           f"{opts.solver} (a fixed baseline)")

@@ -98,16 +98,14 @@ def cards_of(spec: HardwareSpec) -> Cards:
 
 def choose_homes(inv: Inventory, spec: HardwareSpec, ep: str, traffic: list[Traffic]
                  ) -> np.ndarray:
-    """[L, E] expert-parallel home card of each expert."""
+    """[L, E] expert-parallel home card of each expert, by `ep` (one of EPS: check_options)."""
     num_cards = len(spec.cards)
     layers, experts = len(inv.moe_layers), inv.experts_per_layer
     if ep == "contiguous":
         return homes.contiguous_homes(layers, experts, num_cards)
-    if ep == "balanced":
-        load = sum((t.profile.frequency() for t in traffic if t.profile is not None),
-                   np.zeros((layers, experts)))
-        return homes.balanced_homes(load, inv.expert_bytes(), num_cards)
-    raise PlacerError(f"--ep must be contiguous or balanced, not {ep!r}")
+    load = sum((t.profile.frequency() for t in traffic if t.profile is not None),
+               np.zeros((layers, experts)))
+    return homes.balanced_homes(load, inv.expert_bytes(), num_cards)
 
 
 def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: SolveOptions,
@@ -172,8 +170,6 @@ def check_placement(inv: Inventory, spec: HardwareSpec, opts: SolveOptions, trac
         home = homes.contiguous_homes(len(inv.moe_layers), inv.experts_per_layer,
                                       len(spec.cards))
         card_budgets(inv, spec, home, opts, execution.mode)
-    elif opts.ep != "balanced":
-        raise PlacerError(f"--ep must be contiguous or balanced, not {opts.ep!r}")
     return execution
 
 
