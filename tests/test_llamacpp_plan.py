@@ -154,7 +154,7 @@ def test_gptoss_slow_8gb_card_keeps_the_cache_off(tmp_path):
 
 @needs_routing
 def test_gptoss_12gb_card_plan_exports_its_cache_and_is_checked(tmp_path):
-    calib = routing_trace(GPTOSS, "mmlu_dev", tmp_path / "calib", 5000)
+    calib = routing_trace(GPTOSS, "mmlu_dev", tmp_path / "calib", 2500)
     plan, _ = solve(tmp_path, "1x-12gb-pcie4", calib)
     path = tmp_path / "1x-12gb-pcie4.json"
     engine = plan["engine"]
