@@ -47,17 +47,17 @@ def test_an_oracle_that_never_stalls_reads_na_and_stderr_stays_clean(tmp_path: P
         result = invoke(*args)
         assert result.exit_code == 0, result.output
 
-    def evaluate(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "placer", "evaluate", str(plan),
-                               "--traces", str(tmp_path / "heldout"), *extra],
-                              capture_output=True, text=True, cwd=REPO, timeout=600,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-
-    shown = evaluate()
+    # in a fresh interpreter, so that its stderr is its own (no RuntimeWarning)
+    shown = subprocess.run([sys.executable, "-m", "placer", "evaluate", str(plan),
+                            "--traces", str(tmp_path / "heldout")],
+                           capture_output=True, text=True, cwd=REPO, timeout=600,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert shown.returncode == 0, shown.stderr
     assert shown.stderr == ""  # no RuntimeWarning
     assert "static oracle n/a (static oracle stalls 0 ms/step" in shown.stdout
     assert " inf" not in shown.stdout
-    report = json.loads(evaluate("--json").stdout)
+    result = invoke("evaluate", plan, "--traces", tmp_path / "heldout", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
     (row,) = report["results"]
     assert row["oracle"]["stall_ms_per_step"] == 0 and row["ratio_to_oracle"] is None
