@@ -42,16 +42,21 @@ def prose(data_dir: Path) -> list[str]:
 def quick_host_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """`placer probe --host` (run in-process) at a test's cost: its expert pool sized for a
     1 MiB last-level cache instead of this host's (4 x 32 MiB of 64x32 experts is ~11,000 of
-    them, each run once untimed before the timing starts: most of a probe's time), and each
-    curve timed for at least 0.2 s, at most 1 s, instead of 2 s and 10 s. The figures come
-    out rougher; what the tests check (which figures, their shapes, types and order, the
-    TOML they make) does not depend on either."""
+    them, each run once untimed before the timing starts: most of a probe's time), each
+    curve timed for at least 0.2 s, at most 1 s, instead of 2 s and 10 s, and the copy and
+    the matmul for at least 0.05 s, at most 0.3 s, instead of 0.25 s and 2 s. The figures
+    come out rougher; what the tests check (which figures, their shapes, types and order,
+    the TOML they make) does not depend on any of these."""
+    import functools
+
     import placer.hardware.expert_probe as expert_probe
     import placer.hardware.probe as probe
 
     monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 2**20)
     monkeypatch.setattr(expert_probe, "MIN_PROBE_S", 0.2)
     monkeypatch.setattr(expert_probe, "PROBE_BUDGET_S", 1.0)
+    monkeypatch.setattr(probe, "best_seconds",
+                        functools.partial(probe.best_seconds, min_s=0.05, budget_s=0.3))
 
 
 @pytest.fixture(scope="session")

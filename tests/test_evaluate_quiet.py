@@ -61,6 +61,8 @@ def test_an_oracle_that_never_stalls_reads_na_and_stderr_stays_clean(tmp_path: P
     assert shown.stderr == ""  # no RuntimeWarning
     assert "static oracle n/a (static oracle stalls 0 ms/step" in shown.stdout
     assert " inf" not in shown.stdout
-    report = json.loads(evaluate("--json").stdout)
+    result = invoke("evaluate", plan, "--traces", tmp_path / "heldout", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
     (row,) = report["results"]
     assert row["oracle"]["stall_ms_per_step"] == 0 and row["ratio_to_oracle"] is None

@@ -47,7 +47,7 @@ def test_plan_deepseek_v3_from_config_alone(tmp_path: Path) -> None:
 def test_robust_over_two_traffic_kinds_and_random_tokens(tmp_path: Path) -> None:
     out = tmp_path / "robust"
     text = run_example("robust_random_tokens.py", "--out", out, "--tokens", 1500,
-                       "--time-limit", 2, "--oracle-seconds", 1, cwd=tmp_path)
+                       "--time-limit", 2, "--oracle-seconds", 0.5, cwd=tmp_path)
     robust = json.loads((out / "plan-robust.json").read_text())["robust"]
     assert set(robust["ratios"]) == {f"{name} B={b}" for b in (1, 8) for name in
                                      ("shakespeare_head", "vicuna_bench_questions", "random")}

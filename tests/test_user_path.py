@@ -70,7 +70,13 @@ def test_odd_figures_round_trip_exactly(tmp_path):
     assert "[[cards]]" in text and "# a comment" in text
 
 
-def test_probe_step_measures_a_tiny_model_into_a_spec(pipe, tmp_path):
+def test_probe_step_measures_a_tiny_model_into_a_spec(pipe, tmp_path, monkeypatch):
+    import placer.checkpoint.step as step
+
+    # at most 16 steps or 2 s a batch (not 64 or 20 s: on a busy box the times never settle
+    # and the probe runs to its limit); what is checked does not depend on how many
+    monkeypatch.setattr(step, "MAX_STEPS", 16)
+    monkeypatch.setattr(step, "STEP_BUDGET_S", 2.0)
     out = tmp_path / "measured.toml"
     result = invoke("probe", "--step", "--model", pipe.model, "--hardware", BOX,
                     "--device", "cpu", "--allow-other-device", "--batch", "1,2", "--out", out,
