@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.table import Table
 
 from placer.files import write_json_atomic
+from placer.plan.estimates import STEP_RANGE
 from placer.report.figures import (
     MOST_ROWS,
     beside,
@@ -25,6 +26,7 @@ from placer.report.figures import (
     wrapped,
 )
 from placer.report.figures import console as rich_console
+from placer.report.marks import STEP_COLUMN, marked, spec_estimates, step_cell, table_marks
 
 
 def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = False,
@@ -52,6 +54,8 @@ def evaluate_summary(report: dict, full: Path | None = None) -> list[str]:
     for v in report["verdicts"]:
         if not v["ok"] or v["verdict"] != "better":
             lines += wrapped(v["message"])
+    lines += [line for e in spec_estimates(estimated(report))
+              for line in wrapped(f"estimate: {e}")]
     notes = report["notes"]
     said = f"{len(notes)} note{'s' if len(notes) != 1 else ''}, drift and the" if notes else \
         "drift and the"
@@ -100,7 +104,8 @@ def print_report(report: dict) -> None:
         table = Table(title=f"{traces}: predicted on {how}, seed {report['seed']}; ± 95% "
                             f"bootstrap interval ({report['replicates']} replicates)")
         for col in ("line", "hit rate", "cold bytes/token", "cold experts/token",
-                    "stall ms/step", "tok/s"):
+                    marked("stall ms/step", estimated(report), stall=True),
+                    marked("tok/s", estimated(report))):
             table.add_column(col, justify="right")
         for r in rows:
             table.add_row(f"[bold]B={r['concurrency']} {r['execution']}[/bold]",
@@ -115,6 +120,10 @@ def print_report(report: dict) -> None:
                               plus_minus(f, "tokens_per_s", "{:.2f}"),
                               end_section=i == len(lines) - 1)
         print_table(table, console)
+        for line in step_lines(rows):
+            console.print(line, highlight=False)
+    for line in table_marks(estimated(report)):
+        console.print(line, highlight=False)
     for r in report["results"]:
         others = "".join(f", / {LINE_NAMES[k]} {ratio_text(r, k)}"
                          for k in ("oracle", "lru", "lfuda", "belady", "nocache")
@@ -149,6 +158,25 @@ def print_report(report: dict) -> None:
             "message"] else {"better": "green"}.get(v["verdict"], "yellow"))
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
+
+
+def estimated(report: dict) -> list[dict]:
+    """The spec figures the report's predictions rest on ([] in a report written before
+    they were recorded: a `placer plan` stage it resumes)."""
+    return report.get("estimated", [])
+
+
+def step_lines(rows: list[dict]) -> list[str]:
+    """Under a table of seven columns (no room for an eighth): per row, each line's tok/s
+    where the estimated base step may lie (its step range), apart from the ± above."""
+    out = []
+    for r in rows:
+        ranges = [f"{LINE_NAMES[line]} {step_cell(r[line])}" for line in LINE_NAMES
+                  if line in r and STEP_RANGE in r[line]]
+        if ranges:
+            out += wrapped(f"{STEP_COLUMN}, B={r['concurrency']} {r['execution']}: "
+                           + ", ".join(ranges))
+    return out
 
 
 LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",

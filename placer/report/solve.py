@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from placer.plan.estimates import STEP_RANGE, estimated_json
 from placer.report.figures import console as rich_console
 from placer.report.figures import plus_minus, print_table, span
+from placer.report.marks import STEP_COLUMN, marked, step_cell, table_marks
 from placer.units import format_bytes
 
 if TYPE_CHECKING:
@@ -40,8 +42,12 @@ def print_plan(plan: Plan, out: Path, notes: Sequence[str] = ()) -> None:
                       format_bytes(c.homed_bytes - c.resident_bytes))
     print_table(cards, console)
     print_cache(plan.cache or {})
+    estimated = estimated_json(plan.hardware)
     print_table(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
-                                                 "bootstrap interval over sequences)"), console)
+                                                 "bootstrap interval over sequences)",
+                                 estimated), console)
+    for line in table_marks(estimated):
+        console.print(line, highlight=False)
     for r in plan.predicted:
         if "judged_steps" in r:
             kept, steps = r["judged_steps"]
@@ -175,19 +181,25 @@ def rows_plan(rows: list[dict]) -> str:
     return next(r.get("plan", "split") for r in rows if r["chosen"])
 
 
-def prediction_table(rows: list[dict], title: str) -> Table:
+def prediction_table(rows: list[dict], title: str, estimated: Sequence[dict] = ()) -> Table:
     """Per (profile, concurrency), one row per line (placement, layer offload, uniform):
-    stall with the half-width of its 95% interval, tokens/s, hit rate; the placement's row
-    gives its paired ratio to layer offload with its interval."""
+    stall with the half-width of its 95% interval, tokens/s (and where the base step is an
+    estimate, its step range), hit rate; the placement's row gives its paired ratio to layer
+    offload with its interval. `estimated` (the spec's, as --json has it) marks the stall
+    and tok/s columns that rest on an estimate."""
     table = Table(title=title)
-    for col in ("line", "stall ms/step", "tok/s", "hit rate", "stall / layer offload"):
+    lines = (("placement", "placement"), ("layer", "layer offload"), ("uniform", "uniform"))
+    steps = any(STEP_RANGE in r[key] for r in rows for key, _ in lines)
+    for col in ("line", marked("stall ms/step", estimated, stall=True),
+                marked("tok/s", estimated), *([STEP_COLUMN] if steps else []), "hit rate",
+                "stall / layer offload"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(f"[bold]{r['profile']}[/bold] B={r['concurrency']}", end_section=True)
-        for i, (key, name) in enumerate((("placement", "placement"),
-                                         ("layer", "layer offload"), ("uniform", "uniform"))):
+        for i, (key, name) in enumerate(lines):
             f = r[key]
             table.add_row(name, plus_minus(f, "stall_ms_per_step"), f"{f['tokens_per_s']:.2f}",
+                          *([step_cell(f)] if steps else []),
                           f"{f['hit_rate']:.3f}",
                           f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}"
                           if key == "placement" else "", end_section=i == 2)
