@@ -19,6 +19,7 @@ from placer.plan.placement import read_plan
 
 pytest_plugins = ["fixtures_models"]
 SPREAD = (0.8, 1.3)
+HELD = ("--oracle-time-limit", "1", "--traces")  # then the held-out traffic
 STEP = {"figure": "base_step_ms", "probe": ESTIMABLE["base_step_ms"]}
 
 
@@ -55,7 +56,9 @@ def solved(box: dict, spec: str, *extra: object) -> tuple[Path, str]:
         box["solved"][out] = ok(
             "solve", "--model", box["model"], "--hardware", box[spec], "--traces", box["calib"],
             "--concurrency", "1,4", "--out", out,
-            *(() if "llamacpp" in extra else ("--offload", "0.5")), *extra).output
+            *(() if "llamacpp" in extra else ("--offload", "0.5", "--solver", "greedy",
+                                               "--cache-policy", "lru")),
+            *extra).output
     return out, box["solved"][out]
 
 
@@ -97,28 +100,27 @@ def test_solve_marks_its_tok_s_and_gives_each_its_step_range(box) -> None:
     measured, said = solved(box, "measured")
     assert "ESTIMATED" not in said + measured.with_suffix(".txt").read_text()
     assert "step estimated" not in said
-    assert json.loads(solved(box, "measured", "--json")[1])["estimated"] == []
     assert all("tokens_per_s_step" not in r["placement"] for r in read_plan(measured).predicted)
 
 
 def test_evaluate_marks_its_tables_summary_and_json(box) -> None:
     plan = solved(box, "estimated")[0]
-    report = json.loads(ok("evaluate", plan, "--traces", box["held"], "--json").output)
+    report = json.loads(ok("evaluate", plan, *HELD, box["held"], "--json").output)
     assert STEP in report["estimated"]
     assert_step_ranges([(r["concurrency"], r[k]) for r in report["results"]
                         for k in ("placement", "layer", "uniform")], box["estimated"])
-    summary = ok("evaluate", plan, "--traces", box["held"]).output
+    summary = ok("evaluate", plan, *HELD, box["held"]).output
     assert "estimate: every tok/s and ms rests on the spec's ESTIMATED" in summary
-    tables = ok("evaluate", plan, "--traces", box["held"], "--verbose").output
+    tables = ok("evaluate", plan, *HELD, box["held"], "--verbose").output
     assert "ESTIMATED" in headers(tables)
     assert all(cell(r["placement"]) in tables for r in report["results"])
     assert f"ESTIMATED: base_step_ms: {ESTIMABLE['base_step_ms']}" in tables
     measured = solved(box, "measured")[0]
-    report = json.loads(ok("evaluate", measured, "--traces", box["held"], "--json").output)
+    report = json.loads(ok("evaluate", measured, *HELD, box["held"], "--json").output)
     assert report["estimated"] == []
     assert all("tokens_per_s_step" not in r["placement"] for r in report["results"])
     for extra in ((), ("--verbose",)):
-        said = ok("evaluate", measured, "--traces", box["held"], *extra).output
+        said = ok("evaluate", measured, *HELD, box["held"], *extra).output
         assert "ESTIMATED" not in said and "step estimated" not in said
 
 
@@ -143,11 +145,11 @@ def test_a_llamacpp_plan_and_its_export_comment_lines_are_marked(box) -> None:
 def test_plan_marks_its_summary_and_json(tmp_path, prose) -> None:
     model = build_tiny_model("qwen3_moe", tmp_path / "model", texts=prose[:200])
     corpus = tmp_path / "prose.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in prose[:12]))
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in prose[:8]))
     spec = new_spec(tmp_path / "box.toml")
     common = ["--model", model, "--corpus", corpus, "--hardware", spec, "--offload", 0.5,
-              "--solver", "greedy", "--max-length", 24, "--oracle-time-limit", 1,
-              "--concurrency", "1,2"]
+              "--solver", "greedy", "--max-length", 16, "--oracle-time-limit", 1,
+              "--concurrency", "1", "--cache", "0"]
     printed = json.loads(ok("plan", *common, "--out", tmp_path / "out", "--json").stdout)
     assert STEP in printed["estimated"] and printed["report"]["estimated"] == printed["estimated"]
     said = ok("plan", *common, "--out", tmp_path / "out").output  # resumed: every stage kept
@@ -155,40 +157,37 @@ def test_plan_marks_its_summary_and_json(tmp_path, prose) -> None:
     assert f"estimate: base_step_ms: {ESTIMABLE['base_step_ms']}" in said
 
 
-def test_bench_marks_the_predicted_rows(trace_models, tmp_path, cli) -> None:
-    """A placed directory of a plan whose spec has the estimated figures of `hardware new`:
-    its predicted rows marked with their step range, --json names the figures; the same
-    directory on a measured spec: no mark."""
+def test_bench_marks_the_predicted_rows(trace_models, tmp_path, cli, capsys) -> None:
+    """A placed directory of a plan whose spec has the marks and spread of `hardware new`:
+    its predicted rows marked with their step range, --json names the figures (a measured
+    spec's bench: test_bench.py)."""
     from placed_plans import layer_plan
     from test_runtime import PROMPTS
 
     from placer.checkpoint.inventory import read_inventory
+    from placer.report.serving import print_bench
 
     checkpoint = trace_models["qwen3_moe"]
     staging = int(read_inventory(checkpoint).expert_bytes().sum(axis=1).max())
+    plan = layer_plan(checkpoint, tmp_path, staging)
+    data = json.loads(plan.read_text())  # the plan's own cards, with the marks of hardware new
     estimated = load_spec(new_spec(tmp_path / "box.toml")).to_json()
+    data["hardware"] |= {k: estimated[k] for k in ("estimated", "step_spread")}
+    plan.write_text(json.dumps(data))
+    cli("emit", "--plan", plan, "--model", checkpoint, "--out", tmp_path / "placed")
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n\n".join(PROMPTS[:1]) + "\n")
-    said = {}
-    for name in ("measured", "estimated"):
-        plan = layer_plan(checkpoint, tmp_path / name, staging)
-        if name == "estimated":  # the plan's own cards, on the marks of `hardware new`
-            data = json.loads(plan.read_text())
-            data["hardware"] |= {k: estimated[k] for k in ("estimated", "step_spread")}
-            plan.write_text(json.dumps(data))
-        cli("emit", "--plan", plan, "--model", checkpoint, "--out", tmp_path / name / "placed")
-        args = ["bench", tmp_path / name / "placed", "--model", checkpoint, "--prompts",
-                prompts, "--trials", "1", "--max-new-tokens", "3", "--device", "cpu",
-                "--concurrency", "1"]
-        said[name] = (json.loads(cli(*args, "--json").output), cli(*args).output)
-    report, table = said["estimated"]
+    prompts.write_text(PROMPTS[0] + "\n")
+    report = json.loads(cli("bench", tmp_path / "placed", "--model", checkpoint, "--prompts",
+                            prompts, "--trials", "1", "--max-new-tokens", "3", "--device",
+                            "cpu", "--concurrency", "1", "--json").output)
     assert STEP in report["estimated"]
     arm = report["arms"][0]
+    base, stall = arm["predicted_base_step_ms"] / 1e3, arm["predicted_stall_ms_per_step"] / 1e3
     assert arm["predicted_tokens_per_s_step"] == pytest.approx(
-        [1 / (arm["predicted_base_step_ms"] / 1e3 * s + arm["predicted_stall_ms_per_step"] / 1e3)
-         for s in reversed(SPREAD)], rel=1e-12)
-    assert "predicted ESTIMATED" in table and cell({"tokens_per_s_step": arm[
-        "predicted_tokens_per_s_step"]}) in table
-    report, table = said["measured"]
-    assert report["estimated"] == [] and "predicted_tokens_per_s_step" not in report["arms"][0]
-    assert "ESTIMATED" not in table and "step estimated" not in table
+        [1 / (base * s + stall) for s in reversed(SPREAD)], rel=1e-12)
+    capsys.readouterr()
+    print_bench(report)
+    table = capsys.readouterr().out
+    assert "ESTIMATED" in table.split("┘")[0]  # the predicted row, in the table
+    assert cell({"tokens_per_s_step": arm["predicted_tokens_per_s_step"]}) in table
+    assert f"ESTIMATED: base_step_ms: {ESTIMABLE['base_step_ms']}" in table
