@@ -26,7 +26,14 @@ from placer.report.figures import (
     wrapped,
 )
 from placer.report.figures import console as rich_console
-from placer.report.marks import STEP_COLUMN, marked, spec_estimates, step_cell, table_marks
+from placer.report.marks import (
+    STEP_COLUMN,
+    SUMMARY_PROBES,
+    marked,
+    spec_estimates,
+    step_cell,
+    table_marks,
+)
 
 
 def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = False,
@@ -54,7 +61,7 @@ def evaluate_summary(report: dict, full: Path | None = None) -> list[str]:
     for v in report["verdicts"]:
         if not v["ok"] or v["verdict"] != "better":
             lines += wrapped(v["message"])
-    lines += [line for e in spec_estimates(estimated(report))
+    lines += [line for e in spec_estimates(estimated(report), SUMMARY_PROBES)
               for line in wrapped(f"estimate: {e}")]
     notes = report["notes"]
     said = f"{len(notes)} note{'s' if len(notes) != 1 else ''}, drift and the" if notes else \

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from placer.plan.placement import Plan
 
 MARK = "ESTIMATED"
+SUMMARY_PROBES = 1  # probes a summary names (the base step's first); the full tables: all
 
 
 def closing(plan: Plan, full: Path | None, notes: Sequence[str] = ()) -> list[str]:
@@ -36,26 +37,31 @@ def estimates(plan: Plan) -> list[str]:
     out = []
     if plan.model.get("estimated"):
         out.append("the model's sizes come from its config.json (no weights read)")
-    out += spec_estimates(estimated_json(plan.hardware))
+    out += spec_estimates(estimated_json(plan.hardware), SUMMARY_PROBES)
     cut = [f"{r['profile']} B={r['concurrency']}" for r in plan.predicted if "judged_steps" in r]
     if cut:
         out.append(f"{', '.join(cut)} predicted on a prefix of the steps")
     return out
 
 
-def spec_estimates(estimated: Sequence[dict]) -> list[str]:
+def spec_estimates(estimated: Sequence[dict], most: int | None = None) -> list[str]:
     """What rests on the spec's ESTIMATED figures and the probe that replaces each, grouped
-    by probe: every tok/s; every stall ms too unless only the base step is estimated (the
-    stall is priced without it: placer/plan/estimates.py)."""
+    by probe (the first `most` groups, the base step's first: a summary's few lines; the
+    rest are in the full tables): every tok/s; every stall ms too unless only the base step
+    is estimated (the stall is priced without it: placer/plan/estimates.py)."""
     if not estimated:
         return []
     names = [e["figure"] for e in estimated]
     rests = "every tok/s" + ("" if names == [STEP_FIGURE] else " and ms")
     by_probe: dict[str, list[str]] = {}
-    for e in estimated:
+    for e in sorted(estimated, key=lambda e: e["figure"] != STEP_FIGURE):
         by_probe.setdefault(e["probe"], []).append(e["figure"])
-    return [f"{rests} rests on the spec's {MARK} {', '.join(names)}; ratios move far less"] + [
-        f"{', '.join(figures)}: {probe}" for probe, figures in by_probe.items()]
+    groups = [f"{', '.join(figures)}: {probe}" for probe, figures in by_probe.items()]
+    more = len(groups) - (len(groups) if most is None else most)
+    return ([f"{rests} rests on the spec's {MARK} {', '.join(names)}; ratios move far less"]
+            + groups[:len(groups) - more]
+            + ([f"the probes of the other {more} groups of figures: the full tables"]
+               if more > 0 else []))
 
 
 def table_marks(estimated: Sequence[dict]) -> list[str]:
