@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from placer.hardware.spec import ESTIMABLE
-from solvers.judge.intervals import tokens_per_s
 
 if TYPE_CHECKING:
     from placer.hardware.spec import HardwareSpec
@@ -36,6 +35,8 @@ def estimated_json(*specs: HardwareSpec) -> list[dict[str, str]]:
 def step_range(spec: HardwareSpec, batch: int, stall_ms: float) -> list[float] | None:
     """[low, high] tokens/s of a step of `batch` stalling `stall_ms` when the base step lies
     anywhere in spec.step_range_s (module docstring); None where the spread is [1, 1]."""
+    from solvers.judge.intervals import tokens_per_s  # numpy: not at the CLI's start
+
     if tuple(spec.step_spread) == (1.0, 1.0):
         return None
     fast, slow = spec.step_range_s(batch)
