@@ -152,7 +152,7 @@ def print_report(report: dict) -> None:
         curve = Table(title="held-out figures vs calibration traffic (k-fold over sequences; "
                             "± 95% interval over folds)")
         for col in ("line", "share of training sequences", "calibration tokens", "hit rate",
-                    "stall ms/step"):
+                    marked("stall ms/step", estimated(report), stall=True)):
             curve.add_column(col, justify="right")
         for row in report["curve"]:
             curve.add_row(row["line"], "" if row["fraction"] is None else f"{row['fraction']:g}",
