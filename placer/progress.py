@@ -102,7 +102,10 @@ def _console_class() -> type:
 
 def console(**kwargs: Any) -> Any:
     """A rich Console on stdout (stderr with `stderr=True`), past printable_output's filter,
-    that shows its strings printable (module docstring); `kwargs` are rich's."""
+    that shows its strings printable (module docstring) and reads no markup in them: a name,
+    a prompt or a generated text holding "[/bold]" is shown as written (rich would raise
+    MarkupError), and styles are given as rich Text; `kwargs` are rich's."""
+    kwargs.setdefault("markup", False)
     if "file" not in kwargs:
         kwargs["file"] = unfiltered(sys.stderr if kwargs.pop("stderr", False) else sys.stdout)
     return _console_class()(**kwargs)
