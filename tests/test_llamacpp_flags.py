@@ -139,6 +139,7 @@ def test_flags_side_by_side_and_unmodelled_flags_named(one) -> None:
     ("-ngl lots", "-ngl"), ("-ncmoe -1", "-ncmoe"), ("--moe-cache-mib 4GiB", "--moe-cache-mib"),
     ("--moe-cache-cpu-share 1.5", "--moe-cache-cpu-share"), ("-ctk q3_k", "-ctk"),
     ("-ot blk.0", "-ot"), ("-ot 'blk.(0=CPU'", "-ot"), ("-ot x=GPUX", "-ot"),
+    ("-ot exps=CUDA1", "-ot"),
     ("-ts a,b", "-ts"), ("-lm always", "-lm"), ("-ub 0", "-ub"), ("-c", "-c"),
     ("-ts 1,1,1", "-ts"), ("--n-cpu-moe 2 --moe-cache-mib 1 -ngl 3", "-ngl"),
     ("-ot 'blk\\.0\\.ffn_up_exps=CPU'", "-ot"),
@@ -179,3 +180,30 @@ def test_ot_before_cmoe_keeps_a_layer_on_the_gpu(one) -> None:
     report = run_json("evaluate", "--flags", r"-ngl all -ot blk\.2\.=CUDA0 -cmoe", "--model",
                       one["model"], "--hardware", one["spec"])
     assert report["lines"][0]["host_layers"] == [0, 1, 3]
+
+
+CONFIG = {"model_type": "qwen3_moe", "num_hidden_layers": 4, "hidden_size": 256,
+          "intermediate_size": 512, "moe_intermediate_size": 512, "num_experts": 8,
+          "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 64, "vocab_size": 1000, "torch_dtype": "bfloat16"}
+
+
+def test_a_config_alone_is_predicted_on_uniform_routing_and_said_so(tmp_path) -> None:
+    """--config with --hardware: --engine llamacpp is --flags' default; the -ot regex picks
+    layers 1 and 3 by the GGUF names; what does not fit the card is named."""
+    from llamacpp_boxes import write_one_card_spec
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    spec = write_one_card_spec(tmp_path / "box.toml", 6 << 20)
+    report = run_json("evaluate", "--config", config, "--hardware", spec, "--flags",
+                      r"-ngl all -ot 'blk\.[13]\.ffn_.*=CPU'", "--flags",
+                      "-ngl all -cmoe --moe-cache-mib 5", "--concurrency", "1,4")
+    lines = {line["name"]: line for line in report["lines"]}
+    assert lines["flags 1"]["host_layers"] == [1, 3]
+    assert lines["flags 2"]["host_layers"] == [0, 1, 2, 3]
+    assert lines["flags 2"]["moe_cache_mib"] == 5 and lines["flags 2"]["slots"]
+    assert any("exceed its VRAM" in n for n in lines["flags 1"]["notes"])
+    assert report["routing"] == "uniform"
+    assert any(n.startswith("no --traces: uniform routing") for n in report["notes"])
+    assert [r["concurrency"] for r in report["results"]] == [1, 4]

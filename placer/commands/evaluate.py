@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
                             "-ncmoe 20 --moe-cache-mib 4096'. Without --traces: uniform "
                             "routing.")] = None,
         engine: Annotated[str | None, typer.Option(
-            help="With --flags: llamacpp (default for a GGUF --model).")] = None,
+            help="With --flags: llamacpp (the default: --flags are llama-server's).")] = None,
         model: Annotated[Path | None, typer.Option(
             help="With --flags: the GGUF (or checkpoint) the command line runs.")] = None,
         config: Annotated[Path | None, typer.Option(
@@ -93,7 +93,11 @@ def register(app: typer.Typer) -> None:
 
         A plan solved with --engine llamacpp is replayed as llama.cpp runs it (its host
         layers on the CPU or through its --moe-cache-mib cache): layer offload is then
-        -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache."""
+        -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache.
+
+        --flags '<llama-server flags>' predicts that command line instead (repeat it to
+        compare several), from --model or --config and --hardware, or beside a llama.cpp
+        plan's choice; every flag placer does not model is named (docs/llamacpp.md)."""
         from placer.plan.engine import for_build
         from placer.plan.placement import read_plan
         from placer.predict.curve import calibration_curve

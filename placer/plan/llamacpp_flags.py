@@ -198,8 +198,8 @@ def check_value(name: str, arg: str, value: str) -> None:
     kind = FLAGS[name][1]
     bad = PlacerError(f"--flags: {arg} expects {kind}, got {value!r}")
     if name in ("-ncmoe", CACHE_FLAG, "-c", "-ub", "-t", "--port"):
-        low = {"-ub": 1, "-t": -(10 ** 9)}.get(name, 0)
-        if not _INT.match(value) or int(value) < low:
+        # -t N <= 0 is every hardware thread (arg.cpp); the others are counts
+        if not _INT.match(value) or (name != "-t" and int(value) < (name == "-ub")):
             raise bad
     elif name == "-ngl":
         if value not in ("auto", "all") and (not _INT.match(value) or int(value) < -2):
@@ -310,6 +310,9 @@ def flag_line(name: str, flags: ServerFlags, machine: Machine, model: Model, bui
             raise PlacerError(f"--flags: -ot puts the expert tensors of layer {layer} on "
                               "several devices: placer models a layer's experts in one place")
         place = where.pop()
+        if place >= len(machine.per_device(machine.capacity)):
+            raise PlacerError(f"--flags: -ot sends layer {layer}'s experts to card {place}; "
+                              f"the spec has {len(machine.per_device(machine.capacity))}")
         host[i] = place < 0
         if place >= 0:
             device[i] = place
@@ -381,10 +384,10 @@ def fit_notes(machine: Machine, setup: Setup) -> list[str]:
     notes = [f"card {d}: its experts exceed its VRAM for experts by "
              f"{int(-r) // MIB} MiB: llama.cpp would not load this as predicted"
              for d, r in enumerate(room) if r < 0]
-    if setup.cache_mib and setup.cache_mib * MIB > machine.bank_room(setup.host):
-        notes.append(f"{CACHE_FLAG} {setup.cache_mib}: more than the "
-                     f"{machine.bank_room(setup.host) // MIB} MiB the cards have beside "
-                     "their experts")
+    room_mib = max(machine.bank_room(setup.host), 0) // MIB
+    if setup.cache_mib and setup.cache_mib > room_mib:
+        notes.append(f"{CACHE_FLAG} {setup.cache_mib}: more than the {room_mib} MiB the "
+                     "cards have beside their experts")
     return notes
 
 

@@ -147,7 +147,7 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                           "--config config.json (not both), with --hardware")
     if req.hardware is None:
         raise PlacerError("--flags: give --hardware (a preset name or a .toml spec)")
-    target = dispatch.target_of(req.engine, req.version, req.model)
+    target = dispatch.target_of(req.engine or "llamacpp", req.version, req.model)
     inv = (read_inventory(req.model) if req.model is not None
            else estimate_inventory(req.config))
     spec = load_spec(req.hardware)
