@@ -130,7 +130,8 @@ def test_flags_side_by_side_and_unmodelled_flags_named(one) -> None:
     report = run_json("evaluate", one["plan"], "--flags", first, "--flags", second)
     lines = {line["name"]: line for line in report["lines"]}
     assert lines["flags 2"]["host_layers"] == [0, 1, 2, 3]  # --n_cpu_moe is --n-cpu-moe
-    assert "not modelled: --mystery-knob 7" in lines["flags 2"]["notes"]
+    assert lines["flags 2"]["not_modelled"] == ["--mystery-knob 7", "--no-warmup"]
+    assert lines["flags 1"]["not_modelled"] == ["-t 8 (the spec's [host] figures stand)"]
     assert report["routing"] == "uniform"
     assert list(report["results"][0]["lines"]) == ["plan's choice", "flags 1", "flags 2"]
 
@@ -143,6 +144,7 @@ def test_flags_side_by_side_and_unmodelled_flags_named(one) -> None:
     ("-ts a,b", "-ts"), ("-lm always", "-lm"), ("-ub 0", "-ub"), ("-c", "-c"),
     ("-ts 1,1,1", "-ts"), ("--n-cpu-moe 2 --moe-cache-mib 1 -ngl 3", "-ngl"),
     ("-ot 'blk\\.0\\.ffn_up_exps=CPU'", "-ot"),
+    ("--ctx-size=4096", "--ctx-size"), ("-dev", "-dev"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag(one, flags, needle) -> None:
     done = run("evaluate", "--flags", flags, "--model", one["model"], "--hardware", one["spec"])
@@ -207,3 +209,15 @@ def test_a_config_alone_is_predicted_on_uniform_routing_and_said_so(tmp_path) ->
     assert report["routing"] == "uniform"
     assert any(n.startswith("no --traces: uniform routing") for n in report["notes"])
     assert [r["concurrency"] for r in report["results"]] == [1, 4]
+
+
+def test_partial_ngl_and_other_devices_are_named(one) -> None:
+    """-ngl 3 of 4 layers and the output: layers 0-1 on the CPU, their experts host layers, the rest
+    of them named as not modelled; -dev none is named, -dev of the spec's one card is not."""
+    report = run_json("evaluate", "--flags", "-ngl 3 -dev none", "--flags", "-dev CUDA0",
+                      "--model", one["model"], "--hardware", one["spec"])
+    lines = {line["name"]: line for line in report["lines"]}
+    assert lines["flags 1"]["host_layers"] == [0, 1]
+    assert [n.split(" (")[0] for n in lines["flags 1"]["not_modelled"]] == ["-ngl 3",
+                                                                          "-dev none"]
+    assert lines["flags 2"]["not_modelled"] == []

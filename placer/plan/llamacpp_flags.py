@@ -54,6 +54,7 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
 PINNED_MODES = ("none", "mlock", "dio")
 KV_NOTE = "parsed, KV size from the spec's reserved_kv"
+UNMODELLED = "not modelled: "  # how a note on a flag placer does not model begins
 # the GGUF expert tensors of a layer where the model's own names are not at hand (gguf-py
 # constants.py FFN_{GATE,UP,DOWN}_EXP, as placer/exporters/llamacpp.py reads them)
 STANDARD_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -80,7 +81,7 @@ FLAGS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "-fa": (("--flash-attn",), "on, off or auto"),
     "-dev": (("--device",), "<dev1,dev2,..>"),
 }
-PLACEMENT_FREE = ("-m", "--host", "--port", "-fa", "-dev")
+PLACEMENT_FREE = ("-m", "--host", "--port", "-fa")
 ALIASES = {alias: name for name, (aliases, _) in FLAGS.items() for alias in (name, *aliases)}
 _INT = re.compile(r"^[+-]?\d{1,9}$")
 
@@ -159,6 +160,9 @@ def parse_flags(text: str) -> ServerFlags:
         arg = args[i]
         given = arg.replace("_", "-") if arg.startswith("--") else arg
         name = ALIASES.get(given)
+        if name is None and ALIASES.get(given.partition("=")[0]):
+            raise PlacerError(f"--flags: llama-server takes {given.partition('=')[0]} VALUE, "
+                              f"not {arg} (common/arg.cpp has no --flag=value form)")
         if name is None:
             takes = i + 1 < len(args) and _value_like(args[i + 1])
             unmodelled.append(" ".join(args[i:i + 1 + takes]))
@@ -293,7 +297,7 @@ def flag_line(name: str, flags: ServerFlags, machine: Machine, model: Model, bui
               batches: tuple[int, ...]) -> FlagLine:
     """The setup `flags` run on `machine` (the cards; its tensor split where no -ts) for
     `model` with `build`'s cache; PlacerError naming the flag where it cannot be run."""
-    notes = [f"not modelled: {a}" for a in flags.unmodelled]
+    notes = [f"{UNMODELLED}{a}" for a in flags.unmodelled]
     for flag in (CACHE_FLAG, SHARE_FLAG):
         if flag in flags.values and float(flags.values[flag]) > 0 and flag not in build.flags:
             raise PlacerError(f"--flags: {flag}: {build.label} does not have it (give "
@@ -317,10 +321,10 @@ def flag_line(name: str, flags: ServerFlags, machine: Machine, model: Model, bui
         if place >= 0:
             device[i] = place
     if gpu_from:
-        notes.append(f"-ngl {flags.get('-ngl')}: decoder layers 0-{gpu_from - 1} run on the "
-                     "CPU; their experts are predicted as host layers, their attention and "
-                     "dense weights are not modelled (the spec's base step has every layer "
-                     "on the GPUs)")
+        notes.append(f"{UNMODELLED}-ngl {flags.get('-ngl')} (decoder layers 0-{gpu_from - 1} "
+                     "on the CPU: their experts are predicted as host layers, their attention "
+                     "and dense weights are not: the spec's base step has every layer on the "
+                     "GPUs)")
         if flags.cache_mib and host[np.asarray(model.moe_layers) < gpu_from].any():
             raise PlacerError(f"--flags: {CACHE_FLAG} with -ngl {flags.get('-ngl')}: "
                               "llama.cpp caches only the host experts of layers on a GPU, "
@@ -336,7 +340,8 @@ def flag_line(name: str, flags: ServerFlags, machine: Machine, model: Model, bui
     except SolverError as exc:
         raise PlacerError(f"--flags: {CACHE_FLAG} {flags.cache_mib}: {exc}") from None
     return FlagLine(name, flags, setup, machine,
-                    tuple(notes + fit_notes(machine, setup) + carried_notes(flags, batches)))
+                    tuple(notes + fit_notes(machine, setup) + device_notes(flags, machine)
+                          + carried_notes(flags, batches)))
 
 
 def cards_of(flags: ServerFlags, machine: Machine, model: Model
@@ -391,6 +396,18 @@ def fit_notes(machine: Machine, setup: Setup) -> list[str]:
     return notes
 
 
+def device_notes(flags: ServerFlags, machine: Machine) -> list[str]:
+    """-dev: the spec's cards in order where it lists as many, else named as not modelled."""
+    if "-dev" not in flags.values:
+        return []
+    cards = len(machine.per_device(machine.capacity))
+    listed = [d for d in flags.values["-dev"].split(",") if d and d != "none"]
+    if len(listed) == cards:
+        return [f"-dev {flags.values['-dev']}: the spec's {cards} card(s), in that order"]
+    return [f"{UNMODELLED}-dev {flags.values['-dev']} (predicted on the spec's {cards} "
+            "card(s))"]
+
+
 def carried_notes(flags: ServerFlags, batches: tuple[int, ...]) -> list[str]:
     """What the flags carry without changing the prediction."""
     notes = []
@@ -398,10 +415,10 @@ def carried_notes(flags: ServerFlags, batches: tuple[int, ...]) -> list[str]:
         notes.append(f"{', '.join(flags.kv())}: {KV_NOTE}")
     ub = flags.get("-ub")
     if ub is not None and any(b > int(ub) for b in batches):
-        notes.append(f"not modelled: -ub {ub} below the concurrency (a step is predicted as "
+        notes.append(f"{UNMODELLED}-ub {ub} below the concurrency (a step is predicted as "
                      "one ubatch of all its tokens)")
     if "-t" in flags.values:
-        notes.append(f"not modelled: -t {flags.get('-t')} (the spec's [host] figures stand)")
+        notes.append(f"{UNMODELLED}-t {flags.get('-t')} (the spec's [host] figures stand)")
     if "--no-host" in flags.values:
         notes.append("--no-host: host experts taken as mmap'd (not pinned)")
     if flags.placement_free():

@@ -22,7 +22,7 @@ import numpy as np
 from placer.errors import PlacerError
 from placer.plan import engine as dispatch
 from placer.plan.llamacpp import n_cpu_moe
-from placer.plan.llamacpp_flags import FlagLine, Model
+from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model
 from placer.predict.evaluate import EvalOptions, check_options, replay_steps
 from solvers.llamacpp.cost import Machine, Setup, judge
 from traces.storing.profile import TokenSteps, load_profile
@@ -102,9 +102,11 @@ def evaluate_flags(req: FlagsRequest) -> dict:
             "replicates": req.opts.replicates,
             "routing": "traces" if req.traces else "uniform",
             "lines": ([{"name": PLAN_LINE, "flags": None, **setup_json(box, box.plan_line),
-                        "notes": []}] if box.plan_line is not None else [])
+                        "notes": [], "not_modelled": []}] if box.plan_line is not None else [])
             + [{"name": line.name, "flags": line.flags.text,
-                **setup_json(box, line.setup), "notes": list(line.notes)} for line in lines],
+                **setup_json(box, line.setup), "notes": list(line.notes),
+                "not_modelled": [n.removeprefix(UNMODELLED) for n in line.notes
+                                 if n.startswith(UNMODELLED)]} for line in lines],
             "results": results, "notes": notes}
 
 
