@@ -171,11 +171,14 @@ def test_flags_need_llamacpp_and_a_model_or_plan(one, tmp_path) -> None:
 def test_overrides_apply_in_order_first_match_wins() -> None:
     """-ot and -cmoe append to one list in command-line order; a tensor takes the buffer of
     the first pattern found in its name (llama-model-loader.cpp)."""
-    flags = parse_flags(r"-ot blk\.0\.=CUDA0 -cmoe -ncmoe 2")
+    flags = parse_flags(r"-ncmoe 2 -ot blk\.0\.=CUDA0 -cmoe -ncmoe 999999999")
     assert [(o.flag, o.buffer) for o in flags.overrides] == [
-        ("-ot", "CUDA0"), ("-cmoe", "CPU"), ("-ncmoe", "CPU"), ("-ncmoe", "CPU")]
-    assert flags.overrides[1].pattern == EXPS_REGEX
-    assert flags.overrides[3].pattern == r"blk\.1" + EXPS_REGEX
+        ("-ncmoe", "CPU"), ("-ot", "CUDA0"), ("-cmoe", "CPU"), ("-ncmoe", "CPU")]
+    assert flags.overrides[2].pattern == EXPS_REGEX
+    ncmoe = flags.overrides[0]  # blk\.0 and blk\.1 + EXPS_REGEX, as llama.cpp writes them
+    assert [ncmoe.finds(f"blk.{i}.ffn_up_exps.weight") for i in (0, 1, 2, 10)] == [
+        True, True, False, False]
+    assert not ncmoe.finds("blk.1.ffn_up.weight")
 
 
 def test_ot_before_cmoe_keeps_a_layer_on_the_gpu(one) -> None:

@@ -86,14 +86,28 @@ ALIASES = {alias: name for name, (aliases, _) in FLAGS.items() for alias in (nam
 _INT = re.compile(r"^[+-]?\d{1,9}$")
 
 
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
 @dataclass(frozen=True)
 class Override:
     """One tensor buffer override: GGUF tensor names `pattern` finds go to `buffer`; `flag`:
-    the flag that made it (-ot, -ncmoe or -cmoe)."""
+    the flag that made it (-ot, -ncmoe or -cmoe). `below`: -ncmoe N's N overrides
+    `blk\\.{i}` + EXPS_REGEX for i < N, one after another in the list, as one (the
+    pattern EXPS_REGEX in a tensor of block i < N: the same first match, without N
+    patterns for a large N)."""
 
     pattern: str
     buffer: str
     flag: str
+    below: int | None = None
+
+    def finds(self, tensor: str) -> bool:
+        if self.below is not None:
+            block = _BLOCK.match(tensor)
+            if block is None or int(block.group(1)) >= self.below:
+                return False
+        return re.search(self.pattern, tensor) is not None
 
 
 @dataclass(frozen=True)
@@ -179,9 +193,8 @@ def parse_flags(text: str) -> ServerFlags:
         value = args[i + 1]
         check_value(name, arg, value)
         values[name] = value
-        if name == "-ncmoe":
-            overrides += [Override(rf"blk\.{n}{EXPS_REGEX}", "CPU", name)
-                          for n in range(int(value))]
+        if name == "-ncmoe" and int(value) > 0:
+            overrides.append(Override(EXPS_REGEX, "CPU", name, int(value)))
         elif name == "-ot":
             overrides += [Override(p, b, name) for p, b in parse_overrides(arg, value)]
         i += 2
@@ -378,7 +391,7 @@ def tensor_place(flags: ServerFlags, tensor: str) -> int | None:
     none does (the tensor goes with its layer)."""
     devices = flags.get("-dev", "").split(",") if flags.get("-dev") else None
     for o in flags.overrides:
-        if re.search(o.pattern, tensor):
+        if o.finds(tensor):
             return buffer_device(o.flag, o.buffer, devices)
     return None
 
