@@ -112,6 +112,11 @@ def register(app: typer.Typer) -> None:
             inputs = [("the plan", plan_path), *(("the traces", t) for t in traces or [])]
             check_outputs_apart([("--out", out), ("--plot", plot)], inputs)
             check_target(out, inputs)
+        trace_dirs = list(traces or [])
+        opts = EvalOptions(
+            concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
+            if concurrency is not None else None, num_steps=steps, seed=seed,
+            oracle_time_limit=oracle_time_limit, cache_slots=cache_slots, execution=execution)
         if flags or plan_path is None or any(x is not None for x in (engine, model, config,
                                                                        hardware)):
             from placer.predict.llamacpp_flags import FlagsRequest, evaluate_flags
@@ -119,12 +124,8 @@ def register(app: typer.Typer) -> None:
 
             report = evaluate_flags(FlagsRequest(
                 list(flags or []), plan_path, engine, llamacpp_version, model, config, hardware,
-                list(traces or []), EvalOptions(
-                    concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
-                    if concurrency is not None else None, num_steps=steps, seed=seed,
-                    cache_slots=cache_slots, execution=execution),
-                [n for n, given in (("--curve", curve), ("--plot", plot), ("--verbose", verbose))
-                 if given]))
+                trace_dirs, opts, [n for n, given in (("--curve", curve), ("--plot", plot),
+                                                      ("--verbose", verbose)) if given]))
             report_flags(report, out, quiet=json_out)
             if json_out:
                 print_json(report)
@@ -132,11 +133,6 @@ def register(app: typer.Typer) -> None:
         plan = read_plan(plan_path)
         if llamacpp_version is not None:
             plan = for_build(plan, llamacpp_version)
-        trace_dirs = list(traces or [])
-        opts = EvalOptions(
-            concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
-            if concurrency is not None else None, num_steps=steps, seed=seed,
-            oracle_time_limit=oracle_time_limit, cache_slots=cache_slots, execution=execution)
         report = evaluate(plan, trace_dirs, opts,
                           progress=not json_out and sys.stderr.isatty())
         if curve:

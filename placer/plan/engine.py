@@ -130,8 +130,8 @@ def flag_lines(target: Target, texts: list[str], machine: Machine | None, model:
     """`evaluate --flags`: each command line of `texts` as the target's engine runs it on
     `machine` (placer.plan.llamacpp_flags); refused for any engine but llama.cpp."""
     if target.engine != "llamacpp":
-        raise PlacerError("--flags takes llama-server's command line: give --engine llamacpp "
-                          "(a GGUF --model implies it), or a plan solved with --engine llamacpp")
+        raise PlacerError("--flags takes llama-server's command line: it is for --engine "
+                          "llamacpp, beside a plan only one solved with --engine llamacpp")
     from placer.plan.llamacpp_flags import flag_line, parse_flags
 
     assert machine is not None  # a llama.cpp target has its machine

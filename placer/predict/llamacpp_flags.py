@@ -71,8 +71,11 @@ def evaluate_flags(req: FlagsRequest) -> dict:
     if not req.flags:
         raise PlacerError("give PLAN_OR_MANIFEST, or --flags '<llama-server flags>' (--model, "
                           "--config, --hardware and --engine are for --flags)")
+    timed = req.opts.oracle_time_limit != EvalOptions().oracle_time_limit
     for flag, given in (("--cache-slots", req.opts.cache_slots),
-                        ("--execution", req.opts.execution), *((n, True) for n in req.unused)):
+                        ("--execution", req.opts.execution),
+                        ("--oracle-time-limit", True if timed else None),
+                        *((n, True) for n in req.unused)):
         if given is not None:
             raise PlacerError(f"{flag} is for a plan's own evaluation; --flags predicts "
                               "llama-server command lines: leave it out")
