@@ -184,10 +184,13 @@ def uniform_steps(layers: int, experts: int, top_k: int, batch: int, seed: int) 
     seqs = max(UNIFORM_SEQUENCES, 4 * batch)
     seqs += -seqs % batch
     k = min(top_k, experts)
-    ids = np.argsort(rng.random((seqs, UNIFORM_TOKENS, layers, experts)), axis=3)[..., :k]
+    ids = np.empty((seqs, UNIFORM_TOKENS, layers, k), dtype=np.int16)
+    for layer in range(layers):  # k distinct of E: the first k of a random order
+        order = rng.random((seqs, UNIFORM_TOKENS, experts), dtype=np.float32)
+        ids[:, :, layer] = np.argpartition(order, k - 1, axis=2)[..., :k]
     # [groups, B, T, L, k] -> steps [groups x T, B, L, k]
     grouped = ids.reshape(seqs // batch, batch, UNIFORM_TOKENS, layers, k)
-    tokens = grouped.transpose(0, 2, 1, 3, 4).reshape(-1, batch, layers, k).astype(np.int16)
+    tokens = grouped.transpose(0, 2, 1, 3, 4).reshape(-1, batch, layers, k)
     seq_ids = np.arange(seqs).reshape(seqs // batch, batch)
     return TokenSteps(tokens, np.repeat(seq_ids, UNIFORM_TOKENS, axis=0))
 
