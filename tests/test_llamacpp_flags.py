@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_errors import assert_one_line_error
 from llamacpp_tiny import one_card, solve, tiny_gguf, tiny_traces, two_card_plan
@@ -166,6 +167,20 @@ def test_flags_need_llamacpp_and_a_model_or_plan(one, tmp_path) -> None:
     assert_one_line_error(run("evaluate", one["plan"], "--flags", "-ncmoe 1", "--curve"),
                           "--curve")
     assert_one_line_error(run("evaluate", one["plan"], "--model", one["model"]), "--flags")
+    assert_one_line_error(run("evaluate", one["plan"], "--flags", "-cmoe", "--steps", "10"),
+                          "--steps")
+
+
+def test_uniform_routing_picks_k_distinct_experts_and_b_distinct_sequences() -> None:
+    from placer.predict.llamacpp_flags import UNIFORM_TOKENS, uniform_steps
+
+    steps = uniform_steps(3, 16, 4, 8, seed=1)
+    assert steps.tokens.shape[1:] == (8, 3, 4) and len(steps) % UNIFORM_TOKENS == 0
+    picks = steps.tokens.reshape(-1, 4)
+    assert all(len(set(p)) == 4 for p in picks.tolist())
+    assert all(len(set(row)) == 8 for row in steps.seqs.tolist())
+    counts = np.bincount(picks.ravel(), minlength=16)
+    assert counts.min() > 0.8 * counts.mean()  # uniform: no expert far from its share
 
 
 def test_overrides_apply_in_order_first_match_wins() -> None:

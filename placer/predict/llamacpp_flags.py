@@ -79,6 +79,9 @@ def evaluate_flags(req: FlagsRequest) -> dict:
         if given is not None:
             raise PlacerError(f"{flag} is for a plan's own evaluation; --flags predicts "
                               "llama-server command lines: leave it out")
+    if req.opts.num_steps is not None and not req.traces:
+        raise PlacerError("--steps samples --traces; without them --flags is predicted on "
+                          "uniform routing: give --traces or leave --steps out")
     box, target = plan_box(req) if req.plan is not None else model_box(req)
     lines = dispatch.flag_lines(target, req.flags, box.machine, box.model, box.batches)
     results, notes = [], []
