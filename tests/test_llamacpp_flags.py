@@ -239,3 +239,12 @@ def test_partial_ngl_and_other_devices_are_named(one) -> None:
     assert [n.split(" (")[0] for n in lines["flags 1"]["not_modelled"]] == ["-ngl 3",
                                                                           "-dev none"]
     assert lines["flags 2"]["not_modelled"] == []
+
+
+def test_experts_sent_to_another_card_than_their_layer_are_named(tmp_path) -> None:
+    """Two cards at -ts 1,1: layer 3 is card 1's; -ot sends its experts to CUDA0."""
+    plan, model, _ = two_card_plan(tmp_path)
+    report = run_json("evaluate", plan, "--flags", r"-ngl all -ts 1,1 -ot blk\.3\.=CUDA0")
+    notes = report["lines"][1]["not_modelled"]
+    assert any(n.startswith("-ot puts layer 3's experts on card 0, the layer on card 1")
+               for n in notes), notes

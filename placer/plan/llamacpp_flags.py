@@ -331,7 +331,10 @@ def flag_line(name: str, flags: ServerFlags, machine: Machine, model: Model, bui
             raise PlacerError(f"--flags: -ot sends layer {layer}'s experts to card {place}; "
                               f"the spec has {len(machine.per_device(machine.capacity))}")
         host[i] = place < 0
-        if place >= 0:
+        if place >= 0 and place != device[i]:
+            notes.append(f"{UNMODELLED}-ot puts layer {layer}'s experts on card {place}, the "
+                         f"layer on card {device[i]} (predicted as if on card {place}: the "
+                         "activations' copies between the cards are not)")
             device[i] = place
     if gpu_from:
         notes.append(f"{UNMODELLED}-ngl {flags.get('-ngl')} (decoder layers 0-{gpu_from - 1} "
