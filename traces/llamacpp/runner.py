@@ -184,6 +184,17 @@ class LlamaCpp:
         return reply
 
 
+def devices() -> list[dict]:
+    """The ggml devices the bundled llama.cpp sees here, without loading a model (worker.py:
+    {"name", "description", "type", "software"} each; a second or so)."""
+    with Worker([str(side_python()), str(WORKER), json.dumps({"devices": True})],
+                "llama.cpp's device list", side_env()) as worker:
+        found = worker.receive().get("devices")
+    if not isinstance(found, list):
+        raise TraceError("llama.cpp's device list: the worker sent no devices")
+    return found
+
+
 def time_expert(hidden: int, inter: int, ggml_type: str, tokens: tuple[int, ...], pool: int,
                 threads: int, rounds: int, min_calls: int, min_s: float,
                 budget_s: float) -> list[list[float]]:
