@@ -46,14 +46,6 @@ Protocol: argv[1] is a JSON object of options (`runner.EngineOptions`); the work
 - {"op": "close"} -> frees everything: {"alignment": the GPU buffer alignment, "log": the
   cache's log lines}.
 Errors: an {"error": "..."} frame, exit 1.
-
-With argv[1] {"devices": true} the worker loads no model: it loads ggml's CPU and Vulkan
-backends and answers {"devices": [{"name", "description", "type", "software"}, ...]}, every
-ggml device (`ggml_backend_dev_name` / `_description` / `_type`: 0 CPU, 1 GPU, 2 iGPU), then
-exits. `software` marks a Vulkan device whose Vulkan type is the CPU (Mesa's llvmpipe): ggml
-reports it as a GPU, and says so only in its log (ggml-vulkan.cpp prints "Warning: Device
-type is CPU. This is probably not the device you want." for vk::PhysicalDeviceType::eCpu,
-seen in b11669's log), so that line marks it here.
 """
 
 from __future__ import annotations
@@ -198,8 +190,6 @@ def declare(libs: dict[str, ctypes.CDLL]) -> None:
         (G, "ggml_backend_dev_count"): (c_size_t, []),
         (G, "ggml_backend_dev_get"): (c_void_p, [c_size_t]),
         (G, "ggml_backend_dev_type"): (c_int, [c_void_p]),
-        (G, "ggml_backend_dev_name"): (c_char_p, [c_void_p]),
-        (G, "ggml_backend_dev_description"): (c_char_p, [c_void_p]),
         (G, "ggml_backend_dev_buffer_type"): (c_void_p, [c_void_p]),
         (B, "ggml_backend_buft_get_alignment"): (c_size_t, [c_void_p]),
     }
@@ -463,34 +453,8 @@ def host_pattern(opts: dict) -> bytes | None:
             + ")\\.ffn_(up|down|gate|gate_up)_(ch|)exps").encode()
 
 
-def list_devices() -> dict:
-    """Every ggml device with the CPU and Vulkan backends loaded (module docstring)."""
-    libs = libraries()
-    declare(libs)
-    log: list[str] = []
-    keep = LOG_CB(lambda _level, text, _user: log.append(text.decode(errors="replace")))
-    libs["base"].ggml_log_set(keep, None)
-    G = libs["ggml"]
-    for key in ("cpu", "vulkan"):
-        G.ggml_backend_load(libs["paths"][key].encode())
-    text = "".join(log)
-    out = []
-    for i in range(G.ggml_backend_dev_count()):
-        dev = G.ggml_backend_dev_get(i)
-        name = G.ggml_backend_dev_name(dev).decode(errors="replace")
-        out.append({"name": name,
-                    "description": G.ggml_backend_dev_description(dev).decode(errors="replace"),
-                    "type": int(G.ggml_backend_dev_type(dev)),
-                    "software": name.startswith("Vulkan") and "Device type is CPU" in text})
-    return {"devices": out}
-
-
 def main() -> None:
-    opts = json.loads(sys.argv[1])
-    if opts.get("devices"):
-        reply(list_devices())
-        return
-    runner = Runner(opts)
+    runner = Runner(json.loads(sys.argv[1]))
     n_vocab = runner.libs["llama"].llama_vocab_n_tokens(runner.vocab)
     reply({"ready": True, "n_vocab": n_vocab})
     for line in sys.stdin:
