@@ -42,6 +42,11 @@ A spec file looks like (sizes take units, rates take "/s"):
     tokens = [1, 8, 64]            # instead of the roofline
     ms = [8.9, 24.0, 136.0]
 
+    [context]                      # optional: the context the KV reserve is for
+    tokens = 8192                  # llama-server -c (the export prints it)
+    kv_type = "q8_0"               # K and V cache type: f16 (default), q8_0, q4_0, ...
+                                   # (-ctk / -ctv; placer/checkpoint/kv.py sizes the cache)
+
 Cards in no link have no shared bound. Base step time is interpolated linearly in the batch
 (held at the smallest batch's time below it). Every number must be finite; sizes and rates
 are bounded (2**60) so a typo cannot reach the solvers as an absurd figure, and rates from
@@ -59,6 +64,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from placer.checkpoint.kv import Context, parse_context
 from placer.errors import PlacerError
 from placer.hardware.timing import ExpertTiming, parse_timings
 from placer.units import parse_bytes, parse_rate
@@ -69,7 +75,8 @@ from traces.options import MAX_CARDS as OPTION_MAX_CARDS
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "h2d_pageable_bandwidth", "latency_us")
-SPEC_FIELDS = ("name", "description", "host_ram", "cards", "card", "link", "decode", "host")
+SPEC_FIELDS = ("name", "description", "host_ram", "cards", "card", "link", "decode", "host",
+               "context")
 LINK_FIELDS = ("name", "cards", "bandwidth")
 HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets", "offload_min_batch", "expert")
 MAX_BYTES = 2**60          # sizes and bytes/s beyond this are typos, not hardware
@@ -135,6 +142,7 @@ class HardwareSpec:
     links: tuple[Link, ...]
     base_step_ms: tuple[tuple[int, float], ...]  # (batch, ms) sorted by batch, ms > 0
     host: Host | None = None
+    context: Context | None = None  # [context]: what reserved_kv holds (None: not said)
 
     def base_step_s(self, batch: int) -> float:
         """Decode step time at `batch` with every expert resident: linear interpolation,
@@ -160,6 +168,8 @@ class HardwareSpec:
     def to_json(self) -> dict:
         d = asdict(self)
         d["base_step_ms"] = {str(b): ms for b, ms in self.base_step_ms}
+        if self.context is None:
+            del d["context"]
         return d
 
 
@@ -169,11 +179,12 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
     where = f"{source}: hardware"
     if not isinstance(d, dict):
         raise PlacerError(f"{where}: expected a table, got {_kind(d)}")
-    expected = {"name", "description", "host_ram", "cards", "links", "base_step_ms", "host"}
+    expected = {"name", "description", "host_ram", "cards", "links", "base_step_ms", "host",
+                "context"}
     unknown = set(d) - expected
     if unknown:
         raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
-    missing = expected - {"host"} - set(d)
+    missing = expected - {"host", "context"} - set(d)
     if missing:
         raise PlacerError(f"{where}.{sorted(missing)[0]}: missing")
     cards = _table_list(d["cards"], f"{where}.cards")
@@ -183,8 +194,9 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
     data = {"name": d["name"], "description": d["description"], "host_ram": d["host_ram"],
             "cards": [{k: v for k, v in c.items() if k != "index"} for c in cards],
             "link": d["links"], "decode": {"base_step_ms": d["base_step_ms"]}}
-    if d.get("host") is not None:
-        data["host"] = d["host"]
+    for key in ("host", "context"):
+        if d.get(key) is not None:
+            data[key] = d[key]
     return parse_spec(data, source, seconds=True, field="hardware.")
 
 
@@ -267,7 +279,8 @@ def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field:
         description=_text(data.get("description", ""), f"{at}description"),
         host_ram=host_ram, cards=cards, links=links,
         base_step_ms=_base_steps(data.get("decode"), top if seconds else f"{at}decode"),
-        host=host)
+        host=host, context=parse_context(data["context"], f"{at}context")
+        if "context" in data else None)
 
 
 def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
