@@ -20,6 +20,7 @@ from tiny_pipeline import BOX, invoke
 
 from placer.checkpoint.kv import KV_TYPES, kv_bytes, kv_layers
 from placer.checkpoint.tiny import build_tiny_model
+from placer.errors import PlacerError
 from placer.hardware.spec import load_spec
 
 ROUTING = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing"
@@ -100,6 +101,12 @@ def test_sliding_window_layers_hold_a_window_bounded_cache():
         "gpt-oss.attention.head_count_kv": 8, "gpt-oss.attention.key_length": 64,
         "gpt-oss.attention.value_length": 64, "gpt-oss.attention.sliding_window": 128}}
     assert kv_layers(gguf) == kv_layers(config)
+    # a head must be whole blocks (src/llama-context.cpp refuses the type): 2 heads of 16
+    # values are 32 values of K, but no whole q8_0 block a head
+    narrow = {**QWEN3, "num_key_value_heads": 2, "head_dim": 16}
+    with pytest.raises(PlacerError, match="a head of 16 values"):
+        kv_bytes(narrow, 256, "q8_0")
+    assert kv_bytes(narrow, 256, "f16") == 48 * 256 * (32 + 32) * 2
     assert kv_bytes(gguf, 8192, "q8_0") == 12 * (8192 + 1024) * (544 + 544)
 
 
@@ -175,9 +182,10 @@ def test_solve_ctx_sets_reserved_kv_and_the_exports_c(tiny, tmp_path):
     assert [c["reserved_kv"] for c in hardware["cards"]] == [tiny_kv(1024, 4) // 2] * 2
     assert hardware["context"] == {"tokens": 1024, "kv_type": "f32"}
     assert export_args(new).endswith(" -c 1024 -ctk f32 -ctv f32")
-    # a row of 16 values is no whole q8_0 block: refused, naming the type
+    # a head of 8 values is no whole q8_0 block: refused, naming the type
     assert_one_line_error(solve(model, traces, BOX, tmp_path / "q.json", "--ctx", 1024,
-                                "--kv-type", "q8_0"), "q8_0", "32-value blocks")
+                                "--kv-type", "q8_0"), "q8_0", "head of 8 values",
+                          "32-value blocks")
     assert_one_line_error(solve(model, traces, BOX, tmp_path / "k.json", "--kv-type", "q8_0"),
                           "--kv-type", "--ctx")
     assert_one_line_error(solve(model, traces, BOX, tmp_path / "t.json", "--ctx", 512,

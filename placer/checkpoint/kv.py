@@ -61,12 +61,13 @@ SWA_PATTERNS = {"gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False
 
 @dataclass(frozen=True)
 class LayerKv:
-    """One layer's cache: values of K and of V per token (all its KV heads), and its
+    """One layer's cache: values of K and of V per token (all its `heads` KV heads), and its
     sliding window in tokens (None: full attention)."""
 
     k: int
     v: int
     window: int | None = None
+    heads: int = 1
 
 
 def check_kv_type(kv_type: str, what: str = "--kv-type") -> str:
@@ -85,12 +86,14 @@ def check_ctx(ctx: Any, what: str = "--ctx") -> int:
     return ctx
 
 
-def row_bytes(values: int, kv_type: str) -> int:
-    """ggml_row_size(kv_type, values): bytes of `values` values in whole blocks."""
+def row_bytes(values: int, kv_type: str, heads: int = 1) -> int:
+    """ggml_row_size(kv_type, values): bytes of `values` values in whole blocks; each of
+    `heads` heads a whole number of blocks, or llama.cpp refuses the type
+    (`src/llama-context.cpp`: n_embd_head_k(il) % ggml_blck_size(type_k), and for V)."""
     block, size = KV_TYPES[check_kv_type(kv_type)]
-    if values % block:
-        raise PlacerError(f"KV type {kv_type}: a row of {values} values is not a whole number "
-                          f"of its {block}-value blocks (llama.cpp refuses it)")
+    if values % (block * heads):
+        raise PlacerError(f"KV type {kv_type}: a head of {values // heads} values is not a "
+                          f"whole number of its {block}-value blocks (llama.cpp refuses it)")
     return values // block * size
 
 
@@ -112,7 +115,8 @@ def kv_layers(config: dict) -> tuple[LayerKv, ...] | None:
     head_dim = config.get("head_dim") or hidden // heads
     kv_heads = config.get("num_key_value_heads") or heads
     windows = _hf_windows(config, layers)
-    return tuple(LayerKv(kv_heads * head_dim, kv_heads * head_dim, w) for w in windows)
+    return tuple(LayerKv(kv_heads * head_dim, kv_heads * head_dim, w, kv_heads)
+                 for w in windows)
 
 
 def _hf_windows(config: dict, layers: int) -> list[int | None]:
@@ -149,7 +153,8 @@ def _gguf_layers(meta: dict, arch: str) -> tuple[LayerKv, ...] | None:
     for il in range(layers):
         k_head = get("attention.key_length") or (hidden // heads_at[il] if heads_at[il] else 0)
         v_head = get("attention.value_length") or k_head
-        out.append(LayerKv(k_head * kv_at[il], 0 if mla else v_head * kv_at[il], windows[il]))
+        out.append(LayerKv(k_head * kv_at[il], 0 if mla else v_head * kv_at[il], windows[il],
+                           kv_at[il]))
     return tuple(out)
 
 
@@ -226,7 +231,8 @@ def kv_bytes(config: dict, ctx: int, kv_type: str = DEFAULT_KV_TYPE, *,
                           "be sized")
     v_type = kv_type if v_type is None else v_type
     return sum(kv_cells(ctx, layer.window, parallel=parallel, unified=unified, ubatch=ubatch)
-               * (row_bytes(layer.k, kv_type) + row_bytes(layer.v, v_type))
+               * (row_bytes(layer.k, kv_type, layer.heads)
+                  + row_bytes(layer.v, v_type, layer.heads))
                for layer in layers)
 
 
