@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from placer.errors import PlacerError
+from traces.options import MAX_CTX  # a context past 16M tokens is a typo (the --ctx rule)
 
 # ggml type name -> (values a block, bytes a block): ggml/src/ggml.c type_traits at 0c1e5709.
 KV_TYPES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18),
@@ -50,7 +51,6 @@ DEFAULT_KV_TYPE = "f16"
 CTX_PAD = 256          # llama_context pads n_ctx (and the SWA cache) to a multiple of this
 SERVER_PARALLEL = 4    # llama-server's n_parallel when -np is not given (kv_unified then)
 UBATCH = 512           # common_params.n_ubatch
-MAX_CTX = 1 << 24      # a context past 16M tokens is a typo
 # GGUF architecture -> (period, dense_first) its loader passes to load_swa_pattern where the
 # GGUF sets attention.sliding_window (src/models/<arch>.cpp at 0c1e5709).
 SWA_PATTERNS = {"gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False),
