@@ -155,6 +155,11 @@ def test_hardware_new_reserves_the_models_dense_weights_and_kv(tiny, tmp_path):
         card = load_spec(out).cards[0]
         assert (card.reserved_dense, card.reserved_kv) == (dense, tiny_kv(tokens))
         assert f"reserved_kv: {tiny_kv(tokens)} bytes" in out.read_text()
+    shown = invoke("hardware", "show", tmp_path / "box1024.toml")
+    assert "context: 1024 tokens of f16 K and V" in shown.stdout
+    again = tmp_path / "again.toml"  # the [context] table written back loads as it was
+    again.write_text(invoke("hardware", "show", tmp_path / "box1024.toml", "--toml").stdout)
+    assert load_spec(again) == load_spec(tmp_path / "box1024.toml")
     # the spec it wrote, solved and exported: -c is its context
     done = solve(model, traces, tmp_path / "box1024.toml", tmp_path / "plan.json")
     assert done.exit_code == 0, done.output
