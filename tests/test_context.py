@@ -155,6 +155,9 @@ def test_hardware_new_reserves_the_models_dense_weights_and_kv(tiny, tmp_path):
         card = load_spec(out).cards[0]
         assert (card.reserved_dense, card.reserved_kv) == (dense, tiny_kv(tokens))
         assert f"reserved_kv: {tiny_kv(tokens)} bytes" in out.read_text()
+        # computed, not estimated: the mark stays on the figures only a probe measures
+        assert "card.reserved" not in load_spec(out).estimated
+        assert "base_step_ms" in load_spec(out).estimated
     shown = invoke("hardware", "show", tmp_path / "box1024.toml")
     assert "context: 1024 tokens of f16 K and V" in shown.stdout
     again = tmp_path / "again.toml"  # the [context] table written back loads as it was

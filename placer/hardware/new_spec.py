@@ -12,8 +12,9 @@ replaced by `placer probe --step`.
 
 The reserves: with a model (`--model`), reserved_dense is its dense tensors' bytes and
 reserved_kv llama.cpp's KV cache at `--ctx` tokens of `--kv-type` (placer/hardware/context.py,
-recorded as the spec's `[context]`); without one, shares of VRAM marked ESTIMATED.
-reserved_activations is always a share (llama.cpp's compute buffers depend on the backend).
+recorded as the spec's `[context]`; the spec's `card.reserved` is then not marked estimated);
+without one, shares of VRAM marked ESTIMATED. reserved_activations is always a share
+(llama.cpp's compute buffers depend on the backend).
 
 What it writes loads: `new_spec` refuses, naming the option, a value the loader (and so
 `solve --hardware`) would refuse (a --host-ram past 2**60 bytes), and reads its own TOML back
@@ -36,8 +37,9 @@ from placer.hardware.cards import (
     pcie_link,
 )
 from placer.hardware.context import ModelReserve
-from placer.hardware.spec import MAX_BYTES, Card, HardwareSpec, Host, parse_spec
+from placer.hardware.spec import ESTIMABLE, Card, HardwareSpec, Host, parse_spec
 from placer.hardware.spec_toml import spec_toml
+from placer.hardware.spec_values import MAX_BYTES
 from placer.units import format_bytes
 
 GIB = 2**30
@@ -100,6 +102,7 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
                      f"{kind.upper()}-{rate} x {channels} channels, {cpu_cores} cores "
                      "(placer hardware new: ESTIMATED figures)"),
         host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host,
+        estimated=tuple(e for e in ESTIMABLE if not (reserve and e == "card.reserved")),
         context=reserve.context if reserve else None)
     made = NewSpec(spec, card_notes(card, gen, lanes, link_peak, reserve), host_notes(
         kind, rate, channels, ram_peak, cpu_cores), step_how)

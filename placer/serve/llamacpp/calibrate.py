@@ -154,6 +154,7 @@ def spec_text(plan: Plan, figures: np.ndarray) -> str:
                          (max(figures[2], 1e-9) * 3 * hidden * inter * 4 / eb,))
     host = dataclasses.replace(spec.host, sync_s=float(figures[1]), expert=(curve,))
     cards = tuple(dataclasses.replace(c, latency_s=float(figures[3])) for c in spec.cards)
-    calibrated = dataclasses.replace(spec, base_step_ms=steps, host=host, cards=cards)
+    calibrated = dataclasses.replace(spec, base_step_ms=steps, host=host, cards=cards).measured(
+        "base_step_ms", "host.sync_us", "card.latency_us")
     return spec_toml(calibrated, "calibrated by placer bench --engine llamacpp (llama.cpp "
                                  "measured on this box)")
