@@ -47,6 +47,7 @@ from placer.files import (
     write_json_atomic,
     write_text_atomic,
 )
+from placer.hardware.context import with_context
 from placer.hardware.spec import HardwareSpec, load_spec
 from placer.plan.engine import Target, check_solve, is_gguf, plan_target, target_of
 from placer.plan.options import SolveOptions
@@ -81,6 +82,8 @@ class PlanRequest:
     text_field: str = "text"
     llamacpp_version: str | None = None
     verbose: bool = False       # the full tables of plan and evaluate before the summary
+    ctx: int | None = None      # --ctx / --kv-type: reserved_kv from the model's KV cache
+    kv_type: str | None = None  # (placer.hardware.context.with_context)
 
 
 @dataclass
@@ -98,7 +101,9 @@ def run_plan(req: PlanRequest, *, progress: bool, say: Callable[[str], None]) ->
     and the evaluation table. Returns {stage: Stage}, the report and the command to run."""
     check_paths(req)
     inv = read_inventory(req.model)
-    spec = load_spec(req.hardware)
+    spec, ctx_note = with_context(load_spec(req.hardware), inv.config, req.ctx, req.kv_type)
+    if ctx_note:
+        say(ctx_note)
     target, corpora = check_request(req, inv, spec)
     out = Path(req.out)
     record = read_record(out)

@@ -191,3 +191,20 @@ def test_bench_marks_the_predicted_rows(trace_models, tmp_path, cli, capsys) -> 
     assert "ESTIMATED" in table.split("┘")[0]  # the predicted row, in the table
     assert cell({"tokens_per_s_step": arm["predicted_tokens_per_s_step"]}) in table
     assert f"ESTIMATED: base_step_ms: {ESTIMABLE['base_step_ms']}" in table
+
+
+def test_evaluate_flags_marks_each_command_line(box) -> None:
+    """`evaluate --flags` on the spec alone: each line's tok/s marked, its step range under the
+    table, --json's "estimated"; on a measured spec neither."""
+    args = ["evaluate", "--flags", "-ngl 99 -ncmoe 2", "--model", box["model"], "--traces",
+            box["held"], "--concurrency", "1", "--hardware"]
+    report = json.loads(ok(*args, box["estimated"], "--json").output)
+    assert STEP in report["estimated"]
+    assert_step_ranges([(r["concurrency"], fig) for r in report["results"]
+                        for fig in r["lines"].values()], box["estimated"])
+    said = ok(*args, box["estimated"]).output
+    assert "ESTIMATED" in headers(said)
+    assert all(cell(fig) in said for r in report["results"] for fig in r["lines"].values())
+    assert f"ESTIMATED: base_step_ms: {ESTIMABLE['base_step_ms']}" in said
+    report = json.loads(ok(*args, box["measured"], "--json").output)
+    assert report["estimated"] == [] and "ESTIMATED" not in ok(*args, box["measured"]).output

@@ -47,3 +47,4 @@ def test_readme_llamacpp_block_runs_as_written(gguf_pair, tmp_path, warm_placer)
     assert "replayed as llama.cpp b12191" in done.stdout        # evaluate on the held-out set
     command = done.stdout.strip().splitlines()[-1]
     assert command.startswith("llama-server -m model.gguf -ngl all")
+    assert command.endswith(" -c 8192")  # the context `hardware new --ctx` reserved KV for

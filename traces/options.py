@@ -40,6 +40,7 @@ MAX_ALIGN = 1 << 21           # emit --align: a shard's data offset alignment, a
 #                               wrote 49 GB of padding for a 200 kB model
 MAX_CARDS = 1024              # cards in a spec (placer.hardware.spec)
 MAX_CORES = 1024              # hardware new --cpu-cores, bench --threads
+MAX_CTX = 1 << 24             # --ctx: a context past 16M tokens is a typo (placer.checkpoint.kv)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ RULES: dict[str, Rule] = {
     "batch": Rule(int, 1, MAX_INT, many=True),
     "cards": Rule(int, 1, MAX_CARDS), "cpu_cores": Rule(int, 1, MAX_CORES),
     "threads": Rule(int, 1, MAX_CORES), "max_prompt_tokens": Rule(int, 1, MAX_POSITION),
+    "ctx": Rule(int, 1, MAX_CTX),
 }
 OVERRIDES: dict[tuple[str, str], Rule | None] = {  # (command, name): the rule there
     ("evaluate", "cache_slots"): Rule(int, 0, MAX_PLAN_SLOTS),

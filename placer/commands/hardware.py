@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command, print_json
+from placer.commands.solve_options import KvType
 from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
 from placer.hardware.cards import CARDS, known_card
@@ -74,7 +75,14 @@ def register(app: typer.Typer) -> None:
             help="The host's RAM (e.g. 64GiB; recorded, not used by the solvers).")] = None,
         model: Annotated[Path | None, typer.Option(
             help="A checkpoint (or model.gguf) to estimate the decode step for, from the "
-                 "card's memory bandwidth (else a floor from the dense reserve).")] = None,
+                 "card's memory bandwidth (else a floor from the dense reserve), and whose "
+                 "dense weights and KV cache the cards reserve (else shares of VRAM).")
+        ] = None,
+        ctx: Annotated[int | None, typer.Option(
+            "--ctx", help="With --model: the context (tokens) to reserve KV cache for, "
+                          "recorded in the spec and printed by `export llamacpp` as -c "
+                          "(default 4096).")] = None,
+        kv_type: KvType = None,
         out: Annotated[Path | None, typer.Option(
             help="Write the spec to this .toml (default: print it).")] = None,
     ) -> None:
@@ -89,18 +97,25 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             check_apart(out, [("--model", model)], what="--out")
         figures = known_card(card)
-        steps, how = None, ""
+        steps, how, reserve = None, "", None
+        if model is None and (ctx is not None or kv_type is not None):
+            raise PlacerError(f"{'--ctx' if ctx is not None else '--kv-type'}: the KV cache "
+                              "is sized from the model's config: give --model")
         if model is not None:
             from placer.checkpoint.inventory import read_inventory
             from placer.checkpoint.step import estimate_steps
+            from placer.hardware.context import model_reserve
 
-            times = estimate_steps(read_inventory(model), figures.bandwidth, (1, 8),
+            inv = read_inventory(model)
+            times = estimate_steps(inv, figures.bandwidth, (1, 8),
                                    f"hardware new, {figures.name}'s published bandwidth")
             steps, how = times.base_step_ms, (times.note() + "; `placer probe --step` on the "
                                               "box replaces it")
+            reserve = model_reserve(inv, str(model), [round(figures.vram_gib * 2**30)] * cards,
+                                    ctx, kv_type)
         made = new_spec(figures, cards, pcie, ram, cpu_cores,
                         0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
-                        steps, how)
+                        steps, how, reserve)
         text = spec_toml(made.spec, made.step_note, "\n".join(made.host_notes),
                          "\n".join(made.card_notes))
         if out is None:

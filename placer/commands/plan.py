@@ -62,6 +62,8 @@ def register(app: typer.Typer) -> None:
         cache: so.Cache = "auto",
         cache_policy: so.CachePolicy = "auto",
         execution: so.Execution = "stage",
+        ctx: so.Ctx = None,
+        kv_type: so.KvType = None,
         oracle_time_limit: Annotated[float, typer.Option(
             help="evaluate: seconds for the oracle ILP per concurrency.")] = 10.0,
         json_out: Annotated[bool, typer.Option(
@@ -95,7 +97,7 @@ def register(app: typer.Typer) -> None:
                               engine=engine, collect=collect, fraction=fraction, seed=seed,
                               solve=solve, oracle_time_limit=oracle_time_limit,
                               text_field=text_field, llamacpp_version=llamacpp_version,
-                              verbose=verbose)
+                              verbose=verbose, ctx=ctx, kv_type=kv_type)
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
             result = run_plan(request, progress=not json_out and sys.stderr.isatty(),
                               say=typer.echo)

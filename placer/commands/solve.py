@@ -14,6 +14,7 @@ from placer.commands import solve_options as so
 from placer.commands.common import command, print_json
 from placer.errors import PlacerError
 from placer.files import check_target, write_json_atomic
+from placer.hardware.context import with_context
 from placer.hardware.spec import load_spec
 from placer.progress import StageSpinner
 from placer.report.solve_summary import report_solve
@@ -54,6 +55,8 @@ def register(app: typer.Typer) -> None:
         execution: so.Execution = "stage",
         engine: so.Engine = "placer",
         llamacpp_version: so.LlamacppVersion = None,
+        ctx: so.Ctx = None,
+        kv_type: so.KvType = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
                             ] = False,
         verbose: Annotated[bool, typer.Option(
@@ -82,11 +85,13 @@ def register(app: typer.Typer) -> None:
         target = dispatch.target_of(engine, llamacpp_version, model)
         inv = (read_inventory(model) if model is not None
                else estimate_inventory(config, expert_dtype, dense_dtype))
-        spec = load_spec(hardware)
+        spec, ctx_note = with_context(load_spec(hardware), inv.config, ctx, kv_type)
         with StageSpinner("solve:", opts.time_limit if opts.solver == "ilp" or robust
                           else None, enabled=not json_out and sys.stderr.isatty()) as spinner:
             plan = dispatch.solve(inv, spec, list(traces or []), opts, target, spinner.stage)
         write_json_atomic(plan.to_json(), out, inputs)
+        if ctx_note and not json_out:
+            typer.echo(ctx_note)
         notes = [] if plan.engine is not None else [
             note for trace_dir in traces or [] if (note := dropped_prefill(trace_dir))]
         report_solve(plan, out, notes, verbose=verbose, quiet=json_out, inputs=inputs)

@@ -29,6 +29,11 @@ and gpt-oss, each with suffix `.weight`; `src/llama-model.cpp` (LLM_ARCH_OPENAI_
 also loads `tn(LLM_TENSOR_FFN_{GATE,DOWN,UP}_EXPS, "bias", i)`, i.e. `blk.N.ffn_*_exps.bias`.
 The HF model_type -> GGUF arch map is `convert_hf_to_gguf.py`'s (MixtralForCausalLM is
 registered on the llama model class).
+
+The context: where the plan's spec names one (`[context]`, `solve --ctx`), both commands end
+with `-c N` and, for a KV type other than f16, `-ctk T -ctv T` (common/arg.cpp at 0c1e5709:
+`-c/--ctx-size N`, `-ctk/--cache-type-k TYPE`, `-ctv/--cache-type-v TYPE`, TYPE one of
+kv_cache_types by ggml_type_name); a plan of an older spec keeps its old command.
 '''
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from placer.checkpoint.kv import DEFAULT_KV_TYPE, Context
 from placer.errors import PlacerError
 from placer.plan.placement import Plan
 from placer.units import format_bytes
@@ -62,6 +68,15 @@ def gguf_arch(model_type: str) -> str | None:
     return GGUF_ARCH.get(model_type) or (model_type if model_type in GGUF_ARCH.values() else None)
 
 
+def context_args(tokens: int | None, context: Context | None) -> list[str]:
+    """`-c tokens` (none where `tokens` is None), and `-ctk T -ctv T` where the spec's
+    `context` names a KV type other than f16 (module docstring)."""
+    args = [] if tokens is None else ["-c", str(tokens)]
+    if context is not None and context.kv_type != DEFAULT_KV_TYPE:
+        args += ["-ctk", context.kv_type, "-ctv", context.kv_type]
+    return args
+
+
 def override(layers: list[int], buffer: str) -> str:
     """The `-ot` value binding the expert tensors of `layers` to `buffer`."""
     return rf"blk\.({'|'.join(map(str, layers))}){LLAMACPP_EXPS_REGEX}={buffer}"
@@ -78,6 +93,7 @@ class LlamaCppOffload:
     devices: list[tuple[str, list[int]]] = field(default_factory=list)  # several cards only
     tensor_split: list[int] | None = None
     warnings: list[str] = field(default_factory=list)
+    context: Context | None = None  # the plan's spec's [context]: -c, -ctk/-ctv
 
     @property
     def override(self) -> str | None:
@@ -94,6 +110,8 @@ class LlamaCppOffload:
                 args += ["-ot", override(layers, name)]
         if self.tensor_split is not None:
             args += ["-ngl", "all", "-ts", ",".join(map(str, self.tensor_split))]
+        if self.context is not None:
+            args += context_args(self.context.tokens, self.context)
         return args
 
     def args(self) -> str:
@@ -121,7 +139,9 @@ class LlamaCppOffload:
                 "devices": [{"name": n, "layers": ls} for n, ls in self.devices],
                 "tensor_split": self.tensor_split, "args": self.args(),
                 "gguf_arch": self.gguf_arch, "tensors": self.tensor_names(),
-                "warnings": self.warnings}
+                "warnings": self.warnings,
+                "context": None if self.context is None else {
+                    "tokens": self.context.tokens, "kv_type": self.context.kv_type}}
 
 
 def layer_offload_cold(plan: Plan) -> int:
@@ -187,7 +207,7 @@ def llamacpp_offload(plan: Plan, devices: list[str] | None = None) -> LlamaCppOf
     return LlamaCppOffload(cold, cold[-1] + 1 if cold else 0,
                            arch, all_cold=bool(cold) and not warm, devices=per_device,
                            tensor_split=tensor_split(plan) if num_cards > 1 else None,
-                           warnings=warnings)
+                           warnings=warnings, context=plan.hardware.context)
 
 
 def device_names(plan: Plan, devices: list[str] | None) -> list[str]:
@@ -272,7 +292,8 @@ def engine_args(plan: Plan, build: Build, option: dict | None = None,
     (`-ncmoe N` where they are decoder layers 0 .. N - 1, `-cmoe` where they are every MoE
     layer, else one `-ot` override), `--moe-cache-mib N` and `--moe-cache-cpu-share F` where
     the option has them (PlacerError naming the build where `build` lacks the flag), `-lm
-    none` where its host experts are pinned, and `-c` the context the spec reserved KV for.
+    none` where its host experts are pinned, and `-c` the context the spec reserved KV for
+    (with -ctk/-ctv where its [context] names a KV type other than f16: context_args).
     (-c, -ngl, -ts, -ot, -ncmoe, -cmoe, -lm, -dev: common/arg.cpp at 0c1e5709;
     --moe-cache-mib: @4b060f27; --moe-cache-cpu-share: docs/moe-cache.md at b12191.)"""
     engine = plan.engine or {}
@@ -302,9 +323,7 @@ def engine_args(plan: Plan, build: Build, option: dict | None = None,
             args += [flag, value]
     if host and opt.get("pinned", True):
         args += ["-lm", "none"]
-    if engine.get("context"):
-        args += ["-c", str(engine["context"])]
-    return args
+    return args + context_args(engine.get("context") or None, plan.hardware.context)
 
 
 def server_command(plan: Plan, build: Build, model: str = "model.gguf",

@@ -10,6 +10,12 @@ a model's inventory it is estimated from the card's memory bandwidth as `probe -
 from the dense weights the card reserves, read once a step: a floor of a floor, to be
 replaced by `placer probe --step`.
 
+The reserves: with a model (`--model`), reserved_dense is its dense tensors' bytes and
+reserved_kv llama.cpp's KV cache at `--ctx` tokens of `--kv-type` (placer/hardware/context.py,
+recorded as the spec's `[context]`; the spec's `card.reserved` is then not marked estimated);
+without one, shares of VRAM marked ESTIMATED. reserved_activations is always a share
+(llama.cpp's compute buffers depend on the backend).
+
 What it writes loads: `new_spec` refuses, naming the option, a value the loader (and so
 `solve --hardware`) would refuse (a --host-ram past 2**60 bytes), and reads its own TOML back
 through the loader before it is printed or written (`check_loads`).
@@ -30,9 +36,11 @@ from placer.hardware.cards import (
     ddr_memory,
     pcie_link,
 )
+from placer.hardware.context import ModelReserve
 from placer.hardware.spec import ESTIMABLE, Card, HardwareSpec, Host, parse_spec
 from placer.hardware.spec_toml import spec_toml
 from placer.hardware.spec_values import MAX_BYTES
+from placer.units import format_bytes
 
 GIB = 2**30
 RESERVED_SHARES = {"reserved_dense": 0.15, "reserved_kv": 0.10, "reserved_activations": 0.05}
@@ -54,10 +62,11 @@ class NewSpec:
 
 def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
              host_ram: int, steps: tuple[tuple[int, float], ...] | None = None,
-             step_how: str = "") -> NewSpec:
+             step_how: str = "", reserve: ModelReserve | None = None) -> NewSpec:
     """The spec of `cards` x `card` on `pcie` links with `ram` host memory and `cpu_cores`
     cores; `steps` (batch, ms) where a model's step was estimated (`step_how` says how),
-    else the dense-reserve floor (module docstring)."""
+    else the dense-reserve floor; `reserve` the model's dense and KV reserves (module
+    docstring), else shares of VRAM."""
     if not 0 <= host_ram <= MAX_BYTES:
         raise PlacerError(f"--host-ram: expected a size up to 2**60 bytes (what a spec "
                           f"holds), got {host_ram:.3g} bytes")
@@ -67,8 +76,15 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
     reserved = {k: round(share * card.vram_gib * 4) * GIB // 4
                 for k, share in RESERVED_SHARES.items()}
     h2d = float(f"{link_peak * H2D_SHARE / 1e9:.3g}") * 1e9
-    built = tuple(Card(i, card.name, vram, reserved["reserved_dense"], reserved["reserved_kv"],
-                       reserved["reserved_activations"], h2d, LATENCY_US / 1e6)
+    dense = reserve.dense if reserve else (reserved["reserved_dense"],) * cards
+    kv = reserve.kv if reserve else (reserved["reserved_kv"],) * cards
+    if reserve and dense[0] + kv[0] + reserved["reserved_activations"] > vram:
+        raise PlacerError(f"--ctx {reserve.context.tokens}: the model's dense weights "
+                          f"({format_bytes(dense[0])}) and KV cache ({format_bytes(kv[0])}) "
+                          f"per card, with {format_bytes(reserved['reserved_activations'])} "
+                          f"of buffers, exceed the {card.name}'s {card.vram_gib:g} GB")
+    built = tuple(Card(i, card.name, vram, dense[i], kv[i], reserved["reserved_activations"],
+                       h2d, LATENCY_US / 1e6)
                   for i in range(cards))
     stream = float(f"{ram_peak * STREAM_SHARE / 1e9:.3g}") * 1e9
     host = Host(memory_bandwidth=stream, flops=FLOPS_PER_CORE * cpu_cores,
@@ -86,8 +102,9 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
                      f"{kind.upper()}-{rate} x {channels} channels, {cpu_cores} cores "
                      "(placer hardware new: ESTIMATED figures)"),
         host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host,
-        estimated=tuple(ESTIMABLE))
-    made = NewSpec(spec, card_notes(card, gen, lanes, link_peak), host_notes(
+        estimated=tuple(e for e in ESTIMABLE if not (reserve and e == "card.reserved")),
+        context=reserve.context if reserve else None)
+    made = NewSpec(spec, card_notes(card, gen, lanes, link_peak, reserve), host_notes(
         kind, rate, channels, ram_peak, cpu_cores), step_how)
     check_loads(made)
     return made
@@ -113,8 +130,11 @@ def check_loads(made: NewSpec) -> None:
                           ) from None
 
 
-def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float) -> tuple[str, ...]:
-    """Where each card figure came from."""
+def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float,
+               reserve: ModelReserve | None = None) -> tuple[str, ...]:
+    """Where each card figure came from (the reserves: `reserve`'s notes where the model
+    gave them)."""
+    guessed = ("reserved_activations",) if reserve else tuple(RESERVED_SHARES)
     bf16 = "not published" if card.bf16_tflops is None else f"{card.bf16_tflops:g} TFLOPS"
     int8 = "not published" if card.int8_tops is None else f"{card.int8_tops:g} TOPS"
     return (
@@ -125,10 +145,12 @@ def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float) -> tup
         f"{link_peak / 1e9:.2f} GB/s peak ({PCIE_SOURCE}); `placer probe` on the box "
         "measures it",
         f"latency_us: ESTIMATED, {LATENCY_US:g} us a copy, typical; `placer probe` measures it",
+        *(reserve.notes if reserve else ()),
         "reserved_*: ESTIMATED, " + ", ".join(f"{k.removeprefix('reserved_')} "
-                                              f"{100 * v:g}%" for k, v in
-                                              RESERVED_SHARES.items())
-        + " of VRAM: set them to your model's dense weights, KV cache and buffers",
+                                              f"{100 * RESERVED_SHARES[k]:g}%" for k in guessed)
+        + " of VRAM: " + ("llama.cpp's compute buffers, which the backend sizes" if reserve
+                          else "set them to your model's dense weights, KV cache and buffers "
+                          "(`hardware new --model M --ctx N` computes the first two)"),
     )
 
 

@@ -49,6 +49,11 @@ A spec file looks like (sizes take units, rates take "/s"):
                                    # and the probe that measures it); a probe that writes a
                                    # figure drops it from the list
 
+    [context]                      # optional: the context the KV reserve is for
+    tokens = 8192                  # llama-server -c (the export prints it)
+    kv_type = "q8_0"               # K and V cache type: f16 (default), q8_0, q4_0, ...
+                                   # (-ctk / -ctv; placer/checkpoint/kv.py sizes the cache)
+
 Cards in no link have no shared bound. Base step time is interpolated linearly in the batch
 (held at the smallest batch's time below it). Every number must be finite; sizes and rates
 are bounded (2**60) so a typo cannot reach the solvers as an absurd figure, and rates from
@@ -64,6 +69,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from placer.checkpoint.kv import Context, parse_context
 from placer.errors import PlacerError
 from placer.hardware.spec_values import (
     flops_of,
@@ -84,7 +90,7 @@ from traces.options import MAX_CARDS as OPTION_MAX_CARDS
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "h2d_pageable_bandwidth", "latency_us")
 SPEC_FIELDS = ("name", "description", "host_ram", "estimated", "cards", "card", "link", "decode",
-               "host")
+               "host", "context")
 LINK_FIELDS = ("name", "cards", "bandwidth")
 HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets", "offload_min_batch", "expert")
 MAX_CARDS = OPTION_MAX_CARDS  # traces.options bounds --cards by the same
@@ -158,6 +164,7 @@ class HardwareSpec:
     host: Host | None = None
     estimated: tuple[str, ...] = ()  # ESTIMABLE's names of the figures not measured
     step_spread: tuple[float, float] = (1.0, 1.0)  # the step lies in base x [lo, hi]
+    context: Context | None = None  # [context]: what reserved_kv holds (None: not said)
 
     def base_step_s(self, batch: int) -> float:
         """Decode step time at `batch` with every expert resident: linear interpolation,
@@ -197,6 +204,8 @@ class HardwareSpec:
         d["base_step_ms"] = {str(b): ms for b, ms in self.base_step_ms}
         d["estimated"] = list(self.estimated)
         d["step_spread"] = list(self.step_spread)
+        if self.context is None:
+            del d["context"]
         return d
 
 
@@ -206,7 +215,7 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
     where = f"{source}: hardware"
     if not isinstance(d, dict):
         raise PlacerError(f"{where}: expected a table, got {kind_of(d)}")
-    optional = {"host", "estimated", "step_spread"}  # plans before estimates were marked
+    optional = {"host", "estimated", "step_spread", "context"}  # plans before these were
     expected = {"name", "description", "host_ram", "cards", "links", "base_step_ms", *optional}
     unknown = set(d) - expected
     if unknown:
@@ -223,8 +232,9 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
             "link": d["links"], "decode": {"base_step_ms": d["base_step_ms"],
                                            "spread": d.get("step_spread", [1.0, 1.0])},
             "estimated": d.get("estimated", [])}
-    if d.get("host") is not None:
-        data["host"] = d["host"]
+    for key in ("host", "context"):
+        if d.get(key) is not None:
+            data[key] = d[key]
     return parse_spec(data, source, seconds=True, field="hardware.")
 
 
@@ -310,7 +320,8 @@ def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field:
         base_step_ms=_base_steps(data.get("decode"), decode_at),
         host=host, estimated=_estimated(data.get("estimated", []), f"{at}estimated"),
         step_spread=_spread(data["decode"].get("spread", [1.0, 1.0]),
-                            f"{decode_at}.{'step_' if seconds else ''}spread"))
+                            f"{decode_at}.{'step_' if seconds else ''}spread"),
+        context=parse_context(data["context"], f"{at}context") if "context" in data else None)
 
 
 def _estimated(value: Any, where: str) -> tuple[str, ...]:

@@ -57,6 +57,9 @@ def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = ""
                   "as factors of base_step_ms"]
     if spec.host is not None:
         lines += ["", *_comment(host_comment), *_host_lines(spec.host)[1:]]
+    if spec.context is not None:
+        lines += ["", "[context]", f"tokens = {spec.context.tokens}",
+                  f"kv_type = {_str(spec.context.kv_type)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -164,11 +164,14 @@ def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scena
 
 
 def context_of(inv: Inventory, spec: HardwareSpec) -> int | None:
-    """-c: the tokens of KV cache the spec reserves (reserved_kv summed over the cards, which
-    -ts splits the KV over) at llama.cpp's f16 K and V for every layer (a sliding-window
-    layer holds less, so this errs short; MLA models: the compressed KV and rope key per
-    layer), down to a multiple of 256; None where the config lacks the attention shape or the
-    spec reserves less than 256 tokens."""
+    """-c: the spec's `[context]` tokens where it names them (reserved_kv then holds them:
+    placer/hardware/context.py); for a spec without one, the tokens of KV cache it reserves
+    (reserved_kv summed over the cards, which -ts splits the KV over) at llama.cpp's f16 K
+    and V for every layer (a sliding-window layer holds less, so this errs short; MLA models:
+    the compressed KV and rope key per layer), down to a multiple of 256; None where the
+    config lacks the attention shape or the spec reserves less than 256 tokens."""
+    if spec.context is not None:
+        return spec.context.tokens
     config = inv.config
     layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
     hidden = config.get("hidden_size")

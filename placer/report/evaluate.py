@@ -11,10 +11,10 @@ from pathlib import Path
 from rich.table import Table
 
 from placer.files import write_json_atomic
-from placer.plan.estimates import STEP_RANGE
 from placer.report.figures import (
     MOST_ROWS,
     beside,
+    bold,
     bytes_plus_minus,
     capped,
     columns,
@@ -27,11 +27,10 @@ from placer.report.figures import (
 )
 from placer.report.figures import console as rich_console
 from placer.report.marks import (
-    STEP_COLUMN,
     SUMMARY_PROBES,
     marked,
     spec_estimates,
-    step_cell,
+    step_ranges,
     table_marks,
 )
 
@@ -115,7 +114,7 @@ def print_report(report: dict) -> None:
                     marked("tok/s", estimated(report))):
             table.add_column(col, justify="right")
         for r in rows:
-            table.add_row(f"[bold]B={r['concurrency']} {r['execution']}[/bold]",
+            table.add_row(bold(f"B={r['concurrency']} {r['execution']}"),
                           end_section=True)
             lines = [line for line in LINE_NAMES if line in r]
             for i, line in enumerate(lines):
@@ -127,8 +126,10 @@ def print_report(report: dict) -> None:
                               plus_minus(f, "tokens_per_s", "{:.2f}"),
                               end_section=i == len(lines) - 1)
         print_table(table, console)
-        for line in step_lines(rows):
-            console.print(line, highlight=False)
+        for r in rows:  # seven columns: no room for an eighth, the step ranges below
+            for line in step_ranges(f"B={r['concurrency']} {r['execution']}",
+                                    {LINE_NAMES[k]: r[k] for k in LINE_NAMES if k in r}):
+                console.print(line, highlight=False)
     for line in table_marks(estimated(report)):
         console.print(line, highlight=False)
     for r in report["results"]:
@@ -171,19 +172,6 @@ def estimated(report: dict) -> list[dict]:
     """The spec figures the report's predictions rest on ([] in a report written before
     they were recorded: a `placer plan` stage it resumes)."""
     return report.get("estimated", [])
-
-
-def step_lines(rows: list[dict]) -> list[str]:
-    """Under a table of seven columns (no room for an eighth): per row, each line's tok/s
-    where the estimated base step may lie (its step range), apart from the ± above."""
-    out = []
-    for r in rows:
-        ranges = [f"{LINE_NAMES[line]} {step_cell(r[line])}" for line in LINE_NAMES
-                  if line in r and STEP_RANGE in r[line]]
-        if ranges:
-            out += wrapped(f"{STEP_COLUMN}, B={r['concurrency']} {r['execution']}: "
-                           + ", ".join(ranges))
-    return out
 
 
 LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",

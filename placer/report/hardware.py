@@ -51,6 +51,9 @@ def print_spec(spec: HardwareSpec) -> None:
                       f"{link.bandwidth / 1e9:.1f} GB/s shared")
     steps = ", ".join(f"B={b}: {ms:.4g} ms" for b, ms in spec.base_step_ms)
     console.print(f"base decode step: {steps}; host RAM {format_bytes(spec.host_ram)}")
+    if spec.context is not None:
+        console.print(f"context: {spec.context.tokens} tokens of {spec.context.kv_type} K and "
+                      "V (reserved_kv is for it; export llamacpp prints -c)")
     if spec.host is not None:
         h = spec.host
         console.print(f"host CPU: {h.memory_bandwidth / 1e9:.1f} GB/s from RAM, "
@@ -64,7 +67,7 @@ def print_spec(spec: HardwareSpec) -> None:
             console.print(f"measured expert {t.hidden} x {t.inter} {t.dtype}, ms by tokens: "
                           f"{points}")
     else:
-        console.print("host CPU: not given (add a \\[host] table to predict CPU execution)")
+        console.print("host CPU: not given (add a [host] table to predict CPU execution)")
 
 
 def print_cards(results: list[ProbeResult]) -> None:

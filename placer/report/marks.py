@@ -86,6 +86,13 @@ def step_cell(figure: dict, key: str = STEP_RANGE) -> str:
     return "" if found is None else f"{found[0]:.2f}-{found[1]:.2f}"
 
 
+def step_ranges(label: str, figures: dict[str, dict]) -> list[str]:
+    """Under a table with no room for a column of them: the step range of each named figure
+    that has one, "step estimated tok/s, B=1: placement 41.00-63.00, ...", wrapped."""
+    ranges = [f"{name} {step_cell(f)}" for name, f in figures.items() if STEP_RANGE in f]
+    return wrapped(f"{STEP_COLUMN}, {label}: {', '.join(ranges)}") if ranges else []
+
+
 def step_text(figure: dict, key: str = STEP_RANGE, fmt: str = "{:.2f}") -> str:
     """A figure's step range, "step estimated: 41.00-63.00 tok/s", or "" where it has none
     (a measured step, a spread of [1, 1])."""

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from placer.plan.estimates import STEP_RANGE, estimated_json
+from placer.report.figures import bold, plus_minus, print_table, span
 from placer.report.figures import console as rich_console
-from placer.report.figures import plus_minus, print_table, span
 from placer.report.marks import STEP_COLUMN, marked, step_cell, table_marks
 from placer.units import format_bytes
 
@@ -197,7 +197,7 @@ def prediction_table(rows: list[dict], title: str, estimated: Sequence[dict]) ->
                 "stall / layer offload"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(f"[bold]{r['profile']}[/bold] B={r['concurrency']}", end_section=True)
+        table.add_row(bold(f"{r['profile']} B={r['concurrency']}"), end_section=True)
         for i, (key, name) in enumerate(lines):
             f = r[key]
             table.add_row(name, plus_minus(f, "stall_ms_per_step"), f"{f['tokens_per_s']:.2f}",
