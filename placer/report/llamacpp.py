@@ -157,17 +157,24 @@ def print_llamacpp_bench(report: dict) -> None:
                         f"{report['num_prompts']} prompts x {report['trials']} trials, "
                         f"up to {report['max_new_tokens']} new tokens (95% intervals; "
                         "ratios to the first option)")
-    for col in ("option", "", "decode tok/s", "/ first", "pred / meas"):
+    step = "predicted_tokens_per_s_step"
+    steps = any(step in r for r in report["options"])
+    for col in ("option", "", "decode tok/s", *([STEP_COLUMN] if steps else []), "/ first",
+                "pred / meas"):
         table.add_column(col, justify="left" if col == "option" else "right")
     for r in report["options"]:
         name = r["option"] + (f" (= {', '.join(r['same_as'])})" if r["same_as"] else "")
         table.add_row(name, "measured", figure(r, "measured_tokens_per_s"),
-                      figure(r, "measured_ratio_to_first", "{:.3f}"),
+                      *([""] if steps else []), figure(r, "measured_ratio_to_first", "{:.3f}"),
                       "-" if r["predicted_over_measured"] is None
                       else f"{r['predicted_over_measured']:.3f}")
-        table.add_row("", "predicted", figure(r, "predicted_tokens_per_s"),
+        table.add_row("", marked("predicted", report["estimated"]),
+                      figure(r, "predicted_tokens_per_s"),
+                      *([step_cell(r, step)] if steps else []),
                       figure(r, "predicted_ratio_to_first", "{:.3f}"), "", end_section=True)
     print_table(table, console)
+    for line in table_marks(report["estimated"]):
+        console.print(line, highlight=False)
     for r in report["options"]:
         console.print(f"{r['option']}: {r['flags']}", highlight=False)
         c = r["cache"]
