@@ -236,6 +236,16 @@ def kv_bytes(config: dict, ctx: int, kv_type: str = DEFAULT_KV_TYPE, *,
                for layer in layers)
 
 
+def trained_context(config: dict) -> int | None:
+    """The context the model was trained with (llama.cpp's n_ctx_train, what -c 0 or no -c
+    gives: common/common.h `n_ctx = 0`): a config.json's max_position_embeddings or a GGUF's
+    `<arch>.context_length`; None where neither is given."""
+    meta = config.get("gguf")
+    n = (meta.get(f"{config.get('model_type', '')}.context_length")
+         if isinstance(meta, dict) else config.get("max_position_embeddings"))
+    return n if _positive(n) else None
+
+
 @dataclass(frozen=True)
 class Context:
     """The context a spec reserves KV for (its `[context]` table): tokens, and the type of
