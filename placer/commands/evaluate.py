@@ -10,8 +10,9 @@ import typer
 
 from placer.commands.common import command, parse_list, print_json
 from placer.errors import PlacerError
-from placer.files import check_outputs_apart, check_target
+from placer.files import check_outputs
 from placer.report.evaluate import report_evaluate
+from placer.report.figures import to_be_beside
 
 
 def register(app: typer.Typer) -> None:
@@ -87,12 +88,9 @@ def register(app: typer.Typer) -> None:
 
         if plot is not None and plot.suffix.lower() != ".png":
             raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
-        if plot is not None:
-            check_target(plot, what="--plot")
-        if out is not None:
-            inputs = [("the plan", plan_path), *(("the traces", t) for t in traces or [])]
-            check_outputs_apart([("--out", out), ("--plot", plot)], inputs)
-            check_target(out, inputs)
+        check_outputs([("--out", out), ("the tables beside --out", to_be_beside(out)),
+                       ("--plot", plot)],
+                      [("the plan", plan_path), *(("the traces", t) for t in traces or [])])
         plan = read_plan(plan_path)
         if llamacpp_version is not None:
             plan = for_build(plan, llamacpp_version)

@@ -6,6 +6,7 @@ where nothing ran."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ import typer
 
 from placer.commands.common import command, parse_list, print_json
 from placer.errors import PlacerError
+from placer.files import check_outputs
 from placer.hardware.spec_probe import (
     HostRequest,
     StepRequest,
@@ -105,6 +107,9 @@ def register(app: typer.Typer) -> None:
             raise PlacerError("--allow-other-device goes with --step")
         if out is not None:
             check_spec_out(out, hardware)
+            spec = Path(hardware) if hardware and os.path.isfile(hardware) else None
+            check_outputs([("--out", out)], [("the checkpoint", model), ("--hardware", spec)],
+                          updates=spec)  # docs/cli.md: --hardware box.toml --out box.toml
         if step:
             batches = tuple(parse_list(batch, int, "--batch")) if batch else None
             found = probe_step(StepRequest(model, hardware, batches, device, memory_bandwidth,
