@@ -106,10 +106,10 @@ def register(app: typer.Typer) -> None:
         if allow_other_device and not step:
             raise PlacerError("--allow-other-device goes with --step")
         if out is not None:
-            check_spec_out(out, hardware)
             spec = Path(hardware) if hardware and os.path.isfile(hardware) else None
             check_outputs([("--out", out)], [("the checkpoint", model), ("--hardware", spec)],
                           updates=spec)  # docs/cli.md: --hardware box.toml --out box.toml
+            check_spec_out(out, hardware)
         if step:
             batches = tuple(parse_list(batch, int, "--batch")) if batch else None
             found = probe_step(StepRequest(model, hardware, batches, device, memory_bandwidth,
