@@ -17,9 +17,12 @@ import fcntl
 import os
 import shutil
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from placer.errors import PlacerError
 from placer.files import NAME_MAX, fsync_dir
@@ -201,35 +204,66 @@ def discard(stage: Path) -> Path | None:
 class Interrupted(KeyboardInterrupt):
     """SIGTERM (or SIGINT) while a command or an emit runs: raised in the main thread, so it
     cleans up as on Ctrl-C; the CLI then prints one line, `error: interrupted by SIGTERM;
-    nothing partial was left behind`, and exits 1 (placer.commands.common.command)."""
+    nothing partial was left behind`, and exits 143 (130 for SIGINT:
+    placer.commands.common.command)."""
 
 
 class Signals:
     """While a command (placer.cli) or an emit runs in the main thread, SIGINT and SIGTERM
     raise Interrupted there, once: from the first, or from `hold()` (an error is being cleaned
     up, or the complete new placement is being put in place), further ones are ignored, so
-    that the cleanup or the swap finishes. The previous handlers come back on exit."""
+    that the cleanup or the swap finishes. The previous handlers come back on exit.
+
+    Python runs a signal's handler between any two bytecodes of the main thread, also inside
+    a finalizer (`__del__`, a weakref callback, a generator closed by the garbage collector),
+    where an exception cannot propagate: Python prints `Exception ignored in ...` and goes on.
+    An Interrupted lost there would leave the command running with further signals ignored
+    (1 SIGTERM in 22 to `collect`, issue 53), so while Signals is active sys.unraisablehook
+    catches it and a thread sends the signal to the main thread again after AGAIN_S, when
+    the hook has returned, to be handled at a bytecode outside the finalizer (or lost again
+    in the next one, and sent again: each finalizer ends)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    AGAIN_S = 0.02
 
     def __init__(self) -> None:
         self.held = False
+        self.raised = False
         self.previous: dict[int, object] = {}
+        self.previous_hook: object = None
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
             self.previous = {s: signal.signal(s, self._raise) for s in self.SIGNALS}
+            self.previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def hold(self) -> None:
         self.held = True
 
     def _raise(self, signum: int, frame: object) -> None:
-        if self.held:
+        if self.held or self.raised:
             return
-        self.held = True
+        self.raised = True
         raise Interrupted(signal.Signals(signum).name)
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """An Interrupted swallowed by a finalizer: the signal again (class docstring)."""
+        exc = unraisable.exc_value
+        if not isinstance(exc, Interrupted) or self.previous_hook is None:
+            hook = self.previous_hook or sys.__unraisablehook__
+            hook(unraisable)
+            return
+        threading.Thread(target=self._again, args=(signal.Signals[str(exc)],),
+                         name="placer-signal-again", daemon=True).start()
+
+    def _again(self, signum: signal.Signals) -> None:
+        time.sleep(self.AGAIN_S)
+        self.raised = False
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.previous_hook is not None:
+            sys.unraisablehook, self.previous_hook = self.previous_hook, None
