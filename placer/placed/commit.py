@@ -219,16 +219,21 @@ class Signals:
     where an exception cannot propagate: Python prints `Exception ignored in ...` and goes on.
     An Interrupted lost there would leave the command running with further signals ignored
     (1 SIGTERM in 22 to `collect`, issue 53), so while Signals is active sys.unraisablehook
-    catches it and a thread sends the signal to the main thread again after AGAIN_S, when
-    the hook has returned, to be handled at a bytecode outside the finalizer (or lost again
-    in the next one, and sent again: each finalizer ends)."""
+    catches it and a thread sends the signal to the main thread again as soon as the hook
+    has returned (the hook cannot: a signal sent from Python code is handled right after
+    the call that sends it, in the hook, and lost there too; the switch interval is cut to
+    SWITCH_S meanwhile so that the thread gets its turn within a few bytecodes), to be
+    handled at a bytecode outside the finalizer (or lost again in the next one and sent
+    again: each finalizer ends)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
-    AGAIN_S = 0.02
+    SWITCH_S = 1e-5
 
     def __init__(self) -> None:
         self.held = False
         self.raised = False
+        self.lost: signal.Signals | None = None  # an Interrupted a finalizer swallowed
+        self.in_hook = False
         self.previous: dict[int, object] = {}
         self.previous_hook: object = None
 
@@ -242,9 +247,9 @@ class Signals:
         self.held = True
 
     def _raise(self, signum: int, frame: object) -> None:
-        if self.held or self.raised:
+        if self.held or self.raised or self.in_hook:
             return
-        self.raised = True
+        self.raised, self.lost = True, None
         raise Interrupted(signal.Signals(signum).name)
 
     def _unraisable(self, unraisable: Any) -> None:
@@ -254,16 +259,32 @@ class Signals:
             hook = self.previous_hook or sys.__unraisablehook__
             hook(unraisable)
             return
-        threading.Thread(target=self._again, args=(signal.Signals[str(exc)],),
-                         name="placer-signal-again", daemon=True).start()
+        self.in_hook = True
+        try:
+            self.lost = signal.Signals[str(exc)]
+            again = threading.Thread(target=self._again, args=(sys.getswitchinterval(),),
+                                     name="placer-signal-again", daemon=True)
+            sys.setswitchinterval(self.SWITCH_S)
+            again.start()
+        finally:
+            self.in_hook = False  # the last bytecode before the hook returns
 
-    def _again(self, signum: signal.Signals) -> None:
-        time.sleep(self.AGAIN_S)
-        self.raised = False
-        signal.pthread_kill(threading.main_thread().ident, signum)
+    def _again(self, interval: float) -> None:
+        """The lost signal to the main thread once it has left the hook, unless Signals has
+        ended or raised since."""
+        try:
+            while self.in_hook:
+                time.sleep(0)
+            signum = self.lost
+            if signum is not None and self.previous_hook is not None:
+                self.raised = False
+                signal.pthread_kill(threading.main_thread().ident, signum)
+        finally:
+            sys.setswitchinterval(interval)
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
         if self.previous_hook is not None:
             sys.unraisablehook, self.previous_hook = self.previous_hook, None
+        self.lost = None
