@@ -165,14 +165,18 @@ def check_outputs(outputs: Inputs, inputs: Inputs, *, directory: bool = False,
     """What every command that writes calls once, before it reads, measures or solves
     anything: check_target (the rule, check_apart, then that the path can be written) for
     every output against every input of the command (all of them, not the first), and the
-    outputs against each other: two options naming one path, or one inside the other, are
-    refused. `outputs`: (option, path) pairs, None paths skipped; `directory`: the outputs
-    are directories the command fills; `updates`: as check_apart. Nothing is created."""
+    outputs against each other: two options naming one path are refused (one inside the
+    other is the command's to judge: `traces split` refuses nesting trace directories).
+    `outputs`: (option, path) pairs, None paths skipped; `directory`: the outputs are
+    directories the command fills; `updates`: as check_apart. Nothing is created."""
     given = [(what, Path(path)) for what, path in outputs if path is not None]
     inputs = list(inputs)
     for i, (what, path) in enumerate(given):
         check_target(path, inputs, what=what, directory=directory, updates=updates)
-        check_apart(path, given[:i], what=what)
+        for other, other_path in given[:i]:
+            if os.path.realpath(path) == os.path.realpath(other_path):
+                raise PlacerError(f"{what} {path} is also {other}: give each output its own "
+                                  "path")
 
 
 def _same_file(a: str, b: str) -> bool:

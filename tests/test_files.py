@@ -160,7 +160,7 @@ def test_every_output_is_checked_against_every_input_and_each_other(tmp_path):
         check_outputs([("--spec-out", placed[1] / "box.toml")], inputs)
     with pytest.raises(PlacerError, match="--plot .* is --prompts"):
         check_outputs([("--spec-out", None), ("--plot", tmp_path / "prompts.jsonl")], inputs)
-    with pytest.raises(PlacerError, match="--plot .* is --spec-out"):
+    with pytest.raises(PlacerError, match="--plot .* is also --spec-out"):
         check_outputs([("--spec-out", tmp_path / "x"), ("--plot", tmp_path / "x")], inputs)
     check_outputs([("--spec-out", tmp_path / "box.toml"), ("--plot", tmp_path / "b.png")],
                   inputs)
