@@ -49,6 +49,11 @@ COMMANDS = {
         {"plan": (FILE, "plan.json"), "traces": (DIRECTORY, "T")},
         {"--out": ".json", "--plot": ".png"},
         lambda i, o, p: ["evaluate", i["plan"], "--traces", i["traces"], o, p]),
+    "evaluate --flags": Command(
+        {"model": (FILE, "m.gguf"), "spec": (FILE, "box.toml"), "traces": (DIRECTORY, "T")},
+        {"--out": ".json"},
+        lambda i, o, p: ["evaluate", "--flags", "-ngl 99", "--model", i["model"], "--hardware",
+                         i["spec"], "--traces", i["traces"], o, p]),
     "emit": Command(
         {"plan": (FILE, "plan.json"), "model": (CHECKPOINT, "ckpt")}, {"--out": ""},
         lambda i, o, p: ["emit", "--plan", i["plan"], "--model", i["model"], o, p]),

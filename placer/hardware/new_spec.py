@@ -30,8 +30,9 @@ from placer.hardware.cards import (
     ddr_memory,
     pcie_link,
 )
-from placer.hardware.spec import MAX_BYTES, Card, HardwareSpec, Host, parse_spec
+from placer.hardware.spec import ESTIMABLE, Card, HardwareSpec, Host, parse_spec
 from placer.hardware.spec_toml import spec_toml
+from placer.hardware.spec_values import MAX_BYTES
 
 GIB = 2**30
 RESERVED_SHARES = {"reserved_dense": 0.15, "reserved_kv": 0.10, "reserved_activations": 0.05}
@@ -84,7 +85,8 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
         description=(f"{cards} x {card.name} ({card.vram_gib:g} GB) on PCIe {gen} x{lanes}, "
                      f"{kind.upper()}-{rate} x {channels} channels, {cpu_cores} cores "
                      "(placer hardware new: ESTIMATED figures)"),
-        host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host)
+        host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host,
+        estimated=tuple(ESTIMABLE))
     made = NewSpec(spec, card_notes(card, gen, lanes, link_peak), host_notes(
         kind, rate, channels, ram_peak, cpu_cores), step_how)
     check_loads(made)

@@ -25,6 +25,8 @@ A spec file looks like (sizes take units, rates take "/s"):
 
     [decode]                       # required
     base_step_ms = { 1 = 9.0, 8 = 28.0 }   # step time with every expert resident, by batch
+    spread = [0.8, 1.3]            # optional: where an estimated step may lie, as factors
+                                   # of base_step_ms (the fit's spread); default [1, 1]
 
     [host]                         # optional: the CPU that computes cold experts in place
     memory_bandwidth = "300GB/s"   # streaming bandwidth from host RAM (roofline fallback)
@@ -42,6 +44,11 @@ A spec file looks like (sizes take units, rates take "/s"):
     tokens = [1, 8, 64]            # instead of the roofline
     ms = [8.9, 24.0, 136.0]
 
+    estimated = ["base_step_ms", "card.h2d_bandwidth"]   # optional, at the top: the figures
+                                   # that stand in for a measurement (ESTIMABLE names each
+                                   # and the probe that measures it); a probe that writes a
+                                   # figure drops it from the list
+
 Cards in no link have no shared bound. Base step time is interpolated linearly in the batch
 (held at the smallest batch's time below it). Every number must be finite; sizes and rates
 are bounded (2**60) so a typo cannot reach the solvers as an absurd figure, and rates from
@@ -51,17 +58,24 @@ predict a decode step of 10**306 ms.
 
 from __future__ import annotations
 
-import math
-import re
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from placer.errors import PlacerError
+from placer.hardware.spec_values import (
+    flops_of,
+    is_int,
+    kind_of,
+    number_of,
+    rate_of,
+    size_of,
+    table_list,
+    text_of,
+)
 from placer.hardware.timing import ExpertTiming, parse_timings
-from placer.units import parse_bytes, parse_rate
 from traces.errors import shown
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import MAX_DEPTH, decode_utf8, depth
@@ -69,24 +83,31 @@ from traces.options import MAX_CARDS as OPTION_MAX_CARDS
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
                "h2d_bandwidth", "h2d_pageable_bandwidth", "latency_us")
-SPEC_FIELDS = ("name", "description", "host_ram", "cards", "card", "link", "decode", "host")
+SPEC_FIELDS = ("name", "description", "host_ram", "estimated", "cards", "card", "link", "decode",
+               "host")
 LINK_FIELDS = ("name", "cards", "bandwidth")
 HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets", "offload_min_batch", "expert")
-MAX_BYTES = 2**60          # sizes and bytes/s beyond this are typos, not hardware
-MIN_RATE = 1e6             # bytes/s below this (a floppy disk's) are typos too
-MAX_FLOPS = 1e18
-MIN_FLOPS = 1e6
 MAX_CARDS = OPTION_MAX_CARDS  # traces.options bounds --cards by the same
 MAX_BATCH = 1 << 20
 MAX_MS = 1e6               # a decode step, latency or sync longer than this is a typo
 MAX_SOCKETS = 64
-_FLOPS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([KMGTP]?)FLOP(?:S|/s)\s*$",
-                    re.IGNORECASE)
+MAX_SPREAD = 100.0         # an estimated step off by more than 100x is no estimate
+_PROBE = "placer probe --hardware SPEC --out SPEC"
+_HOST_PROBE = "placer probe --host --model M --hardware SPEC --out SPEC"
+# The figures a spec may hold before anything is measured, and what replaces each.
+ESTIMABLE = {
+    "base_step_ms": "placer probe --step --model M --hardware SPEC --out SPEC",
+    "card.h2d_bandwidth": _PROBE,
+    "card.latency_us": _PROBE,
+    "card.reserved": "the model's dense weights and KV cache: placer hardware new --model M",
+    "host.memory_bandwidth": _HOST_PROBE,
+    "host.flops": _HOST_PROBE,
+    "host.sync_us": _HOST_PROBE + " (on the box, a GPU visible)",
+}
 PRESETS = resources.files("placer.hardware.presets")
 # llama.cpp's default GGML_OP_OFFLOAD_MIN_BATCH, as solvers.cpu.OFFLOAD_MIN_BATCH names it (a
 # test checks they agree): imported from there, it would load numpy at every command's start.
 OFFLOAD_MIN_BATCH = 32
-_FLOPS_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
 @dataclass(frozen=True)
@@ -135,6 +156,8 @@ class HardwareSpec:
     links: tuple[Link, ...]
     base_step_ms: tuple[tuple[int, float], ...]  # (batch, ms) sorted by batch, ms > 0
     host: Host | None = None
+    estimated: tuple[str, ...] = ()  # ESTIMABLE's names of the figures not measured
+    step_spread: tuple[float, float] = (1.0, 1.0)  # the step lies in base x [lo, hi]
 
     def base_step_s(self, batch: int) -> float:
         """Decode step time at `batch` with every expert resident: linear interpolation,
@@ -151,6 +174,18 @@ class HardwareSpec:
         slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
         return (lo[1] + slope * (batch - lo[0])) / 1e3
 
+    def step_range_s(self, batch: int) -> tuple[float, float]:
+        """The least and most the step at `batch` may take: base_step_s x `step_spread`."""
+        base = self.base_step_s(batch)
+        return base * self.step_spread[0], base * self.step_spread[1]
+
+    def measured(self, *figures: str) -> HardwareSpec:
+        """This spec with `figures` (names of ESTIMABLE) no longer marked estimated; a measured
+        base_step_ms also drops the estimate's spread."""
+        spread = (1.0, 1.0) if "base_step_ms" in figures else self.step_spread
+        return replace(self, estimated=tuple(e for e in self.estimated if e not in figures),
+                       step_spread=spread)
+
     def groups(self) -> list[tuple[int, ...]]:
         """Host-link groups in link order; cards in no link form one last group."""
         linked = {c for link in self.links for c in link.cards}
@@ -160,6 +195,8 @@ class HardwareSpec:
     def to_json(self) -> dict:
         d = asdict(self)
         d["base_step_ms"] = {str(b): ms for b, ms in self.base_step_ms}
+        d["estimated"] = list(self.estimated)
+        d["step_spread"] = list(self.step_spread)
         return d
 
 
@@ -168,21 +205,24 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
     same checks as a TOML spec; errors name `source`'s field ("plan.json: hardware...")."""
     where = f"{source}: hardware"
     if not isinstance(d, dict):
-        raise PlacerError(f"{where}: expected a table, got {_kind(d)}")
-    expected = {"name", "description", "host_ram", "cards", "links", "base_step_ms", "host"}
+        raise PlacerError(f"{where}: expected a table, got {kind_of(d)}")
+    optional = {"host", "estimated", "step_spread"}  # plans before estimates were marked
+    expected = {"name", "description", "host_ram", "cards", "links", "base_step_ms", *optional}
     unknown = set(d) - expected
     if unknown:
         raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
-    missing = expected - {"host"} - set(d)
+    missing = expected - optional - set(d)
     if missing:
         raise PlacerError(f"{where}.{sorted(missing)[0]}: missing")
-    cards = _table_list(d["cards"], f"{where}.cards")
+    cards = table_list(d["cards"], f"{where}.cards")
     for i, c in enumerate(cards):
         if c.get("index") != i:
             raise PlacerError(f"{where}.cards[{i}].index: expected {i}, got {c.get('index')!r}")
     data = {"name": d["name"], "description": d["description"], "host_ram": d["host_ram"],
             "cards": [{k: v for k, v in c.items() if k != "index"} for c in cards],
-            "link": d["links"], "decode": {"base_step_ms": d["base_step_ms"]}}
+            "link": d["links"], "decode": {"base_step_ms": d["base_step_ms"],
+                                           "spread": d.get("step_spread", [1.0, 1.0])},
+            "estimated": d.get("estimated", [])}
     if d.get("host") is not None:
         data["host"] = d["host"]
     return parse_spec(data, source, seconds=True, field="hardware.")
@@ -229,30 +269,30 @@ def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field:
     at = f"{source}: {field}"
     top = f"{source}: {field.rstrip('.')}" if field else source
     if not isinstance(data, dict):
-        raise PlacerError(f"{top}: expected a table, got {_kind(data)}")
+        raise PlacerError(f"{top}: expected a table, got {kind_of(data)}")
     unknown = set(data) - set(SPEC_FIELDS)
     if unknown:
         raise PlacerError(f"{top}: unknown field {sorted(unknown)[0]!r}")
     defaults = data.get("card", {})
     if not isinstance(defaults, dict):
-        raise PlacerError(f"{at}card: expected a table, got {_kind(defaults)}")
+        raise PlacerError(f"{at}card: expected a table, got {kind_of(defaults)}")
     cards_field = data.get("cards")
-    if _is_int(cards_field):
+    if is_int(cards_field):
         if not 0 <= cards_field <= MAX_CARDS:
             raise PlacerError(f"{at}cards: expected 1..{MAX_CARDS} cards, got {cards_field}")
         tables = [{} for _ in range(cards_field)]
     elif isinstance(cards_field, list):
-        tables = _table_list(cards_field, f"{at}cards")
+        tables = table_list(cards_field, f"{at}cards")
         if len(tables) > MAX_CARDS:
             raise PlacerError(f"{at}cards: more than {MAX_CARDS} cards")
     else:
         raise PlacerError(f"{at}cards: expected a count or a list of card tables, got "
-                          f"{_kind(cards_field)}")
+                          f"{kind_of(cards_field)}")
     if not tables:
         raise PlacerError(f"{at}cards: must name at least one card")
     cards = tuple(_card(i, {**defaults, **t}, at, seconds) for i, t in enumerate(tables))
     links = tuple(_link(i, lk, len(cards), at)
-                  for i, lk in enumerate(_table_list(data.get("link", []), f"{at}link")))
+                  for i, lk in enumerate(table_list(data.get("link", []), f"{at}link")))
     seen: dict[int, str] = {}
     for link in links:
         for c in link.cards:
@@ -260,14 +300,40 @@ def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field:
                 raise PlacerError(f"{at}link {link.name!r}: card {c} is already in link "
                                   f"{seen[c]!r}")
             seen[c] = link.name
-    host_ram = _size(data.get("host_ram", 0), f"{at}host_ram")
+    host_ram = size_of(data.get("host_ram", 0), f"{at}host_ram")
     host = _host(data["host"], f"{at}host", seconds) if "host" in data else None
+    decode_at = top if seconds else f"{at}decode"
     return HardwareSpec(
-        name=_text(data.get("name", source), f"{at}name"),
-        description=_text(data.get("description", ""), f"{at}description"),
+        name=text_of(data.get("name", source), f"{at}name"),
+        description=text_of(data.get("description", ""), f"{at}description"),
         host_ram=host_ram, cards=cards, links=links,
-        base_step_ms=_base_steps(data.get("decode"), top if seconds else f"{at}decode"),
-        host=host)
+        base_step_ms=_base_steps(data.get("decode"), decode_at),
+        host=host, estimated=_estimated(data.get("estimated", []), f"{at}estimated"),
+        step_spread=_spread(data["decode"].get("spread", [1.0, 1.0]),
+                            f"{decode_at}.{'step_' if seconds else ''}spread"))
+
+
+def _estimated(value: Any, where: str) -> tuple[str, ...]:
+    """The names in `estimated`, each one of ESTIMABLE, once."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PlacerError(f"{where}: expected a list of figure names, got {kind_of(value)}")
+    for name in value:
+        if name not in ESTIMABLE:
+            raise PlacerError(f"{where}: unknown figure {shown(name)!r}; known: "
+                              f"{', '.join(ESTIMABLE)}")
+    if len(set(value)) != len(value):
+        raise PlacerError(f"{where}: a figure is named twice")
+    return tuple(value)
+
+
+def _spread(value: Any, where: str) -> tuple[float, float]:
+    """[lo, hi] with 0 < lo <= 1 <= hi <= MAX_SPREAD."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise PlacerError(f"{where}: expected [lo, hi], factors of base_step_ms, got "
+                          f"{kind_of(value)}")
+    lo = number_of(value[0], f"{where}[0]", 1 / MAX_SPREAD, 1.0)
+    hi = number_of(value[1], f"{where}[1]", 1.0, MAX_SPREAD)
+    return lo, hi
 
 
 def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
@@ -279,25 +345,25 @@ def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
     for key in ("vram", "h2d_bandwidth"):
         if key not in t:
             raise PlacerError(f"{where}.{key}: missing")
-    sizes = {k: _size(t.get(k, 0), f"{where}.{k}")
+    sizes = {k: size_of(t.get(k, 0), f"{where}.{k}")
              for k in ("vram", "reserved_dense", "reserved_kv", "reserved_activations")}
     reserved = sizes["reserved_dense"] + sizes["reserved_kv"] + sizes["reserved_activations"]
     if reserved > sizes["vram"]:
         raise PlacerError(f"{where}.reserved_*: reserved bytes ({reserved}) exceed vram "
                           f"({sizes['vram']})")
-    bandwidth = _rate(t["h2d_bandwidth"], f"{where}.h2d_bandwidth")
+    bandwidth = rate_of(t["h2d_bandwidth"], f"{where}.h2d_bandwidth")
     scale = 1e6 if seconds else 1.0
-    latency = _number(t.get(latency_key, 0.0), f"{where}.{latency_key}", 0.0, MAX_MS / scale)
+    latency = number_of(t.get(latency_key, 0.0), f"{where}.{latency_key}", 0.0, MAX_MS / scale)
     pageable = t.get("h2d_pageable_bandwidth")
-    return Card(index, _text(t.get("model", "GPU"), f"{where}.model"), sizes["vram"],
+    return Card(index, text_of(t.get("model", "GPU"), f"{where}.model"), sizes["vram"],
                 sizes["reserved_dense"], sizes["reserved_kv"], sizes["reserved_activations"],
                 bandwidth, latency if seconds else latency / 1e6,
-                None if pageable is None else _rate(pageable,
+                None if pageable is None else rate_of(pageable,
                                                     f"{where}.h2d_pageable_bandwidth"))
 
 
 def _link(index: int, t: dict, num_cards: int, at: str) -> Link:
-    name = _text(t.get("name", f"link{index}"), f"{at}link[{index}].name")
+    name = text_of(t.get("name", f"link{index}"), f"{at}link[{index}].name")
     where = f"{at}link {name!r}"
     unknown = set(t) - set(LINK_FIELDS)
     if unknown:
@@ -306,13 +372,13 @@ def _link(index: int, t: dict, num_cards: int, at: str) -> Link:
     if not isinstance(cards, list) or not cards:
         raise PlacerError(f"{where}.cards: must list card indices")
     for c in cards:
-        if not _is_int(c) or not 0 <= c < num_cards:
+        if not is_int(c) or not 0 <= c < num_cards:
             raise PlacerError(f"{where}.cards: unknown card {c!r} (cards are 0..{num_cards - 1})")
     if len(set(cards)) != len(cards):
         raise PlacerError(f"{where}.cards: a card is listed twice in {cards}")
     if "bandwidth" not in t:
         raise PlacerError(f"{where}.bandwidth: missing")
-    return Link(name, tuple(cards), _rate(t["bandwidth"], f"{where}.bandwidth"))
+    return Link(name, tuple(cards), rate_of(t["bandwidth"], f"{where}.bandwidth"))
 
 
 def _base_steps(decode: Any, where: str) -> tuple[tuple[int, float], ...]:
@@ -322,8 +388,8 @@ def _base_steps(decode: Any, where: str) -> tuple[tuple[int, float], ...]:
     if decode is None:
         raise PlacerError(f"{where}: missing; give [decode] base_step_ms, {table}")
     if not isinstance(decode, dict):
-        raise PlacerError(f"{where}: expected a table, got {_kind(decode)}")
-    unknown = set(decode) - {"base_step_ms"}
+        raise PlacerError(f"{where}: expected a table, got {kind_of(decode)}")
+    unknown = set(decode) - {"base_step_ms", "spread"}
     if unknown:
         raise PlacerError(f"{where}: unknown field {sorted(unknown)[0]!r}")
     steps = decode.get("base_step_ms")
@@ -338,7 +404,7 @@ def _base_steps(decode: Any, where: str) -> tuple[tuple[int, float], ...]:
         batch = int(text)
         if batch in points:
             raise PlacerError(f"{where}.base_step_ms: batch {batch} is given twice ({key!r})")
-        points[batch] = _number(ms, f"{where}.base_step_ms[{key}]", 0.0, MAX_MS, positive=True)
+        points[batch] = number_of(ms, f"{where}.base_step_ms[{key}]", 0.0, MAX_MS, positive=True)
     base = tuple(sorted(points.items()))
     for (b0, ms0), (b1, ms1) in zip(base, base[1:], strict=False):
         if ms1 < ms0:
@@ -349,7 +415,7 @@ def _base_steps(decode: Any, where: str) -> tuple[tuple[int, float], ...]:
 
 def _host(t: Any, where: str, seconds: bool) -> Host:
     if not isinstance(t, dict):
-        raise PlacerError(f"{where}: expected a table, got {_kind(t)}")
+        raise PlacerError(f"{where}: expected a table, got {kind_of(t)}")
     sync_key = "sync_s" if seconds else "sync_us"
     allowed = set(HOST_FIELDS) - {"sync_us"} | {sync_key}
     unknown = set(t) - allowed
@@ -359,91 +425,17 @@ def _host(t: Any, where: str, seconds: bool) -> Host:
         if key not in t:
             raise PlacerError(f"{where}.{key}: missing")
     sockets = t.get("sockets", 1)
-    if not _is_int(sockets) or not 1 <= sockets <= MAX_SOCKETS:
+    if not is_int(sockets) or not 1 <= sockets <= MAX_SOCKETS:
         raise PlacerError(f"{where}.sockets: expected an integer in 1..{MAX_SOCKETS}, "
                           f"got {sockets!r}")
     scale = 1e6 if seconds else 1.0
-    sync = _number(t[sync_key], f"{where}.{sync_key}", 0.0, MAX_MS / scale)
+    sync = number_of(t[sync_key], f"{where}.{sync_key}", 0.0, MAX_MS / scale)
     offload = t.get("offload_min_batch", OFFLOAD_MIN_BATCH)
-    if not _is_int(offload) or not 0 <= offload <= MAX_BATCH:
+    if not is_int(offload) or not 0 <= offload <= MAX_BATCH:
         raise PlacerError(f"{where}.offload_min_batch: expected an integer in 0..{MAX_BATCH}, "
                           f"got {offload!r}")
-    return Host(memory_bandwidth=_rate(t["memory_bandwidth"], f"{where}.memory_bandwidth"),
-                flops=_flops(t["flops"], f"{where}.flops"),
+    return Host(memory_bandwidth=rate_of(t["memory_bandwidth"], f"{where}.memory_bandwidth"),
+                flops=flops_of(t["flops"], f"{where}.flops"),
                 sync_s=sync if seconds else sync / 1e6, sockets=sockets,
                 offload_min_batch=offload,
                 expert=parse_timings(t.get("expert", []), f"{where}.expert", seconds))
-
-
-def _flops(value: Any, what: str) -> float:
-    """FLOP/s in `value`: a number, or "<n>[KMGTP]FLOPS" ("1.5TFLOPS")."""
-    if isinstance(value, str):
-        m = _FLOPS.match(value)
-        if not m:
-            raise PlacerError(f"{what}: cannot read {value!r} as FLOP/s (e.g. 1.5TFLOPS)")
-        value = float(m[1]) * _FLOPS_SCALE[m[2].upper()]
-    return _number(value, what, MIN_FLOPS, MAX_FLOPS)
-
-
-def _size(value: Any, what: str) -> int:
-    """Bytes (>= 0, <= 2**60) from a number or a size string."""
-    _finite_or_text(value, what, "a size (e.g. 20GiB)")
-    n = parse_bytes(value, what)
-    if not 0 <= n <= MAX_BYTES:
-        raise PlacerError(f"{what}: expected a size in 0..2**60 bytes, got {value!r}")
-    return n
-
-
-def _rate(value: Any, what: str) -> float:
-    """Bytes/s (> 0, <= 2**60) from a number or a rate string."""
-    _finite_or_text(value, what, "a rate (e.g. 52GB/s)")
-    rate = parse_rate(value, what)
-    if not MIN_RATE <= rate <= MAX_BYTES:
-        raise PlacerError(f"{what}: expected a positive rate from 1MB/s up to 2**60 B/s, got "
-                          f"{value!r}")
-    return rate
-
-
-def _number(value: Any, what: str, lo: float, hi: float, *, positive: bool = False) -> float:
-    """A finite plain number in [lo, hi] (> lo with `positive`); strings are refused."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or (
-            isinstance(value, int) and abs(value) > 2**63):
-        raise PlacerError(f"{what}: expected a number, got {value!r}")
-    x = float(value)
-    if not math.isfinite(x) or x < lo or x > hi or (positive and x <= lo):
-        bound = f"{'>' if positive else '>='} {lo:g} and <= {hi:g}"
-        raise PlacerError(f"{what}: expected a finite number {bound}, got {value!r}")
-    return x
-
-
-def _finite_or_text(value: Any, what: str, expected: str) -> None:
-    """Refuse what the unit parsers would turn into a traceback: bools, NaN, inf, tables."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise PlacerError(f"{what}: expected {expected}, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise PlacerError(f"{what}: expected {expected}, got {value!r}")
-    if isinstance(value, int) and abs(value) > MAX_BYTES:
-        raise PlacerError(f"{what}: expected {expected} up to 2**60, got {value!r}")
-
-
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise PlacerError(f"{what}: expected a string, got {value!r}")
-    return value
-
-
-def _table_list(value: Any, what: str) -> list[dict]:
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise PlacerError(f"{what}: expected a list of tables, got {_kind(value)}")
-    return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _kind(value: Any) -> str:
-    """A short description of what was found where a table was expected."""
-    if isinstance(value, list):
-        return f"a list ({str(value)[:40]})"
-    return repr(value)[:60]

@@ -22,7 +22,8 @@ from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
 from placer.hardware.cards import card, memory_bandwidth, same_card
 from placer.hardware.devices import check_device
-from placer.hardware.spec import MAX_BYTES, MAX_MS, load_spec
+from placer.hardware.spec import MAX_MS, load_spec
+from placer.hardware.spec_values import MAX_BYTES
 from placer.hardware.timing import DEFAULT_SHAPE
 from placer.units import parse_rate
 
@@ -86,7 +87,10 @@ def probe_host_spec(req: HostRequest) -> HostProbe:
                         gguf_type=gguf_type, source=source)
     if req.out is not None:
         assert spec is not None
-        write_spec(merged_host(spec, result), req, host_note=host_note(result))
+        measured = ("host.memory_bandwidth", "host.flops",
+                    *(("host.sync_us",) if result.sync_measured else ()))
+        write_spec(merged_host(spec, result).measured(*measured), req,
+                   host_note=host_note(result))
     return result
 
 
@@ -216,7 +220,8 @@ def probe_step(req: StepRequest, say: Callable[[str], None] = lambda line: print
                            if warning else "")
     if req.out is not None:
         assert spec is not None
-        write_spec(dataclasses.replace(spec, base_step_ms=times.base_step_ms), req,
+        stepped = dataclasses.replace(spec, base_step_ms=times.base_step_ms)
+        write_spec(stepped if times.estimated else stepped.measured("base_step_ms"), req,
                    step_note=note)
     return StepProbe(times, note, warning)
 

@@ -32,6 +32,10 @@ def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = ""
     lines = [HEADER.rstrip("\n"), f"name = {_str(spec.name)}",
              f"description = {_str(spec.description)}",
              f"host_ram = {_size(spec.host_ram)}"]
+    if spec.estimated:
+        lines += ["# estimated: figures that stand in for a measurement (the comments say which",
+                  "# probe measures each; a probe that writes one drops it from this list)",
+                  f"estimated = [{', '.join(map(_str, spec.estimated))}]"]
     first = spec.cards[0]
     above = _comment(card_comment)
     if all(_card_fields(c) == _card_fields(first) for c in spec.cards):
@@ -47,6 +51,10 @@ def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = ""
     steps = ", ".join(f"{b} = {_float(ms)}" for b, ms in spec.base_step_ms)
     comment = f"  # {step_comment}" if step_comment else ""
     lines += ["", "[decode]", f"base_step_ms = {{ {steps} }}{comment}"]
+    if spec.step_spread != (1.0, 1.0):
+        lo, hi = spec.step_spread
+        lines += [f"spread = [{_float(lo)}, {_float(hi)}]  # where the estimated step may lie, "
+                  "as factors of base_step_ms"]
     if spec.host is not None:
         lines += ["", *_comment(host_comment), *_host_lines(spec.host)[1:]]
     return "\n".join(lines) + "\n"

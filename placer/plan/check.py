@@ -23,7 +23,8 @@ from typing import Any
 import jsonschema
 
 from placer.errors import PlacerError
-from placer.hardware.spec import MAX_BYTES, HardwareSpec, spec_from_json
+from placer.hardware.spec import HardwareSpec, spec_from_json
+from placer.hardware.spec_values import MAX_BYTES
 from placer.plan.engine_check import check_engine
 from placer.plan.format import (
     MANIFEST_FORMAT,

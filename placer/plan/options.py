@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from placer.checkpoint.step import free_memory
 from placer.errors import PlacerError
-from placer.hardware.spec import MAX_BYTES  # a budget or page past it is a typo
+from placer.hardware.spec_values import MAX_BYTES  # a budget or page past it is a typo
 from placer.units import format_bytes
 from solvers.cache_table import POLICY_NAMES  # plain data: no numba (solvers/cache_table.py)
 from traces.options import check_rules

@@ -240,7 +240,7 @@ def write_measured_spec(report: dict, placed: Path, model: Path, out: Path) -> N
     rows = [r for r in report["arms"] if r["placed"] == str(placed)]
     steps = monotone(sorted((r["concurrency"], float(f"{r['measured_base_step_ms']:.4g}"))
                             for r in rows))
-    text = spec_toml(dataclasses.replace(spec, base_step_ms=steps),
+    text = spec_toml(dataclasses.replace(spec, base_step_ms=steps).measured("base_step_ms"),
                      f"measured by placer bench {placed} (decode step less predicted stall)")
     write_text_atomic(text, out, [("the checkpoint", model)], what="--spec-out")
     report["spec_out"] = str(out)
