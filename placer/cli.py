@@ -1,16 +1,18 @@
 """The `placer` console entry point, cheap to import on purpose.
 
 The console script runs `from placer.cli import main; main()`. This module imports nothing
-at its top, so the script reaches `main` at once; `main` then imports the command line
-(`placer.commands.app`: typer; the one command asked for is imported as it is looked up)
-inside its own handler, so that Ctrl-C at any moment, while importing too, is one line on
-stderr and exit status 130, never a KeyboardInterrupt traceback. Once a command runs,
-`placer.commands.common.command` handles an interrupt (cleaning up what the command was
-writing) the same way.
+at its top, so the script reaches `main` at once; `main` makes SIGTERM raise as SIGINT does
+(a KeyboardInterrupt naming it), then imports the command line (`placer.commands.app`:
+typer; the one command asked for is imported as it is looked up) inside its own handler, so
+that Ctrl-C or SIGTERM at any moment, while importing too, is one line on stderr and exit
+status 130 (143 after SIGTERM: 128 plus the signal, as a shell reports it), never a
+KeyboardInterrupt traceback. Once a command runs, `placer.commands.common.command` handles
+an interrupt (cleaning up what the command was writing) the same way, with the same
+statuses (`placer.errors.interrupted_by`), and placer.placed.commit.Signals makes sure none is lost.
 
 What no handler can cover is Python's own start (the interpreter, site) and the import of
 this module itself, which imports only `sys` (loaded already): a signal in that first
-instant is the interpreter's to report.
+instant is the interpreter's to report (SIGTERM's default action: killed, status 143).
 
 `from placer.cli import app` still gives the typer app (tests and scripts use it): the name
 is looked up in `placer.commands.app` on first use (PEP 562's module `__getattr__`).
@@ -20,20 +22,30 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
 APP_NAMES = ("app", "PlacerGroup", "usage_message", "version_text", "HELP_WIDTH")
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
 
 
 def main() -> None:
     """Console entry point: the command line, imported and run under one interrupt handler."""
+    import signal
+
     try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # not where one is set
+            signal.signal(signal.SIGTERM, _terminated)
         from placer.commands.app import app
 
         app()
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted by SIGINT; nothing was done\n")
+    except KeyboardInterrupt as exc:
+        from placer.errors import interrupted_by
+
+        name, status = interrupted_by(exc)
+        sys.stderr.write(f"error: interrupted by {name}; nothing was done\n")
         sys.stderr.flush()
-        sys.exit(INTERRUPTED)
+        sys.exit(status)
 
 
 def __getattr__(name: str) -> object:

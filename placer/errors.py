@@ -29,3 +29,14 @@ def error_text(message: str, values: Mapping[str, object] = {}) -> str:
                     message = message.replace(form, shown(form))
     message = printable(message)
     return message if len(message) <= MAX_LINE else shown(message, MAX_LINE)
+
+
+INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
+EXIT_STATUS = {"SIGINT": INTERRUPTED, "SIGTERM": 128 + 15}  # 128 + the signal, as a shell says
+
+
+def interrupted_by(exc: BaseException) -> tuple[str, int]:
+    """The signal a KeyboardInterrupt stands for (its text names SIGTERM where placer raised
+    it for one; Python's own, from SIGINT, has none) and the exit status for it."""
+    name = str(exc) if str(exc) in EXIT_STATUS else "SIGINT"
+    return name, EXIT_STATUS[name]

@@ -17,10 +17,11 @@ A directory output (`directory_output`) is filled under a hidden temporary sibli
 onto its name only when complete; on any failure or interrupt the sibling and every parent
 folder it made are removed, so a failed command leaves no directory behind.
 
-Nothing placer writes lands on or inside what it reads (`check_apart`, called by every
-writer here and, for the directories `collect` and `traces import` fill, by those commands
-before they start): not inside a checkpoint directory, given or not, and not over an input
-file (a plan being exported, a config, a spec).
+Nothing placer writes lands on, inside, or around what it reads: `check_apart` is the one
+rule (an output is never equal to, inside, or holding any input of its command: a model, a
+GGUF, a plan, trace directories, a placed directory, a spec, a corpus; nor inside any
+checkpoint directory, given or not), `check_outputs` applies it to every output of a command
+before the command reads or measures anything, and every writer here applies it again.
 """
 
 from __future__ import annotations
@@ -84,43 +85,57 @@ def is_checkpoint(directory: str) -> bool:
 
 
 def check_apart(target: Path, inputs: Inputs = (), *, what: str = "--out",
-                directory: bool = False) -> None:
-    """The one check of every writer: PlacerError when `target` would land on or inside what
-    placer reads. Refused: `target` inside (or equal to) a checkpoint directory (is_checkpoint,
-    whether the command was given it or not) or an input directory; `target` the same file as
-    an input file; with `directory` (a directory placer fills or replaces), `target` holding
-    an input. `inputs`: (what it is, path) pairs, None paths skipped. Symlinks are resolved
-    (a Hugging Face snapshot's files are links into its blobs); nothing here raises OSError."""
+                updates: Path | None = None) -> None:
+    """The rule of every output: PlacerError, one line naming `what` (the option) and the
+    input, when `target` would be an input (the same file, through links or not), lie inside
+    an input (a directory: a trace set, a placed directory, a checkpoint), or hold an input
+    (an existing directory around it, which a directory output fills or replaces), or lie
+    inside any checkpoint directory (is_checkpoint), given or not. `inputs`: (what it is,
+    path) pairs, None paths skipped. Symlinks are resolved (a Hugging Face snapshot's files
+    are links into its blobs); nothing here raises OSError.
+
+    `updates`: the one input that `target` may be, because the command documents updating
+    it in place (`probe --hardware box.toml --out box.toml` writes the spec it read with the
+    measured table replaced: docs/cli.md, docs/hardware.md); it is still read whole before
+    the atomic write replaces it."""
     out = os.path.realpath(target)
+    updated = None if updates is None else os.path.realpath(updates)
     for role, given in inputs:
         if given is None:
             continue
         src = os.path.realpath(given)
-        if os.path.isdir(src) and (out == src or out.startswith(src.rstrip("/") + "/")):
+        if out == updated == src:
+            continue
+        if (_inside(out, src) or out == src) and os.path.isdir(src):
             raise PlacerError(f"{what} {target} is inside {role} {given}: placer never writes "
                               "into what it reads; choose a path outside it")
-        if not os.path.isdir(src) and (out == src or _same_file(out, src)):
+        if out == src or _same_file(out, src):
             raise PlacerError(f"{what} {target} is {role} ({given}); write to another path")
-        if directory and src.startswith(out.rstrip("/") + "/"):
-            raise PlacerError(f"{what} {target} holds {role} {given}: replacing or filling it "
-                              "would change the input; choose another directory")
+        if _inside(src, out):
+            raise PlacerError(f"{what} {target} holds {role} {given}: writing there would "
+                              "change the input; choose another path")
     for parent in [out, *map(str, Path(out).parents)]:
         if is_checkpoint(parent):
             raise PlacerError(f"{what} {target} is inside the checkpoint {parent}: placer "
                               "never writes into a checkpoint; choose a path outside it")
 
 
+def _inside(path: str, directory: str) -> bool:
+    """Whether the resolved `path` lies strictly below the resolved `directory`."""
+    return path.startswith(directory.rstrip("/") + "/")
+
+
 # --- Output targets checked before the work (issue 44) -------------------------------------
 
 
 def check_target(target: Path, inputs: Inputs = (), *, what: str = "--out",
-                 directory: bool = False) -> None:
+                 directory: bool = False, updates: Path | None = None) -> None:
     """Everything about an output `target` that can be known before a command measures or
     solves anything, so that a bad path never loses the run: check_apart, then that it can
     be written: an existing target is a regular file, a character device or a pipe (with
     `directory`: a directory), and otherwise its nearest existing parent is a directory this
     user may create entries in. PlacerError in one line naming `what`; nothing is created."""
-    check_apart(target, inputs, what=what, directory=directory)
+    check_apart(target, inputs, what=what, updates=updates)
     path = Path(os.path.abspath(target))
     try:
         st = os.stat(path)
@@ -145,15 +160,19 @@ def check_target(target: Path, inputs: Inputs = (), *, what: str = "--out",
                           f"{parent})")
 
 
-def check_outputs_apart(outputs: Inputs, inputs: Inputs) -> None:
-    """check_apart for every output of a command against every one of its inputs (a placed
-    directory, a prompts file, the checkpoint: all of them, not the first), and the outputs
-    against each other: two options naming one path are refused. `outputs`: (option, path)
-    pairs, None paths skipped. Call it before any measurement starts."""
+def check_outputs(outputs: Inputs, inputs: Inputs, *, directory: bool = False,
+                  updates: Path | None = None) -> None:
+    """What every command that writes calls once, before it reads, measures or solves
+    anything: check_target (the rule, check_apart, then that the path can be written) for
+    every output against every input of the command (all of them, not the first), and the
+    outputs against each other: two options naming one path are refused (one inside the
+    other is the command's to judge: `traces split` refuses nesting trace directories).
+    `outputs`: (option, path) pairs, None paths skipped; `directory`: the outputs are
+    directories the command fills; `updates`: as check_apart. Nothing is created."""
     given = [(what, Path(path)) for what, path in outputs if path is not None]
     inputs = list(inputs)
     for i, (what, path) in enumerate(given):
-        check_apart(path, inputs, what=what)
+        check_target(path, inputs, what=what, directory=directory, updates=updates)
         for other, other_path in given[:i]:
             if os.path.realpath(path) == os.path.realpath(other_path):
                 raise PlacerError(f"{what} {path} is also {other}: give each output its own "

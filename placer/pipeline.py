@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from placer.checkpoint.inventory import Inventory, read_inventory
 from placer.errors import PlacerError
 from placer.files import (
-    check_apart,
+    check_outputs,
     directory_output,
     dumps_json,
     write_json_atomic,
@@ -203,8 +203,10 @@ def check_paths(req: PlanRequest) -> None:
     if not req.corpora:
         raise PlacerError("give at least one --corpus to collect routing on")
     spec_file = Path(req.hardware) if os.path.isfile(req.hardware) else None
-    check_apart(req.out, [("the checkpoint", req.model), ("the hardware spec", spec_file),
-                          *(("the corpus", c) for c in req.corpora)], directory=True)
+    check_outputs([("--out", req.out)], [("the checkpoint", req.model),
+                                         ("the hardware spec", spec_file),
+                                         *(("the corpus", c) for c in req.corpora)],
+                  directory=True)
 
 
 def check_request(req: PlanRequest, inv: Inventory, spec: HardwareSpec

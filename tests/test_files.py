@@ -148,7 +148,7 @@ def test_a_directory_output_replaces_only_when_asked_and_only_when_complete(tmp_
 def test_every_output_is_checked_against_every_input_and_each_other(tmp_path):
     """bench --spec-out could write into the second placed directory it reads: the check
     covered only the checkpoint."""
-    from placer.files import check_outputs_apart
+    from placer.files import check_outputs
 
     placed = [tmp_path / "placed-a", tmp_path / "placed-b"]
     for p in placed:
@@ -157,12 +157,10 @@ def test_every_output_is_checked_against_every_input_and_each_other(tmp_path):
               ("--prompts", tmp_path / "prompts.jsonl")]
     (tmp_path / "prompts.jsonl").write_text("{}\n")
     with pytest.raises(PlacerError, match="--spec-out .* is inside the placed directory"):
-        check_outputs_apart([("--spec-out", placed[1] / "box.toml")], inputs)
+        check_outputs([("--spec-out", placed[1] / "box.toml")], inputs)
     with pytest.raises(PlacerError, match="--plot .* is --prompts"):
-        check_outputs_apart([("--spec-out", None), ("--plot", tmp_path / "prompts.jsonl")],
-                            inputs)
+        check_outputs([("--spec-out", None), ("--plot", tmp_path / "prompts.jsonl")], inputs)
     with pytest.raises(PlacerError, match="--plot .* is also --spec-out"):
-        check_outputs_apart([("--spec-out", tmp_path / "x"), ("--plot", tmp_path / "x")],
-                            inputs)
-    check_outputs_apart([("--spec-out", tmp_path / "box.toml"), ("--plot", tmp_path / "b.png")],
-                        inputs)
+        check_outputs([("--spec-out", tmp_path / "x"), ("--plot", tmp_path / "x")], inputs)
+    check_outputs([("--spec-out", tmp_path / "box.toml"), ("--plot", tmp_path / "b.png")],
+                  inputs)

@@ -229,6 +229,36 @@ def test_a_config_alone_is_predicted_on_uniform_routing_and_said_so(tmp_path) ->
     assert [r["concurrency"] for r in report["results"]] == [1, 4]
 
 
+def test_c_ctk_ctv_size_the_kv_cache_from_the_config(tmp_path) -> None:
+    """-c N of a config's model: its KV cache (4 layers x 1024 cells x (K + V of 2 heads x
+    64) values: f16 2 bytes a value, q8_0 34 bytes a block of 32) takes the spec's
+    reserved_kv's place, and what is left for experts and the cache shrinks with it."""
+    from llamacpp_boxes import write_one_card_spec
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    spec = write_one_card_spec(tmp_path / "box.toml", 6 << 20)
+    cache = "-ngl all -cmoe --moe-cache-mib 5"
+    report = run_json("evaluate", "--config", config, "--hardware", spec, "--flags", cache,
+                      "--flags", f"{cache} -c 1024", "--flags",
+                      f"{cache} -c 1024 -ctk q8_0 -ctv q8_0", "--flags", f"{cache} -ctk q8_0")
+    notes = [line["notes"] for line in report["lines"]]
+    f16 = 4 * 1024 * (128 * 2 + 128 * 2)
+    q8 = 4 * 1024 * (128 // 32 * 34 * 2)
+    assert (f16, q8) == (2 << 20, 1114112)
+    assert not any("more than" in n for n in notes[0])
+    assert any(n.startswith("context 1024 tokens, f16 K and V (-c 1024): reserved_kv "
+                            "2.00 MiB") for n in notes[1]), notes[1]
+    assert any("--moe-cache-mib 5: more than the 4 MiB" in n for n in notes[1]), notes[1]
+    assert any("q8_0 K and V (-c 1024, -ctk q8_0, -ctv q8_0): reserved_kv 1.06 MiB" in n
+               for n in notes[2]), notes[2]
+    # no -c and no trained context in the config: the spec's reserve stands, said so
+    assert any("-ctk q8_0: parsed, KV size from the spec's reserved_kv" in n
+               for n in notes[3]), notes[3]
+    done = run("evaluate", "--config", config, "--hardware", spec, "--flags", "-c 8192")
+    assert_one_line_error(done, "-c 8192: card 0's KV cache (16.00 MiB)")
+
+
 def test_partial_ngl_and_other_devices_are_named(one) -> None:
     """-ngl 3 of 4 layers and the output: layers 0-1 on the CPU, their experts host layers, the rest
     of them named as not modelled; -dev none is named, -dev of the spec's one card is not."""

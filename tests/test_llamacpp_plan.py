@@ -135,13 +135,18 @@ def test_gptoss_slow_8gb_card_keeps_the_cache_off(tmp_path):
     line = command.output.strip().splitlines()[-1]
     assert line.startswith("llama-server -m model.gguf -ngl all ")
     assert "--moe-cache-mib" not in line
-    # -c: the 1x-8gb-pcie3x4 preset's reserved KV over gpt-oss-20b's f16 K and V per token
+    # -c: the longest context whose f16 K and V fit the 1x-8gb-pcie3x4 preset's reserved KV:
+    # gpt-oss-20b's 12 full-attention layers hold every cell, its 12 sliding ones (window
+    # 128) 128 x 4 sequences + a 512-token ubatch = 1024 cells; each cell 8 KV heads x 64 x
+    # 2 (K and V) x 2 bytes
     config = json.loads((GPTOSS / "config.json").read_text())
-    per_token = (2 * config["num_hidden_layers"] * config["num_key_value_heads"]
-                 * config["head_dim"] * 2)
+    kinds = config["layer_types"]
+    cell = config["num_key_value_heads"] * config["head_dim"] * 2 * 2
+    full, sliding = kinds.count("full_attention"), kinds.count("sliding_attention")
+    assert (full, sliding, config["sliding_window"]) == (12, 12, 128)
     from placer.hardware.spec import load_spec
     kv = load_spec("1x-8gb-pcie3x4").cards[0].reserved_kv
-    assert engine["context"] == kv // per_token // 256 * 256 > 0
+    assert engine["context"] == (kv - sliding * 1024 * cell) // (full * cell) // 256 * 256 > 0
     assert line.endswith(f" -c {engine['context']}")
     layers = "|".join(map(str, engine["host_layers"]))
     assert (f"-ncmoe {engine['n_cpu_moe']}" in line if engine["n_cpu_moe"]

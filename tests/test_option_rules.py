@@ -209,11 +209,11 @@ def test_output_targets_are_checked_before_any_work(tmp_path: Path) -> None:
                                       str(blocker / "p.json")])
     assert_one_line_error(result, f"--out {blocker / 'p.json'}: {blocker} is not a directory")
     result = CliRunner().invoke(app, ["evaluate", str(tmp_path / "nowhere.json"), "--traces",
-                                      str(tmp_path), "--plot", str(blocker / "e.png")])
+                                      str(tmp_path / "traces"), "--plot", str(blocker / "e.png")])
     assert_one_line_error(result, f"--plot {blocker / 'e.png'}: {blocker} is not a directory")
     (tmp_path / "d.png").mkdir()
     result = CliRunner().invoke(app, ["evaluate", str(tmp_path / "nowhere.json"), "--traces",
-                                      str(tmp_path), "--plot", str(tmp_path / "d.png")])
+                                      str(tmp_path / "traces"), "--plot", str(tmp_path / "d.png")])
     assert_one_line_error(result, f"cannot write {tmp_path / 'd.png'}: it is a directory "
                           "(name a file)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "file"]

@@ -143,12 +143,14 @@ def test_one_output_inside_the_other_is_refused_and_leaves_nothing(source, tmp_p
 
 
 def test_a_failure_after_making_parent_folders_removes_them(source, tmp_path):
-    """--out-a under new folders, --out-b under a regular file: the second temporary cannot
-    be made after the first one's parents were; every folder the split made goes."""
+    """--out-a under new folders, --out-b under a regular file: refused before anything is
+    made (placer.files.check_outputs; the split's own cleanup once removed the folders the
+    first temporary made)."""
     (tmp_path / "file").write_text("not a folder")
     result = invoke("traces", "split", source, "--out-a", tmp_path / "new" / "deep" / "a",
                     "--out-b", tmp_path / "file" / "b")
-    assert_one_line_error(result, "cannot write the split")
+    assert_one_line_error(result, f"--out-b {tmp_path / 'file' / 'b'}: {tmp_path / 'file'} is "
+                          "not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "src"]
 
 

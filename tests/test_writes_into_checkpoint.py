@@ -128,7 +128,7 @@ def test_the_one_check(tmp_path: Path) -> None:
     with pytest.raises(PlacerError, match=r"is the plan \("):
         check_apart(tmp_path / "hard.json", [("the plan", plan)])  # the same file
     with pytest.raises(PlacerError, match="holds the placed directory"):
-        check_apart(tmp_path, [("the placed directory", tmp_path / "placed")], directory=True)
+        check_apart(tmp_path, [("the placed directory", tmp_path / "placed")])
     check_apart(tmp_path / "elsewhere.json", [("the plan", plan), ("the config", None)])
     (tmp_path / "loop").symlink_to("loop")
     check_apart(tmp_path / "loop")  # a loop resolves to itself: the writer then refuses it

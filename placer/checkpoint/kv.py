@@ -236,6 +236,32 @@ def kv_bytes(config: dict, ctx: int, kv_type: str = DEFAULT_KV_TYPE, *,
                for layer in layers)
 
 
+def context_for(config: dict, budget: int, kv_type: str = DEFAULT_KV_TYPE) -> int | None:
+    """The longest context, a multiple of 256 (what llama.cpp allocates), whose KV cache
+    (kv_bytes: sliding windows and MLA as llama.cpp sizes them) fits `budget` bytes; None
+    where the config lacks the attention shape or not even 256 tokens fit. kv_bytes grows
+    with the context, so a bisection over multiples of 256 finds it."""
+    if kv_layers(config) is None or kv_bytes(config, CTX_PAD, kv_type) > budget:
+        return None
+    lo, hi = 1, MAX_CTX // CTX_PAD  # in units of 256 tokens: lo fits
+    if kv_bytes(config, hi * CTX_PAD, kv_type) <= budget:
+        return hi * CTX_PAD
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if kv_bytes(config, mid * CTX_PAD, kv_type) <= budget else (lo, mid)
+    return lo * CTX_PAD
+
+
+def trained_context(config: dict) -> int | None:
+    """The context the model was trained with (llama.cpp's n_ctx_train, what -c 0 or no -c
+    gives: common/common.h `n_ctx = 0`): a config.json's max_position_embeddings or a GGUF's
+    `<arch>.context_length`; None where neither is given."""
+    meta = config.get("gguf")
+    n = (meta.get(f"{config.get('model_type', '')}.context_length")
+         if isinstance(meta, dict) else config.get("max_position_embeddings"))
+    return n if _positive(n) else None
+
+
 @dataclass(frozen=True)
 class Context:
     """The context a spec reserves KV for (its `[context]` table): tokens, and the type of

@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - a typer that uses click itself
     from click import exceptions as click_errors
 
 from placer.commands.index import COMMANDS, GROUPS
-from placer.errors import error_text
+from placer.errors import error_text, interrupted_by
 
 HELP_WIDTH = 120  # --help when stdout is not a terminal (typer's rich default is 80 there)
 SETTINGS: dict[str, Any] = {"pretty_exceptions_enable": False, "add_completion": False}
@@ -151,14 +151,14 @@ class PlacerGroup(TyperGroup):
 
 @contextlib.contextmanager
 def interrupt_line() -> Iterator[None]:
-    """Ctrl-C outside a command (typer would exit 130 silently): one line, exit 130."""
+    """Ctrl-C or SIGTERM outside a command (typer would exit 130 silently): one line, exit
+    130 (143 after SIGTERM)."""
     try:
         yield
-    except KeyboardInterrupt:
-        from placer.commands.common import INTERRUPTED
-
-        echo("error: interrupted by SIGINT; nothing was done", err=True)
-        raise typer.Exit(INTERRUPTED) from None
+    except KeyboardInterrupt as exc:
+        name, status = interrupted_by(exc)
+        echo(f"error: interrupted by {name}; nothing was done", err=True)
+        raise typer.Exit(status) from None
 
 
 def shows_help(argv: list[str]) -> bool:

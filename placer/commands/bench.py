@@ -12,7 +12,7 @@ import typer
 from placer.commands.common import command, parse_list, print_json
 from placer.commands.placed_dir import MODEL_HELP, check_placed, source_model
 from placer.errors import PlacerError
-from placer.files import check_outputs_apart, check_target
+from placer.files import check_outputs as check_paths
 from placer.hardware.devices import check_device
 from placer.progress import ItemsBar
 from placer.report.serving import print_bench
@@ -159,7 +159,4 @@ def check_outputs(placed: list[Path], model: Path, prompts: Path, spec_out: Path
     outputs = [("--spec-out", spec_out), ("--plot", plot)]
     inputs = [("the checkpoint", model), ("--prompts", prompts),
               *(("the placed directory", p) for p in placed)]
-    check_outputs_apart(outputs, inputs)
-    for what, path in outputs:
-        if path is not None:
-            check_target(path, inputs, what=what)
+    check_paths(outputs, inputs)

@@ -11,7 +11,7 @@ import typer
 
 from placer.commands.common import command, print_json
 from placer.errors import PlacerError
-from placer.files import check_apart, removed_on_failure
+from placer.files import check_outputs, removed_on_failure
 from placer.hardware.devices import check_device
 from traces.choices import DTYPES, ENDPOINTS, ENGINES, MODES
 
@@ -105,8 +105,9 @@ def register(app: typer.Typer) -> None:
         from traces.llamacpp.collect import collect_gguf
 
         corpus, tag = corpus or [], tag or []
-        check_apart(out, [("the checkpoint", model), ("the config", config),
-                          ("the tokenizer", tokenizer), ("the GGUF", gguf)], directory=True)
+        check_outputs([("--out", out)], [("the checkpoint", model), ("the config", config),
+                                         ("the tokenizer", tokenizer), ("the GGUF", gguf),
+                                         *(("the corpus", c) for c in corpus)], directory=True)
         if tag and len(tag) != len(corpus):
             raise PlacerError(f"give one --tag per --corpus ({len(tag)} tags, "
                               f"{len(corpus)} corpora)")

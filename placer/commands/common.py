@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from placer.errors import PlacerError, error_text
+from placer.errors import PlacerError, error_text, interrupted_by
 from placer.files import NAME_MAX, dumps_json
 from placer.progress import printable_output
 from solvers.errors import SolverError
@@ -29,8 +29,6 @@ except ImportError:  # pragma: no cover - a typer that uses click itself
 DOMAIN_ERRORS = (PlacerError, TraceError, SolverError, OSError)
 PATH_MAX = 4096  # bytes in a path on Linux, its terminating NUL included
 MAX_INT = 2**63 - 1  # no option counts past an int64
-INTERRUPTED = 130  # exit status after Ctrl-C: 128 + SIGINT, as a shell reports it
-INTERRUPTED_BY = {"SIGINT": INTERRUPTED, "SIGTERM": 128 + 15}
 
 
 def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
@@ -51,9 +49,9 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
             except DOMAIN_ERRORS as exc:
                 fail(error_line(exc, kw), exc)
             except KeyboardInterrupt as exc:
-                signal_name = str(exc) or "SIGINT"
+                signal_name, status = interrupted_by(exc)
                 fail(f"interrupted by {signal_name}; nothing partial was left behind", exc,
-                     INTERRUPTED_BY.get(signal_name, INTERRUPTED))
+                     status)
 
         app.command(name, **kwargs)(wrapper)
         return fn

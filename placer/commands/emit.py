@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from placer.commands.common import command, print_json
+from placer.files import check_outputs
 from placer.units import format_bytes
 
 
@@ -37,6 +38,8 @@ def register(app: typer.Typer) -> None:
         from placer.placed.emit import emit_placement
         from placer.plan.placement import read_plan
 
+        check_outputs([("--out", out)], [("the plan", plan), ("the checkpoint", model)],
+                      directory=True)
         manifest = emit_placement(read_plan(plan), model, out, align=align, force=force,
                                   progress=not json_out and sys.stderr.isatty())
         if json_out:

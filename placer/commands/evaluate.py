@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,8 +11,9 @@ import typer
 
 from placer.commands.common import command, parse_list, print_json
 from placer.errors import PlacerError
-from placer.files import check_outputs_apart, check_target
+from placer.files import check_outputs
 from placer.report.evaluate import report_evaluate
+from placer.report.figures import to_be_beside
 
 
 def register(app: typer.Typer) -> None:
@@ -106,12 +108,11 @@ def register(app: typer.Typer) -> None:
 
         if plot is not None and plot.suffix.lower() != ".png":
             raise PlacerError(f"--plot writes a PNG: give a path ending in .png, not {plot}")
-        if plot is not None:
-            check_target(plot, what="--plot")
-        if out is not None:
-            inputs = [("the plan", plan_path), *(("the traces", t) for t in traces or [])]
-            check_outputs_apart([("--out", out), ("--plot", plot)], inputs)
-            check_target(out, inputs)
+        spec = Path(hardware) if hardware and os.path.isfile(hardware) else None
+        check_outputs([("--out", out), ("the tables beside --out", to_be_beside(out)),
+                       ("--plot", plot)],
+                      [("the plan", plan_path), *(("the traces", t) for t in traces or []),
+                       ("--model", model), ("--config", config), ("--hardware", spec)])
         trace_dirs = list(traces or [])
         opts = EvalOptions(
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))

@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
         from placer.exporters.ktransformers import write_kt_export
         from placer.plan.placement import read_plan
 
-        inputs = check_out(plan, out, config)
+        inputs = check_out(plan, out, ("the config", config))
         export = write_kt_export(read_plan(plan), out,
                                  None if config is None else read_config(config), inputs,
                                  union=union)
@@ -164,8 +164,10 @@ def register(app: typer.Typer) -> None:
         from placer.exporters.llamacpp import llamacpp_offload
         from placer.plan.placement import read_plan
 
-        inputs = check_out(plan, out) if out is not None else ()
         p = read_plan(plan)
+        inputs = () if out is None else check_out(
+            plan, out, ("--model", model),
+            ("the plan's GGUF", Path(p.engine["gguf"]) if (p.engine or {}).get("gguf") else None))
         names = None if devices is None else [d.strip() for d in devices.split(",")]
         if p.engine is not None:
             _engine_export(p, EngineExport(model, option, llamacpp_version, names), out,

@@ -11,7 +11,7 @@ import typer
 from placer.commands.common import command, print_json
 from placer.commands.solve_options import KvType
 from placer.errors import PlacerError
-from placer.files import check_apart, write_text_atomic
+from placer.files import check_outputs, write_text_atomic
 from placer.hardware.cards import CARDS, known_card
 from placer.hardware.spec import load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         if out is not None and out.suffix != ".toml":
             raise PlacerError(f"--out writes a TOML spec: give a path ending in .toml, not {out}")
         if out is not None:
-            check_apart(out, [("--model", model)], what="--out")
+            check_outputs([("--out", out)], [("--model", model)])
         figures = known_card(card)
         steps, how, reserve = None, "", None
         if model is None and (ctx is not None or kv_type is not None):

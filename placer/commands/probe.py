@@ -6,6 +6,7 @@ where nothing ran."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ import typer
 
 from placer.commands.common import command, parse_list, print_json
 from placer.errors import PlacerError
+from placer.files import check_outputs
 from placer.hardware.spec_probe import (
     HostRequest,
     StepRequest,
@@ -104,6 +106,9 @@ def register(app: typer.Typer) -> None:
         if allow_other_device and not step:
             raise PlacerError("--allow-other-device goes with --step")
         if out is not None:
+            spec = Path(hardware) if hardware and os.path.isfile(hardware) else None
+            check_outputs([("--out", out)], [("the checkpoint", model), ("--hardware", spec)],
+                          updates=spec)  # docs/cli.md: --hardware box.toml --out box.toml
             check_spec_out(out, hardware)
         if step:
             batches = tuple(parse_list(batch, int, "--batch")) if batch else None

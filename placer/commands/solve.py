@@ -13,10 +13,11 @@ from placer.checkpoint.config import DTYPE_HELP
 from placer.commands import solve_options as so
 from placer.commands.common import command, print_json
 from placer.errors import PlacerError
-from placer.files import check_target, write_json_atomic
+from placer.files import check_outputs, write_json_atomic
 from placer.hardware.context import with_context
 from placer.hardware.spec import load_spec
 from placer.progress import StageSpinner
+from placer.report.figures import to_be_beside
 from placer.report.solve_summary import report_solve
 
 
@@ -76,8 +77,9 @@ def register(app: typer.Typer) -> None:
             raise PlacerError("give --model CHECKPOINT_DIR (or MODEL.gguf) or --config config.json "
                               "(not both)")
         inputs = [("the checkpoint", model), ("the config", config),
-                  ("the hardware spec", Path(hardware) if os.path.isfile(hardware) else None)]
-        check_target(out, inputs)
+                  ("the hardware spec", Path(hardware) if os.path.isfile(hardware) else None),
+                  *(("the traces", t) for t in traces or [])]
+        check_outputs([("--out", out), ("the tables beside --out", to_be_beside(out))], inputs)
         opts = so.solve_options(
             solver=solver, budget=budget, offload=offload, concurrency=concurrency,
             weights=weights, ep=ep, page_size=page_size, robust=robust, time_limit=time_limit,

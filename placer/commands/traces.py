@@ -10,7 +10,7 @@ import typer
 
 from placer.commands.common import command, print_json
 from placer.errors import PlacerError
-from placer.files import check_apart, check_target, removed_on_failure, write_bytes_atomic
+from placer.files import check_outputs, removed_on_failure, write_bytes_atomic
 from placer.report.traces import print_stats
 from traces.choices import FORMAT_NAMES
 
@@ -46,8 +46,8 @@ def register(app: typer.Typer) -> None:
 
         profile = None
         if plot is not None:
+            check_outputs([("--plot", plot)], [("the trace directory", trace_dir)])
             check_plot_path(plot)
-            check_target(plot, what="--plot")
             profile = load_profile(trace_dir, phase=phase, tags=tag)
         result = trace_stats(trace_dir, phase=phase, tags=tag, profile=profile)
         if profile is not None:
@@ -84,8 +84,8 @@ def register(app: typer.Typer) -> None:
         Both are written completely or not at all."""
         from traces.storing.split import split_traces
 
-        for out, what in ((out_a, "--out-a"), (out_b, "--out-b")):
-            check_apart(out, [("the trace directory", trace_dir)], what=what, directory=True)
+        check_outputs([("--out-a", out_a), ("--out-b", out_b)],
+                      [("the trace directory", trace_dir)], directory=True)
         result = split_traces(trace_dir, out_a, out_b, fraction=fraction, seed=seed, tags=tag)
         if json_out:
             print_json({"by": result.by, "out_a": str(out_a), "out_b": str(out_b),
@@ -187,7 +187,11 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
 
     if model is not None and config is not None:
         raise PlacerError("give --model or --config, not both")
-    check_apart(out, [("the checkpoint", model), ("the config", config)], directory=True)
+    fmt = resolve_format(sources, fmt)  # first: a source of no known format says so
+    check_outputs([("--out", out)], [
+        ("the checkpoint", model), ("the config", config),
+        *(("the imported", source) for source in sources), ("--prompt-lens", prompt_lens),
+        ("--load-balancer", load_balancer)], directory=True)
     inventory = (read_inventory(model) if model is not None
                  else estimate_inventory(config) if config is not None else None)
     request = ImportRequest(identity=None if inventory is None else inventory.identity(),
@@ -196,8 +200,4 @@ def import_statistics(sources: list[Path], out: Path, *, fmt: str | None = None,
                             prompt_start=prompt_start, load_balancer=load_balancer,
                             shared_experts=None if inventory is None
                             else inventory.shared_experts)
-    fmt = resolve_format(sources, fmt)  # first: a source of no known format says so
-    check_apart(out, [*(("the imported", source) for source in sources),
-                      ("--prompt-lens", prompt_lens), ("--load-balancer", load_balancer)],
-                directory=True)
     return import_routing(sources, out, request, fmt)

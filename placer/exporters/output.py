@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from placer.files import Inputs, check_apart
+from placer.files import Inputs, check_outputs
 
 
 def plan_file(plan: Path) -> Path:
@@ -13,10 +13,11 @@ def plan_file(plan: Path) -> Path:
     return plan / "manifest.json" if plan.is_dir() else plan
 
 
-def check_out(plan: Path, out: Path, config: Path | None = None) -> Inputs:
-    """What an export reads (the plan, or the placed directory's manifest; a config), for
-    the atomic writer to keep `out` apart from; refused now when `out` is one of them or lies
-    in a checkpoint (placer.files.check_apart), before anything is read."""
-    inputs = [("the plan being exported", plan_file(plan)), ("the config", config)]
-    check_apart(out, inputs)
+def check_out(plan: Path, out: Path, *more: tuple[str, Path | None]) -> Inputs:
+    """What an export reads (the plan, or the placed directory's manifest, and `more`: a
+    config, the GGUF), for the atomic writer to keep `out` apart from; refused now when `out`
+    is, is inside or holds one of them, or lies in a checkpoint (placer.files.check_outputs),
+    before anything is written."""
+    inputs = [("the plan being exported", plan_file(plan)), *more]
+    check_outputs([("--out", out)], inputs)
     return inputs

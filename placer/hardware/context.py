@@ -21,6 +21,7 @@ from placer.units import format_bytes
 if TYPE_CHECKING:
     from placer.checkpoint.experts import Inventory
 
+OPTIONS = "--ctx/--kv-type"  # what sizes the KV cache, unless a caller says otherwise
 DEFAULT_CTX = 4096  # hardware new --model without --ctx: the context its KV reserve is for
 
 
@@ -30,11 +31,13 @@ def split_over(total: int, vram: list[int]) -> list[int]:
     return [-(-total * v // whole) for v in vram]
 
 
-def with_context(spec: HardwareSpec, config: dict, ctx: int | None, kv_type: str | None
+def with_context(spec: HardwareSpec, config: dict, ctx: int | None, kv_type: str | None,
+                 v_type: str | None = None, *, said: str = OPTIONS
                  ) -> tuple[HardwareSpec, str | None]:
     """`spec` with reserved_kv the KV cache of the model of `config` at --ctx `ctx` tokens of
-    --kv-type `kv_type` (the spec's [context] fills what is not given), and the line that says
-    so; `spec` and None where neither option is given (the spec's reserves stand)."""
+    --kv-type `kv_type` (V of `v_type` where given: llama-server's -ctv), the spec's [context]
+    filling what is not given, and the line that says so (`said`: the options it came from);
+    `spec` and None where neither option is given (the spec's reserves stand)."""
     if ctx is None and kv_type is None:
         return spec, None
     base = spec.context
@@ -44,17 +47,21 @@ def with_context(spec: HardwareSpec, config: dict, ctx: int | None, kv_type: str
     context = Context(check_ctx(ctx) if ctx is not None else base.tokens,
                       check_kv_type(kv_type) if kv_type is not None
                       else base.kv_type if base is not None else "f16")
-    total = kv_bytes(config, context.tokens, context.kv_type)
+    v_type = context.kv_type if v_type is None else check_kv_type(v_type)
+    total = kv_bytes(config, context.tokens, context.kv_type, v_type=v_type)
     shares = split_over(total, [c.vram for c in spec.cards])
     cards = tuple(dataclasses.replace(c, reserved_kv=s) for c, s in zip(spec.cards, shares,
                                                                         strict=True))
     for c in cards:
         if c.free_bytes < 0:
-            raise PlacerError(f"--ctx {context.tokens}: card {c.index}'s KV cache "
+            where = f"--ctx {context.tokens}" if said == OPTIONS else said
+            raise PlacerError(f"{where}: card {c.index}'s KV cache "
                               f"({format_bytes(c.reserved_kv)}) and the spec's other reserves "
                               f"exceed its {format_bytes(c.vram)} of VRAM")
     was = sorted({format_bytes(c.reserved_kv) for c in spec.cards})
-    note = (f"context {context.tokens} tokens, {context.kv_type} K and V (--ctx/--kv-type): "
+    types = (f"{context.kv_type} K and V" if v_type == context.kv_type
+             else f"{context.kv_type} K, {v_type} V")
+    note = (f"context {context.tokens} tokens, {types} ({said}): "
             f"reserved_kv {format_bytes(shares[0])}"
             + (" per card" if len(cards) > 1 else "")
             + f", llama.cpp's KV cache of this model ({format_bytes(total)} in all, computed "

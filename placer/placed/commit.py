@@ -17,9 +17,12 @@ import fcntl
 import os
 import shutil
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from placer.errors import PlacerError
 from placer.files import NAME_MAX, fsync_dir
@@ -201,35 +204,87 @@ def discard(stage: Path) -> Path | None:
 class Interrupted(KeyboardInterrupt):
     """SIGTERM (or SIGINT) while a command or an emit runs: raised in the main thread, so it
     cleans up as on Ctrl-C; the CLI then prints one line, `error: interrupted by SIGTERM;
-    nothing partial was left behind`, and exits 1 (placer.commands.common.command)."""
+    nothing partial was left behind`, and exits 143 (130 for SIGINT:
+    placer.commands.common.command)."""
 
 
 class Signals:
     """While a command (placer.cli) or an emit runs in the main thread, SIGINT and SIGTERM
     raise Interrupted there, once: from the first, or from `hold()` (an error is being cleaned
     up, or the complete new placement is being put in place), further ones are ignored, so
-    that the cleanup or the swap finishes. The previous handlers come back on exit."""
+    that the cleanup or the swap finishes. The previous handlers come back on exit.
+
+    Python runs a signal's handler between any two bytecodes of the main thread, also inside
+    a finalizer (`__del__`, a weakref callback, a generator closed by the garbage collector),
+    where an exception cannot propagate: Python prints `Exception ignored in ...` and goes on.
+    An Interrupted lost there would leave the command running with further signals ignored
+    (1 SIGTERM in 22 to `collect`, issue 53), so while Signals is active sys.unraisablehook
+    catches it and a thread sends the signal to the main thread again as soon as the hook
+    has returned (the hook cannot: a signal sent from Python code is handled right after
+    the call that sends it, in the hook, and lost there too; the switch interval is cut to
+    SWITCH_S meanwhile so that the thread gets its turn within a few bytecodes), to be
+    handled at a bytecode outside the finalizer (or lost again in the next one and sent
+    again: each finalizer ends)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SWITCH_S = 1e-5
 
     def __init__(self) -> None:
         self.held = False
+        self.raised = False
+        self.lost: signal.Signals | None = None  # an Interrupted a finalizer swallowed
+        self.in_hook = False
         self.previous: dict[int, object] = {}
+        self.previous_hook: object = None
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
             self.previous = {s: signal.signal(s, self._raise) for s in self.SIGNALS}
+            self.previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def hold(self) -> None:
         self.held = True
 
     def _raise(self, signum: int, frame: object) -> None:
-        if self.held:
+        if self.held or self.raised or self.in_hook:
             return
-        self.held = True
+        self.raised, self.lost = True, None
         raise Interrupted(signal.Signals(signum).name)
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """An Interrupted swallowed by a finalizer: the signal again (class docstring)."""
+        exc = unraisable.exc_value
+        if not isinstance(exc, Interrupted) or self.previous_hook is None:
+            hook = self.previous_hook or sys.__unraisablehook__
+            hook(unraisable)
+            return
+        self.in_hook = True
+        try:
+            self.lost = signal.Signals[str(exc)]
+            again = threading.Thread(target=self._again, args=(sys.getswitchinterval(),),
+                                     name="placer-signal-again", daemon=True)
+            sys.setswitchinterval(self.SWITCH_S)
+            again.start()
+        finally:
+            self.in_hook = False  # the last bytecode before the hook returns
+
+    def _again(self, interval: float) -> None:
+        """The lost signal to the main thread once it has left the hook, unless Signals has
+        ended or raised since."""
+        try:
+            while self.in_hook:
+                time.sleep(0)
+            signum = self.lost
+            if signum is not None and self.previous_hook is not None:
+                self.raised = False
+                signal.pthread_kill(threading.main_thread().ident, signum)
+        finally:
+            sys.setswitchinterval(interval)
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.previous_hook is not None:
+            sys.unraisablehook, self.previous_hook = self.previous_hook, None
+        self.lost = None

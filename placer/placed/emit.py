@@ -67,8 +67,7 @@ def emit_placement(plan: Plan, model_dir: Path, out_dir: Path, *, align: int = 4
     if out_dir.is_symlink():  # replace the directory it names, not the link
         out_dir = Path(os.path.realpath(out_dir))
     check_apart(out_dir, [("the checkpoint", model_dir),
-                          *(("the checkpoint's file", model_dir / s.name) for s in inv.files)],
-                directory=True)
+                          *(("the checkpoint's file", model_dir / s.name) for s in inv.files)])
     if out_dir.exists() and not out_dir.is_dir():
         raise PlacerError(f"--out {out_dir} exists and is not a directory")
     laid = [(f, *layout(f.entries, align)) for f in plan_files(plan, inv)]

@@ -18,15 +18,20 @@ from typing import TYPE_CHECKING
 from placer.errors import PlacerError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from placer.checkpoint.inventory import Inventory
     from placer.hardware.spec import HardwareSpec
-    from placer.plan.llamacpp_flags import FlagLine
+    from placer.plan.llamacpp_flags import FlagLine, ServerFlags
     from placer.plan.llamacpp_flags import Model as FlagModel
     from placer.plan.options import SolveOptions
     from placer.plan.placement import Plan
     from solvers.llamacpp.builds import Build
     from solvers.llamacpp.cost import Machine
     from solvers.static.ilp import Progress
+
+    # A command line's machine, and the line that says how its -c/-ctk/-ctv sized the KV.
+    MachineFor = Callable[[ServerFlags], tuple[Machine | None, str | None]]
 
 ENGINES = ("placer", "llamacpp")  # placer's runtime (emit, serve) or llama.cpp (llama-server)
 
@@ -130,16 +135,22 @@ def for_build(plan: Plan, version: str) -> Plan:
     return dataclasses.replace(plan, engine={**plan.engine, "llamacpp_build": build.to_json()})
 
 
-def flag_lines(target: Target, texts: list[str], machine: Machine | None, model: FlagModel,
+def flag_lines(target: Target, texts: list[str], machine_for: MachineFor, model: FlagModel,
                batches: tuple[int, ...]) -> list[FlagLine]:
-    """`evaluate --flags`: each command line of `texts` as the target's engine runs it on
-    `machine` (placer.plan.llamacpp_flags); refused for any engine but llama.cpp."""
+    """`evaluate --flags`: each command line of `texts` as the target's engine runs it on the
+    machine `machine_for` gives its flags (its -c/-ctk/-ctv size the KV cache where the model's
+    config is known: the line that says so, else None) (placer.plan.llamacpp_flags); refused
+    for any engine but llama.cpp."""
     if target.engine != "llamacpp":
         raise PlacerError("--flags takes llama-server's command line: it is for --engine "
                           "llamacpp, beside a plan only one solved with --engine llamacpp")
     from placer.plan.llamacpp_flags import flag_line, parse_flags
 
-    assert machine is not None  # a llama.cpp target has its machine
     names = ["flags"] if len(texts) == 1 else [f"flags {i + 1}" for i in range(len(texts))]
-    return [flag_line(name, parse_flags(text), machine, model, target.build, batches)
-            for name, text in zip(names, texts, strict=True)]
+    lines = []
+    for name, text in zip(names, texts, strict=True):
+        flags = parse_flags(text)
+        machine, kv_note = machine_for(flags)
+        assert machine is not None  # a llama.cpp target has its machine
+        lines.append(flag_line(name, flags, machine, model, target.build, batches, kv_note))
+    return lines

@@ -33,6 +33,7 @@ import numpy as np
 
 from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
+from placer.checkpoint.kv import context_for
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions, check_options
@@ -62,8 +63,6 @@ from traces.storing.profile import split_sequences
 
 ENGINE = "llamacpp"
 SOURCE = "ggml-org/llama.cpp src/llama-moe-cache.cpp"
-KV_BYTES = 2                            # llama.cpp's default f16 K and V cache
-CONTEXT_PAD = 256                       # llama.cpp pads n_ctx to a multiple of 256
 _NUMBERS = re.compile(r"\d+")
 
 
@@ -165,27 +164,13 @@ def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scena
 
 def context_of(inv: Inventory, spec: HardwareSpec) -> int | None:
     """-c: the spec's `[context]` tokens where it names them (reserved_kv then holds them:
-    placer/hardware/context.py); for a spec without one, the tokens of KV cache it reserves
-    (reserved_kv summed over the cards, which -ts splits the KV over) at llama.cpp's f16 K
-    and V for every layer (a sliding-window layer holds less, so this errs short; MLA models:
-    the compressed KV and rope key per layer), down to a multiple of 256; None where the
-    config lacks the attention shape or the spec reserves less than 256 tokens."""
+    placer/hardware/context.py); for a spec without one, the longest context whose f16 KV
+    cache fits the reserved_kv summed over the cards (-ts splits the KV over them), as
+    placer/checkpoint/kv.py sizes it; None where the config lacks the attention shape or the
+    spec reserves less than 256 tokens."""
     if spec.context is not None:
         return spec.context.tokens
-    config = inv.config
-    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
-    hidden = config.get("hidden_size")
-    if not all(isinstance(x, int) and x > 0 for x in (layers, heads, hidden)):
-        return None
-    head_dim = config.get("head_dim") or hidden // heads
-    kv_heads = config.get("num_key_value_heads") or heads
-    per_token = 2 * layers * kv_heads * head_dim * KV_BYTES
-    if config.get("kv_lora_rank"):  # MLA (DeepSeek V2/V3): the compressed KV and rope key
-        per_token = layers * (config["kv_lora_rank"] + config.get("qk_rope_head_dim", 0)
-                              ) * KV_BYTES
-    tokens = sum(c.reserved_kv for c in spec.cards) // max(per_token, 1)
-    tokens -= tokens % CONTEXT_PAD
-    return int(tokens) if tokens > 0 else None
+    return context_for(inv.config, sum(c.reserved_kv for c in spec.cards))
 
 
 def space_of(build: Build) -> Space:

@@ -150,7 +150,8 @@ class ServerFlags:
         return self.get("-lm", "auto") in PINNED_MODES and "--no-host" not in self.values
 
     def kv(self) -> list[str]:
-        """-c, -ctk, -ctv as given (carried: the KV bytes are the spec's reserved_kv)."""
+        """-c, -ctk, -ctv as given (they size the KV cache where the model's config is known:
+        placer.predict.llamacpp_flags)."""
         return [f"{f} {self.values[f]}" for f in ("-c", "-ctk", "-ctv") if f in self.values]
 
     def placement_free(self) -> list[str]:
@@ -307,9 +308,10 @@ class FlagLine:
 
 
 def flag_line(name: str, flags: ServerFlags, machine: Machine, model: Model, build: Build,
-              batches: tuple[int, ...]) -> FlagLine:
+              batches: tuple[int, ...], kv_note: str | None = None) -> FlagLine:
     """The setup `flags` run on `machine` (the cards; its tensor split where no -ts) for
-    `model` with `build`'s cache; PlacerError naming the flag where it cannot be run."""
+    `model` with `build`'s cache; `kv_note`: how its -c/-ctk/-ctv sized the KV cache (None:
+    the spec's reserved_kv stands); PlacerError naming the flag where it cannot be run."""
     notes = [f"{UNMODELLED}{a}" for a in flags.unmodelled]
     for flag in (CACHE_FLAG, SHARE_FLAG):
         if flag in flags.values and float(flags.values[flag]) > 0 and flag not in build.flags:
@@ -357,7 +359,7 @@ def flag_line(name: str, flags: ServerFlags, machine: Machine, model: Model, bui
         raise PlacerError(f"--flags: {CACHE_FLAG} {flags.cache_mib}: {exc}") from None
     return FlagLine(name, flags, setup, machine,
                     tuple(notes + fit_notes(machine, setup) + device_notes(flags, machine)
-                          + carried_notes(flags, batches)))
+                          + carried_notes(flags, batches, kv_note)))
 
 
 def cards_of(flags: ServerFlags, machine: Machine, model: Model
@@ -424,10 +426,11 @@ def device_notes(flags: ServerFlags, machine: Machine) -> list[str]:
             "card(s))"]
 
 
-def carried_notes(flags: ServerFlags, batches: tuple[int, ...]) -> list[str]:
-    """What the flags carry without changing the prediction."""
-    notes = []
-    if flags.kv():
+def carried_notes(flags: ServerFlags, batches: tuple[int, ...], kv_note: str | None
+                  ) -> list[str]:
+    """What the flags carry without changing the prediction, and how they sized the KV."""
+    notes = [kv_note] if kv_note else []
+    if flags.kv() and not kv_note:
         notes.append(f"{', '.join(flags.kv())}: {KV_NOTE}")
     ub = flags.get("-ub")
     if ub is not None and any(b > int(ub) for b in batches):

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from placer.checkpoint.kv import trained_context
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan import engine as dispatch
 from placer.plan.estimates import add_step_ranges, estimated_json
 from placer.plan.llamacpp import n_cpu_moe
-from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model
+from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model, ServerFlags
 from placer.predict.evaluate import EvalOptions, check_options, replay_steps
 from solvers.llamacpp.cost import Machine, Setup, judge
 from traces.storing.profile import TokenSteps, load_profile
@@ -65,6 +66,13 @@ class Box:
     check_traces: Callable[[Path], None]
     shape: tuple[int, int, int]  # MoE layers, experts per layer, top-k
     plan_line: Setup | None = None
+    sized: Callable[[ServerFlags], tuple[Machine | None, str | None]] | None = None
+    """A command line's machine with its -c/-ctk/-ctv's KV cache in the reserve, and the line
+    saying so (None: the box's machine and the spec's reserved_kv, for every line)."""
+
+    def machine_for(self, flags: ServerFlags) -> tuple[Machine | None, str | None]:
+        """The machine `flags` run on, and how its KV cache was sized (None: the spec's)."""
+        return (self.machine, None) if self.sized is None else self.sized(flags)
 
 
 def evaluate_flags(req: FlagsRequest) -> dict:
@@ -85,7 +93,7 @@ def evaluate_flags(req: FlagsRequest) -> dict:
         raise PlacerError("--steps samples --traces; without them --flags is predicted on "
                           "uniform routing: give --traces or leave --steps out")
     box, target = plan_box(req) if req.plan is not None else model_box(req)
-    lines = dispatch.flag_lines(target, req.flags, box.machine, box.model, box.batches)
+    lines = dispatch.flag_lines(target, req.flags, box.machine_for, box.model, box.batches)
     results, notes = [], []
     sets: list[tuple[str, Path | None]] = [(str(d), d) for d in req.traces] or [
         ("uniform routing", None)]
@@ -149,6 +157,7 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
     """The box of a model (a checkpoint, GGUF or config.json) on a spec."""
     from placer.checkpoint.estimate import estimate_inventory
     from placer.checkpoint.inventory import read_inventory
+    from placer.hardware.context import with_context
     from placer.hardware.spec import load_spec
     from placer.plan.llamacpp import machine_of
     from placer.plan.options import SolveOptions
@@ -179,9 +188,27 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
         else:
             check_compatible(trace_dir, inv.fingerprint, inv.moe_layers, inv.experts_per_layer)
 
+    def sized(flags: ServerFlags) -> tuple[Machine | None, str | None]:
+        if not flags.kv() or not llama:
+            return machine, None
+        ctx = flag_context(flags, inv.config)
+        if ctx is None:
+            return machine, None
+        with_kv, note = with_context(spec, inv.config, ctx, flags.get("-ctk", "f16"),
+                                     flags.get("-ctv"), said=", ".join(flags.kv()))
+        return machine_of(inv, with_kv, SolveOptions(), target.build), note
+
     return Box(machine, model, spec, target.build.label if llama else "",
                0 if req.opts.seed is None else req.opts.seed, req.opts.concurrency or (1,),
-               check, (len(inv.moe_layers), inv.experts_per_layer, inv.top_k)), target
+               check, (len(inv.moe_layers), inv.experts_per_layer, inv.top_k),
+               sized=sized), target
+
+
+def flag_context(flags: ServerFlags, config: dict) -> int | None:
+    """The context llama-server allocates KV for: -c N, or with -c 0 or no -c the model's
+    trained context (common/common.h: n_ctx 0 is n_ctx_train); None where that is unknown."""
+    given = int(flags.get("-c", "0"))
+    return given if given > 0 else trained_context(config)
 
 
 def uniform_steps(layers: int, experts: int, top_k: int, batch: int, seed: int) -> TokenSteps:

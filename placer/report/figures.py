@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -79,7 +80,13 @@ def beside(out: Path) -> Path | None:
     """The text file of the full tables beside the output `out`: plan.json -> plan.txt (a
     .txt output gets .txt.txt, never itself); None where `out` is no regular file
     (/dev/null, a pipe: nothing is written beside it)."""
-    if not Path(out).is_file():
+    return to_be_beside(out) if Path(out).is_file() else None
+
+
+def to_be_beside(out: Path | None) -> Path | None:
+    """beside(out) once `out` is written, for checking it before (placer.files.check_outputs):
+    None where `out` is None or exists and is no regular file."""
+    if out is None or (os.path.lexists(out) and not Path(out).is_file()):
         return None
     return out.with_name(out.name + ".txt") if out.suffix == ".txt" else out.with_suffix(".txt")
 
