@@ -54,8 +54,9 @@ class FlagsRequest:
 
 @dataclass(frozen=True)
 class Box:
-    """What the lines run on: the machine, the model, the base step, the build's label, the
-    seed and concurrencies, a check of a trace directory, and the plan's own line if any."""
+    """What the lines run on: the machine, the model, the spec (its base step and its
+    estimate marks), the build's label, the seed and concurrencies, a check of a trace
+    directory, and the plan's own line if any."""
 
     machine: Machine | None  # None: not a llama.cpp target (flag_lines refuses it)
     model: Model
