@@ -147,5 +147,6 @@ def test_no_plan_gives_a_vulkan_card_a_cache_above_its_largest_allocation(
     assert result.exit_code != 0
     line = result.output.strip()
     assert len(line.splitlines()) == 1
-    assert re.search(rf"engine\.options\[{option}\]\.moe_cache_mib: 2 MiB of cache puts 2 MiB "
-                     r"on card 0, above its vulkan backend's largest allocation \(1 MiB", line), line
+    assert re.search(rf"engine\.options\[{option}\]\.moe_cache_mib: 2 MiB of cache puts 2 "
+                     r"MiB on card 0, above its vulkan backend's largest allocation \(1 MiB",
+                     line), line

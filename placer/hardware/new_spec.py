@@ -24,7 +24,10 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 
+from placer.checkpoint.step import significant, step_ms
 from placer.errors import PlacerError
+from placer.hardware.backends import backend as backend_named
+from placer.hardware.backends import default_backend, fit_for
 from placer.hardware.cards import (
     DDR_SOURCE,
     H2D_SHARE,
@@ -34,10 +37,7 @@ from placer.hardware.cards import (
     ddr_memory,
     pcie_link,
 )
-from placer.hardware.backends import backend as backend_named
-from placer.hardware.backends import default_backend, fit_for
 from placer.hardware.spec import ESTIMABLE, Card, HardwareSpec, Host, parse_spec
-from placer.checkpoint.step import significant, step_ms
 from placer.hardware.spec_toml import spec_toml
 from placer.hardware.spec_values import MAX_BYTES
 

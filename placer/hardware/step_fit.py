@@ -16,12 +16,12 @@ where NOTES.md finds it wrong (`SUSPECT`), and a repeat of a row (one run transc
 counts once. FA on and off count as two runs of the card (FA moves tg128 by 2-5%).
 
 Model: step = bytes / (share x bandwidth) + layers x layer_us (checkpoint.step.step_ms, which
-the estimate uses too). Fitted by least squares on the relative error of the step (a 3 ms
-and a 30 ms step weigh alike): linear in 1/share and layer_us; a negative per-layer cost is
-refitted at 0, a share above 1 at 1 (the better of the two). A group (backend, tier) with at least MIN_ROWS rows gets its own row; every
-backend gets an `any` row over all its tiers. Its spread is the 5th-95th percentile of
-measured / predicted step over its rows (widened to hold 1), its errors the median and worst
-|predicted / measured tok/s - 1|.
+the estimate uses too). Fitted by least squares on the relative error of the step (a 3 ms and a
+30 ms step weigh alike): linear in 1/share and layer_us; a negative per-layer cost is refitted
+at 0, a share above 1 at 1 (the better of the two). A group (backend, tier) with at least
+MIN_ROWS rows gets its own row; every backend gets an `any` row over all its tiers. Its spread
+is the 5th-95th percentile of measured / predicted step over its rows (widened to hold 1), its
+errors the median and worst |predicted / measured tok/s - 1|.
 
 CUDA without graphs has no published scoreboard: its rows are CUDA's with a per-layer cost
 raised by NOGRAPHS_GAIN of the fitted CUDA step of Llama 2 7B Q4_0 on an H100 (NVIDIA's

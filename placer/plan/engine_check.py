@@ -16,10 +16,10 @@ Two steps, each failing on the first problem with one line naming the file and t
    derived, not trusted), a CPU share only with a cache, each card's -ts share of the cache
    beside its resident experts within its budget and within the largest allocation of the
    card's backend (a Vulkan card's: llama.cpp aborts at load above it; the plan's
-   hardware.cards[].backend, placer/hardware/data/backends.csv), every expert cold exactly where its layer
-   is a host layer, and the same for every option of the table (an option's resident experts
-   are those of its GPU layers: `--option NAME` exports it as the choice is exported, so its
-   cache must fit the cards as the choice's does); `llamacpp_build` one that
+   hardware.cards[].backend, placer/hardware/data/backends.csv), every expert cold exactly
+   where its layer is a host layer, and the same for every option of the table (an option's
+   resident experts are those of its GPU layers: `--option NAME` exports it as the choice is
+   exported, so its cache must fit the cards as the choice's does); `llamacpp_build` one that
    solvers.llamacpp.builds re-derives from its `given` text, the same build it records (a
    failure names this field, not --llamacpp-version), with the flags the choice and every
    option use (a cache, a CPU share); the model's `hidden_size` and
