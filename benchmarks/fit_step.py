@@ -1,7 +1,7 @@
 """Fit the decode step's constants (placer/hardware/step_fit.py) to the published llama.cpp
 measurements in docs/research/llamacpp-measurements/ and write them to
 placer/hardware/data/step_fit.csv, the file `hardware new` and `probe --step --estimate` read;
-prints what was left out and why. `python benchmarks/fit_step.py [--check]`: --check writes
+prints what was left out and why, and the table docs/hardware.md shows. `python benchmarks/fit_step.py [--check]`: --check writes
 nothing and fails where the shipped file differs from a fresh fit."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from placer.hardware.step_fit import fit_all, fit_csv, read_runs
+from placer.hardware.backends import read_fit_rows
+from placer.hardware.step_fit import fit_all, fit_csv, fit_table, read_runs
 
 REPO = Path(__file__).resolve().parent.parent
 RESEARCH = REPO / "docs" / "research" / "llamacpp-measurements"
@@ -35,7 +36,7 @@ def main(argv: list[str]) -> int:
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(SHIPPED)
     print(f"wrote {SHIPPED}")
-    print(text, end="")
+    print(fit_table(read_fit_rows(text)))
     return 0
 
 

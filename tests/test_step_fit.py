@@ -20,7 +20,7 @@ from placer.checkpoint.step import step_ms
 from placer.checkpoint.tiny import build_tiny_model
 from placer.hardware.backends import FIT_TABLE, backends, fit_for, fit_rows
 from placer.hardware.cards import card
-from placer.hardware.step_fit import GIB, LAYERS, read_runs
+from placer.hardware.step_fit import GIB, LAYERS, fit_table, read_runs
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -36,6 +36,14 @@ def test_refitting_the_published_runs_gives_the_shipped_constants() -> None:
     names = dict(left)
     assert "AMBIGUOUS" in names["A100 80 GB"] and "ASSUMED SXM5" in names["H100 80 GB"]
     assert "Apple M3" in names  # its row reads 1.01 of its bandwidth
+
+
+def test_docs_show_the_shipped_fit() -> None:
+    """docs/hardware.md's table of how well the fit reproduces its sources is the shipped
+    fit's, line for line."""
+    docs = (REPO / "docs" / "hardware.md").read_text(encoding="utf-8")
+    for line in fit_table(fit_rows()).splitlines():
+        assert line in docs, line
 
 
 def test_the_card_table_covers_every_card_the_sources_measured() -> None:

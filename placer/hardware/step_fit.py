@@ -28,7 +28,7 @@ raised by NOGRAPHS_GAIN of the fitted CUDA step of Llama 2 7B Q4_0 on an H100 (N
 "Optimizing llama.cpp AI Inference with CUDA Graphs", developer.nvidia.com, 2024: graphs give
 up to 1.2x on H100 for small models), over its 32 layers: an upper bound, so the spread's low
 end is divided by the gain. CPU has no usable row (the one CPU run posts no RAM): its row is
-the bandwidth floor at STREAM_SHARE (cards.py), marked as assumed.
+the bandwidth floor at STREAM_SHARE (cards.py) with CPU_SPREAD, marked as assumed.
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ NOGRAPHS_SOURCE = ("CUDA rows with layer_us raised by {gain:g}x's share of the C
                    "Llama 2 7B Q4_0 on an H100 over 32 layers: NVIDIA, 'Optimizing llama.cpp "
                    "AI Inference with CUDA Graphs' (developer.nvidia.com/blog, 2024: up to "
                    "{gain:g}x); no graphs-off scoreboard is published")
-CPU_SOURCE = ("ASSUMED, not fitted: the host's streaming share (cards.STREAM_SHARE); the one "
-              "CPU run published (a 12-core Xeon, dense_scoreboard.csv) posts no RAM")
+CPU_SOURCE = ("ASSUMED, not fitted: the host's streaming share (cards.STREAM_SHARE) and a "
+              "factor of 2 either way; the one CPU run published (a 12-core Xeon, "
+              "dense_scoreboard.csv) posts no RAM")
+CPU_SPREAD = (0.5, 2.0)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def fit_all(runs: list[Run]) -> list[FitRow]:
                 rows.append(scored(backend, tier, fit_runs(group), group, sources_of(group)))
     rows += nographs(rows)
     if not any(r.backend == "cpu" for r in rows):
-        rows.append(FitRow("cpu", ANY_TIER, STREAM_SHARE, 0.0, (1.0, 1.0), 0, 0.0, 0.0,
+        rows.append(FitRow("cpu", ANY_TIER, STREAM_SHARE, 0.0, CPU_SPREAD, 0, 0.0, 0.0,
                            CPU_SOURCE))
     return rows
 
@@ -190,3 +192,16 @@ def fit_csv(rows: list[FitRow]) -> str:
                          f"{r.spread[0]:g}", f"{r.spread[1]:g}", r.rows,
                          f"{r.median_error:g}", f"{r.worst_error:g}", r.source])
     return out.getvalue()
+
+
+def fit_table(rows: tuple[FitRow, ...] | list[FitRow]) -> str:
+    """The fit as docs/hardware.md shows it: one Markdown line a row (a test keeps them in
+    step with step_fit.csv)."""
+    lines = ["| backend | tier | runs | share | us a layer | spread | median error | "
+             "worst error |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        errors = (f"{100 * r.median_error:.1f}% | {100 * r.worst_error:.1f}%" if r.rows
+                  else "not fitted | not fitted")
+        lines.append(f"| {r.backend} | {r.tier} | {r.rows} | {r.share:g} | {r.layer_us:g} | "
+                     f"{r.spread[0]:g}-{r.spread[1]:g} | {errors} |")
+    return "\n".join(lines)
