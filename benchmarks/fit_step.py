@@ -1,8 +1,11 @@
 """Fit the decode step's constants (placer/hardware/step_fit.py) to the published llama.cpp
 measurements in docs/research/llamacpp-measurements/ and write them to
 placer/hardware/data/step_fit.csv, the file `hardware new` and `probe --step --estimate` read;
-prints what was left out and why, and the table docs/hardware.md shows. `python benchmarks/fit_step.py [--check]`: --check writes
-nothing and fails where the shipped file differs from a fresh fit."""
+prints what was left out and why, and the table docs/hardware.md shows.
+
+    python benchmarks/fit_step.py [--check]
+
+--check writes nothing and fails where the shipped file differs from a fresh fit."""
 
 from __future__ import annotations
 
