@@ -174,6 +174,7 @@ class StepProbe:
                 "estimated": t.estimated, "noisy": t.noisy, "device": t.device or None,
                 "other_device": self.other_device, "spread": {str(b): s for b, s in t.spread},
                 "steps": {str(b): n for b, n in t.steps}, "how": t.how,
+                "step_spread": list(t.step_spread),
                 "out": None if out is None else str(out)}
 
 
