@@ -76,7 +76,8 @@ def main() -> None:
         report = json.loads(placer(
             "bench", "--engine", "llamacpp", plan, "--model", gguf, "--prompts", prompt_file,
             "--trials", trials, "--max-new-tokens", new, "--max-prompt-tokens", 4,
-            "--threads", 2, "--spec-out", root / "calibrated.toml", "--json"))
+            "--threads", 2, "--spec-out", root / "calibrated.toml", "--allow-other-device",
+            "--json"))
     cal = report["calibration"]
     predicted = {r["option"]: r["predicted_tokens_per_s"] for r in report["options"]}
     print(f"llama.cpp {report['build']} ({report['source']}): {report['num_prompts']} prompts "

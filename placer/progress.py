@@ -21,6 +21,7 @@ import functools
 import io
 import re
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,7 +103,10 @@ def _console_class() -> type:
 
 def console(**kwargs: Any) -> Any:
     """A rich Console on stdout (stderr with `stderr=True`), past printable_output's filter,
-    that shows its strings printable (module docstring); `kwargs` are rich's."""
+    that shows its strings printable (module docstring) and reads no markup in them: a name,
+    a prompt or a generated text holding "[/bold]" is shown as written (rich would raise
+    MarkupError), and styles are given as rich Text; `kwargs` are rich's."""
+    kwargs.setdefault("markup", False)
     if "file" not in kwargs:
         kwargs["file"] = unfiltered(sys.stderr if kwargs.pop("stderr", False) else sys.stdout)
     return _console_class()(**kwargs)
@@ -154,6 +158,28 @@ class ItemsBar(_Live):
 
 
 NO_BAR = ItemsBar("", 0, enabled=False)  # for callers that show no progress
+
+
+class ItemLines:
+    """ItemsBar's calls as lines on stderr, for when stderr is not a terminal (a log file):
+    each `show(what)` prints `label [done/total] what (N s)`, the seconds since the start."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.start = time.monotonic()
+
+    def __enter__(self) -> ItemLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def show(self, what: str) -> None:
+        print(f"{self.label} [{self.done}/{self.total}] {what} "
+              f"({time.monotonic() - self.start:.0f} s)", file=sys.stderr, flush=True)
+
+    def advance(self) -> None:
+        self.done += 1
 
 
 class StageSpinner(_Live):

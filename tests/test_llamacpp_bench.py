@@ -15,14 +15,17 @@ from placer.hardware.spec import parse_spec
 
 pytest_plugins = ["gguf_models", "fixtures_models", "llamacpp_bench_plan"]
 
-BENCH = ("--trials", 3, "--max-new-tokens", 2, "--max-prompt-tokens", 2, "--threads", 1)
+# the prompts cut to the device's default length (4 tokens on the software device);
+# --allow-other-device: the tests' spec card is not that device
+BENCH = ("--trials", 3, "--max-new-tokens", 2, "--threads", 1, "--allow-other-device")
 
 
 def four_options(plan: Path) -> str:
-    """The choice, -ncmoe N, the first cached row of the table and the bench's `cmoe`
-    reference: four different setups (the plan's table may repeat one under two names)."""
+    """The choice, -ncmoe N, the first cached row of the table that b11669 runs (no
+    --moe-cache-cpu-share) and the bench's `cmoe` reference: four different setups (the
+    plan's table may repeat one under two names)."""
     rows = json.loads(plan.read_text())["engine"]["options"]
-    cached = next(r["name"] for r in rows if r["moe_cache_mib"])
+    cached = next(r["name"] for r in rows if r["moe_cache_mib"] and not r["cpu_share"])
     return ",".join(["chosen", "ncmoe", cached, "cmoe"])
 
 
@@ -42,6 +45,7 @@ def test_bench_llamacpp_measures_predicts_replays_and_calibrates(bench_plan, pla
                         "--json")
     report = json.loads(result.stdout)
     assert report["build"] == "b11669" and report["num_prompts"] == 5
+    assert report["max_prompt_tokens"] == (4 if report["device"]["kind"] == "CPU" else 256)
     rows = report["options"]
     assert len(rows) == 4 and len({(tuple(r["host_layers"]), r["moe_cache_mib"])
                                    for r in rows}) == 4

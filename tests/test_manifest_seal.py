@@ -1,5 +1,5 @@
 """manifest.json proves itself (issue #53 item 3): emit seals it with a digest of its own bytes
-(placer.placed.seal), every reader checks it first, and any change to any byte of it is one
+(placer.plan.seal), every reader checks it first, and any change to any byte of it is one
 line naming the file and the field, exit 1, never a traceback."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from tiny_pipeline import Pipeline, build_pipeline, invoke, write_sealed
 from placer.checkpoint.inventory import read_inventory
 from placer.checkpoint.tiny import build_tiny_model
 from placer.errors import PlacerError
-from placer.placed.seal import canonical, file_digest
 from placer.placed.verify import verify_placed
+from placer.plan.seal import canonical, file_digest
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,9 @@ def readers(placed: Path, model: Path) -> list[list]:
     return [["verify", placed, "--model", model], ["verify", placed],
             ["run", placed, "--model", model, "--prompt", "Hi", "--max-new-tokens", 1,
              "--device", "cpu"],
-            ["serve", placed, "--model", model, "--device", "cpu"]]
+            ["serve", placed, "--model", model, "--device", "cpu"],
+            ["export", "llamacpp", placed / "manifest.json"],
+            ["export", "trtllm", placed, "--out", placed.parent / "trtllm.yaml"]]
 
 
 def test_a_clean_emit_carries_its_digest_and_verifies(pipe: Pipeline) -> None:
@@ -253,6 +255,6 @@ def test_run_refuses_a_sealed_manifest_that_lies_in_one_line(small: tuple[Path, 
         node = node[key]
     node[path[-1]] = value
     write_sealed(manifest, placed)
-    for args in readers(placed, model)[2:]:  # run, serve
+    for args in readers(placed, model)[2:4]:  # run, serve
         assert_one_line_error(invoke(*args), f"{placed / 'manifest.json'}: {problem}")
     assert problem in invoke("verify", placed, "--model", model).output

@@ -228,6 +228,31 @@ def test_hardware_show_escapes_a_descriptions_terminal_sequences(tmp_path: Path)
     assert "evil\\u001b[2J\\u001b]0;owned\\u0007" in result.output
 
 
+MARKUP = "[/bold][red]x[link=http://e.com]y[/link]"
+
+
+def test_rich_markup_in_a_name_is_shown_as_written(tmp_path: Path) -> None:
+    """Was a MarkupError traceback: rich read "[/bold]" in a spec's name as a closing tag."""
+    spec = tmp_path / "box.toml"
+    text = invoke("hardware", "show", "1x-rtx4090", "--toml").output
+    spec.write_text(text.replace('name = "', 'name = "' + MARKUP, 1))
+    result = invoke("hardware", "show", spec)
+    assert result.exit_code == 0, result.output
+    assert MARKUP + "1x-rtx4090" in result.output, result.output
+
+
+def test_the_report_room_styles_with_text_not_markup() -> None:
+    """placer's own bold labels carry user text (profile names, prompts, trace names):
+    styled as rich Text, never as markup that text could close."""
+    import re
+
+    reports = Path(__file__).resolve().parent.parent / "placer" / "report"
+    markup = [f"{p.name}:{i}" for p in sorted(reports.glob("*.py"))
+              for i, line in enumerate(p.read_text().splitlines(), 1)
+              if re.search(r"\[/?(bold|red|green|yellow|dim|italic)\]", line)]
+    assert not markup, markup
+
+
 def test_an_error_line_escapes_what_it_quotes() -> None:
     result = invoke("hardware", "show", "preset" + ESCAPES)
     assert_one_line_error(result, "unknown hardware preset", "\\u001b[2J")

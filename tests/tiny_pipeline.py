@@ -54,7 +54,7 @@ def write_sealed(manifest: dict, placed: Path) -> None:
     """Write `manifest` into placed/manifest.json sealed as emit seals it (a digest of its own
     bytes): a manifest that proves itself yet says something else, as a faulty or hostile
     emitter would write one, for the checks behind the digest."""
-    from placer.placed.seal import manifest_text, seal_manifest
+    from placer.plan.seal import manifest_text, seal_manifest
 
     seal_manifest(manifest)
     (Path(placed) / "manifest.json").write_text(manifest_text(manifest))

@@ -59,13 +59,19 @@ def register(app: typer.Typer) -> None:
             help="--engine llamacpp: run your own llama-server instead of the bundled "
                  "llama.cpp, e.g. 'llama-server -m model.gguf' (placer adds each option's "
                  "flags and --host 127.0.0.1 --port, and stops it after).")] = None,
-        max_prompt_tokens: Annotated[int, typer.Option(
-            help="--engine llamacpp: prompts cut to this many tokens.")] = 256,
+        max_prompt_tokens: Annotated[int | None, typer.Option(
+            help="--engine llamacpp: prompts cut to this many tokens (default: what the "
+                 "device runs: 256 on a GPU, 4 on a software Vulkan device, where b11669 "
+                 "was seen to crash with 32).")] = None,
         threads: Annotated[int | None, typer.Option(
             help="--engine llamacpp: CPU threads of llama.cpp (default: up to 8).")] = None,
         calibrate_on: Annotated[str | None, typer.Option(
             help="--engine llamacpp --spec-out: the (at most 3) options whose measured "
                  "times the spec is fitted to (default: 3 chosen to differ most).")] = None,
+        allow_other_device: Annotated[bool, typer.Option(
+            help="--engine llamacpp: run on a device that is not the spec's card (then the "
+                 "options are compared by their ratios, with no prediction error).")
+        ] = False,
         json_out: Annotated[bool, typer.Option("--json", help=(
             "Print the report as JSON: {\"arms\": [{placed, concurrency, "
             "measured_tokens_per_s, measured_tokens_per_s_ci95, predicted_tokens_per_s, "
@@ -91,11 +97,12 @@ def register(app: typer.Typer) -> None:
                 placed, model, prompts, LlamaBenchOptions(
                     trials=trials, max_new_tokens=max_new_tokens,
                     max_prompt_tokens=max_prompt_tokens, options=names, seed=seed,
-                    server=server, **({"threads": threads} if threads else {})),
+                    server=server, allow_other_device=allow_other_device,
+                    **({"threads": threads} if threads else {})),
                 spec_out=spec_out, calibrate_on=calibrate_on,
                 ignored={"--concurrency": concurrency != "1,8", "--device": device != "auto",
                          "--cache-slots": cache_slots is not None, "--plot": plot is not None},
-                progress=not json_out and sys.stderr.isatty())
+                bar=not json_out and sys.stderr.isatty(), lines=not sys.stderr.isatty())
             if json_out:
                 print_json(report)
             else:
@@ -104,7 +111,9 @@ def register(app: typer.Typer) -> None:
         if engine != "placer":
             raise PlacerError(f"--engine: expected placer or llamacpp, got {engine!r}")
         for flag, value in (("--options", options), ("--server", server),
-                            ("--threads", threads), ("--calibrate-on", calibrate_on)):
+                            ("--threads", threads), ("--calibrate-on", calibrate_on),
+                            ("--max-prompt-tokens", max_prompt_tokens),
+                            ("--allow-other-device", allow_other_device or None)):
             if value is not None:
                 raise PlacerError(f"{flag} goes with --engine llamacpp")
         from placer.serve.bench import BenchOptions, bench, write_measured_spec

@@ -17,8 +17,9 @@ from placer.report.evaluate import report_evaluate
 def register(app: typer.Typer) -> None:
     @command(app, "evaluate")
     def evaluate_cmd(
-        plan_path: Annotated[Path, typer.Argument(
-            metavar="PLAN_OR_MANIFEST", help="plan.json, manifest.json or a placed directory.")],
+        plan_path: Annotated[Path | None, typer.Argument(
+            metavar="[PLAN_OR_MANIFEST]", help="plan.json, manifest.json or a placed directory "
+                                               "(with --flags: optional).")] = None,
         traces: Annotated[list[Path] | None, typer.Option(
             help="Trace directory to replay (repeat for several traffic sets).")] = None,
         concurrency: Annotated[str | None, typer.Option(
@@ -51,6 +52,20 @@ def register(app: typer.Typer) -> None:
             help="For a plan solved with --engine llamacpp: replay the cache of this llama.cpp "
                  "build (bNNNNN, vX.Y.Z or the first line of `llama-server --version`) instead "
                  "of the plan's.")] = None,
+        flags: Annotated[list[str] | None, typer.Option(
+            "--flags", help="A llama-server command line to predict (with --model or "
+                            "--config and --hardware, or beside a llama.cpp plan's choice; "
+                            "repeat to compare several side by side), e.g. '-ngl all "
+                            "-ncmoe 20 --moe-cache-mib 4096'. Without --traces: uniform "
+                            "routing.")] = None,
+        engine: Annotated[str | None, typer.Option(
+            help="With --flags: llamacpp (the default: --flags are llama-server's).")] = None,
+        model: Annotated[Path | None, typer.Option(
+            help="With --flags: the GGUF (or checkpoint) the command line runs.")] = None,
+        config: Annotated[Path | None, typer.Option(
+            help="With --flags: the model's config.json, instead of --model.")] = None,
+        hardware: Annotated[str | None, typer.Option(
+            help="With --flags: the hardware spec (a preset name or a .toml file).")] = None,
         out: Annotated[Path | None, typer.Option(
             help="Write the report there as JSON (what --json prints), and its full tables "
                  "beside it (report.json -> report.txt).")] = None,
@@ -78,7 +93,11 @@ def register(app: typer.Typer) -> None:
 
         A plan solved with --engine llamacpp is replayed as llama.cpp runs it (its host
         layers on the CPU or through its --moe-cache-mib cache): layer offload is then
-        -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache."""
+        -ncmoe N alone at the same VRAM, and "no cache" its host layers without the cache.
+
+        --flags '<llama-server flags>' predicts that command line instead (repeat it to
+        compare several), from --model or --config and --hardware, or beside a llama.cpp
+        plan's choice; every flag placer does not model is named (docs/llamacpp.md)."""
         from placer.plan.engine import for_build
         from placer.plan.placement import read_plan
         from placer.predict.curve import calibration_curve
@@ -93,14 +112,27 @@ def register(app: typer.Typer) -> None:
             inputs = [("the plan", plan_path), *(("the traces", t) for t in traces or [])]
             check_outputs_apart([("--out", out), ("--plot", plot)], inputs)
             check_target(out, inputs)
-        plan = read_plan(plan_path)
-        if llamacpp_version is not None:
-            plan = for_build(plan, llamacpp_version)
         trace_dirs = list(traces or [])
         opts = EvalOptions(
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
             if concurrency is not None else None, num_steps=steps, seed=seed,
             oracle_time_limit=oracle_time_limit, cache_slots=cache_slots, execution=execution)
+        if flags or plan_path is None or any(x is not None for x in (engine, model, config,
+                                                                       hardware)):
+            from placer.predict.llamacpp_flags import FlagsRequest, evaluate_flags
+            from placer.report.llamacpp_flags import report_flags
+
+            report = evaluate_flags(FlagsRequest(
+                list(flags or []), plan_path, engine, llamacpp_version, model, config, hardware,
+                trace_dirs, opts, [n for n, given in (("--curve", curve), ("--plot", plot),
+                                                      ("--verbose", verbose)) if given]))
+            report_flags(report, out, quiet=json_out)
+            if json_out:
+                print_json(report)
+            return
+        plan = read_plan(plan_path)
+        if llamacpp_version is not None:
+            plan = for_build(plan, llamacpp_version)
         report = evaluate(plan, trace_dirs, opts,
                           progress=not json_out and sys.stderr.isatty())
         if curve:

@@ -23,9 +23,9 @@ import jsonschema
 from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.placed.layout import Entry, expert_starts
-from placer.placed.seal import check_seal, manifest_text, seal_manifest
 from placer.plan.format import MANIFEST_FORMAT, MANIFEST_VERSION
 from placer.plan.placement import Plan
+from placer.plan.seal import check_seal, manifest_text, seal_manifest
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import loads_json
 
@@ -143,7 +143,7 @@ def validate_manifest(manifest: dict) -> None:
 def read_manifest(path: Path) -> dict:
     """Read and validate a manifest (`path` is the placed directory or the manifest).
     PlacerError in one line when it is missing, not a file, unreadable, not UTF-8 JSON
-    (RFC 8259; emit writes UTF-8), not the bytes its digest covers (placer.placed.seal:
+    (RFC 8259; emit writes UTF-8), not the bytes its digest covers (placer.plan.seal:
     checked before anything else) or not the schema."""
     path = Path(path)
     if path.is_dir():
@@ -174,7 +174,7 @@ def write_manifest(manifest: dict, path: Path) -> None:
 def build_manifest(plan: Plan, inv: Inventory, model_dir: Path, laid: list, outputs: list,
                    align: int, source_sha: dict[str, str]) -> dict:
     """The plan plus where every byte landed (see docs/manifest.md), sealed with its digest
-    (placer.placed.seal); `source_sha` is the sha256 of every source file and config.json,
+    (placer.plan.seal); `source_sha` is the sha256 of every source file and config.json,
     by name."""
     pieces: dict[tuple[int, int], list[dict]] = {}
     for f, _, entries in laid:

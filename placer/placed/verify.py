@@ -1,6 +1,6 @@
 """Prove a placed directory byte for byte against its source checkpoint.
 
-Checks, in order: the manifest's bytes are those its digest covers (placer.placed.seal) and
+Checks, in order: the manifest's bytes are those its digest covers (placer.plan.seal) and
 it validates; the checkpoint is the model it was placed from; every output file exists with
 the recorded size and opens as safetensors with the tensors the manifest names; every routed
 expert of the inventory is placed exactly once, its tensors are the model's, its pages tile

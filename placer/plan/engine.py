@@ -20,9 +20,12 @@ from placer.errors import PlacerError
 if TYPE_CHECKING:
     from placer.checkpoint.inventory import Inventory
     from placer.hardware.spec import HardwareSpec
+    from placer.plan.llamacpp_flags import FlagLine
+    from placer.plan.llamacpp_flags import Model as FlagModel
     from placer.plan.options import SolveOptions
     from placer.plan.placement import Plan
     from solvers.llamacpp.builds import Build
+    from solvers.llamacpp.cost import Machine
     from solvers.static.ilp import Progress
 
 ENGINES = ("placer", "llamacpp")  # placer's runtime (emit, serve) or llama.cpp (llama-server)
@@ -120,3 +123,18 @@ def for_build(plan: Plan, version: str) -> Plan:
 
     build = plan_target(plan, version).build
     return dataclasses.replace(plan, engine={**plan.engine, "llamacpp_build": build.to_json()})
+
+
+def flag_lines(target: Target, texts: list[str], machine: Machine | None, model: FlagModel,
+               batches: tuple[int, ...]) -> list[FlagLine]:
+    """`evaluate --flags`: each command line of `texts` as the target's engine runs it on
+    `machine` (placer.plan.llamacpp_flags); refused for any engine but llama.cpp."""
+    if target.engine != "llamacpp":
+        raise PlacerError("--flags takes llama-server's command line: it is for --engine "
+                          "llamacpp, beside a plan only one solved with --engine llamacpp")
+    from placer.plan.llamacpp_flags import flag_line, parse_flags
+
+    assert machine is not None  # a llama.cpp target has its machine
+    names = ["flags"] if len(texts) == 1 else [f"flags {i + 1}" for i in range(len(texts))]
+    return [flag_line(name, parse_flags(text), machine, model, target.build, batches)
+            for name, text in zip(names, texts, strict=True)]

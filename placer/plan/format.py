@@ -7,7 +7,7 @@ PLAN_FORMAT = "placer-plan"
 MANIFEST_FORMAT = "placer-manifest"
 PLAN_VERSION = 2  # 2: cache_params (pooled slots, the learned policy's weights); reads 1 too
 READ_VERSIONS = (1, 2)
-MANIFEST_VERSION = 3  # 3: the manifest carries a digest of itself (placer.placed.seal)
+MANIFEST_VERSION = 3  # 3: the manifest carries a digest of itself (placer.plan.seal)
 PLACER_VERSION = "0.1.0"
 
 

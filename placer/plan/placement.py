@@ -20,7 +20,14 @@ from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
-from placer.plan.format import PLACER_VERSION, PLAN_FORMAT, PLAN_VERSION, page_spans
+from placer.plan.format import (
+    MANIFEST_FORMAT,
+    PLACER_VERSION,
+    PLAN_FORMAT,
+    PLAN_VERSION,
+    page_spans,
+)
+from placer.plan.seal import check_seal
 from solvers.cache_table import DEFAULT_POLICY, policy_row
 from traces.formats.bounded import read_bounded
 from traces.formats.jsontext import loads_json
@@ -228,7 +235,8 @@ def plan_from_json(d: dict, source: str = "plan") -> Plan:
 
 
 def read_plan(path: Path) -> Plan:
-    """Read a plan.json or manifest.json file."""
+    """Read a plan.json or manifest.json file; a manifest's bytes must be those its digest
+    covers (placer.plan.seal), checked first, as every reader of a placed directory does."""
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
@@ -237,6 +245,9 @@ def read_plan(path: Path) -> Plan:
     raw = read_bounded(path, "manifest" if path.name == "manifest.json" else "plan",
                        error=PlacerError)
     d = loads_json(raw, str(path), PlacerError)
+    if path.name == "manifest.json" or (isinstance(d, dict)
+                                        and d.get("format") == MANIFEST_FORMAT):
+        check_seal(raw, d, str(path))
     return plan_from_json(d, str(path))
 
 

@@ -14,6 +14,7 @@ from placer.files import write_json_atomic
 from placer.report.figures import (
     MOST_ROWS,
     beside,
+    bold,
     bytes_plus_minus,
     capped,
     columns,
@@ -103,7 +104,7 @@ def print_report(report: dict) -> None:
                     "stall ms/step", "tok/s"):
             table.add_column(col, justify="right")
         for r in rows:
-            table.add_row(f"[bold]B={r['concurrency']} {r['execution']}[/bold]",
+            table.add_row(bold(f"B={r['concurrency']} {r['execution']}"),
                           end_section=True)
             lines = [line for line in LINE_NAMES if line in r]
             for i, line in enumerate(lines):

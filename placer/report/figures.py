@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from placer.files import write_text_atomic
 from placer.progress import console as printable_console
+from placer.progress import printable
 from placer.units import BYTE_UNITS
 
 if TYPE_CHECKING:
@@ -33,6 +35,12 @@ def console() -> Console:
     """A rich Console on stdout: the terminal's width there, and wide enough that no table
     column or name is cut when the output goes to a file or a pipe (rich's default is 80)."""
     return printable_console() if sys.stdout.isatty() else printable_console(width=PIPE_WIDTH)
+
+
+def bold(text: str) -> Text:
+    """`text` in bold, printable and read as written (the consoles read no markup:
+    placer.progress; a Text skips the console's printable filter, so it is applied here)."""
+    return Text(printable(text, lines=True), style="bold")
 
 
 def print_table(table: Table, out: Console | None = None) -> None:

@@ -64,7 +64,7 @@ def print_spec(spec: HardwareSpec) -> None:
             console.print(f"measured expert {t.hidden} x {t.inter} {t.dtype}, ms by tokens: "
                           f"{points}")
     else:
-        console.print("host CPU: not given (add a \\[host] table to predict CPU execution)")
+        console.print("host CPU: not given (add a [host] table to predict CPU execution)")
 
 
 def print_cards(results: list[ProbeResult]) -> None:

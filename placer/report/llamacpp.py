@@ -135,7 +135,8 @@ def print_llamacpp_bench(report: dict) -> None:
     """Two rows per option: measured and predicted decode tokens/s with their 95% intervals
     and ratios to the first option; then the cache's logged and replayed counts."""
     console = rich_console()
-    table = Table(title=f"llama.cpp {report['build']} ({report['driver']}): "
+    device = report["device"]["label"] if report.get("device") else "the --server's device"
+    table = Table(title=f"llama.cpp {report['build']} ({report['driver']}) on {device}: "
                         f"{report['num_prompts']} prompts x {report['trials']} trials, "
                         f"up to {report['max_new_tokens']} new tokens (95% intervals; "
                         "ratios to the first option)")
@@ -145,7 +146,8 @@ def print_llamacpp_bench(report: dict) -> None:
         name = r["option"] + (f" (= {', '.join(r['same_as'])})" if r["same_as"] else "")
         table.add_row(name, "measured", figure(r, "measured_tokens_per_s"),
                       figure(r, "measured_ratio_to_first", "{:.3f}"),
-                      f"{r['predicted_over_measured']:.3f}")
+                      "-" if r["predicted_over_measured"] is None
+                      else f"{r['predicted_over_measured']:.3f}")
         table.add_row("", "predicted", figure(r, "predicted_tokens_per_s"),
                       figure(r, "predicted_ratio_to_first", "{:.3f}"), "", end_section=True)
     print_table(table, console)

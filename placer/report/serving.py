@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from placer.report.figures import bold, print_table, span
 from placer.report.figures import console as rich_console
-from placer.report.figures import print_table, span
 from placer.units import format_bytes
 
 
 def print_result(result: dict) -> None:
     """The generated text, then staging per card and in total."""
     console = rich_console()
-    console.print(f"[bold]{result['prompt']}[/bold]{result['text']}", highlight=False)
+    console.print(bold(result["prompt"]), end="")
+    console.print(result["text"], highlight=False)
     table = Table(title=f"staging over {result['new_tokens']} new tokens on {result['device']}"
                   f" (cache slots per card: {result['cache_slots']})")
     for col in ("card", "staged", "copies", "cache hits", "seconds"):
@@ -58,7 +59,7 @@ def print_bench(report: dict) -> None:
                   + "; less the predicted stall, base step "
                   + ", ".join(f"{r['measured_base_step_ms']:.2f} ms" for r in measured)
                   + (f": written to {report['spec_out']}" if "spec_out" in report else
-                     ": put it in the spec's \\[decode] base_step_ms (or run with --spec-out)"),
+                     ": put it in the spec's [decode] base_step_ms (or run with --spec-out)"),
                   highlight=False)
     for note in report.get("notes", []):
         console.print(f"note: {note}", highlight=False)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from placer.report.figures import bold, plus_minus, print_table, span
 from placer.report.figures import console as rich_console
-from placer.report.figures import plus_minus, print_table, span
 from placer.units import format_bytes
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def prediction_table(rows: list[dict], title: str) -> Table:
     for col in ("line", "stall ms/step", "tok/s", "hit rate", "stall / layer offload"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(f"[bold]{r['profile']}[/bold] B={r['concurrency']}", end_section=True)
+        table.add_row(bold(f"{r['profile']} B={r['concurrency']}"), end_section=True)
         for i, (key, name) in enumerate((("placement", "placement"),
                                          ("layer", "layer offload"), ("uniform", "uniform"))):
             f = r[key]

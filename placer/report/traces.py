@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from placer.report.figures import bold, print_table
 from placer.report.figures import console as rich_console
-from placer.report.figures import print_table
 
 
 def print_stats(result: dict) -> None:
     """The stats of a trace directory (traces.storing.stats.trace_stats)."""
     console = rich_console()
-    console.print(f"[bold]{result['name']}[/bold] ({result['kind']}): {result['tokens']} tokens, "
+    console.print(bold(result["name"]), f"({result['kind']}): {result['tokens']} tokens, "
                   f"{result['sequences']} sequences, {len(result['moe_layers'])} MoE layers x "
                   f"{result['num_experts']} experts, top-{result['top_k']}")
     tags = Table("tag", "tokens", "sequences", title="per tag")

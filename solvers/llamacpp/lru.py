@@ -29,18 +29,30 @@ No code of it is here; what it does:
   fetch never evicts an expert it uses. The misses are uploaded per expert tensor in runs of
   consecutive experts going to consecutive slots (one copy per run and tensor), after the
   host has synchronized on the selection (one round trip per cached layer and ubatch).
-- Which ubatches use it (`get_slot_map`): those of 1 .. 32 tokens with
+- Which ubatches use it (`get_slot_map`): at each layer, those of 1 .. 32 tokens with
   min(tokens * n_expert_used, E) <= the group's slots. Other ubatches leave the LRU as it is:
   they run the layer on the host experts (on the CPU, or op-offloaded at 32+ tokens, where
   `copy_experts` takes the experts the cache holds from its banks instead of over the link).
+  The tokens are those the layer computes, not the ubatch's: a prompt's last layer computes
+  only its output rows (llama.cpp's graphs keep only the `inp_out_ids` rows before the last
+  layer's FFN; `build_moe_ffn` takes n_tokens = cur->ne[1], ggml-org/llama.cpp@434f71a5
+  src/llama-graph.cpp), so a prompt of P tokens decoded with one output looks its last
+  layer up with 1 token, whatever P: at slots >= k that lookup goes through the cache even
+  where P * k experts do not fit, and a prompt of more than 32 tokens still fetches there.
+  `layer_tokens` counts them per layer (a token with no id at a layer is not computed
+  there). These were the "28 more lookups" a b11669 bench logged at 4 and 14 slots of a
+  16-expert top-4 GGUF (7 prompts x the 4 experts of their last layer's output token); at
+  19 and 29 slots every prompt fit and the counts were equal already.
 - Its log (`log_stats`): hits and misses count distinct experts per fetch, `ubatch <= 8`
-  for ubatches of at most 8 tokens, `ubatch  > 8` for the rest; uploaded bytes are the
-  misses' nb[2] summed over the expert tensors.
+  where the lookup's selection holds at most 8 x n_expert_used ids (`copy`: `ids.size() <=
+  8*n_expert_used`, the elements of the selection tensor: the layer's tokens x k),
+  `ubatch  > 8` for the rest; uploaded bytes are the misses' nb[2] summed over the expert
+  tensors.
 
 Use: `groups = cache_groups(device, layout, E)`, `slots = group_slots(N * MIB, groups, k)`,
 `fetches = LlamaCppCache(groups, slots, k).replay(tokens)` with tokens [S, B, L, k] the ids
 of each ubatch in the order llama.cpp's selection tensor holds them, then
-`log_stats(fetches, tokens_per_ubatch, groups)` gives the (hits, misses, uploaded bytes) of
+`log_stats(fetches, layer_tokens(tokens), groups)` gives the (hits, misses, uploaded bytes) of
 llama.cpp's two exit log lines, to compare with a real run's.
 
 The replay is compiled (numba): solvers/llamacpp/walk.py walks the ubatches, the fetch as
@@ -282,26 +294,38 @@ class LlamaCppCache:
         return Fetches(used, counts[0], counts[1], counts[2], where if held else None)
 
 
+def layer_tokens(tokens: np.ndarray) -> np.ndarray:
+    """[S, L] tokens each ubatch of `tokens` [S, B, L, k] computes at each layer: those with
+    an id there (module docstring: a prompt's last layer computes its outputs only)."""
+    return (np.asarray(tokens) >= 0).any(axis=3).sum(axis=1).astype(np.int64)
+
+
 def usable_fetches(tokens: np.ndarray, groups: Groups, slots: np.ndarray,
                    n_expert_used: int) -> tuple[np.ndarray, np.ndarray]:
     """([S] tokens of each ubatch, [S, L] bool whether its fetch at each layer goes through
-    the cache): `get_slot_map` lets a cached layer's ubatch of 1 .. MAX_BATCH tokens in when
-    min(tokens * n_expert_used, E) <= its group's slots. The same for every policy."""
+    the cache): `get_slot_map` lets a cached layer's lookup of 1 .. MAX_BATCH tokens (those
+    the layer computes, `layer_tokens`) in when min(tokens * n_expert_used, E) <= its
+    group's slots. The same for every policy."""
     n_tokens = (tokens >= 0).any(axis=(2, 3)).sum(axis=1).astype(np.int64)
+    at_layer = layer_tokens(tokens)
     group = np.asarray(groups.layer_group, dtype=np.int64)
     room = np.where(group >= 0, np.append(np.asarray(slots, dtype=np.int64), 0)[group], 0)
-    need = np.minimum(n_tokens * n_expert_used, groups.num_experts)
-    used = ((room[None, :] > 0) & (n_tokens[:, None] > 0) & (n_tokens[:, None] <= MAX_BATCH)
-            & (need[:, None] <= room[None, :]))
+    need = np.minimum(at_layer * n_expert_used, groups.num_experts)
+    used = ((room[None, :] > 0) & (at_layer > 0) & (at_layer <= MAX_BATCH)
+            & (need <= room[None, :]))
     return n_tokens, used
 
 
 def log_stats(fetches: Fetches, tokens_per_step: np.ndarray, groups: Groups) -> dict:
     """What llama.cpp logs at exit for these fetches: {"ubatch <= 8": (hits, misses,
-    uploaded bytes), "ubatch  > 8": (...)}. tokens_per_step: [S] tokens of each ubatch."""
+    uploaded bytes), "ubatch  > 8": (...)}. tokens_per_step: [S, L] tokens each ubatch
+    computes at each layer (`layer_tokens`; a fetch's line follows its selection's size),
+    or [S] where every layer computes the whole ubatch."""
     per_expert = np.array([groups.slot_bytes(g) for g in range(len(groups.device))] + [0])
     uploaded = fetches.misses * per_expert[np.asarray(groups.layer_group)][None, :]
-    small = (np.asarray(tokens_per_step) <= SMALL_UBATCH)[:, None] & fetches.used
+    sizes = np.asarray(tokens_per_step)
+    small = (sizes if sizes.ndim == 2 else sizes[:, None]) <= SMALL_UBATCH
+    small = small & fetches.used
     large = ~small & fetches.used
     return {name: (int(fetches.hits[m].sum()), int(fetches.misses[m].sum()),
                    int(uploaded[m].sum()))

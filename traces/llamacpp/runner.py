@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 SIDE_PYTHON = REPO / ".venv-llama" / "bin" / "python"
 WORKER = Path(__file__).with_name("worker.py")
 KERNELS = Path(__file__).with_name("kernels.py")
+DEVICES = Path(__file__).with_name("devices.py")
 MAX_CONTEXT = 1 << 22  # tokens of context or batch llama.cpp is asked for (4M: beyond
 #                        every GGUF's trained context, far below uint32's wrap)
 TOKEN_BYTES = 256      # the longest token a text is assumed to hold, for cutting it
@@ -182,6 +183,17 @@ class LlamaCpp:
         reply = self.worker.ask({"op": "close"})
         self.worker.close()
         return reply
+
+
+def devices() -> list[dict]:
+    """The ggml devices the bundled llama.cpp sees here, without loading a model (devices.py:
+    {"name", "description", "type", "software"} each; a second or so)."""
+    with Worker([str(side_python()), str(DEVICES)], "llama.cpp's device list",
+                side_env()) as worker:
+        found = worker.receive().get("devices")
+    if not isinstance(found, list):
+        raise TraceError("llama.cpp's device list: the worker sent no devices")
+    return found
 
 
 def time_expert(hidden: int, inter: int, ggml_type: str, tokens: tuple[int, ...], pool: int,

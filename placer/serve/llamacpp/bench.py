@@ -19,6 +19,12 @@ machinery as `placer bench`). Predicted: the recorded routing replayed (predict.
 a bootstrap interval over prompts, and the paired ratio to the first option. The cache's
 logged hits and misses are set beside the replay's: a mismatch means the build runs another
 policy than the one placer assumed (b11669's LRU), and the report says so.
+
+Before the first pass (`prepare`): the GGUF must be the plan's (its fingerprint, as `placer
+export llamacpp` checks it: placer.exporters.llamacpp.check_model); the device is named and
+checked against the spec's card (device.py); each option's flags are checked against the
+build the bench drives (b11669's flags as export prints them; with --server, that server's
+--help): the options it cannot run are named and left out, the others run.
 """
 
 from __future__ import annotations
@@ -32,12 +38,18 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
-from placer.exporters.llamacpp import engine_args
+from placer.exporters.llamacpp import check_model, engine_args
 from placer.plan.llamacpp import n_cpu_moe
 from placer.plan.placement import Plan, read_plan
-from placer.progress import NO_BAR, ItemsBar
+from placer.progress import NO_BAR, ItemLines, ItemsBar
 from placer.serve.bench_predict import MIN_TRIALS, ratio_to, t_interval
 from placer.serve.llamacpp.binding import BenchEngine, BindingDriver, Pass
+from placer.serve.llamacpp.device import (
+    Device,
+    binding_device,
+    check_device,
+    default_prompt_tokens,
+)
 from placer.serve.llamacpp.predict import (
     BENCH_BUILD,
     POLICY,
@@ -49,6 +61,7 @@ from placer.serve.llamacpp.predict import (
     replayed_log,
     ubatches_of,
 )
+from solvers.llamacpp.builds import Build, default_build
 from traces.collecting.corpora import open_corpus
 from traces.errors import TraceError
 
@@ -57,24 +70,46 @@ from traces.errors import TraceError
 class LlamaBenchOptions:
     trials: int = 3
     max_new_tokens: int = 32
-    max_prompt_tokens: int = 256
+    max_prompt_tokens: int | None = None  # None: the device's (device.default_prompt_tokens)
     threads: int = max(1, min(8, os.cpu_count() or 1))
     options: tuple[str, ...] | None = None
     warmup: int = 1
     seed: int = 0
     server: str | None = None
+    allow_other_device: bool = False
 
 
 @dataclass(frozen=True)
 class BenchOption:
-    """A row of the plan's options table: host_layers are decoder layers; same_as names the
-    other rows with this very setup."""
+    """A row of the plan's options table: host_layers are decoder layers; cpu_share and
+    pinned as the row says (--moe-cache-cpu-share, -lm none); same_as names the other rows
+    with this very setup."""
 
     name: str
     host_layers: tuple[int, ...]
     cache_mib: int
     n_cpu_moe: int | None
     same_as: tuple[str, ...] = ()
+    cpu_share: float = 0.0
+    pinned: bool = True
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything checked before the first pass (`prepare`): the options to run and those
+    left out (each with why), the device (None: the user's --server, not named), why it is
+    not the spec's card (None: it is or may be), the options with the prompt length set, and
+    the driver of the passes."""
+
+    plan_path: Path
+    gguf: Path
+    plan: Plan
+    options: list[BenchOption]
+    skipped: list[str]
+    device: Device | None
+    other_device: str | None
+    opts: LlamaBenchOptions
+    driver: object
 
 
 def llamacpp_plan(path: Path) -> Plan:
@@ -108,20 +143,83 @@ def bench_options(plan: Plan, names: tuple[str, ...] | None) -> list[BenchOption
     picked: dict[tuple, BenchOption] = {}
     for name in names or tuple(rows):
         r = rows[name]
-        key = (tuple(int(i) for i in r["host_layers"]), int(r.get("moe_cache_mib") or 0))
+        key = (tuple(int(i) for i in r["host_layers"]), int(r.get("moe_cache_mib") or 0),
+               float(r.get("cpu_share") or 0.0), bool(r.get("pinned", True)))
         if key in picked:
             first = picked[key]
             picked[key] = dataclasses.replace(first, same_as=(*first.same_as, name))
         else:
-            picked[key] = BenchOption(name, key[0], key[1], r.get("n_cpu_moe"))
+            picked[key] = BenchOption(name, key[0], key[1], r.get("n_cpu_moe"),
+                                      cpu_share=key[2], pinned=key[3])
     return list(picked.values())
 
 
-def option_flags(plan: Plan, option: BenchOption) -> str:
-    """The llama-server flags of an option (as `placer export llamacpp` prints them)."""
-    engine = {**plan.engine, "host_layers": list(option.host_layers),
-              "moe_cache_mib": option.cache_mib, "n_cpu_moe": option.n_cpu_moe}
-    return " ".join(engine_args(dataclasses.replace(plan, engine=engine), BENCH_BUILD))
+def option_flags(plan: Plan, option: BenchOption, build: Build = BENCH_BUILD) -> str:
+    """The llama-server flags of an option (as `placer export llamacpp` prints them for
+    `build`, by default the one the bench drives); PlacerError naming a flag it lacks."""
+    row = {"name": option.name, "host_layers": list(option.host_layers),
+           "moe_cache_mib": option.cache_mib, "n_cpu_moe": option.n_cpu_moe,
+           "cpu_share": option.cpu_share, "pinned": option.pinned}
+    return " ".join(engine_args(plan, build, row))
+
+
+def runnable(plan: Plan, options: list[BenchOption], driver) -> tuple[list[BenchOption],
+                                                                        list[str]]:
+    """(the options the driven build can run, why each other one cannot): with --server
+    each flag in that server's --help (ServerDriver.check; the flags as export prints them
+    for the newest build), then each option's flags as export prints them for b11669
+    (engine_args refuses a flag that build lacks: the recording pass and the replay are
+    b11669's)."""
+    ok, skipped = [], []
+    for option in options:
+        try:
+            if hasattr(driver, "check"):
+                driver.check(shlex.split(option_flags(plan, option, default_build())))
+            option_flags(plan, option)
+        except PlacerError as exc:
+            reason = str(exc).split(": solve for")[0].split(": run options it has")[0]
+            skipped.append(f"option {option.name!r} not run: "
+                           f"{reason.removeprefix(f'option {option.name!r} ')}")
+            continue
+        ok.append(option)
+    if not ok:
+        raise PlacerError(f"--options: this llama.cpp can run none of them ({'; '.join(skipped)})")
+    return ok, skipped
+
+
+def prepare(plan_path: Path, gguf: Path, opts: LlamaBenchOptions) -> Prepared:
+    """Every check before the first pass (module docstring), fast: no model is loaded. The
+    GGUF's fingerprint, then the device, then each option's flags."""
+    check_bench(opts)
+    plan = llamacpp_plan(plan_path)
+    check_model(plan, gguf)
+    chosen = bench_options(plan, opts.options)
+    device = None if opts.server is not None else binding_device()
+    other = check_device(plan, device, opts.allow_other_device)
+    prompt = opts.max_prompt_tokens or default_prompt_tokens(device)
+    opts = dataclasses.replace(opts, max_prompt_tokens=prompt)
+    engine = BenchEngine(str(gguf), int(plan.model["top_k"]), opts.threads,
+                         prompt + opts.max_new_tokens + 8, prompt + 8)
+    driver = BindingDriver(engine)
+    if opts.server is not None:
+        from placer.serve.llamacpp.server import ServerDriver
+
+        def flags_of(host_layers: tuple[int, ...], cache_mib: int) -> str:
+            return option_flags(plan, BenchOption("", host_layers, cache_mib,
+                                                  n_cpu_moe(list(host_layers))))
+
+        driver = ServerDriver.from_command(opts.server, gguf, engine, flags_of)
+    options, skipped = runnable(plan, chosen, driver)
+    return Prepared(plan_path, gguf, plan, options, skipped, device, other, opts, driver)
+
+
+def progress(prepared: Prepared, bar: bool, lines: bool) -> ItemsBar | ItemLines:
+    """A bar on a terminal (`bar`), lines where stderr is not one (`lines`), else nothing:
+    one item per pass."""
+    total = len(prepared.options) * (prepared.opts.trials + 1)
+    if bar:
+        return ItemsBar("bench llama.cpp", total, enabled=True)
+    return ItemLines("bench llama.cpp", total) if lines else NO_BAR
 
 
 def read_documents(path: Path) -> list:
@@ -135,34 +233,20 @@ def read_documents(path: Path) -> list:
 
 
 def check_bench(opts: LlamaBenchOptions) -> None:
-    if opts.trials < 1 or opts.max_new_tokens < 2 or opts.max_prompt_tokens < 1 or (
+    prompt = opts.max_prompt_tokens
+    if opts.trials < 1 or opts.max_new_tokens < 2 or (prompt is not None and prompt < 1) or (
             opts.threads < 1 or opts.warmup < 0):
         raise PlacerError("--trials, --threads and --max-prompt-tokens must be >= 1, "
                           "--max-new-tokens >= 2")
 
 
-def bench_llamacpp(plan_path: Path, gguf: Path, prompts: Path, opts: LlamaBenchOptions,
-                   bar: ItemsBar = NO_BAR) -> dict:
-    """The report (module docstring); the passes run through the bundled binding, or
-    through `opts.server` (server.py)."""
-    check_bench(opts)
-    plan = llamacpp_plan(plan_path)
-    options = bench_options(plan, opts.options)
+def bench_llamacpp(prepared: Prepared, prompts: Path, bar: ItemsBar | ItemLines = NO_BAR
+                   ) -> dict:
+    """The report (module docstring) of what `prepare` checked; the passes run through the
+    bundled binding, or through `opts.server` (server.py)."""
+    plan, options, opts, driver = (prepared.plan, prepared.options, prepared.opts,
+                                   prepared.driver)
     docs = read_documents(prompts)
-    engine = BenchEngine(str(gguf), int(plan.model["top_k"]), opts.threads,
-                         opts.max_prompt_tokens + opts.max_new_tokens + 8,
-                         opts.max_prompt_tokens + 8)
-    driver = BindingDriver(engine)
-    if opts.server is not None:
-        from placer.serve.llamacpp.server import ServerDriver
-
-        def flags_of(host_layers: tuple[int, ...], cache_mib: int) -> str:
-            return option_flags(plan, BenchOption("", host_layers, cache_mib,
-                                                  n_cpu_moe(list(host_layers))))
-
-        driver = ServerDriver.from_command(opts.server, gguf, engine, flags_of)
-        for option in options:
-            driver.check(shlex.split(flags_of(option.host_layers, option.cache_mib)))
     split = plan.engine.get("tensor_split")
     split = tuple(float(x) for x in split) if split else None
     bar.show("tokenizing and generating")
@@ -190,7 +274,9 @@ def bench_llamacpp(plan_path: Path, gguf: Path, prompts: Path, opts: LlamaBenchO
         row.update(ratio_to(row, rows[0]))
     for row in rows:
         del row["_predicted"]
-    return report_of(plan_path, gguf, prompts, driver, rows, sequences, opts)
+        if prepared.other_device:
+            row["predicted_over_measured"] = None
+    return report_of(prepared, prompts, rows, sequences)
 
 
 def option_row(plan: Plan, option: BenchOption, recorded: Pass, timed: list[Pass],
@@ -232,9 +318,15 @@ def option_row(plan: Plan, option: BenchOption, recorded: Pass, timed: list[Pass
             "_predicted": predicted["estimate"]}
 
 
-def report_of(plan_path: Path, gguf: Path, prompts: Path, driver, rows: list[dict],
-              sequences: list, opts: LlamaBenchOptions) -> dict:
-    notes = []
+def report_of(prepared: Prepared, prompts: Path, rows: list[dict], sequences: list) -> dict:
+    opts, driver = prepared.opts, prepared.driver
+    notes = list(prepared.skipped)
+    if prepared.other_device:
+        notes.append(f"{prepared.other_device}: the options are compared by their ratios to "
+                     "the first; no prediction error is reported (--allow-other-device)")
+    elif prepared.device is None:
+        notes.append("the device --server runs on is not named: placer does not know whether "
+                     "it is the spec's card")
     if opts.trials < MIN_TRIALS:
         notes.append(f"{opts.trials} trial{'s' if opts.trials > 1 else ''}: too few for an "
                      f"interval of the measured figures (give --trials {MIN_TRIALS} or more)")
@@ -250,7 +342,11 @@ def report_of(plan_path: Path, gguf: Path, prompts: Path, driver, rows: list[dic
     return {"engine": "llamacpp", "driver": driver.name, "build": driver.build,
             "source": driver.source, "cache_policy_assumed": POLICY,
             "cache_policy_agrees": not disagree if cached else None,
-            "plan": str(plan_path), "model": str(gguf), "prompts": str(prompts),
-            "num_prompts": len(sequences), "trials": opts.trials,
-            "max_new_tokens": opts.max_new_tokens, "warmup": opts.warmup, "notes": notes,
+            "device": prepared.device.to_json() if prepared.device else None,
+            "other_device": prepared.other_device,
+            "skipped": prepared.skipped,
+            "plan": str(prepared.plan_path), "model": str(prepared.gguf),
+            "prompts": str(prompts), "num_prompts": len(sequences), "trials": opts.trials,
+            "max_new_tokens": opts.max_new_tokens, "max_prompt_tokens": opts.max_prompt_tokens,
+            "prompt_tokens": sequences[0][0], "warmup": opts.warmup, "notes": notes,
             "options": rows}

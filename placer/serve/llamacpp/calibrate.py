@@ -37,6 +37,7 @@ from placer.hardware.timing import ExpertTiming
 from placer.plan.llamacpp import plan_machine
 from placer.plan.placement import Plan
 from placer.serve.llamacpp.bench import BenchOption
+from placer.serve.llamacpp.device import Device, other_device
 from placer.serve.llamacpp.predict import TERMS
 
 MAX_CALIBRATION = 3
@@ -107,8 +108,9 @@ def fit(rows: list[dict], names: tuple[str, ...], spec_figures: np.ndarray) -> n
 
 
 def calibrate_spec(plan: Plan, report: dict, names: tuple[str, ...] | None, out: Path,
-                   apart: list[tuple[str, Path]]) -> dict:
-    """Fit, write the spec at `out`, and say how the other options are predicted."""
+                   apart: list[tuple[str, Path]], device: Device | None = None) -> dict:
+    """Fit, write the spec at `out` (its comment naming the device timed), and say how the
+    other options are predicted."""
     rows = report["options"]
     names = names or pick(rows)
     spec = plan.hardware
@@ -129,7 +131,7 @@ def calibrate_spec(plan: Plan, report: dict, names: tuple[str, ...] | None, out:
                      "calibrated_tokens_per_s": predicted,
                      "error": predicted / r["measured_tokens_per_s"] - 1.0})
     others = [abs(h["error"]) for h in held if not h["fitted_on"]]
-    write_text_atomic(spec_text(plan, figures), out, apart, what="--spec-out")
+    write_text_atomic(spec_text(plan, figures, device), out, apart, what="--spec-out")
     return {"options": list(names), "spec_out": str(out),
             "fitted": {"base_step_ms": figures[0] * 1e3, "sync_us": figures[1] * 1e6,
                        "expert_us": figures[2] * 1e6, "latency_us": figures[3] * 1e6},
@@ -138,7 +140,7 @@ def calibrate_spec(plan: Plan, report: dict, names: tuple[str, ...] | None, out:
             "rows": held, "max_error_not_fitted": max(others) if others else None}
 
 
-def spec_text(plan: Plan, figures: np.ndarray) -> str:
+def spec_text(plan: Plan, figures: np.ndarray, device: Device | None = None) -> str:
     """The plan's spec with the fitted figures: the base step (every batch point scaled by
     the fitted step over the spec's at 1), sync, one `[[host.expert]]` of the model's expert
     at 1 token, each card's latency."""
@@ -154,7 +156,9 @@ def spec_text(plan: Plan, figures: np.ndarray) -> str:
                          (max(figures[2], 1e-9) * 3 * hidden * inter * 4 / eb,))
     host = dataclasses.replace(spec.host, sync_s=float(figures[1]), expert=(curve,))
     cards = tuple(dataclasses.replace(c, latency_s=float(figures[3])) for c in spec.cards)
-    calibrated = dataclasses.replace(spec, base_step_ms=steps, host=host, cards=cards).measured(
-        "base_step_ms", "host.sync_us", "card.latency_us")
+    calibrated = dataclasses.replace(spec, base_step_ms=steps, host=host, cards=cards)
+    if other_device(plan, device) is None:  # timed on another device, they stay estimates
+        calibrated = calibrated.measured("base_step_ms", "host.sync_us", "card.latency_us")
+    where = device.label if device is not None else "this box"
     return spec_toml(calibrated, "calibrated by placer bench --engine llamacpp (llama.cpp "
-                                 "measured on this box)")
+                                 f"measured on {where})")

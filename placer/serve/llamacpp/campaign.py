@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from placer.errors import PlacerError
-from placer.progress import ItemsBar
 from placer.serve.llamacpp.bench import (
     LlamaBenchOptions,
     bench_llamacpp,
     bench_options,
     llamacpp_plan,
+    prepare,
+    progress,
 )
 from placer.serve.llamacpp.calibrate import calibrate_spec, calibration_options, check_spec_out
 
@@ -20,9 +21,11 @@ from placer.serve.llamacpp.calibrate import calibrate_spec, calibration_options,
 def run_llamacpp_bench(placed: list[Path], model: Path | None, prompts: Path,
                        opts: LlamaBenchOptions, *, spec_out: Path | None,
                        calibrate_on: str | None, ignored: dict[str, bool],
-                       progress: bool) -> dict:
+                       bar: bool, lines: bool) -> dict:
     """Check every input and output target (`ignored`: placer's own runtime's flags, each
-    given or not), run the bench, calibrate the spec where --spec-out asks: the report."""
+    given or not), the GGUF, the device and the options (bench.prepare), run the bench with
+    a progress bar (`bar`) or lines on stderr (`lines`), calibrate the spec where --spec-out
+    asks: the report."""
     given = [flag for flag, set_ in ignored.items() if set_]
     if given:
         raise PlacerError(f"{given[0]} is for placer's own runtime; --engine llamacpp runs "
@@ -34,19 +37,18 @@ def run_llamacpp_bench(placed: list[Path], model: Path | None, prompts: Path,
         raise PlacerError(f"--model: --engine llamacpp runs a GGUF file, got {model}")
     if not prompts.is_file():
         raise PlacerError(f"--prompts: {prompts} is not a file")
-    plan = llamacpp_plan(placed[0])
-    chosen = bench_options(plan, opts.options)
     calibrate = None
     if spec_out is not None:
         check_spec_out(spec_out, [("the plan", placed[0]), ("the model", model),
                                   ("the prompts", prompts)])
-        calibrate = calibration_options(chosen, calibrate_on)
+        calibrate = calibration_options(
+            bench_options(llamacpp_plan(placed[0]), opts.options), calibrate_on)
     elif calibrate_on is not None:
         raise PlacerError("--calibrate-on goes with --spec-out")
-    total = len(chosen) * (opts.trials + 1)
-    with ItemsBar("bench llama.cpp", total, enabled=progress) as bar:
-        report = bench_llamacpp(placed[0], model, prompts, opts, bar)
+    prepared = prepare(placed[0], model, opts)
+    with progress(prepared, bar, lines) as shown:
+        report = bench_llamacpp(prepared, prompts, shown)
     if spec_out is not None:
-        report["calibration"] = calibrate_spec(plan, report, calibrate, spec_out,
-                                               [("the model", model)])
+        report["calibration"] = calibrate_spec(prepared.plan, report, calibrate, spec_out,
+                                               [("the model", model)], prepared.device)
     return report

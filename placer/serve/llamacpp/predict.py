@@ -7,9 +7,11 @@ them (each prompt as one ubatch, then each decode token as its own), go through 
 cost (solvers/llamacpp/cost.py `step_costs`, the cache replayed as b11669 runs it) and the
 decode steps' stalls become the predicted decode tokens/s, B / (base step + stall) at B = 1
 with the plan's hardware spec, with evaluate's bootstrap interval over the prompts
-(solvers.judge.intervals). A prompt ubatch of more than 32 tokens does not touch the cache
-(`get_slot_map`, solvers/llamacpp/lru.py) and is left out of the replay; a shorter one is
-replayed, so the cache's state at each decode step is the one llama.cpp had.
+(solvers.judge.intervals). Every prompt ubatch is replayed, so the cache's state at each
+decode step is the one llama.cpp had: at a layer where a prompt of more than 32 tokens
+computes more than 32 (every layer but the last, which computes the output token only:
+solvers/llamacpp/lru.py, "Which ubatches use it") it does not touch the cache and is left
+out; at the others its tokens there are kept (`prompt_rows`).
 
 The cache's log (`llama_moe_cache: ubatch <= 8: hits = H, misses = M, ...` at b11669,
 `log_stats`) is compared with `log_stats` of the same replay: equal counts mean the build ran
@@ -36,7 +38,7 @@ from solvers.judge.intervals import (
 )
 from solvers.llamacpp.builds import parse_build
 from solvers.llamacpp.cost import Machine, Setup, step_costs, with_cache
-from solvers.llamacpp.lru import MAX_BATCH, LlamaCppCache, log_stats
+from solvers.llamacpp.lru import MAX_BATCH, LlamaCppCache, layer_tokens, log_stats
 
 POLICY = "b11669's LRU (solvers/llamacpp/lru.py, ggml-org/llama.cpp@4b060f27)"
 
@@ -44,11 +46,10 @@ POLICY = "b11669's LRU (solvers/llamacpp/lru.py, ggml-org/llama.cpp@4b060f27)"
 @dataclass(frozen=True)
 class Ubatches:
     """The ubatches of a bench pass as the replay takes them: tokens [S, W, L, k] (-1: none,
-    W the widest replayed ubatch), sizes [S] tokens of each, decode [S] whether a step is a
+    W the widest replayed ubatch), decode [S] whether a step is a
     decode token, prompt [S] the prompt (sequence) index of each."""
 
     tokens: np.ndarray
-    sizes: np.ndarray
     decode: np.ndarray
     prompt: np.ndarray
 
@@ -60,18 +61,17 @@ class Ubatches:
 def ubatches_of(routing: list[tuple[int, np.ndarray]], warmup: int = 0) -> Ubatches:
     """`routing`: per sequence fed (prompt tokens P, experts [T, L, k] of its T tokens), the
     first `warmup` of them a warm-up whose decode steps are replayed but not counted."""
-    rows, sizes, decode, prompt = [], [], [], []
+    rows, decode, prompt = [], [], []
     for fed, (p, experts) in enumerate(routing):
         index = fed - warmup
         experts = np.asarray(experts, dtype=np.int64)
-        if p <= MAX_BATCH:
-            rows.append(experts[:p])
-            sizes.append(p)
+        kept = prompt_rows(experts[:p])
+        if kept is not None:
+            rows.append(kept)
             decode.append(False)
             prompt.append(index)
         for t in range(p, len(experts)):
             rows.append(experts[t:t + 1])
-            sizes.append(1)
             decode.append(index >= 0)
             prompt.append(index)
     width = max(len(r) for r in rows)
@@ -79,7 +79,28 @@ def ubatches_of(routing: list[tuple[int, np.ndarray]], warmup: int = 0) -> Ubatc
     tokens = np.full((len(rows), width, num_layers, k), -1, dtype=np.int64)
     for s, r in enumerate(rows):
         tokens[s, :len(r)] = r
-    return Ubatches(tokens, np.asarray(sizes), np.asarray(decode), np.asarray(prompt))
+    return Ubatches(tokens, np.asarray(decode), np.asarray(prompt))
+
+
+def prompt_rows(experts: np.ndarray) -> np.ndarray | None:
+    """A prompt ubatch's rows [P, L, k] as the replay takes them: whole where P <= 32; else
+    only the layers that compute at most 32 of its tokens (those with an id there: the last
+    layer's output token), each layer's tokens moved to the front in their order (a fetch
+    reads one layer's ids in token order, so the rows of two layers need not be the same
+    token's), the other layers -1: [W, L, k], W the most kept at a layer; None where no
+    layer is kept. (The ubatch's own size then reads W: only ClassLRU's clock, not the
+    bench's b11669 LRU, reads it.)"""
+    if len(experts) <= MAX_BATCH:
+        return experts
+    present = (experts >= 0).any(axis=2)
+    counts = present.sum(axis=0)
+    keep = np.flatnonzero((counts > 0) & (counts <= MAX_BATCH))
+    if not len(keep):
+        return None
+    out = np.full((int(counts[keep].max()), *experts.shape[1:]), -1, dtype=experts.dtype)
+    for il in keep:
+        out[:counts[il], il] = experts[present[:, il], il]
+    return out
 
 
 # The build whose cache the bench replays and whose flags it passes: the bundled binding's
@@ -126,7 +147,8 @@ def replayed_log(machine: Machine, setup: Setup, ub: Ubatches) -> dict[str, list
         return {}
     groups = machine.groups(setup.host)
     fetches = LlamaCppCache(groups, setup.slots, machine.top_k).replay(ub.tokens)
-    return {name: list(v) for name, v in log_stats(fetches, ub.sizes, groups).items()}
+    return {name: list(v) for name, v in log_stats(fetches, layer_tokens(ub.tokens),
+                                                   groups).items()}
 
 
 def logs_agree(logged: dict[str, list], replayed: dict[str, list[int]]) -> bool:
