@@ -94,6 +94,11 @@ def test_probe_step_measures_a_tiny_model_into_a_spec(pipe, tmp_path, monkeypatc
 
 
 def test_probe_step_estimate_is_bytes_over_bandwidth_and_says_so(pipe, tmp_path):
+    """The bytes a step reads at the fitted share of the bandwidth, plus every layer's fitted
+    cost (a card placer does not know: CUDA's fit over every tier)."""
+    from placer.hardware.backends import fit_for
+
+    fit = fit_for(None, "cuda")
     out = tmp_path / "estimated.toml"
     result = invoke("probe", "--step", "--model", pipe.model, "--hardware", BOX, "--estimate",
                     "--memory-bandwidth", "2GB/s", "--batch", "1,8", "--out", out)
@@ -103,7 +108,8 @@ def test_probe_step_estimate_is_bytes_over_bandwidth_and_says_so(pipe, tmp_path)
     e, k = inv.experts_per_layer, inv.top_k
     for b, ms in load_spec(out).base_step_ms:
         active = inv.dense_bytes + (sizes * e * (1 - (1 - k / e) ** b)).sum()
-        assert ms == pytest.approx(1e3 * active / 2e9, rel=1e-3)
+        assert ms == pytest.approx(1e3 * active / (fit.share * 2e9)
+                                   + inv.num_layers * fit.layer_us / 1e3, rel=1e-3)
     assert "ESTIMATED, not measured" in out.read_text()
     assert "ESTIMATED, not measured" in result.output
 

@@ -24,10 +24,16 @@ The stand-in is first built on torch's meta device (no memory) and its bytes com
 the checkpoint's own tensors: a config.json whose sizes (hidden, vocabulary, heads, layers)
 do not describe its weights is refused before anything is allocated from it.
 
-Estimated (`estimate_steps`): decode is bound by reading the weights, so a step at batch B
-takes (dense bytes + per MoE layer the expected distinct experts selected, E x (1 - (1 -
-k/E)^B) under independent routing, x an expert's bytes) / memory bandwidth. It ignores
-compute, attention's KV reads and launch overheads: a floor, marked estimated.
+Estimated (`estimate_steps`): a step at batch B reads the dense weights, per MoE layer the
+expected distinct experts selected (E x (1 - (1 - k/E)^B) under independent routing) x an
+expert's bytes, and each sequence's KV cache at its context (`kv_bytes` a sequence); it takes
+`step_ms`: those bytes at the card's effective bandwidth (its published bandwidth x the
+backend's fitted share), or the compute where that binds (2 FLOP a weight a token, taking a
+weight for two bytes: a bf16 checkpoint's; a quantized one's weights are counted short),
+plus every decoder layer's fixed cost (kernel launches, syncs). The share, the per-layer cost
+and the range the step may lie in come from a fit to published llama.cpp measurements
+(`StepFit`, placer/hardware/step_fit.py); without one (share 1, no per-layer cost) it is the
+bandwidth floor. Either way it is marked estimated.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ class StepTimes:
     steps: tuple[tuple[int, int], ...] = ()     # (batch, decode steps timed)
     device: str = ""  # the device timed, with its model ("cpu (AMD EPYC 7R13)"); "" estimated
 
+    step_spread: tuple[float, float] = (1.0, 1.0)  # an estimate's range, factors of it
+
     @property
     def noisy(self) -> bool:
         """Whether some batch's step times never settled (spread above STEADY)."""
@@ -103,21 +111,51 @@ def standin_bytes(inv: Inventory) -> int:
     return int(inv.dense_bytes + sizes.max(axis=1).sum() * experts)
 
 
+@dataclass(frozen=True)
+class StepFit:
+    """What turns bytes read into a step on a card and backend: the share of the card's
+    published bandwidth the weights stream at, a decoder layer's fixed cost, the range
+    (factors of the estimate) the fit's own sources lie in, and which fit it is."""
+
+    share: float = 1.0
+    layer_us: float = 0.0
+    spread: tuple[float, float] = (1.0, 1.0)
+    name: str = "the bandwidth floor (no fit)"
+
+
+def step_ms(read_bytes: float, layers: int, bandwidth: float, fit: StepFit,
+            flops: float | None = None, weights: float = 0.0) -> float:
+    """A decode step, ms: `read_bytes` at `fit.share` x `bandwidth` (bytes/s), or `weights`
+    bytes of weights computed at `flops` (FLOP/s, 1 FLOP a byte: see module docstring)
+    where that takes longer, plus `layers` x the fit's per-layer cost."""
+    memory = read_bytes / (fit.share * bandwidth)
+    compute = weights / flops if flops else 0.0
+    return 1e3 * max(memory, compute) + layers * fit.layer_us / 1e3
+
+
 def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, ...],
-                   source: str) -> StepTimes:
-    """The bandwidth floor of the step at each batch (see module docstring)."""
+                   source: str, fit: StepFit = StepFit(), *, flops: float | None = None,
+                   kv_bytes: int = 0) -> StepTimes:
+    """The estimated step at each batch (see module docstring): `fit` for the card and
+    backend, `flops` the card's (None: compute not counted), `kv_bytes` one sequence's KV
+    cache at its context."""
     sizes = inv.expert_bytes().astype(float)
     experts, k = inv.experts_per_layer, inv.top_k
     points = []
     for b in batches:
         distinct = experts * (1.0 - (1.0 - k / experts) ** b)
-        active = inv.dense_bytes + float((sizes.mean(axis=1) * distinct).sum())
-        points.append((b, significant(1e3 * active / memory_bandwidth)))
+        weights = inv.dense_bytes + float((sizes.mean(axis=1) * distinct).sum())
+        ms = step_ms(weights + b * kv_bytes, inv.num_layers, memory_bandwidth, fit, flops,
+                     b * (inv.dense_bytes + float(sizes.mean(axis=1).sum() * k)))
+        points.append((b, significant(ms)))
     per_token = inv.dense_bytes + float(sizes.mean(axis=1).sum() * k)
-    return StepTimes(tuple(points), True,
-                     f"estimated ({source}): {per_token / 1e9:.3g} GB of weights read "
-                     f"per token at {memory_bandwidth / 1e9:.0f} GB/s (a floor: no compute, "
-                     "no KV cache)")
+    kv = f" and {kv_bytes / 1e9:.3g} GB of KV cache" if kv_bytes else " (no KV cache counted)"
+    return StepTimes(monotone(points), True,
+                     f"estimated ({source}): {per_token / 1e9:.3g} GB of weights{kv} read per "
+                     f"token at {fit.share:.3g} x {memory_bandwidth / 1e9:.0f} GB/s, plus "
+                     f"{inv.num_layers} layers x {fit.layer_us:.3g} us ({fit.name}; the step "
+                     f"may lie in {fit.spread[0]:.2f}-{fit.spread[1]:.2f} x it)",
+                     step_spread=fit.spread)
 
 
 def free_memory(device: str = "cpu") -> int:

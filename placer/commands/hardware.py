@@ -12,6 +12,8 @@ from placer.commands.common import command, print_json
 from placer.commands.solve_options import KvType
 from placer.errors import PlacerError
 from placer.files import check_outputs, write_text_atomic
+from placer.hardware.backends import backend as backend_named
+from placer.hardware.backends import default_backend, fit_for
 from placer.hardware.cards import CARDS, known_card
 from placer.hardware.spec import load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
@@ -75,14 +77,20 @@ def register(app: typer.Typer) -> None:
             help="The host's RAM (e.g. 64GiB; recorded, not used by the solvers).")] = None,
         model: Annotated[Path | None, typer.Option(
             help="A checkpoint (or model.gguf) to estimate the decode step for, from the "
-                 "card's memory bandwidth (else a floor from the dense reserve), and whose "
-                 "dense weights and KV cache the cards reserve (else shares of VRAM).")
-        ] = None,
+                 "bytes it reads a token (its KV cache at --ctx included) at the backend's "
+                 "fitted share of the card's bandwidth plus a fitted cost a layer (else from "
+                 "the dense reserve), and whose dense weights and KV cache the cards reserve "
+                 "(else shares of VRAM).")] = None,
         ctx: Annotated[int | None, typer.Option(
             "--ctx", help="With --model: the context (tokens) to reserve KV cache for, "
                           "recorded in the spec and printed by `export llamacpp` as -c "
                           "(default 4096).")] = None,
         kv_type: KvType = None,
+        backend: Annotated[str | None, typer.Option(
+            help="llama.cpp's backend for the card: cuda, cuda-nographs, vulkan, rocm, metal, "
+                 "cpu (default: the card vendor's: NVIDIA cuda, AMD rocm, Apple metal, "
+                 "Intel vulkan). Picks the step fit, the upload cost and the largest "
+                 "allocation (docs/hardware.md).")] = None,
         out: Annotated[Path | None, typer.Option(
             help="Write the spec to this .toml (default: print it).")] = None,
     ) -> None:
@@ -97,25 +105,33 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             check_outputs([("--out", out)], [("--model", model)])
         figures = known_card(card)
-        steps, how, reserve = None, "", None
+        name = backend_named(backend).name if backend is not None else default_backend(figures)
+        fit = fit_for(figures, name)
+        steps, how, spread, reserve = None, "", None, None
         if model is None and (ctx is not None or kv_type is not None):
             raise PlacerError(f"{'--ctx' if ctx is not None else '--kv-type'}: the KV cache "
                               "is sized from the model's config: give --model")
         if model is not None:
             from placer.checkpoint.inventory import read_inventory
+            from placer.checkpoint.kv import kv_bytes
             from placer.checkpoint.step import estimate_steps
             from placer.hardware.context import model_reserve
+            from placer.hardware.new_spec import step_inputs
 
             inv = read_inventory(model)
-            times = estimate_steps(inv, figures.bandwidth, (1, 8),
-                                   f"hardware new, {figures.name}'s published bandwidth")
-            steps, how = times.base_step_ms, (times.note() + "; `placer probe --step` on the "
-                                              "box replaces it")
             reserve = model_reserve(inv, str(model), [round(figures.vram_gib * 2**30)] * cards,
                                     ctx, kv_type)
+            bandwidth, flops = step_inputs(figures, name, ram, cpu_cores)
+            one = kv_bytes(inv.config, reserve.context.tokens, reserve.context.kv_type,
+                           parallel=1)  # what one sequence reads a token, at the context
+            times = estimate_steps(inv, bandwidth, (1, 8),
+                                   f"hardware new, {figures.name} on {name}", fit.step_fit(),
+                                   flops=flops, kv_bytes=one)
+            steps, spread = times.base_step_ms, times.step_spread
+            how = times.note() + "; `placer probe --step` on the box replaces it"
         made = new_spec(figures, cards, pcie, ram, cpu_cores,
                         0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
-                        steps, how, reserve)
+                        steps, how, name, spread, reserve)
         text = spec_toml(made.spec, made.step_note, "\n".join(made.host_notes),
                          "\n".join(made.card_notes))
         if out is None:
@@ -123,6 +139,10 @@ def register(app: typer.Typer) -> None:
         else:
             write_text_atomic(text, out, [("--model", model)])
             typer.echo(f"wrote {out}: {made.spec.description}")
+        typer.echo(f"decode step: the {name} fit for a {figures.tier} card ({fit.rows} published "
+                   f"runs: share {fit.share:g} of the bandwidth, {fit.layer_us:g} us a layer; "
+                   f"the step may lie in {fit.spread[0]:g}-{fit.spread[1]:g} x it; "
+                   "placer/hardware/data/step_fit.csv)", err=True)
         typer.echo("ESTIMATED figures; measure them on the box: `placer probe` (h2d_bandwidth, "
                    "latency_us), `placer probe --host --hardware SPEC --out SPEC` ([host]), "
                    "`placer probe --step --model M --hardware SPEC --out SPEC` ([decode])",

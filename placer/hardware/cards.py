@@ -2,15 +2,20 @@
 figures `placer hardware new` writes into a spec (marked ESTIMATED where they stand in for a
 measurement) and `placer probe --step --estimate` divides by.
 
-Cards: VRAM, memory bandwidth, and dense tensor throughput in bf16 (FP32 accumulate, as
-torch's matmuls run) and int8, each with the vendor document it comes from (`source`). Where
+Cards (the table is package data, placer/hardware/data/cards.csv): VRAM, memory bandwidth,
+and dense tensor throughput in bf16 (FP32 accumulate, as torch's matmuls run) and int8, each
+with the vendor document it comes from (`source`), the card's tier and vendor (what the decode
+step's fit and the default backend go by: placer/hardware/step_fit.py). Where
 the document prints only the sparse figure, or only the FP16-accumulate one, the dense
 FP32-accumulate figure is derived from it as the document's own notes say (sparse = 2 x
 dense; GeForce cards run FP16/BF16 with FP32 accumulate at half their FP16-accumulate rate,
 workstation and data-centre cards at the full rate) and `derived` says how. Figures were
 transcribed from the documents named (no network here to re-read them: a figure found wrong
 is one line to fix); None where the document gives none. VRAM as the vendor writes it ("12
-GB" of GDDR is 12 GiB), bandwidth in decimal GB/s.
+GB" of GDDR is 12 GiB), bandwidth in decimal GB/s. The cards the published llama.cpp
+scoreboards measured (docs/research/llamacpp-measurements/) came from that research's
+cards.csv, whose bandwidths were transcribed from spec sheets and not re-fetched: their
+`source` says so; a unified-memory chip's VRAM is the configuration the source names.
 
 Links: PCI Express generations by their transfer rate per lane (PCI-SIG base specifications:
 3.0, 8 GT/s; 4.0, 16 GT/s; 5.0, 32 GT/s; all 128b/130b encoded), so a x16 link carries
@@ -22,25 +27,18 @@ share (H2D_SHARE, STREAM_SHARE), marked ESTIMATED until `placer probe` measures 
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from dataclasses import dataclass
+from importlib import resources
 
 from placer.errors import PlacerError
 from traces.errors import shown
 
-AMPERE_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper v2.1, Appendix A "
-             "(https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-"
-             "whitepaper-v2.pdf)")
-ADA_WP = ("NVIDIA Ada GPU Architecture whitepaper v2.01, Appendix A "
-          "(https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-"
-          "architecture.pdf)")
-BLACKWELL_WP = ("NVIDIA RTX Blackwell GPU Architecture whitepaper v1.1, Appendix A "
-                "(https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-"
-                "blackwell-gpu-architecture.pdf)")
-GEFORCE_SPECS = "NVIDIA GeForce product page, Specs (https://www.nvidia.com/en-us/geforce/)"
-GEFORCE_HALF = ("SMs x 4 tensor cores x 256 FP16-accumulate FLOP a clock x the boost clock; "
-                "bf16 with FP32 accumulate at half that on GeForce, int8 at twice it (the "
-                "appendix's own ratios)")
+CARD_TABLE = "data/cards.csv"  # package data beside this module
+TIERS = ("gddr", "hbm", "legacy", "uma")  # what a card's memory and architecture make it
+VENDORS = ("nvidia", "amd", "intel", "apple")
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,8 @@ class CardFigures:
     source: str             # the vendor document the figures come from
     derived: str = ""       # how a figure not printed there was derived
     aliases: tuple[str, ...] = ()
+    tier: str = "gddr"      # TIERS: the step fit's class of the card (step_fit.py)
+    vendor: str = "nvidia"  # VENDORS: picks `hardware new`'s default backend
 
     @property
     def bandwidth(self) -> float:
@@ -62,65 +62,21 @@ class CardFigures:
         return self.bandwidth_gbps * 1e9
 
 
-CARDS = (
-    CardFigures("RTX 3060", 12, 360.0, 25.5, 101.9, AMPERE_WP + "; " + GEFORCE_SPECS,
-                "tensor figures derived (GA106 is not in the appendix): 28 SMs at the 1777 "
-                "MHz boost clock; " + GEFORCE_HALF, ("RTX 3060 12GB",)),
-    CardFigures("RTX 3090", 24, 936.0, 71.0, 284.0, AMPERE_WP),
-    CardFigures("RTX 3090 Ti", 24, 1008.0, 80.0, 320.0, AMPERE_WP + "; " + GEFORCE_SPECS,
-                "tensor figures: the RTX 3090's scaled by SMs x boost clock (84 x 1860 MHz "
-                "against 82 x 1695 MHz)"),
-    CardFigures("RTX 4060 Ti 16GB", 16, 288.0, 44.1, 176.5, ADA_WP + "; " + GEFORCE_SPECS,
-                "tensor figures derived: 34 SMs at the 2535 MHz boost clock; " + GEFORCE_HALF,
-                ("RTX 4060 Ti",)),
-    CardFigures("RTX 4070", 12, 504.0, 58.3, 233.2, ADA_WP + "; " + GEFORCE_SPECS,
-                "tensor figures derived: 46 SMs at 2475 MHz; " + GEFORCE_HALF),
-    CardFigures("RTX 4080", 16, 716.8, 97.5, 389.9, ADA_WP),
-    CardFigures("RTX 4090", 24, 1008.0, 165.2, 660.6, ADA_WP),
-    CardFigures("RTX 4090 D", 24, 1008.0, None, None, GEFORCE_SPECS,
-                "tensor figures not published for the D model"),
-    CardFigures("RTX 5070", 12, 672.0, 61.7, 246.9, BLACKWELL_WP,
-                "tensor figures derived: 48 SMs at 2512 MHz; " + GEFORCE_HALF),
-    CardFigures("RTX 5080", 16, 960.0, 112.6, 450.2, BLACKWELL_WP),
-    CardFigures("RTX 5090", 32, 1792.0, 209.5, 838.0, BLACKWELL_WP),
-    CardFigures("RTX 5090 D", 32, 1792.0, None, None, GEFORCE_SPECS,
-                "tensor figures not published for the D model (its AI TOPS are capped below "
-                "the RTX 5090's)"),
-    CardFigures("RTX A6000", 48, 768.0, 154.8, 309.7,
-                "NVIDIA RTX A6000 datasheet (https://www.nvidia.com/content/dam/en-zz/Solutions"
-                "/design-visualization/quadro-product-literature/proviz-print-nvidia-rtx-a6000-"
-                "datasheet-us-nvidia-1454980-r9-web%20(1).pdf)",
-                "tensor figures: the datasheet's 309.7 TFLOPS is FP16 with sparsity, so 154.8 "
-                "dense; int8 dense 2 x that", ("A6000",)),
-    CardFigures("RTX 6000 Ada", 48, 960.0, 364.2, 728.5,
-                "NVIDIA RTX 6000 Ada Generation datasheet (https://www.nvidia.com/content/dam/"
-                "en-zz/Solutions/design-visualization/rtx-6000/proviz-print-rtx6000-datasheet-"
-                "web-2504660.pdf)",
-                "tensor figures: the datasheet's 1457 TFLOPS is FP8 with sparsity: bf16 dense "
-                "= 1457 / 4, int8 dense = 1457 / 2", ("RTX 6000 Ada Generation",)),
-    CardFigures("RX 7900 XTX", 24, 960.0, 122.8, 122.8,
-                "AMD Radeon RX 7900 XTX specifications (https://www.amd.com/en/products/"
-                "graphics/desktops/radeon/7000-series/amd-radeon-rx-7900xtx.html)",
-                "bf16 and int8: the page's peak half-precision figure (RDNA 3's WMMA runs "
-                "BF16 and INT8 at the FP16 rate)", ("Radeon RX 7900 XTX",)),
-    CardFigures("L40S", 48, 864.0, 362.0, 733.0,
-                "NVIDIA L40S datasheet (https://resources.nvidia.com/en-us-l40s/l40s-datasheet-"
-                "28413)", "dense: half the datasheet's with-sparsity figures"),
-    CardFigures("A100", 80, 2039.0, 312.0, 624.0,
-                "NVIDIA A100 datasheet, 80GB SXM (https://www.nvidia.com/content/dam/en-zz/"
-                "Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-"
-                "web.pdf)"),
-    CardFigures("H100", 80, 3350.0, 989.0, 1979.0,
-                "NVIDIA H100 datasheet, SXM (https://resources.nvidia.com/en-us-tensor-core/"
-                "nvidia-tensor-core-gpu-datasheet)",
-                "dense: half the datasheet's with-sparsity figures"),
-    CardFigures("H200", 141, 4800.0, 989.0, 1979.0,
-                "NVIDIA H200 product page, SXM (https://www.nvidia.com/en-us/data-center/h200/)",
-                "dense: half the page's with-sparsity figures"),
-    CardFigures("B200", 180, 8000.0, 2250.0, 4500.0,
-                "NVIDIA DGX B200 datasheet (https://resources.nvidia.com/en-us-dgx-systems/dgx-"
-                "b200-datasheet)", "per GPU: the 8-GPU system's dense figures / 8"),
-)
+def read_cards(text: str) -> tuple[CardFigures, ...]:
+    """The card table from its CSV (`CARD_TABLE`): one row a card, aliases `|`-separated,
+    empty tensor figures None."""
+    def figure(value: str) -> float | None:
+        return float(value) if value else None
+
+    return tuple(CardFigures(
+        r["name"], float(r["vram_gib"]), float(r["bandwidth_gbps"]), figure(r["bf16_tflops"]),
+        figure(r["int8_tops"]), r["source"], r["derived"],
+        tuple(a for a in r["aliases"].split("|") if a), r["tier"], r["vendor"])
+        for r in csv.DictReader(io.StringIO(text)))
+
+
+CARDS = read_cards(resources.files("placer.hardware").joinpath(CARD_TABLE).read_text(
+    encoding="utf-8"))
 
 # PCI Express generations: GT/s per lane (PCI-SIG base specifications 3.0, 4.0, 5.0).
 PCIE_GTS = {"3.0": 8.0, "4.0": 16.0, "5.0": 32.0}

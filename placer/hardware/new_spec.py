@@ -4,11 +4,15 @@ placer/hardware/cards.py, the link's and the host memory's peaks from their stan
 typical shares and defaults for what only a measurement knows, each marked ESTIMATED with
 the `placer probe` that replaces it (`NewSpec.notes`, written into the spec as comments).
 
-The decode step (`[decode] base_step_ms`, which every spec needs) depends on the model: with
-a model's inventory it is estimated from the card's memory bandwidth as `probe --step
---estimate` does (placer/checkpoint/step.py: the bytes a step reads, a floor); without one,
-from the dense weights the card reserves, read once a step: a floor of a floor, to be
-replaced by `placer probe --step`.
+The decode step (`[decode] base_step_ms`, which every spec needs) depends on the model and the
+backend llama.cpp runs the card with (`--backend`, by default the card vendor's: NVIDIA cuda,
+AMD rocm, Apple metal, Intel vulkan; placer/hardware/backends.py): with a model's inventory it
+is estimated as `probe --step --estimate` does (placer/checkpoint/step.py: the bytes a step
+reads at the backend's fitted share of the card's bandwidth, plus each layer's fitted fixed
+cost); without one, the dense weights the card reserves, read so, over FLOOR_LAYERS layers (a
+7B model's). Either way `[decode] spread` is the fit's range, and `placer probe --step`
+replaces both. The backend is written into `[card]`; its upload cost and sync stand in for
+the card's latency_us and the host's sync_us.
 
 The reserves: with a model (`--model`), reserved_dense is its dense tensors' bytes and
 reserved_kv llama.cpp's KV cache at `--ctx` tokens of `--kv-type` (placer/hardware/context.py,
@@ -26,7 +30,10 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 
+from placer.checkpoint.step import significant, step_ms
 from placer.errors import PlacerError
+from placer.hardware.backends import backend as backend_named
+from placer.hardware.backends import default_backend, fit_for
 from placer.hardware.cards import (
     DDR_SOURCE,
     H2D_SHARE,
@@ -44,10 +51,9 @@ from placer.units import format_bytes
 
 GIB = 2**30
 RESERVED_SHARES = {"reserved_dense": 0.15, "reserved_kv": 0.10, "reserved_activations": 0.05}
-LATENCY_US = 10.0     # per copy, typical of a PCIe card (the presets' figure)
-SYNC_US = 30.0        # a layer's hand-off to the CPU and back, typical
 FLOPS_PER_CORE = 6e10  # effective bf16 FLOP/s of a desktop core in torch (1 TFLOPS on 16)
 BATCHES = (1, 8)
+FLOOR_LAYERS = 32  # decoder layers of the step without --model (LLaMA 7B's)
 
 
 @dataclass(frozen=True)
@@ -60,16 +66,31 @@ class NewSpec:
     step_note: str
 
 
+def step_inputs(card: CardFigures, backend: str, ram: str, cpu_cores: int
+                ) -> tuple[float, float | None]:
+    """(bytes/s, FLOP/s or None) a step on `card` with `backend` reads and computes at: the
+    card's (dense bf16 tensor FLOP/s where published), or on cpu the host memory's peak and
+    its cores' FLOP/s."""
+    if backend == "cpu":
+        return ddr_memory(ram)[3], FLOPS_PER_CORE * cpu_cores
+    return card.bandwidth, None if card.bf16_tflops is None else card.bf16_tflops * 1e12
+
+
 def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
              host_ram: int, steps: tuple[tuple[int, float], ...] | None = None,
-             step_how: str = "", reserve: ModelReserve | None = None) -> NewSpec:
-    """The spec of `cards` x `card` on `pcie` links with `ram` host memory and `cpu_cores`
-    cores; `steps` (batch, ms) where a model's step was estimated (`step_how` says how),
-    else the dense-reserve floor; `reserve` the model's dense and KV reserves (module
-    docstring), else shares of VRAM."""
+             step_how: str = "", backend: str | None = None,
+             step_spread: tuple[float, float] | None = None,
+             reserve: ModelReserve | None = None) -> NewSpec:
+    """The spec of `cards` x `card` run with `backend` (None: its vendor's default) on `pcie`
+    links with `ram` host memory and `cpu_cores` cores; `steps` (batch, ms) where a model's
+    step was estimated (`step_how` says how, `step_spread` its range), else the dense-reserve
+    step (module docstring); `reserve` the model's dense and KV reserves (module docstring),
+    else shares of VRAM."""
     if not 0 <= host_ram <= MAX_BYTES:
         raise PlacerError(f"--host-ram: expected a size up to 2**60 bytes (what a spec "
                           f"holds), got {host_ram:.3g} bytes")
+    name = backend or default_backend(card)
+    costs = backend_named(name)
     gen, lanes, link_peak = pcie_link(pcie)
     kind, rate, channels, ram_peak = ddr_memory(ram)
     vram = round(card.vram_gib * GIB)
@@ -84,18 +105,22 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
                           f"per card, with {format_bytes(reserved['reserved_activations'])} "
                           f"of buffers, exceed the {card.name}'s {card.vram_gib:g} GB")
     built = tuple(Card(i, card.name, vram, dense[i], kv[i], reserved["reserved_activations"],
-                       h2d, LATENCY_US / 1e6)
+                       h2d, costs.upload_us / 1e6, backend=name)
                   for i in range(cards))
     stream = float(f"{ram_peak * STREAM_SHARE / 1e9:.3g}") * 1e9
     host = Host(memory_bandwidth=stream, flops=FLOPS_PER_CORE * cpu_cores,
-                sync_s=SYNC_US / 1e6)
+                sync_s=costs.sync_us / 1e6)
     if steps is None:
-        floor = float(f"{1e3 * reserved['reserved_dense'] / card.bandwidth:.4g}")
-        steps = tuple((b, floor) for b in BATCHES)
+        fit = fit_for(card, name)
+        bandwidth, _ = step_inputs(card, name, ram, cpu_cores)
+        floor = significant(step_ms(reserved["reserved_dense"], FLOOR_LAYERS, bandwidth,
+                                    fit.step_fit()))
+        steps, step_spread = tuple((b, floor) for b in BATCHES), fit.spread
         step_how = (f"ESTIMATED (no --model): the {reserved['reserved_dense'] / GIB:g} GiB of "
-                    f"dense weights the card reserves, read once a step at its "
-                    f"{card.bandwidth_gbps:g} GB/s (a floor); `placer probe --step --model M "
-                    "--hardware THIS.toml --out THIS.toml` on the box replaces it")
+                    f"dense weights the card reserves, read at {fit.share:g} x its "
+                    f"{card.bandwidth_gbps:g} GB/s, plus {FLOOR_LAYERS} layers x "
+                    f"{fit.layer_us:g} us ({fit.step_fit().name}); `placer probe --step "
+                    "--model M --hardware THIS.toml --out THIS.toml` on the box replaces it")
     spec = HardwareSpec(
         name=f"{cards}x-{card.name.lower().replace(' ', '-')}",
         description=(f"{cards} x {card.name} ({card.vram_gib:g} GB) on PCIe {gen} x{lanes}, "
@@ -103,9 +128,9 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
                      "(placer hardware new: ESTIMATED figures)"),
         host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host,
         estimated=tuple(e for e in ESTIMABLE if not (reserve and e == "card.reserved")),
-        context=reserve.context if reserve else None)
-    made = NewSpec(spec, card_notes(card, gen, lanes, link_peak, reserve), host_notes(
-        kind, rate, channels, ram_peak, cpu_cores), step_how)
+        context=reserve.context if reserve else None, step_spread=step_spread or (1.0, 1.0))
+    made = NewSpec(spec, card_notes(card, gen, lanes, link_peak, name, reserve), host_notes(
+        kind, rate, channels, ram_peak, cpu_cores, name), step_how)
     check_loads(made)
     return made
 
@@ -130,7 +155,7 @@ def check_loads(made: NewSpec) -> None:
                           ) from None
 
 
-def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float,
+def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float, backend: str,
                reserve: ModelReserve | None = None) -> tuple[str, ...]:
     """Where each card figure came from (the reserves: `reserve`'s notes where the model
     gave them)."""
@@ -144,7 +169,10 @@ def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float,
         f"h2d_bandwidth: ESTIMATED, {H2D_SHARE:g} x PCIe {gen} x{lanes}'s "
         f"{link_peak / 1e9:.2f} GB/s peak ({PCIE_SOURCE}); `placer probe` on the box "
         "measures it",
-        f"latency_us: ESTIMATED, {LATENCY_US:g} us a copy, typical; `placer probe` measures it",
+        f"backend: {backend} (--backend; placer/hardware/data/backends.csv: "
+        f"{backend_named(backend).source})",
+        f"latency_us: ESTIMATED, {backend}'s {backend_named(backend).upload_us:g} us an upload "
+        "(backends.csv); `placer probe` measures it",
         *(reserve.notes if reserve else ()),
         "reserved_*: ESTIMATED, " + ", ".join(f"{k.removeprefix('reserved_')} "
                                               f"{100 * RESERVED_SHARES[k]:g}%" for k in guessed)
@@ -154,8 +182,8 @@ def card_notes(card: CardFigures, gen: str, lanes: int, link_peak: float,
     )
 
 
-def host_notes(kind: str, rate: int, channels: int, ram_peak: float, cores: int
-               ) -> tuple[str, ...]:
+def host_notes(kind: str, rate: int, channels: int, ram_peak: float, cores: int,
+               backend: str) -> tuple[str, ...]:
     """Where each host figure came from."""
     return (
         f"memory_bandwidth: ESTIMATED, {STREAM_SHARE:g} x {kind.upper()}-{rate} x {channels} "
@@ -163,7 +191,8 @@ def host_notes(kind: str, rate: int, channels: int, ram_peak: float, cores: int
         "--hardware THIS.toml --out THIS.toml` measures it",
         f"flops: ESTIMATED, {cores} cores x {FLOPS_PER_CORE / 1e9:g} GFLOP/s (a desktop "
         "core's effective bf16 rate in torch); `placer probe --host` measures it",
-        f"sync_us: ESTIMATED, {SYNC_US:g} us, typical; `placer probe --host` measures it where "
-        "a GPU is visible",
+        f"sync_us: ESTIMATED, {backend}'s {backend_named(backend).sync_us:g} us "
+        "(placer/hardware/data/backends.csv); `placer probe --host` measures it where a GPU is "
+        "visible",
         "no [[host.expert]] curve: `placer probe --host --model M` times your model's experts",
     )

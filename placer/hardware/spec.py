@@ -17,6 +17,7 @@ A spec file looks like (sizes take units, rates take "/s"):
     h2d_bandwidth = "53GB/s"       # pinned host-to-device copies
     h2d_pageable_bandwidth = "26GB/s"  # optional: copies from pageable (mmap'd) host memory
     latency_us = 10.0              # fixed cost of one copy
+    backend = "cuda"               # optional: llama.cpp's backend (placer/hardware/backends.py)
 
     [[link]]                       # cards sharing a host link (socket, PCIe switch)
     name = "socket0"
@@ -71,6 +72,7 @@ from typing import Any
 
 from placer.checkpoint.kv import Context, parse_context
 from placer.errors import PlacerError
+from placer.hardware.backends import UNKNOWN, backend
 from placer.hardware.spec_values import (
     flops_of,
     is_int,
@@ -88,7 +90,7 @@ from traces.formats.jsontext import MAX_DEPTH, decode_utf8, depth
 from traces.options import MAX_CARDS as OPTION_MAX_CARDS
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
-               "h2d_bandwidth", "h2d_pageable_bandwidth", "latency_us")
+               "h2d_bandwidth", "h2d_pageable_bandwidth", "backend", "latency_us")
 SPEC_FIELDS = ("name", "description", "host_ram", "estimated", "cards", "card", "link", "decode",
                "host", "context")
 LINK_FIELDS = ("name", "cards", "bandwidth")
@@ -127,6 +129,13 @@ class Card:
     h2d_bandwidth: float  # bytes/s
     latency_s: float
     h2d_pageable_bandwidth: float | None = None  # bytes/s from mmap'd memory (None: unknown)
+    backend: str = UNKNOWN  # backends.csv's name; its largest allocation caps a cache here
+
+    @property
+    def max_alloc(self) -> int | None:
+        """Bytes of the largest one allocation its backend makes (None: no limit)."""
+        mib = backend(self.backend).max_alloc_mib
+        return mib * 2**20 if mib else None
 
     @property
     def free_bytes(self) -> int:
@@ -366,11 +375,15 @@ def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
     scale = 1e6 if seconds else 1.0
     latency = number_of(t.get(latency_key, 0.0), f"{where}.{latency_key}", 0.0, MAX_MS / scale)
     pageable = t.get("h2d_pageable_bandwidth")
+    name = text_of(t.get("backend", UNKNOWN), f"{where}.backend")
+    if name != UNKNOWN:
+        backend(name, f"{where}.backend")
     return Card(index, text_of(t.get("model", "GPU"), f"{where}.model"), sizes["vram"],
                 sizes["reserved_dense"], sizes["reserved_kv"], sizes["reserved_activations"],
                 bandwidth, latency if seconds else latency / 1e6,
                 None if pageable is None else rate_of(pageable,
-                                                    f"{where}.h2d_pageable_bandwidth"))
+                                                    f"{where}.h2d_pageable_bandwidth"),
+                name)
 
 
 def _link(index: int, t: dict, num_cards: int, at: str) -> Link:

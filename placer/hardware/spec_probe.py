@@ -28,7 +28,7 @@ from placer.hardware.timing import DEFAULT_SHAPE
 from placer.units import parse_rate
 
 if TYPE_CHECKING:
-    from placer.checkpoint.step import StepTimes
+    from placer.checkpoint.step import StepFit, StepTimes
     from placer.hardware.probe import HostProbe
     from placer.hardware.spec import HardwareSpec
 
@@ -174,6 +174,7 @@ class StepProbe:
                 "estimated": t.estimated, "noisy": t.noisy, "device": t.device or None,
                 "other_device": self.other_device, "spread": {str(b): s for b, s in t.spread},
                 "steps": {str(b): n for b, n in t.steps}, "how": t.how,
+                "step_spread": list(t.step_spread),
                 "out": None if out is None else str(out)}
 
 
@@ -205,7 +206,8 @@ def probe_step(req: StepRequest, say: Callable[[str], None] = lambda line: print
     if req.estimate or gguf or not fits(inv, device):
         why = ("--estimate" if req.estimate else "a GGUF file is not run here" if gguf
                else f"the model does not fit {device} here")
-        times = estimate_steps(inv, bandwidth or step_bandwidth(req, spec), batches, why)
+        times = estimate_steps(inv, bandwidth or step_bandwidth(req, spec), batches, why,
+                               spec_fit(spec), flops=spec_flops(spec, bandwidth))
     else:
         name = device_name(device)
         warning = other_device(spec, device, name)
@@ -220,10 +222,33 @@ def probe_step(req: StepRequest, say: Callable[[str], None] = lambda line: print
                            if warning else "")
     if req.out is not None:
         assert spec is not None
-        stepped = dataclasses.replace(spec, base_step_ms=times.base_step_ms)
+        stepped = dataclasses.replace(spec, base_step_ms=times.base_step_ms,
+                                      step_spread=times.step_spread)
+        if times.estimated and "base_step_ms" not in spec.estimated:
+            stepped = dataclasses.replace(stepped, estimated=(*spec.estimated, "base_step_ms"))
         write_spec(stepped if times.estimated else stepped.measured("base_step_ms"), req,
                    step_note=note)
     return StepProbe(times, note, warning)
+
+
+def spec_fit(spec: HardwareSpec | None) -> StepFit:
+    """The step fit for the spec's first card on its backend (placer/hardware/backends.py):
+    its tier's where the table knows the card, else the backend's over every tier; no spec,
+    CUDA's."""
+    from placer.hardware.backends import UNKNOWN, fit_for
+
+    if spec is None:
+        return fit_for(None, UNKNOWN).step_fit()
+    return fit_for(card(spec.cards[0].model), spec.cards[0].backend).step_fit()
+
+
+def spec_flops(spec: HardwareSpec | None, given_bandwidth: float | None) -> float | None:
+    """The spec's card's dense bf16 FLOP/s where the table publishes them (and no
+    --memory-bandwidth names another card), else None: compute is then not counted."""
+    known = card(spec.cards[0].model) if spec is not None else None
+    if known is None or known.bf16_tflops is None or given_bandwidth is not None:
+        return None
+    return known.bf16_tflops * 1e12
 
 
 def other_device(spec: HardwareSpec | None, device: str, name: str) -> str | None:

@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Callable
 
+from placer.hardware.backends import UNKNOWN
 from placer.hardware.spec import Card, HardwareSpec, Host
 from placer.units import parse_bytes, parse_rate
 
@@ -76,6 +77,7 @@ def _card_fields(card: Card) -> list[str]:
             f"h2d_bandwidth = {_rate(card.h2d_bandwidth)}",
             *([f"h2d_pageable_bandwidth = {_rate(card.h2d_pageable_bandwidth)}"]
               if card.h2d_pageable_bandwidth is not None else []),
+            *([f"backend = {_str(card.backend)}"] if card.backend != UNKNOWN else []),
             f"latency_us = {_scaled(card.latency_s, 1e6, lambda x: x / 1e6)}"]
 
 

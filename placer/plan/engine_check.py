@@ -14,10 +14,12 @@ Two steps, each failing on the first problem with one line naming the file and t
    layers under it (solvers.llamacpp.cost.layer_devices), `slots` the counts llama.cpp makes
    of `moe_cache_mib` for those host layers (solvers.llamacpp.lru.group_slots: one per group,
    derived, not trusted), a CPU share only with a cache, each card's -ts share of the cache
-   beside its resident experts within its budget, every expert cold exactly where its layer
-   is a host layer, and the same for every option of the table (an option's resident experts
-   are those of its GPU layers: `--option NAME` exports it as the choice is exported, so its
-   cache must fit the cards as the choice's does); `llamacpp_build` one that
+   beside its resident experts within its budget and within the largest allocation of the
+   card's backend (a Vulkan card's: llama.cpp aborts at load above it; the plan's
+   hardware.cards[].backend, placer/hardware/data/backends.csv), every expert cold exactly
+   where its layer is a host layer, and the same for every option of the table (an option's
+   resident experts are those of its GPU layers: `--option NAME` exports it as the choice is
+   exported, so its cache must fit the cards as the choice's does); `llamacpp_build` one that
    solvers.llamacpp.builds re-derives from its `given` text, the same build it records (a
    failure names this field, not --llamacpp-version), with the flags the choice and every
    option use (a cache, a CPU share); the model's `hidden_size` and
@@ -40,6 +42,7 @@ import jsonschema
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.hardware.backends import UNKNOWN, backend
 from solvers.errors import SolverError
 
 MAX_HIDDEN = 1 << 20
@@ -129,6 +132,21 @@ def _check_option_budget(fail, at: str, option: dict, d: dict, layers: list[int]
             fail(f"{at}.moe_cache_mib", f"{mib} MiB of cache (card {c}'s -ts share) beside "
                  f"the experts of the option's GPU layers exceed card {c}'s budget "
                  f"({card['budget_bytes']} bytes)")
+
+
+def _check_alloc(fail, field: str, mib: int, d: dict, cached: set[int], split: list[float]
+                 ) -> None:
+    """Each `cached` card's -ts share of a `mib` MiB cache within its backend's largest
+    allocation (the plan's hardware, already validated)."""
+    total = sum(split[c] for c in cached)
+    for c in sorted(cached):
+        share = mib * split[c] / total if total > 0 else 0
+        name = d["hardware"]["cards"][c].get("backend", UNKNOWN)
+        limit = backend(name).max_alloc_mib
+        if limit and share > limit:
+            fail(field, f"{mib} MiB of cache puts {share:.0f} MiB on card {c}, above its "
+                 f"{name} backend's largest allocation ({limit} MiB; llama.cpp aborts at "
+                 "load above it: placer/hardware/data/backends.csv)")
 
 
 def _check_build(fail, engine: dict) -> None:
@@ -227,6 +245,9 @@ def _check_setup(fail, at: str, setup: dict, d: dict, layers: list[int], split: 
     else:
         if not host:
             fail(f"{at}.moe_cache_mib", f"{mib} MiB of cache, but no host layer to cache")
+        _check_alloc(fail, f"{at}.moe_cache_mib", mib, d,
+                     {dev for dev, layer in zip(devices, layers, strict=True) if layer in host},
+                     split)
         try:
             expected = group_slots(mib * MIB, groups, int(model["top_k"]),
                                    tensor_split=split if len(split) > 1 else None,

@@ -118,7 +118,13 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions,
     return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
                    tuple(int(c) for c in capacity), bandwidth, latency, CUDA_ALIGNMENT,
                    host_of(spec, hidden), device, split, pageable_of(spec),
-                   (build or default_build()).cache)
+                   (build or default_build()).cache, alloc_limits(spec))
+
+
+def alloc_limits(spec: HardwareSpec) -> tuple[int, ...]:
+    """Each card's largest one allocation, the most of the cache it may hold (its backend's:
+    placer/hardware/data/backends.csv; 0: no limit)."""
+    return tuple(c.max_alloc or 0 for c in spec.cards)
 
 
 def pageable_of(spec: HardwareSpec) -> tuple[float | None, ...]:
@@ -397,4 +403,5 @@ def plan_machine(plan: Plan, build: Build | None = None) -> Machine:
                    bandwidth, latency, int(engine["alignment"]),
                    host_of(plan.hardware, int(plan.model["hidden_size"])),
                    tuple(engine.get("devices") or ()), tuple(split) if split else None,
-                   pageable_of(plan.hardware), plan_build(plan, build).cache)
+                   pageable_of(plan.hardware), plan_build(plan, build).cache,
+                   alloc_limits(plan.hardware))

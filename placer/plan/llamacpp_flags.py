@@ -410,7 +410,8 @@ def fit_notes(machine: Machine, setup: Setup) -> list[str]:
     room_mib = max(machine.bank_room(setup.host), 0) // MIB
     if setup.cache_mib and setup.cache_mib > room_mib:
         notes.append(f"{CACHE_FLAG} {setup.cache_mib}: more than the {room_mib} MiB the "
-                     "cards have beside their experts")
+                     "cards have beside their experts (within their backend's largest "
+                     "allocation: docs/hardware.md)")
     return notes
 
 

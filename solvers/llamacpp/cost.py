@@ -126,6 +126,7 @@ class Machine:
     tensor_split: tuple[float, ...] | None = None
     pageable: float | tuple[float | None, ...] | None = None
     cache: type = LlamaCppCache  # the build's cache (solvers/llamacpp/builds.py cache_class)
+    alloc_limit: int | tuple[int, ...] = 0  # bytes of one GPU's largest allocation (0: none)
 
     def upload_bandwidth(self, pinned: bool) -> np.ndarray:
         """[D] bytes/s of each GPU's uploads from pinned host experts (`bandwidth`) or from
@@ -168,12 +169,16 @@ class Machine:
 
     def bank_room(self, host_layers: np.ndarray) -> int:
         """The largest cache (bytes) whose banks fit beside the experts of the GPU layers:
-        llama.cpp gives each GPU with host layers its -ts share of the cache."""
+        llama.cpp gives each GPU with host layers its -ts share of the cache, which may not
+        pass the GPU's largest allocation (`alloc_limit`: a Vulkan device's; llama.cpp aborts
+        at load above it)."""
         host = np.asarray(host_layers, dtype=bool)
         room = self.per_device(self.capacity) - self.gpu_bytes(host)
         cached = np.bincount(self.layer_device[host], minlength=len(room)) > 0
         if not cached.any():
             return int(room.min())
+        limit = self.per_device(self.alloc_limit)
+        room = np.where(limit > 0, np.minimum(room, limit), room)
         split = self.per_device(self.tensor_split or 1.0)[cached]
         return int(np.floor((room[cached] * split.sum() / split).min()))
 
