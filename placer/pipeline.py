@@ -175,6 +175,7 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Tar
                    "oracle_time_limit": req.oracle_time_limit}
     stage("evaluate", eval_inputs, (report_path, report_path.with_suffix(".txt")),
           lambda: run_evaluate(plan_path, heldout, report_path, req, progress))
+    from placer.plan.estimates import estimated_json
     from placer.plan.placement import read_plan
     from placer.report.figures import shell_lines
     from placer.report.plan import plan_summary
@@ -192,7 +193,7 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Tar
     say("\n".join(plan_summary(plan, report, command, out)))
     say("\n".join(["then, as you need them:",
                    *(line for f in followups for line in shell_lines(f))]))
-    return {"stages": stages, "report": report,
+    return {"stages": stages, "report": report, "estimated": estimated_json(plan.hardware),
             "command": command, "followups": followups, "out": str(out)}
 
 

@@ -75,6 +75,8 @@ def test_bench_measures_and_predicts_every_arm(arms, tmp_path, cli, capsys):
     assert "decode tok/s" in table and "measured" in table and "predicted" in table
     assert max(map(len, table.splitlines()[:-3])) <= 100  # the table; notes and paths after
     assert "(no interval)" in table and "note: 2 trials" in table
+    assert report["estimated"] == [] and "ESTIMATED" not in table  # a measured spec: no mark
+    assert "step estimated" not in table and "predicted_tokens_per_s_step" not in rows[0]
     assert f"{rows[0]['measured_step_ms']:.2f} ms at C=1" in table
     assert f"{layer[0]['predicted_ratio_to_first']:.3f}" in table
     for r, v in zip(rows, report["verdicts"], strict=True):

@@ -50,6 +50,8 @@ def test_bench_llamacpp_measures_predicts_replays_and_calibrates(bench_plan, pla
     assert len(rows) == 4 and len({(tuple(r["host_layers"]), r["moe_cache_mib"])
                                    for r in rows}) == 4
     assert rows[0]["option"] == "chosen"
+    assert report["estimated"] == []  # a measured spec: no mark, no step range
+    assert not any("predicted_tokens_per_s_step" in r for r in rows)
     for r in rows:
         low, high = r["measured_tokens_per_s_ci95"]
         assert 0 < low <= r["measured_tokens_per_s"] <= high

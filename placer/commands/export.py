@@ -208,6 +208,8 @@ def _engine_export(p, asked: EngineExport, out: Path | None, inputs: tuple,
         server_command,
     )
     from placer.plan.engine import plan_target
+    from placer.plan.estimates import estimated_json
+    from placer.report.exporters import predicted_comments
 
     engine = p.engine
     target = plan_target(p, asked.version)
@@ -236,13 +238,16 @@ def _engine_export(p, asked: EngineExport, out: Path | None, inputs: tuple,
                     "devices": engine.get("devices"), "build": build.to_json(),
                     "build_label": build.label,
                     "model_placeholder": None if placeholder is None else {
-                        "name": placeholder.name, "must_match": placeholder.must_match}})
+                        "name": placeholder.name, "must_match": placeholder.must_match},
+                    "estimated": estimated_json(p.hardware)})
         return
     what = (engine["choice"] if asked.option is None else f"option {chosen['name']!r}")
     typer.echo(f"# {what}: experts of decoder layers {chosen['host_layers']} in host memory, "
                f"cache {chosen['moe_cache_mib']} MiB ({chosen['slots'] or 'no'} slots per "
                "group)")
     typer.echo(f"# predicted for {build.label}")
+    for comment in predicted_comments(p, chosen.get("name", "chosen")):
+        typer.echo(comment)
     if placeholder is not None:
         typer.echo(f"# {placeholder.name}: your GGUF of this model, {placeholder.must_match} "
                    "(export again with --model YOUR.gguf to check it)")

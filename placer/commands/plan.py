@@ -106,4 +106,4 @@ def register(app: typer.Typer) -> None:
                         "followups": result["followups"],
                         "stages": {name: {"skipped": s.skipped, "key": s.key}
                                    for name, s in result["stages"].items()},
-                        "report": result["report"]})
+                        "report": result["report"], "estimated": result["estimated"]})

@@ -70,6 +70,7 @@ def register(app: typer.Typer) -> None:
         from placer.checkpoint.estimate import estimate_inventory
         from placer.checkpoint.inventory import read_inventory
         from placer.plan import engine as dispatch
+        from placer.plan.estimates import estimated_json
         from traces.storing.stats import dropped_prefill
 
         if (model is None) == (config is None):
@@ -96,5 +97,5 @@ def register(app: typer.Typer) -> None:
         notes = [] if plan.engine is not None else [
             note for trace_dir in traces or [] if (note := dropped_prefill(trace_dir))]
         report_solve(plan, out, notes, verbose=verbose, quiet=json_out, inputs=inputs)
-        if json_out:
-            print_json(plan.to_json())
+        if json_out:  # the plan, and what its predictions rest on (as every --json says it)
+            print_json({**plan.to_json(), "estimated": estimated_json(plan.hardware)})

@@ -95,15 +95,20 @@ def solve(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts: Solv
           target: Target, progress: Progress | None = None) -> Plan:
     """The plan of `target` for `inv` on `spec` from the traces in `trace_dirs`; `progress`
     is told placer's solver stages."""
+    from placer.plan.estimates import add_step_ranges
+
     if target.engine == "llamacpp":
         from placer.plan.llamacpp import solve_llamacpp
 
-        return solve_llamacpp(inv, spec, trace_dirs, opts, target.build,
+        plan = solve_llamacpp(inv, spec, trace_dirs, opts, target.build,
                               None if target.gguf is None else str(target.gguf))
-    from placer.plan.solve import solve_plan
-    from solvers.static.ilp import no_progress
+    else:
+        from placer.plan.solve import solve_plan
+        from solvers.static.ilp import no_progress
 
-    return solve_plan(inv, spec, trace_dirs, opts, progress or no_progress)
+        plan = solve_plan(inv, spec, trace_dirs, opts, progress or no_progress)
+    add_step_ranges(plan.predicted, spec)
+    return plan
 
 
 def plan_target(plan: Plan, version: str | None = None) -> Target:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.plan.estimates import add_step_ranges, estimated_json
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS, check_steps_memory
 from placer.plan.placement import Plan, check_cache_slots, plan_policy, plan_quotas
 from placer.plan.solve import cards_of, execution_of
@@ -216,7 +217,9 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                 drift.append(entry)
                 notes += [note] if note else []
             verdicts.append(trace_verdict(name, rows))
+    add_step_ranges(results, plan.hardware)
     return {"plan_fingerprint": plan.model["fingerprint"],
+            "estimated": estimated_json(plan.hardware),
             "replay": "every held-out token" if opts.num_steps is None
             else f"{opts.num_steps} sampled decode steps",
             "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,

@@ -21,7 +21,9 @@ import numpy as np
 
 from placer.checkpoint.kv import trained_context
 from placer.errors import PlacerError
+from placer.hardware.spec import HardwareSpec
 from placer.plan import engine as dispatch
+from placer.plan.estimates import add_step_ranges, estimated_json
 from placer.plan.llamacpp import n_cpu_moe
 from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model, ServerFlags
 from placer.predict.evaluate import EvalOptions, check_options, replay_steps
@@ -52,12 +54,13 @@ class FlagsRequest:
 
 @dataclass(frozen=True)
 class Box:
-    """What the lines run on: the machine, the model, the base step, the build's label, the
-    seed and concurrencies, a check of a trace directory, and the plan's own line if any."""
+    """What the lines run on: the machine, the model, the spec (its base step and its
+    estimate marks), the build's label, the seed and concurrencies, a check of a trace
+    directory, and the plan's own line if any."""
 
     machine: Machine | None  # None: not a llama.cpp target (flag_lines refuses it)
     model: Model
-    base_step_s: Callable[[int], float]
+    spec: HardwareSpec  # its base step, and what of it is estimated
     build: str
     seed: int
     batches: tuple[int, ...]
@@ -112,7 +115,9 @@ def evaluate_flags(req: FlagsRequest) -> dict:
                      f"{box.shape[1]} experts per layer uniformly at random; "
                      f"{UNIFORM_SEQUENCES} sequences x {UNIFORM_TOKENS} tokens, seed "
                      f"{box.seed}): real traffic's skew is what a cache lives on")
+    add_step_ranges(results, box.spec)
     return {"engine": "llamacpp", "llamacpp_build": box.build, "seed": box.seed,
+            "estimated": estimated_json(box.spec),
             "replicates": req.opts.replicates,
             "routing": "traces" if req.traces else "uniform",
             "lines": ([{"name": PLAN_LINE, "flags": None, **setup_json(box, box.plan_line),
@@ -143,7 +148,7 @@ def plan_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
     batches = req.opts.concurrency or tuple(plan.budget.get("concurrency") or (1,))
     seed = plan.solver.get("seed", 0) if req.opts.seed is None else req.opts.seed
     return Box(plan_machine(plan, target.build) if llama else None, model,
-               plan.hardware.base_step_s, target.build.label if llama else "", seed, batches,
+               plan.hardware, target.build.label if llama else "", seed, batches,
                lambda d: check_traces(plan, d),
                (len(plan.moe_layers), plan.experts_per_layer, int(plan.model["top_k"])),
                engine_setup(plan, PLAN_LINE) if llama else None), target
@@ -194,7 +199,7 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                                      flags.get("-ctv"), said=", ".join(flags.kv()))
         return machine_of(inv, with_kv, SolveOptions(), target.build), note
 
-    return Box(machine, model, spec.base_step_s, target.build.label if llama else "",
+    return Box(machine, model, spec, target.build.label if llama else "",
                0 if req.opts.seed is None else req.opts.seed, req.opts.concurrency or (1,),
                check, (len(inv.moe_layers), inv.experts_per_layer, inv.top_k),
                sized=sized), target
@@ -240,7 +245,7 @@ def flags_row(box: Box, lines: list[FlagLine], name: str, steps: TokenSteps,
     row: dict = {"traces": name, "concurrency": batch, "steps": len(steps)}
     for members in groups.values():
         judged = judge(members[0][0], [s for _, s in members], steps.tokens, steps.seqs,
-                       box.base_step_s(batch), replicates, box.seed)
+                       box.spec.base_step_s(batch), replicates, box.seed)
         row.update({"tokens": int(judged.units.tokens().sum()),
                     "interval_units": judged.units.count, "interval_over": judged.units.over})
         for _, setup in members:

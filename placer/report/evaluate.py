@@ -26,6 +26,13 @@ from placer.report.figures import (
     wrapped,
 )
 from placer.report.figures import console as rich_console
+from placer.report.marks import (
+    SUMMARY_PROBES,
+    marked,
+    spec_estimates,
+    step_ranges,
+    table_marks,
+)
 
 
 def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = False,
@@ -53,6 +60,8 @@ def evaluate_summary(report: dict, full: Path | None = None) -> list[str]:
     for v in report["verdicts"]:
         if not v["ok"] or v["verdict"] != "better":
             lines += wrapped(v["message"])
+    lines += [line for e in spec_estimates(estimated(report), SUMMARY_PROBES)
+              for line in wrapped(f"estimate: {e}")]
     notes = report["notes"]
     said = f"{len(notes)} note{'s' if len(notes) != 1 else ''}, drift and the" if notes else \
         "drift and the"
@@ -101,7 +110,8 @@ def print_report(report: dict) -> None:
         table = Table(title=f"{traces}: predicted on {how}, seed {report['seed']}; ± 95% "
                             f"bootstrap interval ({report['replicates']} replicates)")
         for col in ("line", "hit rate", "cold bytes/token", "cold experts/token",
-                    "stall ms/step", "tok/s"):
+                    marked("stall ms/step", estimated(report), stall=True),
+                    marked("tok/s", estimated(report))):
             table.add_column(col, justify="right")
         for r in rows:
             table.add_row(bold(f"B={r['concurrency']} {r['execution']}"),
@@ -116,6 +126,12 @@ def print_report(report: dict) -> None:
                               plus_minus(f, "tokens_per_s", "{:.2f}"),
                               end_section=i == len(lines) - 1)
         print_table(table, console)
+        for r in rows:  # seven columns: no room for an eighth, the step ranges below
+            for line in step_ranges(f"B={r['concurrency']} {r['execution']}",
+                                    {LINE_NAMES[k]: r[k] for k in LINE_NAMES if k in r}):
+                console.print(line, highlight=False)
+    for line in table_marks(estimated(report)):
+        console.print(line, highlight=False)
     for r in report["results"]:
         others = "".join(f", / {LINE_NAMES[k]} {ratio_text(r, k)}"
                          for k in ("oracle", "lru", "lfuda", "belady", "nocache")
@@ -137,7 +153,7 @@ def print_report(report: dict) -> None:
         curve = Table(title="held-out figures vs calibration traffic (k-fold over sequences; "
                             "± 95% interval over folds)")
         for col in ("line", "share of training sequences", "calibration tokens", "hit rate",
-                    "stall ms/step"):
+                    marked("stall ms/step", estimated(report), stall=True)):
             curve.add_column(col, justify="right")
         for row in report["curve"]:
             curve.add_row(row["line"], "" if row["fraction"] is None else f"{row['fraction']:g}",
@@ -150,6 +166,12 @@ def print_report(report: dict) -> None:
             "message"] else {"better": "green"}.get(v["verdict"], "yellow"))
     if "plot" in report:
         console.print(f"plot written to {report['plot']}")
+
+
+def estimated(report: dict) -> list[dict]:
+    """The spec figures the report's predictions rest on ([] in a report written before
+    they were recorded: a `placer plan` stage it resumes)."""
+    return report.get("estimated", [])
 
 
 LINE_NAMES = {"placement": "placement", "layer": "layer offload", "uniform": "uniform",

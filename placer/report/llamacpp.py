@@ -10,9 +10,18 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from placer.plan.estimates import STEP_RANGE, estimated_json
 from placer.report.figures import capped, columns, label, plus_minus, print_table, span, wrapped
 from placer.report.figures import console as rich_console
-from placer.report.marks import closing
+from placer.report.marks import (
+    MARK,
+    STEP_COLUMN,
+    closing,
+    marked,
+    step_cell,
+    step_text,
+    table_marks,
+)
 
 if TYPE_CHECKING:
     from placer.plan.placement import Plan
@@ -32,10 +41,12 @@ def llamacpp_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[s
     lines += wrapped(f"choice: {engine['choice']}")
     ncmoe = next((o for o in engine["options"] if o["name"] == "ncmoe"), None)
     against = "-ncmoe" if ncmoe is None else _layers(ncmoe)
-    lines.append(f"predicted decode: the choice's stall / {against}'s (95% interval)")
+    estimated = estimated_json(plan.hardware)
+    lines.append(f"predicted decode: the choice's stall / {against}'s (95% interval)"
+                 + (f", tok/s {MARK} (below)" if estimated else ""))
     lines += capped(columns([(label(r["profile"]), f"B={r['concurrency']}",
                               f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}",
-                              f"{fig['tokens_per_s']:.2f} tok/s")
+                              f"{fig['tokens_per_s']:.2f} tok/s", step_text(fig, fmt="{:.1f}"))
                              for r in plan.predicted for fig in [r["options"]["chosen"]]]))
     losses = [f"{r['profile']} B={r['concurrency']}" for r in plan.predicted
               if any(note.startswith(f"{r['profile']} B={r['concurrency']}:")
@@ -59,11 +70,14 @@ def print_llamacpp(plan: Plan, out: Path) -> None:
                   f"{engine['choice']}")
     options = {o["name"]: o for o in engine["options"]}
     pick = engine.get("tuner_pick")
+    estimated = estimated_json(plan.hardware)
     for row in plan.predicted:
         table = Table(title=f"{row['profile']} B={row['concurrency']}: predicted decode "
                             "(± 95% bootstrap interval over sequences)")
+        steps = any(STEP_RANGE in fig for fig in row["options"].values())
         for col in ("option", "host layers", "--moe-cache-mib", "slots", "cpu share",
-                    "host experts", "tok/s", "stall ms/step", "vs -ncmoe"):
+                    "host experts", marked("tok/s", estimated), *([STEP_COLUMN] if steps else []),
+                    marked("stall ms/step", estimated, stall=True), "vs -ncmoe"):
             table.add_column(col, justify="right")
         for name, fig in row["options"].items():
             o = options[name]
@@ -77,9 +91,12 @@ def print_llamacpp(plan: Plan, out: Path) -> None:
                           ",".join(map(str, o["slots"])) or "-",
                           f"{o.get('cpu_share', 0.0):g}",
                           "pinned" if o.get("pinned", True) else "mmap'd", tok,
+                          *([step_cell(fig)] if steps else []),
                           plus_minus(fig, "stall_ms_per_step"),
                           f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}")
         console.print(table)
+    for line in table_marks(estimated):
+        console.print(line, highlight=False)
     grid = [o["name"] for o in engine["options"] if o.get("tuner")]
     if grid:
         console.print(f"upstream's tuner (scripts/moe-cache-tune.py: -cmoe, its sizes x CPU "
@@ -140,17 +157,24 @@ def print_llamacpp_bench(report: dict) -> None:
                         f"{report['num_prompts']} prompts x {report['trials']} trials, "
                         f"up to {report['max_new_tokens']} new tokens (95% intervals; "
                         "ratios to the first option)")
-    for col in ("option", "", "decode tok/s", "/ first", "pred / meas"):
+    step = "predicted_tokens_per_s_step"
+    steps = any(step in r for r in report["options"])
+    for col in ("option", "", "decode tok/s", *([STEP_COLUMN] if steps else []), "/ first",
+                "pred / meas"):
         table.add_column(col, justify="left" if col == "option" else "right")
     for r in report["options"]:
         name = r["option"] + (f" (= {', '.join(r['same_as'])})" if r["same_as"] else "")
         table.add_row(name, "measured", figure(r, "measured_tokens_per_s"),
-                      figure(r, "measured_ratio_to_first", "{:.3f}"),
+                      *([""] if steps else []), figure(r, "measured_ratio_to_first", "{:.3f}"),
                       "-" if r["predicted_over_measured"] is None
                       else f"{r['predicted_over_measured']:.3f}")
-        table.add_row("", "predicted", figure(r, "predicted_tokens_per_s"),
+        table.add_row("", marked("predicted", report["estimated"]),
+                      figure(r, "predicted_tokens_per_s"),
+                      *([step_cell(r, step)] if steps else []),
                       figure(r, "predicted_ratio_to_first", "{:.3f}"), "", end_section=True)
     print_table(table, console)
+    for line in table_marks(report["estimated"]):
+        console.print(line, highlight=False)
     for r in report["options"]:
         console.print(f"{r['option']}: {r['flags']}", highlight=False)
         c = r["cache"]

@@ -12,6 +12,7 @@ from placer.files import write_json_atomic
 from placer.report.figures import console as rich_console
 from placer.report.figures import plus_minus, print_table, span
 from placer.report.llamacpp import _layers as host_text
+from placer.report.marks import marked, step_ranges, table_marks
 
 
 def report_flags(report: dict, out: Path | None = None, *, quiet: bool = False) -> None:
@@ -33,7 +34,9 @@ def print_flags(report: dict) -> None:
                             f"{routing}, {report['llamacpp_build']}; ± 95% bootstrap "
                             f"interval over {row['interval_units']} {row['interval_over']}")
         for col in ("line", "host layers", "--moe-cache-mib", "slots", "cpu share",
-                    "host experts", "tok/s", "stall ms/step", f"stall / {first}'s"):
+                    "host experts", marked("tok/s", report["estimated"]),
+                    marked("stall ms/step", report["estimated"], stall=True),
+                    f"stall / {first}'s"):
             table.add_column(col, justify="right")
         for name, fig in row["lines"].items():
             line = lines[name]
@@ -45,6 +48,10 @@ def print_flags(report: dict) -> None:
                           plus_minus(fig, "tokens_per_s", "{:.2f}"),
                           plus_minus(fig, "stall_ms_per_step", "{:.4f}"), ratio)
         print_table(table, console)
+        for line in step_ranges(f"B={row['concurrency']}", row["lines"]):
+            console.print(line, highlight=False, markup=False)
+    for line in table_marks(report["estimated"]):
+        console.print(line, highlight=False, markup=False)
     for line in report["lines"]:
         if line["flags"] is not None:
             console.print(f"{line['name']}: {line['flags']}", highlight=False, markup=False)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from placer.report.evaluate import ratio_lines
 from placer.report.figures import shell_lines, wrapped
-from placer.report.marks import estimates
+from placer.report.marks import estimate_lines
 from placer.report.solve_summary import cache_lines, card_lines
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def plan_summary(plan: Plan, report: dict, command: str, out: Path) -> list[str]
     for v in report["verdicts"]:
         if not v["ok"] or v["verdict"] != "better":
             lines += wrapped(v["message"])
-    lines += [f"estimate: {e}" for e in estimates(plan)]
+    lines += estimate_lines(plan)
     tables = [str(Path(out) / name) for name in FULL_TABLES if (Path(out) / name).is_file()]
     if tables:
         lines += wrapped(f"the full tables: {', '.join(tables)}")

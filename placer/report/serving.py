@@ -7,6 +7,7 @@ from rich.table import Table
 
 from placer.report.figures import bold, print_table, span
 from placer.report.figures import console as rich_console
+from placer.report.marks import STEP_COLUMN, marked, step_cell, table_marks
 from placer.units import format_bytes
 
 
@@ -36,18 +37,26 @@ def print_bench(report: dict) -> None:
     table = Table(title=f"{report['num_prompts']} prompts x "
                         f"{report['trials']} trials, {report['max_new_tokens']} new tokens "
                         f"(95% intervals; ratios to the first arm)")
-    for col in ("arm", "C", "", "decode tok/s", "/ first arm", "TTFT ms", "steps"):
+    step = "predicted_tokens_per_s_step"
+    steps = any(step in r for r in report["arms"])
+    for col in ("arm", "C", "", "decode tok/s", *([STEP_COLUMN] if steps else []),
+                "/ first arm", "TTFT ms", "steps"):
         table.add_column(col, justify="left" if col == "arm" else "right")
     names = labels([r["placed"] for r in report["arms"]])
+    estimated = report["estimated"]
     for name, r in zip(names, report["arms"], strict=True):
         for kind in ("measured", "predicted"):
             first_row = kind == "measured"
             table.add_row(name if first_row else "", str(r["concurrency"]) if first_row else "",
-                          kind, figure(r, f"{kind}_tokens_per_s"),
+                          kind if first_row else marked(kind, estimated),
+                          figure(r, f"{kind}_tokens_per_s"),
+                          *([step_cell(r, step) if not first_row else ""] if steps else []),
                           figure(r, f"{kind}_ratio_to_first", "{:.3f}"),
                           f"{r['ttft_ms']:.1f}" if first_row else "",
                           str(r["decode_steps"]) if first_row else "", end_section=not first_row)
     print_table(table, console)
+    for line in table_marks(estimated):
+        console.print(line, highlight=False)
     bases = sorted({(r["concurrency"], r["predicted_base_step_ms"]) for r in report["arms"]})
     console.print("predicted with each plan's hardware spec, base step "
                   + ", ".join(f"{ms:.2f} ms at C={c}" for c, ms in bases), highlight=False)

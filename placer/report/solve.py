@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from placer.plan.estimates import STEP_RANGE, estimated_json
 from placer.report.figures import bold, plus_minus, print_table, span
 from placer.report.figures import console as rich_console
+from placer.report.marks import STEP_COLUMN, marked, step_cell, table_marks
 from placer.units import format_bytes
 
 if TYPE_CHECKING:
@@ -39,9 +41,13 @@ def print_plan(plan: Plan, out: Path, notes: Sequence[str] = ()) -> None:
                       format_bytes(c.resident_bytes), slots, format_bytes(c.homed_bytes),
                       format_bytes(c.homed_bytes - c.resident_bytes))
     print_table(cards, console)
-    print_cache(plan.cache or {})
+    estimated = estimated_json(plan.hardware)
+    print_cache(plan.cache or {}, estimated)
     print_table(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
-                                                 "bootstrap interval over sequences)"), console)
+                                                 "bootstrap interval over sequences)",
+                                 estimated), console)
+    for line in table_marks(estimated):
+        console.print(line, highlight=False)
     for r in plan.predicted:
         if "judged_steps" in r:
             kept, steps = r["judged_steps"]
@@ -66,9 +72,9 @@ def solver_bound(solver: dict) -> str:
     return f"bound {bound:.6g}, gap {gap_text}"
 
 
-def print_cache(cache: dict) -> None:
+def print_cache(cache: dict, estimated: Sequence[dict]) -> None:
     """How the split between pins and slots was chosen: every candidate's held-out figures,
-    the chosen one marked."""
+    the chosen one marked (and its ms columns where they rest on `estimated`)."""
     console = rich_console()
     if cache.get("mode") == "off":
         console.print(f"cache: none ({cache['reason']})")
@@ -90,8 +96,8 @@ def print_cache(cache: dict) -> None:
                      f", regret {regret:.4f} (mean stall / the plain cache's)"))
     table = Table(title="candidates on the same held-out traffic (each chosen without the "
                         "part it is judged on)")
-    columns = ["candidate", "pinned", "cache slots", "stall ms/step"]
-    columns += ["renamed ms/step"] if unlike is not None else []
+    columns = ["candidate", "pinned", "cache slots", marked("stall ms/step", estimated, stall=True)]
+    columns += [marked("renamed ms/step", estimated, stall=True)] if unlike is not None else []
     plain = next((c for c in cache["candidates"] if c["kind"] == "cache"), None)
     for col in columns + (["regret (ratio)"] if regret is not None else []):
         table.add_column(col, justify="left" if col == "candidate" else "right")
@@ -105,7 +111,7 @@ def print_cache(cache: dict) -> None:
             row.append(f"{c['held_out_regret']:.4f}")
         table.add_row(*row, style="bold" if c["chosen"] else None)
     print_table(table, console)
-    print_policies(cache, console)
+    print_policies(cache, console, estimated)
     for note in cache.get("notes", []):
         console.print(f"note: {note}")
     if unlike is not None and regret is None and plain is not None \
@@ -117,7 +123,7 @@ def print_cache(cache: dict) -> None:
                       f"--robust weighs that in")
 
 
-def print_policies(cache: dict, console: Console) -> None:
+def print_policies(cache: dict, console: Console, estimated: Sequence[dict] = ()) -> None:
     """The policies the chosen split (and the plain cache) was judged under (--cache-policy
     auto), the chosen one marked: held-out stall per step on the same folds and on them
     renamed (the learned weights of each fold fitted on the other folds); a line where the
@@ -130,7 +136,9 @@ def print_policies(cache: dict, console: Console) -> None:
                         "same held-out folds and on them renamed"
                   + ("" if judged >= 1.0 else f" (the first {judged:.0%} of each fold's "
                      "requests, scaled to the split's figure)"))
-    for col in ("policy", "pins and slots", "slots", "stall ms/step", "renamed ms/step"):
+    for col in ("policy", "pins and slots", "slots", *(marked(f"{what} ms/step", estimated,
+                                                              stall=True)
+                                                       for what in ("stall", "renamed"))):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
         renamed = r["held_out_unlike_stall_ms_per_step"]
@@ -175,19 +183,25 @@ def rows_plan(rows: list[dict]) -> str:
     return next(r.get("plan", "split") for r in rows if r["chosen"])
 
 
-def prediction_table(rows: list[dict], title: str) -> Table:
+def prediction_table(rows: list[dict], title: str, estimated: Sequence[dict]) -> Table:
     """Per (profile, concurrency), one row per line (placement, layer offload, uniform):
-    stall with the half-width of its 95% interval, tokens/s, hit rate; the placement's row
-    gives its paired ratio to layer offload with its interval."""
+    stall with the half-width of its 95% interval, tokens/s (and where the base step is an
+    estimate, its step range), hit rate; the placement's row gives its paired ratio to layer
+    offload with its interval. `estimated` (the spec's, as --json has it) marks the stall
+    and tok/s columns that rest on an estimate."""
     table = Table(title=title)
-    for col in ("line", "stall ms/step", "tok/s", "hit rate", "stall / layer offload"):
+    lines = (("placement", "placement"), ("layer", "layer offload"), ("uniform", "uniform"))
+    steps = any(STEP_RANGE in r[key] for r in rows for key, _ in lines)
+    for col in ("line", marked("stall ms/step", estimated, stall=True),
+                marked("tok/s", estimated), *([STEP_COLUMN] if steps else []), "hit rate",
+                "stall / layer offload"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(bold(f"{r['profile']} B={r['concurrency']}"), end_section=True)
-        for i, (key, name) in enumerate((("placement", "placement"),
-                                         ("layer", "layer offload"), ("uniform", "uniform"))):
+        for i, (key, name) in enumerate(lines):
             f = r[key]
             table.add_row(name, plus_minus(f, "stall_ms_per_step"), f"{f['tokens_per_s']:.2f}",
+                          *([step_cell(f)] if steps else []),
                           f"{f['hit_rate']:.3f}",
                           f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}"
                           if key == "placement" else "", end_section=i == 2)

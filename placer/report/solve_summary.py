@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from placer.plan.estimates import estimated_json
 from placer.report.figures import beside, capped, columns, finish, label, span, wrapped
 from placer.report.llamacpp import llamacpp_summary, print_llamacpp
-from placer.report.marks import closing
+from placer.report.marks import MARK, closing, step_text
 from placer.report.solve import print_plan, solver_bound
 from placer.units import format_bytes
 
@@ -44,17 +45,29 @@ def solve_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[str]
              + f", {len(plan.cards)} card{'s' if len(plan.cards) != 1 else ''}"]
     lines += card_lines(plan)
     lines += cache_lines(plan.cache or {})
-    lines.append("predicted on calibration traffic: stall / layer offload (95% interval)")
+    estimated = estimated_json(plan.hardware)
+    lines.append("predicted on calibration traffic: stall / layer offload (95% interval)"
+                 + (f", tok/s {MARK} (below)" if estimated else ""))
     lines += capped(columns([(label(r["profile"]), f"B={r['concurrency']}",
                               f"{r['ratio_to_layer']:.3f}x {span(r['ratio_to_layer_ci95'])}",
                               f"{r['placement']['tokens_per_s']:.2f} tok/s",
-                              f"(layer offload {r['layer']['tokens_per_s']:.2f})")
+                              absolute(r, "layer", "layer offload", bool(estimated)))
                              for r in plan.predicted]))
     if plan.robust:
         worst = plan.robust.get("worst_ratio") or max(plan.robust["ratios"].values())
         lines.append(f"robust: at most {worst:.3f}x layer offload's stall on any traffic set "
                      "and concurrency")
     return lines + closing(plan, full, notes)
+
+
+def absolute(row: dict, line: str, name: str, estimated: bool) -> str:
+    """The last cell of a summary's prediction row: the placement's step range where its base
+    step is an estimate ("step estimated: 41.0-63.0 tok/s"), else `line`'s tokens/s (on an
+    estimated spec an absolute figure says little beyond the ratio before it)."""
+    step = step_text(row["placement"], fmt="{:.1f}")
+    if step or estimated:
+        return step
+    return f"({name} {row[line]['tokens_per_s']:.2f})"
 
 
 def card_lines(plan: Plan, most: int = 4) -> list[str]:

@@ -35,6 +35,7 @@ import torch
 from placer.checkpoint.step import monotone
 from placer.errors import PlacerError
 from placer.files import write_text_atomic
+from placer.plan.estimates import estimated_json
 from placer.plan.placement import Plan, read_plan
 from placer.progress import NO_BAR, ItemsBar
 from placer.runtime.placed_model import PlacedModel, load_placed_model
@@ -178,9 +179,11 @@ def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: B
         raise PlacerError("--trials and --concurrency must be >= 1, --max-new-tokens >= 2")
     rows: list[dict] = []
     prompts: list[list[int]] = []
+    specs = []  # each arm's plan's spec, for what its predictions rest on
     for placed in placed_dirs:
         loaded = load_placed_model(placed, checkpoint, device=opts.device,
                                    cache_slots=opts.cache_slots)
+        specs.append(loaded.runtime.plan.hardware)
         try:
             prompts = prompts or read_prompts(prompts_path, loaded.tokenizer)
             check_prompts(prompts, opts, context_of(loaded.model, opts.kv_tokens))
@@ -197,7 +200,7 @@ def bench(placed_dirs: list[Path], checkpoint: Path, prompts_path: Path, opts: B
              "more)"] if opts.trials < MIN_TRIALS else []
     return {"model": str(checkpoint), "prompts": str(prompts_path), "num_prompts": len(prompts),
             "trials": opts.trials, "max_new_tokens": opts.max_new_tokens, "notes": notes,
-            "arms": rows, "verdicts": cache_verdicts(rows)}
+            "arms": rows, "verdicts": cache_verdicts(rows), "estimated": estimated_json(*specs)}
 
 
 def measure_placed(loaded: PlacedModel, placed: Path, prompts: list[list[int]],

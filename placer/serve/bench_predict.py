@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from placer.plan.estimates import step_range_field
 from placer.plan.placement import Plan
 from placer.predict.evaluate import cache_lines, plan_line, plan_placement, plan_problem
 from solvers.judge.intervals import (
@@ -63,6 +64,7 @@ def predict_arm(plan: Plan, steps: TokenSteps, num_prompts: int, cache_slots: in
             "stall_ratio_to_lru": to_lru.point,
             "stall_ratio_to_lru_ci95": to_lru.ci95() if estimable(units) else None,
             "base_step_ms": base * 1e3, "interval_over": units.over,
+            **step_range_field(plan.hardware, batch, figures["stall_ms_per_step"]),
             "estimate": Estimate(batch / (base + stall_estimate.point),
                                  batch / (base + stall_estimate.replicates))}
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from placer.errors import PlacerError
 from placer.exporters.llamacpp import check_model, engine_args
+from placer.plan.estimates import estimated_json, step_range_field
 from placer.plan.llamacpp import n_cpu_moe
 from placer.plan.placement import Plan, read_plan
 from placer.progress import NO_BAR, ItemLines, ItemsBar
@@ -313,6 +314,8 @@ def option_row(plan: Plan, option: BenchOption, recorded: Pass, timed: list[Pass
             "predicted_tokens_per_s_ci95": predicted["tokens_per_s_ci95"],
             "predicted_stall_ms_per_step": predicted["stall_ms_per_step"],
             "predicted_base_step_ms": predicted["base_step_ms"],
+            **{f"predicted_{k}": v for k, v in step_range_field(
+                plan.hardware, 1, predicted["stall_ms_per_step"]).items()},
             "predicted_over_measured": predicted["tokens_per_s"] / measured,
             "decode_tokens": ub.decode_steps, "cache": cache, "model_terms": terms,
             "_predicted": predicted["estimate"]}
@@ -349,4 +352,4 @@ def report_of(prepared: Prepared, prompts: Path, rows: list[dict], sequences: li
             "prompts": str(prompts), "num_prompts": len(sequences), "trials": opts.trials,
             "max_new_tokens": opts.max_new_tokens, "max_prompt_tokens": opts.max_prompt_tokens,
             "prompt_tokens": sequences[0][0], "warmup": opts.warmup, "notes": notes,
-            "options": rows}
+            "options": rows, "estimated": estimated_json(prepared.plan.hardware)}
