@@ -243,7 +243,8 @@ def test_emit_refuses_a_llamacpp_plan(tmp_path):
     calib = routing_trace(GPTOSS, "mmlu_dev", tmp_path / "calib", 2500)
     solve(tmp_path, "1x-8gb-pcie3x4", calib)
     out = CliRunner().invoke(app, ["emit", "--plan", str(tmp_path / "1x-8gb-pcie3x4.json"),
-                                   "--model", str(tmp_path), "--out", str(tmp_path / "placed")])
+                                   "--model", str(tmp_path / "model"),
+                                   "--out", str(tmp_path / "placed")])
     assert out.exit_code == 1 and "--engine llamacpp" in out.output
     assert not (tmp_path / "placed").exists()
 
@@ -257,7 +258,8 @@ def test_options_of_placers_runtime_are_refused(tmp_path):
                                   "num_attention_heads": 2, "num_key_value_heads": 2}))
     for extra in (["--robust"], ["--page-size", "1KiB"], ["--cache", "4"], ["--ep", "balanced"]):
         out = CliRunner().invoke(app, ["solve", "--engine", "llamacpp", "--config", str(config),
-                                       "--hardware", "1x-12gb-pcie4", "--traces", str(tmp_path),
+                                       "--hardware", "1x-12gb-pcie4",
+                                       "--traces", str(tmp_path / "traces"),
                                        "--out", str(tmp_path / "p.json"), *extra])
         assert out.exit_code == 1 and out.output.startswith(f"error: {extra[0]} is for placer"), \
             out.output
