@@ -156,8 +156,9 @@ def test_bad_plan_is_one_line(cli, tmp_path: Path, case: str) -> None:
     plan_path.write_text(json.dumps(mutate(valid_plan())))
     command = COMMANDS[sorted(CASES).index(case) % len(COMMANDS)]
     out = tmp_path / "out"
-    args = {"emit": ["emit", "--plan", plan_path, "--model", tmp_path, "--out", out],
-            "evaluate": ["evaluate", plan_path, "--traces", tmp_path, "--plot", out / "e.png"],
+    args = {"emit": ["emit", "--plan", plan_path, "--model", tmp_path / "model", "--out", out],
+            "evaluate": ["evaluate", plan_path, "--traces", tmp_path / "traces",
+                         "--plot", out / "e.png"],
             "export llamacpp": ["export", "llamacpp", plan_path, "--out", out]}[command]
     result = cli(*args, ok=False)
     assert result.exit_code == 1, result.output
