@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_pipeline import write_sealed
 
 from placer.exporters.ktransformers import gpu_experts_ratio
 from placer.files import write_json_atomic
@@ -167,7 +168,7 @@ def test_out_equal_to_the_plan_is_refused(cli, tmp_path: Path, engine: str) -> N
                       moe_layers=[0])
     placed = tmp_path / "placed"
     placed.mkdir()
-    (placed / "manifest.json").write_text(plan.read_text())
+    write_sealed(json.loads(plan.read_text()), placed)  # a manifest proves itself
     before = plan.read_bytes()
     for source, out in ((plan, plan), (placed, placed / "manifest.json")):
         result = cli("export", engine, source, "--out", out, ok=False)
