@@ -139,7 +139,7 @@ def plan_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
 
     for flag, given in (("--model", req.model), ("--config", req.config),
                         ("--hardware", req.hardware), ("--engine", req.engine),
-                        *zip(DTYPE_FLAGS, req.dtypes)):
+                        *zip(DTYPE_FLAGS, req.dtypes, strict=True)):
         if given is not None:
             raise PlacerError(f"{flag}: the plan names its model, hardware and engine; "
                               f"leave {flag} out")
@@ -172,7 +172,7 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                           "--config config.json (not both), with --hardware")
     if req.hardware is None:
         raise PlacerError("--flags: give --hardware (a preset name or a .toml spec)")
-    for flag, given in zip(DTYPE_FLAGS, req.dtypes):
+    for flag, given in zip(DTYPE_FLAGS, req.dtypes, strict=True):
         if given is not None and req.config is None:
             raise PlacerError(f"{flag} is for --config (a GGUF or checkpoint names its own "
                               f"dtypes): leave {flag} out")
