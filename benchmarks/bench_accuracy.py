@@ -148,6 +148,11 @@ def summary(groups: list[Group]) -> dict:
             "runs_posted_within": sum(within(f, ABS_BAR) for f in posted)}
 
 
+def tag(group: Group) -> str:
+    """The short name of a group's notes: its id up to the first underscore."""
+    return group.id.split("_")[0]
+
+
 def share(k: int, n: int) -> str:
     return f"{k}/{n} ({100 * k / n:.0f}%)" if n else "0/0 (none)"
 
@@ -166,17 +171,37 @@ def markdown(groups: list[Group]) -> str:
               if not s["runs_posted"] else ""),
            f"- runs within a factor of 2, box assumed included: "
            f"{share(s['runs_within'], s['runs'])}", ""]
-    out += ["### Runs", "",
+    out += ["### Per group", "",
+            "| group | box | runs | pairs within 20% | runs within 2x | pred / meas (min-max) |",
+            "|---|---|---|---|---|---|"]
+    for g in groups:
+        if not g.skipped:
+            factors = [run.predicted / run.measured for run in g.runs]
+            ok = sum(within(r, PAIR_BAR) for _, _, r in pairs(g))
+            out.append(f"| {g.id} | {'posted' if g.box_posted else 'box assumed'} "
+                       f"| {len(g.runs)} | {share(ok, len(pairs(g)))} "
+                       f"| {share(sum(within(f, ABS_BAR) for f in factors), len(factors))} "
+                       f"| {min(factors):.2f}-{max(factors):.2f} |")
+    out += ["", "### Runs", "",
             "| group | flags given to placer | measured tok/s | predicted tok/s | pred / meas "
             "| box | placer's notes |", "|---|---|---|---|---|---|---|"]
     for g in groups:
         if g.skipped:
             continue
         box = "posted" if g.box_posted else "box assumed"
+        notes = list(dict.fromkeys(n for run in g.runs for n in run.notes))  # distinct, in order
         for run in g.runs:
-            notes = "; ".join(run.notes).replace("|", "/") or "-"
+            ids = ", ".join(f"{tag(g)}{notes.index(n) + 1}" for n in run.notes) or "-"
             out.append(f"| {g.id} | `{run.flags}` | {run.measured:.2f} | {run.predicted:.2f} "
-                       f"| {run.predicted / run.measured:.2f} | {box} | {notes} |")
+                       f"| {run.predicted / run.measured:.2f} | {box} | {ids} |")
+    noted = [(g, n) for g in groups if not g.skipped
+             for n in dict.fromkeys(n for run in g.runs for n in run.notes)]
+    if noted:
+        out += ["", "placer's notes on the runs above (`evaluate --flags` prints them):", ""]
+        counters: dict[str, int] = {}
+        for g, note in noted:
+            counters[g.id] = counters.get(g.id, 0) + 1
+            out.append(f"- {tag(g)}{counters[g.id]}: {note}")
     out += ["", "### Pairs", "",
             "r = (pred a / pred b) / (meas a / meas b); within 20% when 1/1.2 <= r <= 1.2.", "",
             "| group | a | b | meas a/b | pred a/b | error r - 1 | within 20% |",
