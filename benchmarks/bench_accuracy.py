@@ -46,6 +46,9 @@ END = "<!-- bench_accuracy: end -->"
 PAIR_BAR = 1.2  # a pair is within 20% when 1/1.2 <= r <= 1.2
 ABS_BAR = 2.0  # a run is within a factor of 2 when 1/2 <= pred/meas <= 2
 OPTIONAL_SPEC_ARGS = ("--backend",)  # passed to `hardware new` only where the CLI has them
+# How `evaluate --flags` says a line's GPU experts exceed the card's VRAM, so that llama.cpp
+# would not run it as predicted (placer/plan/llamacpp_flags.py, fit_notes).
+NOT_LOADED = "would not load this as predicted"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class Run:
     measured: float
     predicted: float | None = None
     notes: tuple[str, ...] = ()
+
+    @property
+    def loads(self) -> bool:
+        """False where placer itself says llama.cpp would not run this as predicted."""
+        return not any(NOT_LOADED in note for note in self.notes)
 
 
 @dataclass(frozen=True)
@@ -143,10 +151,13 @@ def summary(groups: list[Group]) -> dict:
     """Counts behind the bar: pairs within 20%, runs within 2x (all, and box posted)."""
     done = [g for g in groups if not g.skipped]
     ratios = [r for g in done for _, _, r in pairs(g)]
+    loading = [r for g in done for a, b, r in pairs(g) if a.loads and b.loads]
     factors = [(run.predicted / run.measured, g.box_posted) for g in done for run in g.runs]
     posted = [f for f, p in factors if p]
     return {"groups": len(done), "skipped": len(groups) - len(done),
             "pairs": len(ratios), "pairs_within": sum(within(r, PAIR_BAR) for r in ratios),
+            "pairs_loading": len(loading),
+            "pairs_loading_within": sum(within(r, PAIR_BAR) for r in loading),
             "runs": len(factors), "runs_within": sum(within(f, ABS_BAR) for f, _ in factors),
             "runs_posted": len(posted),
             "runs_posted_within": sum(within(f, ABS_BAR) for f in posted)}
@@ -169,6 +180,8 @@ def markdown(groups: list[Group]) -> str:
            f"- groups predicted: {s['groups']}; skipped: {s['skipped']} (below)",
            f"- pairs whose ratio is within 20%: {share(s['pairs_within'], s['pairs'])} "
            f"(bar: at least 80%: {'met' if met else 'not met'})",
+           f"- of them, pairs of two runs placer predicts as loading (neither noted "
+           f"\"{NOT_LOADED}\"): {share(s['pairs_loading_within'], s['pairs_loading'])}",
            f"- runs within a factor of 2, where the source posts card, link and RAM: "
            f"{share(s['runs_posted_within'], s['runs_posted'])}"
            + (" (no predicted group's source posts all three: the bar has nothing to judge)"
@@ -230,7 +243,8 @@ def as_json(groups: list[Group]) -> dict:
             "groups": [{"id": g.id, "box": "posted" if g.box_posted else "assumed",
                         "skipped": g.skipped or None,
                         "runs": [{"flags": r.flags, "measured": r.measured,
-                                  "predicted": r.predicted} for r in g.runs],
+                                  "predicted": r.predicted, "notes": list(r.notes)}
+                                 for r in g.runs],
                         "pairs": [] if g.skipped else [
                             {"a": a.flags, "b": b.flags, "r": r, "within": within(r, PAIR_BAR)}
                             for a, b, r in pairs(g)]} for g in groups]}

@@ -21,8 +21,13 @@ CONFIG = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
           "moe_intermediate_size": 256, "num_experts": 16, "num_experts_per_tok": 4,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
           "vocab_size": 1024, "torch_dtype": "bfloat16"}
+# The bench's group: 4 layers of 16 wide experts (8192 x 16384: 72 MiB each in Q4_K, 4.5 GiB
+# a layer), so that every expert on an RTX 3060 (-ncmoe 0) exceeds its 12 GB and placer says
+# so, while -ncmoe 2 and -cmoe fit.
+WIDE = {**CONFIG, "hidden_size": 8192, "moe_intermediate_size": 16384}
 FLAGS = ["-ngl 99 -cmoe", "-ngl 99 -ncmoe 2", "-ngl 99 -ncmoe 0"]
 MEASURED = [10.0, 14.0, 21.0]  # made up: the inputs of the arithmetic checked here
+LOADS = [True, True, False]
 
 
 def bench():
@@ -36,7 +41,7 @@ def bench():
 
 def tiny_group(tmp_path: Path, card: str = "RTX 3060") -> Path:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(CONFIG))
+    config.write_text(json.dumps(WIDE))
     runs = ",\n".join(f'  {{ flags = "{f}", posted = "llama-server {f}", tg = {m} }}'
                       for f, m in zip(FLAGS, MEASURED, strict=True))
     groups = tmp_path / "groups.toml"
@@ -99,6 +104,9 @@ def test_bench_table_is_evaluates_figures_and_its_arithmetic_holds(tmp_path):
     figures = report["results"][0]["lines"]
     assert predicted == [figures[line["name"]]["tokens_per_s"] for line in report["lines"]]
     assert len(set(predicted)) > 1  # the settings differ, so the pairs test something
+    assert [not any("would not load" in n for n in line["notes"])
+            for line in report["lines"]] == LOADS
+    assert [r["notes"] for r in group["runs"]] == [line["notes"] for line in report["lines"]]
 
     # runs: pred / meas as printed, from the figures printed beside it
     rows = cells(text, "Runs")
@@ -123,6 +131,9 @@ def test_bench_table_is_evaluates_figures_and_its_arithmetic_holds(tmp_path):
     assert data["summary"]["pairs"] == 3 and data["summary"]["pairs_within"] == within
     share = re.search(r"pairs whose ratio is within 20%: (\d+)/(\d+)", text)
     assert share.groups() == (str(within), "3")
+    # the one pair of two runs placer predicts as loading: -cmoe and -ncmoe 2
+    assert data["summary"]["pairs_loading"] == 1
+    assert data["summary"]["pairs_loading_within"] == group["pairs"][0]["within"]
     runs_within = sum(0.5 <= p / m <= 2 for p, m in zip(predicted, MEASURED, strict=True))
     assert data["summary"]["runs_within"] == runs_within
     assert data["summary"]["runs_posted"] == 0  # the box is assumed: no factor-2 verdict
