@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from placer.checkpoint.config import DTYPE_HELP
+from placer.commands import solve_options as so
 from placer.commands.common import command, parse_list, print_json
 from placer.errors import PlacerError
 from placer.files import check_outputs
@@ -67,12 +67,8 @@ def register(app: typer.Typer) -> None:
             help="With --flags: the GGUF (or checkpoint) the command line runs.")] = None,
         config: Annotated[Path | None, typer.Option(
             help="With --flags: the model's config.json, instead of --model.")] = None,
-        expert_dtype: Annotated[str | None, typer.Option(
-            help=f"With --flags --config: expert dtype ({DTYPE_HELP}; default: the "
-                 "config's quantization method, else its torch_dtype, else bf16).")] = None,
-        dense_dtype: Annotated[str | None, typer.Option(
-            help=f"With --flags --config: dense dtype ({DTYPE_HELP}; default: the "
-                 "config's torch_dtype, else bf16).")] = None,
+        expert_dtype: so.ExpertDtype = None,
+        dense_dtype: so.DenseDtype = None,
         hardware: Annotated[str | None, typer.Option(
             help="With --flags: the hardware spec (a preset name or a .toml file).")] = None,
         out: Annotated[Path | None, typer.Option(
