@@ -58,6 +58,13 @@ class Run:
     measured: float
     predicted: float | None = None
     notes: tuple[str, ...] = ()
+    step_range: tuple[float, float] | None = None  # the tok/s the step's spread allows
+
+    @property
+    def in_range(self) -> bool:
+        """True where the measured tok/s lies in placer's step range."""
+        return self.step_range is not None and (
+            self.step_range[0] <= self.measured <= self.step_range[1])
 
     @property
     def loads(self) -> bool:
@@ -128,10 +135,15 @@ def predict_group(g: dict, work: Path, options: set[str]) -> Group:
     lines = report["lines"]
     figures = report["results"][0]["lines"]
     predicted = [Run(run.flags, run.posted, run.measured,
-                     float(figures[line["name"]]["tokens_per_s"]),
-                     tuple(line["notes"]))
+                     float(figures[line["name"]]["tokens_per_s"]), tuple(line["notes"]),
+                     step_range(figures[line["name"]].get("tokens_per_s_step")))
                  for run, line in zip(runs, lines, strict=True)]
     return Group(g["id"], g, predicted)
+
+
+def step_range(value: list | None) -> tuple[float, float] | None:
+    """The tok/s range of the estimated step's spread, where the CLI gives one."""
+    return None if value is None else (float(value[0]), float(value[1]))
 
 
 def pair_ratio(a: Run, b: Run) -> float:
@@ -159,6 +171,7 @@ def summary(groups: list[Group]) -> dict:
             "pairs_loading": len(loading),
             "pairs_loading_within": sum(within(r, PAIR_BAR) for r in loading),
             "runs": len(factors), "runs_within": sum(within(f, ABS_BAR) for f, _ in factors),
+            "runs_in_step_range": sum(run.in_range for g in done for run in g.runs),
             "runs_posted": len(posted),
             "runs_posted_within": sum(within(f, ABS_BAR) for f in posted)}
 
@@ -187,7 +200,9 @@ def markdown(groups: list[Group]) -> str:
            + (" (no predicted group's source posts all three: the bar has nothing to judge)"
               if not s["runs_posted"] else ""),
            f"- runs within a factor of 2, box assumed included: "
-           f"{share(s['runs_within'], s['runs'])}", ""]
+           f"{share(s['runs_within'], s['runs'])}",
+           f"- runs whose measured tok/s lies in placer's step range (the estimated step's "
+           f"spread): {share(s['runs_in_step_range'], s['runs'])}", ""]
     out += ["### Per group", "",
             "| group | box | runs | pairs within 20% | runs within 2x | pred / meas (min-max) |",
             "|---|---|---|---|---|---|"]
@@ -200,8 +215,9 @@ def markdown(groups: list[Group]) -> str:
                        f"| {share(sum(within(f, ABS_BAR) for f in factors), len(factors))} "
                        f"| {min(factors):.2f}-{max(factors):.2f} |")
     out += ["", "### Runs", "",
-            "| group | flags given to placer | measured tok/s | predicted tok/s | pred / meas "
-            "| box | placer's notes |", "|---|---|---|---|---|---|---|"]
+            "| group | flags given to placer | measured tok/s | predicted tok/s "
+            "[step range] | pred / meas | box | placer's notes |",
+            "|---|---|---|---|---|---|---|"]
     for g in groups:
         if g.skipped:
             continue
@@ -209,8 +225,10 @@ def markdown(groups: list[Group]) -> str:
         notes = list(dict.fromkeys(n for run in g.runs for n in run.notes))  # distinct, in order
         for run in g.runs:
             ids = ", ".join(f"{tag(g)}{notes.index(n) + 1}" for n in run.notes) or "-"
-            out.append(f"| {g.id} | `{run.flags}` | {run.measured:.2f} | {run.predicted:.2f} "
-                       f"| {run.predicted / run.measured:.2f} | {box} | {ids} |")
+            span = (f" [{run.step_range[0]:.2f}, {run.step_range[1]:.2f}]"
+                    if run.step_range else "")
+            out.append(f"| {g.id} | `{run.flags}` | {run.measured:.2f} | {run.predicted:.2f}"
+                       f"{span} | {run.predicted / run.measured:.2f} | {box} | {ids} |")
     noted = [(g, n) for g in groups if not g.skipped
              for n in dict.fromkeys(n for run in g.runs for n in run.notes)]
     if noted:
@@ -243,7 +261,8 @@ def as_json(groups: list[Group]) -> dict:
             "groups": [{"id": g.id, "box": "posted" if g.box_posted else "assumed",
                         "skipped": g.skipped or None,
                         "runs": [{"flags": r.flags, "measured": r.measured,
-                                  "predicted": r.predicted, "notes": list(r.notes)}
+                                  "predicted": r.predicted, "step_range": r.step_range,
+                                  "notes": list(r.notes)}
                                  for r in g.runs],
                         "pairs": [] if g.skipped else [
                             {"a": a.flags, "b": b.flags, "r": r, "within": within(r, PAIR_BAR)}

@@ -111,9 +111,14 @@ def test_bench_table_is_evaluates_figures_and_its_arithmetic_holds(tmp_path):
     # runs: pred / meas as printed, from the figures printed beside it
     rows = cells(text, "Runs")
     assert [r[1] for r in rows] == [f"`{f}`" for f in FLAGS]
-    for row, p, m in zip(rows, predicted, MEASURED, strict=True):
-        assert (row[2], row[3], row[4]) == (f"{m:.2f}", f"{p:.2f}", f"{p / m:.2f}")
+    spans = [figures[line["name"]]["tokens_per_s_step"] for line in report["lines"]]
+    assert [r["step_range"] for r in group["runs"]] == spans
+    for row, p, m, (lo, hi) in zip(rows, predicted, MEASURED, spans, strict=True):
+        assert (row[2], row[3], row[4]) == (f"{m:.2f}", f"{p:.2f} [{lo:.2f}, {hi:.2f}]",
+                                            f"{p / m:.2f}")
         assert row[5] == "box assumed"
+    in_range = sum(lo <= m <= hi for m, (lo, hi) in zip(MEASURED, spans, strict=True))
+    assert data["summary"]["runs_in_step_range"] == in_range
 
     # pairs: every pair of the group, its error r - 1 from the printed ratios' sources
     pairs = cells(text, "Pairs")
