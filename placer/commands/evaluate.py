@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from placer.commands import solve_options as so
 from placer.commands.common import command, parse_list, print_json
 from placer.errors import PlacerError
 from placer.files import check_outputs
@@ -66,6 +67,8 @@ def register(app: typer.Typer) -> None:
             help="With --flags: the GGUF (or checkpoint) the command line runs.")] = None,
         config: Annotated[Path | None, typer.Option(
             help="With --flags: the model's config.json, instead of --model.")] = None,
+        expert_dtype: so.ExpertDtype = None,
+        dense_dtype: so.DenseDtype = None,
         hardware: Annotated[str | None, typer.Option(
             help="With --flags: the hardware spec (a preset name or a .toml file).")] = None,
         out: Annotated[Path | None, typer.Option(
@@ -118,15 +121,17 @@ def register(app: typer.Typer) -> None:
             concurrency=tuple(parse_list(concurrency, int, "--concurrency"))
             if concurrency is not None else None, num_steps=steps, seed=seed,
             oracle_time_limit=oracle_time_limit, cache_slots=cache_slots, execution=execution)
+        dtypes = (expert_dtype, dense_dtype)
         if flags or plan_path is None or any(x is not None for x in (engine, model, config,
-                                                                       hardware)):
+                                                                       hardware, *dtypes)):
             from placer.predict.llamacpp_flags import FlagsRequest, evaluate_flags
             from placer.report.llamacpp_flags import report_flags
 
             report = evaluate_flags(FlagsRequest(
                 list(flags or []), plan_path, engine, llamacpp_version, model, config, hardware,
                 trace_dirs, opts, [n for n, given in (("--curve", curve), ("--plot", plot),
-                                                      ("--verbose", verbose)) if given]))
+                                                      ("--verbose", verbose)) if given],
+                dtypes))
             report_flags(report, out, quiet=json_out)
             if json_out:
                 print_json(report)

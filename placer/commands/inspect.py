@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from placer.checkpoint.config import DTYPE_HELP
+from placer.commands import solve_options as so
 from placer.commands.common import command, print_json
 from placer.errors import PlacerError
 from placer.report.inventory import print_summary
@@ -22,13 +22,8 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option(
             help="Estimate the inventory from a config.json alone (plan before download).")
         ] = None,
-        expert_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: expert weight dtype ({DTYPE_HELP}; default: "
-                 "the config's quantization method, else its torch_dtype, else bf16).")
-        ] = None,
-        dense_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: dense weight dtype ({DTYPE_HELP}; default: "
-                 "the config's torch_dtype, else bf16).")] = None,
+        expert_dtype: so.ExpertDtype = None,
+        dense_dtype: so.DenseDtype = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the inventory as JSON.")
                             ] = False,
     ) -> None:

@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from placer.checkpoint.config import DTYPE_HELP
 from placer.commands import solve_options as so
 from placer.commands.common import command, print_json
 from placer.errors import PlacerError
@@ -32,12 +31,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         config: Annotated[Path | None, typer.Option(
             help="Plan from a config.json alone, before downloading the weights.")] = None,
-        expert_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: expert dtype ({DTYPE_HELP}; default: the "
-                 "config's quantization method, else its torch_dtype, else bf16).")] = None,
-        dense_dtype: Annotated[str | None, typer.Option(
-            help=f"With --config: dense dtype ({DTYPE_HELP}; default: the "
-                 "config's torch_dtype, else bf16).")] = None,
+        expert_dtype: so.ExpertDtype = None,
+        dense_dtype: so.DenseDtype = None,
         traces: Annotated[list[Path] | None, typer.Option(
             help="Trace directory to learn from (repeat for several profiles).")] = None,
         solver: so.Solver = "ilp",

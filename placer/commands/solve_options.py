@@ -1,6 +1,8 @@
 """The options `placer solve` and `placer plan` share, declared once: their help, and the one
 function that turns their values into SolveOptions. A command gives each its own default
-where the two differ (plan judges B = 1 and 8 by default)."""
+where the two differ (plan judges B = 1 and 8 by default). Also the dtypes of an inventory
+estimated from a config.json, which `solve`, `inspect` and `evaluate --flags` take with
+--config."""
 
 from __future__ import annotations
 
@@ -8,11 +10,18 @@ from typing import Annotated
 
 import typer
 
+from placer.checkpoint.config import DTYPE_HELP
 from placer.errors import PlacerError
 from placer.plan.options import EXECUTIONS, SOLVERS, SolveOptions
 from placer.units import parse_bytes
 from solvers.cache_table import cache_policy_help
 
+ExpertDtype = Annotated[str | None, typer.Option(
+    help=f"With --config: expert weight dtype ({DTYPE_HELP}; default: the config's "
+         "quantization method, else its torch_dtype, else bf16).")]
+DenseDtype = Annotated[str | None, typer.Option(
+    help=f"With --config: dense weight dtype ({DTYPE_HELP}; default: the config's "
+         "torch_dtype, else bf16).")]
 Solver = Annotated[str, typer.Option(help=f"One of {', '.join(SOLVERS)}.")]
 Budget = Annotated[str | None, typer.Option(
     help="VRAM per card for expert pages and the staging buffer, e.g. 20GiB (default: each "

@@ -33,6 +33,7 @@ from traces.storing.profile import TokenSteps, load_profile
 UNIFORM_SEQUENCES = 32
 UNIFORM_TOKENS = 64
 PLAN_LINE = "plan's choice"
+DTYPE_FLAGS = ("--expert-dtype", "--dense-dtype")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class FlagsRequest:
     traces: list[Path] = field(default_factory=list)
     opts: EvalOptions = EvalOptions()
     unused: list[str] = field(default_factory=list)  # evaluate's options --flags does not take
+    dtypes: tuple[str | None, str | None] = (None, None)  # --expert-dtype, --dense-dtype
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,8 @@ def plan_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
     from placer.predict.evaluate import check_traces
 
     for flag, given in (("--model", req.model), ("--config", req.config),
-                        ("--hardware", req.hardware), ("--engine", req.engine)):
+                        ("--hardware", req.hardware), ("--engine", req.engine),
+                        *zip(DTYPE_FLAGS, req.dtypes, strict=True)):
         if given is not None:
             raise PlacerError(f"{flag}: the plan names its model, hardware and engine; "
                               f"leave {flag} out")
@@ -169,9 +172,13 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                           "--config config.json (not both), with --hardware")
     if req.hardware is None:
         raise PlacerError("--flags: give --hardware (a preset name or a .toml spec)")
+    for flag, given in zip(DTYPE_FLAGS, req.dtypes, strict=True):
+        if given is not None and req.config is None:
+            raise PlacerError(f"{flag} is for --config (a GGUF or checkpoint names its own "
+                              f"dtypes): leave {flag} out")
     target = dispatch.target_of(req.engine or "llamacpp", req.version, req.model)
     inv = (read_inventory(req.model) if req.model is not None
-           else estimate_inventory(req.config))
+           else estimate_inventory(req.config, *req.dtypes))
     spec = load_spec(req.hardware)
     llama = target.engine == "llamacpp"
     machine = machine_of(inv, spec, SolveOptions(), target.build) if llama else None
