@@ -234,3 +234,24 @@ def test_a_spec_context_is_the_llamacpp_engines_c(tiny):
         dataclasses.replace(c, reserved_kv=tiny_kv(1024) // 2) for c in spec.cards))
     assert context_of(inv, held) == 1024
     assert context_of(inv, dataclasses.replace(spec, context=Context(3000, "q8_0"))) == 3000
+
+
+def test_a_hybrid_models_linear_attention_layers_hold_no_kv() -> None:
+    """Qwen3.5-35B-A3B (benchmarks/accuracy/configs): 40 layers, every 4th full attention;
+    llama.cpp's hybrid memory gives KV to those 10 only (the 30 gated delta-net layers keep a
+    fixed state per sequence). At 4096 tokens, f16: 10 x 4096 x (2 heads x 256) x 2 (K, V)
+    x 2 bytes. It was 40 layers' worth, 4x too much."""
+    from placer.checkpoint.config import read_config
+    from placer.checkpoint.kv import kv_bytes
+
+    root = Path(__file__).resolve().parent.parent
+    config = read_config(root / "benchmarks" / "accuracy" / "configs" / "qwen3.5-35b-a3b.json")
+    expected = 10 * 4096 * (2 * 256) * 2 * 2
+    assert kv_bytes(config, 4096) == expected == 83_886_080
+    by_interval = {k: v for k, v in config.items() if k != "layer_types"}
+    assert kv_bytes(by_interval, 4096) == expected
+    gguf = {"model_type": "qwen35moe", "num_hidden_layers": 40, "gguf": {
+        "qwen35moe.embedding_length": 2048, "qwen35moe.attention.head_count": 16,
+        "qwen35moe.attention.head_count_kv": 2, "qwen35moe.attention.key_length": 256,
+        "qwen35moe.attention.value_length": 256}}
+    assert kv_bytes(gguf, 4096) == expected  # the loader's default interval of 4

@@ -25,6 +25,14 @@ llama-cpp-python 0.3.36 vendors):
   `sliding_window`. A config.json's `sliding_window` without `layer_types` (Qwen2/3-MoE's
   `use_sliding_window: false`, Mixtral) is not read: llama.cpp's loaders for those
   architectures set no window.
+- Hybrid models (Qwen3-Next, Qwen3.5): `src/llama-memory-hybrid.cpp` builds the KV cache for
+  the layers with `!hparams.is_recr(il)` only; a recurrent (linear-attention, gated
+  delta-net) layer keeps a state of fixed size per sequence in `llama_memory_recurrent`,
+  whatever the context, so it holds no KV here. Which layers are recurrent: the GGUF's
+  `attention.recurrent_layers` array, else `(il + 1) % full_attention_interval != 0` with an
+  interval of 4 by default (`src/models/qwen35moe.cpp`, `qwen35.cpp`, `qwen3next.cpp`); from a
+  config.json, transformers' `layer_types` "linear_attention", else its
+  `full_attention_interval`.
 - The context (`src/llama-context.cpp`): n_ctx is padded to a multiple of 256; with a
   unified cache (llama-server's default: `tools/server/server.cpp` sets n_parallel 4 and
   kv_unified when -np is not given) one stream of n_ctx cells, else n_seq_max streams of
@@ -57,6 +65,8 @@ SWA_PATTERNS = {"gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False
                 "gemma3n": (5, False), "cohere2": (4, False), "cohere2moe": (4, True),
                 "afmoe": (4, False), "exaone-moe": (4, False), "exaone4": (4, False),
                 "llama4": (4, False), "smallthinker": (4, True), "olmo2": (4, False)}
+# Hybrid architectures whose loader marks every 4th layer full attention by default.
+HYBRID = ("qwen3next", "qwen35", "qwen35moe")
 
 
 @dataclass(frozen=True)
@@ -115,8 +125,20 @@ def kv_layers(config: dict) -> tuple[LayerKv, ...] | None:
     head_dim = config.get("head_dim") or hidden // heads
     kv_heads = config.get("num_key_value_heads") or heads
     windows = _hf_windows(config, layers)
-    return tuple(LayerKv(kv_heads * head_dim, kv_heads * head_dim, w, kv_heads)
-                 for w in windows)
+    types = config.get("layer_types")
+    recurrent = ([t == "linear_attention" for t in types] if isinstance(types, list)
+                 and len(types) == layers else _interval(config.get("full_attention_interval"),
+                                                         layers, 0))
+    return tuple(LayerKv(0, 0) if r else LayerKv(kv_heads * head_dim, kv_heads * head_dim, w,
+                                                   kv_heads)
+                 for w, r in zip(windows, recurrent, strict=True))
+
+
+def _interval(interval: Any, layers: int, default: int) -> list[bool]:
+    """Which layers are recurrent when every `interval`-th one (1-based) is full attention
+    (`default` where not given; 0: none are)."""
+    every = interval if _positive(interval) else default
+    return [bool(every) and (il + 1) % every != 0 for il in range(layers)]
 
 
 def _hf_windows(config: dict, layers: int) -> list[int | None]:
@@ -149,12 +171,16 @@ def _gguf_layers(meta: dict, arch: str) -> tuple[LayerKv, ...] | None:
         return None
     mla = _positive(get("attention.key_length_mla"))
     windows = _gguf_windows(meta, arch, layers)
+    marked = get("attention.recurrent_layers")
+    recurrent = ([bool(x) for x in marked[:layers]] if isinstance(marked, list)
+                 and len(marked) >= layers else _interval(
+                     get("full_attention_interval"), layers, 4 if arch in HYBRID else 0))
     out = []
     for il in range(layers):
         k_head = get("attention.key_length") or (hidden // heads_at[il] if heads_at[il] else 0)
         v_head = get("attention.value_length") or k_head
-        out.append(LayerKv(k_head * kv_at[il], 0 if mla else v_head * kv_at[il], windows[il],
-                           kv_at[il]))
+        out.append(LayerKv(0, 0) if recurrent[il] else LayerKv(
+            k_head * kv_at[il], 0 if mla else v_head * kv_at[il], windows[il], kv_at[il]))
     return tuple(out)
 
 

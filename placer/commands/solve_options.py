@@ -72,7 +72,7 @@ Ctx = Annotated[int | None, typer.Option(
     "--ctx", help="The context (tokens) to reserve KV cache for: reserved_kv becomes the "
                   "model's KV cache at it (from its config: grouped-query heads, MLA, "
                   "sliding windows), in place of the spec's, and `export llamacpp` prints "
-                  "-c (default: the spec's reserves, and its [context] if any).")]
+                  "-c (default: the spec's reserves, and its \\[context] if any).")]
 KvType = Annotated[str | None, typer.Option(
     "--kv-type", help="The KV cache type, llama.cpp's -ctk/-ctv: f16 (default), q8_0, q4_0 "
                       "(also bf16, f32, q4_1, q5_0, q5_1, iq4_nl).")]
