@@ -117,3 +117,26 @@ def test_docs_list_every_spec_field() -> None:
     missing = sorted(f for f in fields if not any(
         form in text for form in (f"`{f}`", f"`[{f}]`", f"`[[{f}]]`", f"`[[host.{f}]]`")))
     assert not missing, missing
+
+
+def test_a_config_gives_the_reserves_and_the_step_before_the_download(tmp_path: Path) -> None:
+    """--config (Qwen3.5-35B-A3B at Q4_K experts, Q8_0 dense) instead of --model: the dense
+    reserve is the config's estimated dense bytes (marked estimated), the KV its 10 full
+    attention layers at --ctx, the step counts its 40 layers (it was a 7B model's 32 layers
+    over 15% of VRAM)."""
+    config = (Path(__file__).resolve().parent.parent / "benchmarks" / "accuracy" / "configs"
+              / "qwen3.5-35b-a3b.json")
+    dtypes = ["--expert-dtype", "q4_k", "--dense-dtype", "q8_0"]
+    inspected = json.loads(invoke("inspect", "--config", config, *dtypes, "--json").stdout)
+    out = tmp_path / "box.toml"
+    result = invoke("hardware", "new", "--card", "RTX 3060", "--pcie", "4.0x16", "--ram",
+                    "ddr4-3200x2", "--config", config, *dtypes, "--ctx", "8192", "--out", out)
+    assert result.exit_code == 0, result.output
+    spec = load_spec(out)
+    assert spec.cards[0].reserved_dense == inspected["dense_bytes"]
+    assert spec.cards[0].reserved_kv == 10 * 8192 * 2 * 256 * 2 * 2
+    assert "card.reserved" in spec.estimated and "40 layers x" in out.read_text()
+    for args, says in ((["--model", tmp_path, "--config", config], "not both"),
+                       (["--expert-dtype", "q4_k"], "go with --config")):
+        assert_one_line_error(invoke("hardware", "new", "--card", "RTX 3060", "--pcie",
+                                     "4.0x16", "--ram", "ddr4-3200x2", *args), says)

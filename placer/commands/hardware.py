@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from placer.commands import solve_options as so
 from placer.commands.common import command, print_json
 from placer.commands.solve_options import KvType
 from placer.errors import PlacerError
@@ -81,6 +82,11 @@ def register(app: typer.Typer) -> None:
                  "fitted share of the card's bandwidth plus a fitted cost a layer (else from "
                  "the dense reserve), and whose dense weights and KV cache the cards reserve "
                  "(else shares of VRAM).")] = None,
+        config: Annotated[Path | None, typer.Option(
+            help="Instead of --model: the model's config.json, its sizes estimated at "
+                 "--expert-dtype / --dense-dtype (before the download).")] = None,
+        expert_dtype: so.ExpertDtype = None,
+        dense_dtype: so.DenseDtype = None,
         ctx: Annotated[int | None, typer.Option(
             "--ctx", help="With --model: the context (tokens) to reserve KV cache for, "
                           "recorded in the spec and printed by `export llamacpp` as -c "
@@ -98,46 +104,38 @@ def register(app: typer.Typer) -> None:
         link's and the host memory's peaks, typical shares of them; every figure that stands
         in for a measurement marked ESTIMATED with the `placer probe` that replaces it. The
         spec loads as is (`placer solve --hardware box.toml`)."""
-        from placer.hardware.new_spec import new_spec
+        from placer.checkpoint.source import model_inventory
+        from placer.hardware.new_spec import model_figures, new_spec
 
         if out is not None and out.suffix != ".toml":
             raise PlacerError(f"--out writes a TOML spec: give a path ending in .toml, not {out}")
+        inputs = [("--model", model), ("--config", config)]
         if out is not None:
-            check_outputs([("--out", out)], [("--model", model)])
+            check_outputs([("--out", out)], inputs)
         figures = known_card(card)
         name = backend_named(backend).name if backend is not None else default_backend(figures)
         fit = fit_for(figures, name)
-        steps, how, spread, reserve = None, "", None, None
-        if model is None and (ctx is not None or kv_type is not None):
+        if model is not None and config is not None:
+            raise PlacerError("give --model or --config, not both")
+        inv = (None if model is None and config is None
+               else model_inventory(model, config, expert_dtype, dense_dtype))
+        if config is None and model is None and (expert_dtype or dense_dtype):
+            raise PlacerError("--expert-dtype and --dense-dtype go with --config")
+        if inv is None and (ctx is not None or kv_type is not None):
             raise PlacerError(f"{'--ctx' if ctx is not None else '--kv-type'}: the KV cache "
-                              "is sized from the model's config: give --model")
-        if model is not None:
-            from placer.checkpoint.inventory import read_inventory
-            from placer.checkpoint.kv import kv_bytes
-            from placer.checkpoint.step import estimate_steps
-            from placer.hardware.context import model_reserve
-            from placer.hardware.new_spec import step_inputs
-
-            inv = read_inventory(model)
-            reserve = model_reserve(inv, str(model), [round(figures.vram_gib * 2**30)] * cards,
-                                    ctx, kv_type)
-            bandwidth, flops = step_inputs(figures, name, ram, cpu_cores)
-            one = kv_bytes(inv.config, reserve.context.tokens, reserve.context.kv_type,
-                           parallel=1)  # what one sequence reads a token, at the context
-            times = estimate_steps(inv, bandwidth, (1, 8),
-                                   f"hardware new, {figures.name} on {name}", fit.step_fit(),
-                                   flops=flops, kv_bytes=one)
-            steps, spread = times.base_step_ms, times.step_spread
-            how = times.note() + "; `placer probe --step` on the box replaces it"
+                              "is sized from the model's config: give --model or --config")
+        got = None if inv is None else model_figures(
+            inv, str(model or config), figures, name, ram, cpu_cores, cards, ctx, kv_type)
         made = new_spec(figures, cards, pcie, ram, cpu_cores,
                         0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
-                        steps, how, name, spread, reserve)
+                        got and got.steps, got.how if got else "", name, got and got.spread,
+                        got and got.reserve)
         text = spec_toml(made.spec, made.step_note, "\n".join(made.host_notes),
                          "\n".join(made.card_notes))
         if out is None:
             typer.echo(text, nl=False)
         else:
-            write_text_atomic(text, out, [("--model", model)])
+            write_text_atomic(text, out, inputs)
             typer.echo(f"wrote {out}: {made.spec.description}")
         typer.echo(f"decode step: the {name} fit for a {figures.tier} card ({fit.rows} published "
                    f"runs: share {fit.share:g} of the bandwidth, {fit.layer_us:g} us a layer; "
@@ -147,3 +145,4 @@ def register(app: typer.Typer) -> None:
                    "latency_us), `placer probe --host --hardware SPEC --out SPEC` ([host]), "
                    "`placer probe --step --model M --hardware SPEC --out SPEC` ([decode])",
                    err=True)
+

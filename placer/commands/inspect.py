@@ -30,14 +30,12 @@ def register(app: typer.Typer) -> None:
         """Read a checkpoint's config and safetensors headers, or a GGUF's metadata and tensor
         infos (never tensor bytes), and list its MoE layers, routed experts and their exact
         byte ranges."""
-        from placer.checkpoint.estimate import estimate_inventory
-        from placer.checkpoint.inventory import read_inventory
+        from placer.checkpoint.source import model_inventory
 
         if (checkpoint is None) == (config is None):
             raise PlacerError("give a CHECKPOINT directory or GGUF file, or --config config.json "
                               "(not both)")
-        inv = (read_inventory(checkpoint) if checkpoint is not None
-               else estimate_inventory(config, expert_dtype, dense_dtype))
+        inv = model_inventory(checkpoint, config, expert_dtype, dense_dtype)
         if json_out:
             print_json(inv.to_json())
         else:

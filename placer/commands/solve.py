@@ -62,8 +62,7 @@ def register(app: typer.Typer) -> None:
         """Solve which experts stay pinned on each GPU and how many cache slots each layer
         keeps for staged ones, within a VRAM budget, from routing traces; the rest stay in
         pinned host memory and are staged when selected."""
-        from placer.checkpoint.estimate import estimate_inventory
-        from placer.checkpoint.inventory import read_inventory
+        from placer.checkpoint.source import model_inventory
         from placer.plan import engine as dispatch
         from placer.plan.estimates import estimated_json
         from traces.storing.stats import dropped_prefill
@@ -80,8 +79,7 @@ def register(app: typer.Typer) -> None:
             weights=weights, ep=ep, page_size=page_size, robust=robust, time_limit=time_limit,
             seed=seed, steps=steps, cache=cache, cache_policy=cache_policy, execution=execution)
         target = dispatch.target_of(engine, llamacpp_version, model)
-        inv = (read_inventory(model) if model is not None
-               else estimate_inventory(config, expert_dtype, dense_dtype))
+        inv = model_inventory(model, config, expert_dtype, dense_dtype)
         spec, ctx_note = with_context(load_spec(hardware), inv.config, ctx, kv_type)
         with StageSpinner("solve:", opts.time_limit if opts.solver == "ilp" or robust
                           else None, enabled=not json_out and sys.stderr.isatty()) as spinner:

@@ -93,7 +93,9 @@ def model_reserve(inv: Inventory, model: str, vram: list[int], ctx: int | None,
     said = "--ctx" if ctx is not None else f"the default ({DEFAULT_CTX}); --ctx sets it"
     notes = (
         f"reserved_dense: {inv.dense_bytes} bytes ({format_bytes(inv.dense_bytes)}), the "
-        f"dense (non-expert) tensors of {model}{split}: exact",
+        f"dense (non-expert) tensors of {model}{split}: "
+        + ("ESTIMATED from its config.json at the dtypes given (no weights read)"
+           if inv.estimated else "exact"),
         f"reserved_kv: {total_kv} bytes ({format_bytes(total_kv)}), llama.cpp's KV cache "
         f"for {context.tokens} tokens ({said}) of {context.kv_type} K and V, from the "
         f"model's config (placer/checkpoint/kv.py){split}",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from placer.checkpoint.step import significant, step_ms
 from placer.errors import PlacerError
@@ -49,11 +50,45 @@ from placer.hardware.spec_toml import spec_toml
 from placer.hardware.spec_values import MAX_BYTES
 from placer.units import format_bytes
 
+if TYPE_CHECKING:
+    from placer.checkpoint.experts import Inventory
+
 GIB = 2**30
 RESERVED_SHARES = {"reserved_dense": 0.15, "reserved_kv": 0.10, "reserved_activations": 0.05}
 FLOPS_PER_CORE = 6e10  # effective bf16 FLOP/s of a desktop core in torch (1 TFLOPS on 16)
 BATCHES = (1, 8)
 FLOOR_LAYERS = 32  # decoder layers of the step without --model (LLaMA 7B's)
+
+
+@dataclass(frozen=True)
+class ModelFigures:
+    """What `hardware new --model` (or `--config`) takes from the model: the step by batch,
+    how it was estimated and its range, and the dense and KV reserves."""
+
+    steps: tuple[tuple[int, float], ...]
+    how: str
+    spread: tuple[float, float]
+    reserve: ModelReserve
+
+
+def model_figures(inv: Inventory, source: str, card: CardFigures, backend: str, ram: str,
+                  cpu_cores: int, cards: int, ctx: int | None, kv_type: str | None
+                  ) -> ModelFigures:
+    """The reserves of the model `inv` (read from `source`) on `cards` x `card`, and its step
+    estimated for `backend`: the bytes a token reads, one sequence's KV cache at the context
+    included, at the backend's fitted share of the bandwidth plus its per-layer cost."""
+    from placer.checkpoint.kv import kv_bytes
+    from placer.checkpoint.step import estimate_steps
+    from placer.hardware.context import model_reserve
+
+    reserve = model_reserve(inv, source, [round(card.vram_gib * GIB)] * cards, ctx, kv_type)
+    bandwidth, flops = step_inputs(card, backend, ram, cpu_cores)
+    one = kv_bytes(inv.config, reserve.context.tokens, reserve.context.kv_type, parallel=1)
+    times = estimate_steps(inv, bandwidth, BATCHES, f"hardware new, {card.name} on {backend}",
+                           fit_for(card, backend).step_fit(), flops=flops, kv_bytes=one)
+    return ModelFigures(times.base_step_ms,
+                        times.note() + "; `placer probe --step` on the box replaces it",
+                        times.step_spread, reserve)
 
 
 @dataclass(frozen=True)
@@ -127,7 +162,8 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
                      f"{kind.upper()}-{rate} x {channels} channels, {cpu_cores} cores "
                      "(placer hardware new: ESTIMATED figures)"),
         host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host,
-        estimated=tuple(e for e in ESTIMABLE if not (reserve and e == "card.reserved")),
+        estimated=tuple(e for e in ESTIMABLE if not (
+            reserve and e == "card.reserved" and "ESTIMATED" not in reserve.notes[0])),
         context=reserve.context if reserve else None, step_spread=step_spread or (1.0, 1.0))
     made = NewSpec(spec, card_notes(card, gen, lanes, link_peak, name, reserve), host_notes(
         kind, rate, channels, ram_peak, cpu_cores, name), step_how)

@@ -159,8 +159,7 @@ def plan_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
 
 def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
     """The box of a model (a checkpoint, GGUF or config.json) on a spec."""
-    from placer.checkpoint.estimate import estimate_inventory
-    from placer.checkpoint.inventory import read_inventory
+    from placer.checkpoint.source import model_inventory
     from placer.hardware.context import with_context
     from placer.hardware.spec import load_spec
     from placer.plan.llamacpp import machine_of
@@ -172,13 +171,8 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                           "--config config.json (not both), with --hardware")
     if req.hardware is None:
         raise PlacerError("--flags: give --hardware (a preset name or a .toml spec)")
-    for flag, given in zip(DTYPE_FLAGS, req.dtypes, strict=True):
-        if given is not None and req.config is None:
-            raise PlacerError(f"{flag} is for --config (a GGUF or checkpoint names its own "
-                              f"dtypes): leave {flag} out")
     target = dispatch.target_of(req.engine or "llamacpp", req.version, req.model)
-    inv = (read_inventory(req.model) if req.model is not None
-           else estimate_inventory(req.config, *req.dtypes))
+    inv = model_inventory(req.model, req.config, *req.dtypes)
     spec = load_spec(req.hardware)
     llama = target.engine == "llamacpp"
     machine = machine_of(inv, spec, SolveOptions(), target.build) if llama else None
