@@ -22,6 +22,14 @@ PREDICTED = np.array([[[N, N], [1, N]],
 LINK = Link(copy_s=1.0, window_s=1.5, expert_bytes=10)
 
 
+def test_per_layer_quotas_keep_layers_apart():
+    """One slot per layer: layer 1's prefetches never evict layer 0's expert 0, so it hits
+    in steps 1 and 2 (pooled, the same 2 slots missed it in step 2); layer 1 has one slot:
+    step 2 prefetches 3 (useful) and, cap 1 reached, not 2 (a miss)."""
+    got = replay(ACTUAL, PREDICTED, np.array([1, 1]), LINK, Prefetch(slot_share=1.0))
+    assert (got.hits, got.misses, got.prefetched, got.useful, got.wasted) == (2, 3, 3, 2, 1)
+
+
 def test_useful_useless_late_and_an_evicted_prefetch_counted_by_hand():
     """2 slots, LRU, every prefetch allowed. Step 0: layer 0 misses 0 (stall 1); 1 is
     prefetched, lands at 1.0 <= 1.5: useful. Step 1: 0 hits; 2 is prefetched (wasted),
@@ -68,6 +76,7 @@ def test_a_copy_in_flight_carries_into_the_next_layer():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_min_without_prefetch_is_beladys_bound(seed):
+    """One pool of slots, and per-layer quotas (a MIN per layer)."""
     rng = np.random.default_rng(seed)
     steps, layers, experts, k = 60, 3, 8, 2
     actual = np.stack([[rng.choice(experts, k, replace=False) for _ in range(layers)]
@@ -82,6 +91,15 @@ def test_min_without_prefetch_is_beladys_bound(seed):
     assert got.misses == bound
     lru = replay(actual, None, slots, Link(copy_s=1.0, window_s=0.0), pinned=pinned)
     assert lru.misses >= bound and lru.hits + lru.misses == len(keys)
+    quotas = rng.integers(0, 4, layers)
+    per_layer = sum(
+        len(layer_keys) - int(_min_hits(np.array(layer_keys, np.int64), int(quotas[m]),
+                                        layers * experts).sum())
+        for m in range(layers)
+        for layer_keys in [[key for key in keys if key // experts == m]])
+    got = replay(actual, None, quotas, Link(copy_s=1.0, window_s=0.0), pinned=pinned,
+                 eviction="min")
+    assert got.misses == per_layer
 
 
 def test_recall_and_precision_per_layer():

@@ -97,14 +97,22 @@ class Counts:
 
 @dataclass
 class _Cache:
-    """One card's slots: key (layer * E + expert) -> LRU order (OrderedDict) or next use."""
+    """One partition of a card's slots (all of them, or one MoE layer's): key (layer * E +
+    expert) -> LRU order (OrderedDict) or next use. `in_flight` (key -> when its copy lands)
+    is shared by the partitions: one copy stream."""
 
     slots: int
     eviction: str
     uses: dict[int, list[int]]
+    in_flight: dict[int, float]
+    slot_share: float
     held: OrderedDict = field(default_factory=OrderedDict)
     unused: set = field(default_factory=set)  # prefetched, not yet used
-    in_flight: dict = field(default_factory=dict)  # key -> when its copy lands
+
+    @property
+    def cap(self) -> int:
+        """How many prefetched-but-unused experts this partition may hold."""
+        return math.floor(self.slot_share * self.slots)
 
     def next_use(self, key: int, after: int) -> float:
         """The first demand position >= `after` of `key` (NEVER if none)."""
@@ -161,10 +169,12 @@ def _demand(actual: np.ndarray, pinned: np.ndarray) -> tuple[list[list[list[int]
     return needs, uses
 
 
-def replay(actual: np.ndarray, predicted: np.ndarray | None, slots: int, link: Link,
-           prefetch: Prefetch = Prefetch(), *, pinned: np.ndarray | None = None,
+def replay(actual: np.ndarray, predicted: np.ndarray | None, slots: int | np.ndarray,
+           link: Link, prefetch: Prefetch = Prefetch(), *, pinned: np.ndarray | None = None,
            num_experts: int | None = None, eviction: str = "lru") -> Counts:
-    """Replay decode steps through one card's cache of `slots` experts.
+    """Replay decode steps through one card's cache: `slots` experts shared by every MoE
+    layer (an int), or [L] slots per MoE layer (the plans' per-layer quotas), each layer's
+    its own cache.
 
     actual: [S, L, k] int, the experts each step selects at each MoE layer (NONE: none);
     predicted: [S, L, k] int, the speculative selection for that step and layer, best first
@@ -181,9 +191,13 @@ def replay(actual: np.ndarray, predicted: np.ndarray | None, slots: int, link: L
         pinned = np.zeros((layers, num_experts or top + 1), dtype=bool)
     windows = np.broadcast_to(np.asarray(link.window_s, dtype=float), (layers,))
     needs, uses = _demand(actual, pinned)
-    cache = _Cache(slots, eviction, uses)
+    in_flight: dict[int, float] = {}
+    if np.ndim(slots) == 0:
+        caches = [_Cache(int(slots), eviction, uses, in_flight, prefetch.slot_share)] * layers
+    else:
+        caches = [_Cache(int(n), eviction, uses, in_flight, prefetch.slot_share)
+                  for n in np.broadcast_to(slots, (layers,))]
     counts = Counts()
-    cap = math.floor(prefetch.slot_share * slots)
     most = (prefetch.max_per_layer if prefetch.max_per_layer is not None
             else 0 if predicted is None else np.shape(predicted)[-1])
     experts = pinned.shape[1]
@@ -192,9 +206,9 @@ def replay(actual: np.ndarray, predicted: np.ndarray | None, slots: int, link: L
         for m in range(layers):
             guesses = [] if predicted is None else _guesses(predicted[s, m], pinned[m])
             keys = [m * experts + e for e in guesses][:most]
-            issued = _issue(cache, keys, position, cap, counts)
-            landed, carry = _serve(cache, needs[s][m], issued, position, windows[m], carry,
-                                   link.copy_s, counts)
+            issued = _issue(caches[m], keys, position, counts)
+            landed, carry = _serve(caches[m], needs[s][m], issued, position, windows[m],
+                                   carry, link.copy_s, counts)
             counts.stall_s += landed - windows[m]
             position += len(needs[s][m])
     counts.staged_bytes = (counts.prefetched + counts.misses) * link.expert_bytes
@@ -207,13 +221,12 @@ def _guesses(row: np.ndarray, pinned: np.ndarray) -> list[int]:
     return list(dict.fromkeys(int(e) for e in row if e != NONE and not pinned[e]))
 
 
-def _issue(cache: _Cache, keys: list[int], position: int, cap: int,
-           counts: Counts) -> dict[int, int]:
+def _issue(cache: _Cache, keys: list[int], position: int, counts: Counts) -> dict[int, int]:
     """Prefetch the non-resident `keys` in order while unused prefetches hold fewer than
-    `cap` slots; {key: its place in the copy queue}."""
+    the cache's `cap` slots; {key: its place in the copy queue}."""
     issued: dict[int, int] = {}
     for key in keys:
-        if key in cache.held or len(cache.unused) >= cap:
+        if key in cache.held or len(cache.unused) >= cache.cap:
             continue
         if cache.admit(key, position, set(keys), counts):
             issued[key] = len(issued)
@@ -250,7 +263,11 @@ def _serve(cache: _Cache, need: list[int], issued: dict[int, int], position: int
         cache.unused.discard(key)
         cache.touch(key, here + 1)
     counts.wasted += len(set(issued) - set(need))
-    cache.in_flight = {key: t - landed for key, t in cache.in_flight.items() if t > landed}
+    for key, t in list(cache.in_flight.items()):  # times from the next layer's window
+        if t > landed:
+            cache.in_flight[key] = t - landed
+        else:
+            del cache.in_flight[key]
     return landed, max(0.0, queue_end - landed)
 
 
