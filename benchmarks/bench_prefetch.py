@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from solvers.cache.prefetch import Link, Prefetch, quality, replay
-from traces.storing.dataset import open_traces, stream_rows
-from traces.storing.schema import SPECULATIVE_COLUMN, has_speculative
+from traces.storing.dataset import open_traces
+from traces.storing.speculative import speculative_steps
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data" / "shakespeare.txt"
@@ -39,20 +39,9 @@ PROSE = SHARED if SHARED.exists() else REPO / "examples" / "data" / "shakespeare
 
 def load(trace_dir: Path, steps: int) -> tuple[np.ndarray, np.ndarray, list[int], int]:
     """(actual, predicted) [S, L, k] of the first `steps` decode tokens, the MoE layers, E."""
-    td = open_traces(trace_dir)
-    if not all(has_speculative(m) for m in td.metas):
-        sys.exit(f"error: {trace_dir}: a trace without {SPECULATIVE_COLUMN} (collect it again "
-                 "with `placer collect --model`)")
-    columns = ["seq_id", "pos", "layer", "experts", SPECULATIVE_COLUMN]
-    parts = list(stream_rows(td, columns, "decode", None, None))
-    rows = {c: np.concatenate([p[c] for p in parts]) for c in columns}
-    order = np.lexsort((rows["layer"], rows["pos"], rows["seq_id"]))
-    layers = td.model["moe_layers"]
-    shape = (-1, len(layers), td.model["top_k"])
-    actual = rows["experts"][order].reshape(shape)[:steps]
-    predicted = rows[SPECULATIVE_COLUMN][order].reshape(shape)[:steps]
-    return actual.astype(np.int64), predicted.astype(np.int64), layers, td.model[
-        "experts_per_layer"]
+    actual, predicted = speculative_steps(trace_dir, steps)
+    model = open_traces(trace_dir).model
+    return actual, predicted, model["moe_layers"], model["experts_per_layer"]
 
 
 def tiny_trace(root: Path) -> Path:
