@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from solvers.cache.prefetch import Link, Prefetch, quality, replay
+from traces.errors import TraceError
 from traces.storing.dataset import open_traces
 from traces.storing.speculative import speculative_steps
 
@@ -79,7 +80,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         trace = args.trace or tiny_trace(Path(tmp))
-        actual, predicted, layers, experts = load(trace, args.steps)
+        try:
+            actual, predicted, layers, experts = load(trace, args.steps)
+        except TraceError as exc:
+            sys.exit(f"error: {exc}")
     if args.trace is None:
         print("tiny random-init model: these figures test the code, they measure nothing")
     slots = args.slots if args.slots is not None else len(layers) * experts // 4

@@ -86,7 +86,8 @@ def speculative_selection(router: torch.nn.Module, hidden: torch.Tensor) -> torc
     """The experts `router` selects for the rows of `hidden` [..., H], as [N, k] int16 in
     descending router-score order: the router's own forward (no hooks), so its top-k,
     normalisation and grouping are the model's."""
-    _, scores, indices = router.forward(hidden.reshape(-1, hidden.shape[-1]))
+    rows = hidden.reshape(-1, hidden.shape[-1]).to(next(router.parameters()).device)
+    _, scores, indices = router.forward(rows)
     order = torch.argsort(scores, dim=-1, descending=True, stable=True)
     return indices.gather(-1, order).to(torch.int16)
 
