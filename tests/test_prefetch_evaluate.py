@@ -8,18 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_evaluate import CONFIG, EXPERTS, LAYERS, TOP_K  # the same toy model
 
 from placer.plan.placement import plan_quotas, read_plan
 from solvers.cache.belady import _min_hits
 from traces.storing.schema import PHASES
 from traces.storing.writer import TraceWriter
 
-LAYERS, EXPERTS, TOP_K = (0, 1, 2), 16, 2
-CONFIG = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
-          "num_hidden_layers": 3, "num_experts": EXPERTS, "num_experts_per_tok": TOP_K,
-          "hidden_size": 64, "moe_intermediate_size": 32, "intermediate_size": 64,
-          "vocab_size": 100, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32,
-          "torch_dtype": "bfloat16"}
 BOX = """name = "one-card"
 description = "the tiny box with one card"
 host_ram = "1GiB"
