@@ -261,13 +261,14 @@ def test_schema_and_metadata(collected, trace_models, trace_data):
     assert np.all(np.diff(np.lexsort(keys[::-1])) == 1), "rows sorted by (seq, pos, layer)"
 
 
-@pytest.mark.parametrize("mode", ["score", "generate"])
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize(("arch", "mode"), [*((a, "score") for a in ARCHITECTURES),
+                                           ("qwen3_moe", "generate"), ("deepseek_v3", "generate")])
 def test_speculative_routing_is_next_router_on_previous_block_input(arch, mode, trace_models,
                                                                     collected):
     """spec_experts of MoE layer m = layer m's router (recomputed in float64, its own top-k,
     grouping and bias) applied to the input of the previous MoE layer's block, token by token
-    with each sequence run alone, best first; -1 on the first MoE layer."""
+    with each sequence run alone, best first; -1 on the first MoE layer. Every architecture
+    in score mode; generate mode (prefill and decode calls) on two."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(trace_models[arch], local_files_only=True).eval()
