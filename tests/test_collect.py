@@ -239,7 +239,8 @@ def test_schema_and_metadata(collected, trace_models, trace_data):
         "seq_id": pa.int64(), "pos": pa.int32(), "token": pa.int32(),
         "phase": pa.dictionary(pa.int32(), pa.string()), "layer": pa.int16(),
         "experts": pa.list_(pa.int16(), 2), "weights": pa.list_(pa.float32(), 2),
-        "tag": pa.dictionary(pa.int32(), pa.string())}
+        "tag": pa.dictionary(pa.int32(), pa.string()),
+        "spec_experts": pa.list_(pa.int16(), 2)}
     assert {f.name: f.type for f in schema} == expected
     assert schema.field("weights").nullable and not schema.field("experts").nullable
     meta = json.loads(schema.metadata[b"placer"])
@@ -248,7 +249,8 @@ def test_schema_and_metadata(collected, trace_models, trace_data):
     assert meta["moe_layers"] == list(inv.moe_layers) and meta["num_layers"] == inv.num_layers
     assert (meta["experts_per_layer"], meta["top_k"]) == (8, 2)
     assert meta["tag"] == trace_data.chat.stem and meta["mode"] == "generate"
-    assert meta["placer_version"] == "0.1.0" and meta["schema_version"] == 1
+    assert meta["placer_version"] == "0.1.0" and meta["schema_version"] == 2
+    assert meta["speculative"] == {"point": "moe_input", "depth": 1}
     import hashlib
 
     assert meta["corpus_sha256"] == hashlib.sha256(trace_data.chat.read_bytes()).hexdigest()
@@ -257,6 +259,75 @@ def test_schema_and_metadata(collected, trace_models, trace_data):
     assert np.all(seq >> 32 == meta["run_id"])
     keys = np.stack([seq, table.column("pos").to_numpy(), table.column("layer").to_numpy()])
     assert np.all(np.diff(np.lexsort(keys[::-1])) == 1), "rows sorted by (seq, pos, layer)"
+
+
+@pytest.mark.parametrize(("arch", "mode"), [*((a, "score") for a in ARCHITECTURES),
+                                           ("qwen3_moe", "generate"), ("deepseek_v3", "generate")])
+def test_speculative_routing_is_next_router_on_previous_block_input(arch, mode, trace_models,
+                                                                    collected):
+    """spec_experts of MoE layer m = layer m's router (recomputed in float64, its own top-k,
+    grouping and bias) applied to the input of the previous MoE layer's block, token by token
+    with each sequence run alone, best first; -1 on the first MoE layer. Every architecture
+    in score mode; generate mode (prefill and decode calls) on two."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(trace_models[arch], local_files_only=True).eval()
+    trace = collected[(arch, mode)]
+    moe_layers = json.loads(pq.read_schema(next(trace.glob("*.parquet")))
+                            .metadata[b"placer"])["moe_layers"]
+    table = pa.concat_tables([pq.read_table(f) for f in sorted(trace.glob("*.parquet"))])
+    rows = {name: table.column(name).to_pylist() for name in
+            ("seq_id", "pos", "token", "layer", "experts", "spec_experts")}
+    seqs: dict[int, dict[int, dict]] = {}
+    for i, seq in enumerate(rows["seq_id"]):
+        seqs.setdefault(seq, {}).setdefault(rows["pos"][i], {"token": rows["token"][i]})[
+            rows["layer"][i]] = rows["spec_experts"][i]
+    checked = skipped = differs = 0
+    for tokens in seqs.values():
+        entries = [tokens[p] for p in sorted(tokens)]
+        ref = _router_inputs(model, [e["token"] for e in entries])
+        assert all(e[moe_layers[0]] == [-1, -1] for e in entries)
+        for before, layer in zip(moe_layers, moe_layers[1:], strict=False):
+            experts, weights, margin = _reference(arch, ref[layer][0], ref[before][1],
+                                                  model.config)
+            for t, entry in enumerate(entries):
+                if margin[t] < MARGIN or abs(weights[t][0] - weights[t][1]) < MARGIN:
+                    skipped += 1
+                    continue
+                best_first = [experts[t][i] for i in np.argsort(-weights[t], kind="stable")]
+                assert entry[layer] == best_first, (layer, t, entry[layer], best_first)
+                checked += 1
+        differs += sum(e[layer] != sorted(e[layer]) for e in entries for layer in moe_layers[1:])
+    assert checked > 100 and skipped <= 0.05 * (checked + skipped), (checked, skipped)
+    assert differs > 0, "no selection out of index order: the best-first order is untested"
+
+
+def test_trace_of_schema_version_1_still_reads(collected, tmp_path, placer_run):
+    """A version-1 file (no spec_experts column, no `speculative` key) beside a version-2
+    one: both read, and the stats of the rows they share are those of the original."""
+    import shutil
+
+    from traces.storing.dataset import open_traces, stream_rows
+    from traces.storing.schema import has_speculative
+
+    src = collected[("qwen3_moe", "generate")]
+    shutil.copytree(src, tmp_path / "new")
+    old = tmp_path / "new" / "old.parquet"
+    table = pq.read_table(next(src.glob("*.parquet")))
+    meta = json.loads(table.schema.metadata[b"placer"])
+    meta.update(schema_version=1, run_id=meta["run_id"] + 1,
+                seq_id_base=(meta["run_id"] + 1) << 32)
+    del meta["speculative"]
+    seq = pa.array(table.column("seq_id").to_numpy() + (1 << 32))
+    table = table.drop_columns(["spec_experts"]).set_column(0, "seq_id", seq)
+    pq.write_table(table.replace_schema_metadata({"placer": json.dumps(meta)}), old)
+    td = open_traces(tmp_path / "new")
+    assert [has_speculative(m) for m in td.metas] == [False, True]
+    rows = sum(len(b["experts"]) for b in stream_rows(td, ["experts", "layer"], None, None, None))
+    assert rows == 2 * table.num_rows
+    stats = json.loads(placer_run("traces", "stats", tmp_path / "new", "--json").output)
+    single = json.loads(placer_run("traces", "stats", src, "--json").output)
+    assert stats["tokens"] == 2 * single["tokens"]
 
 
 def test_deepseek_records_only_routed_layers(collected):

@@ -33,6 +33,7 @@ from placer.plan.placement import Plan, check_cache_slots, plan_policy, plan_quo
 from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from placer.predict.llamacpp import llamacpp_row
+from placer.predict.prefetch import prefetch_section
 from placer.progress import ItemsBar
 from solvers.cache import even_quotas
 from solvers.judge.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
@@ -180,7 +181,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     seed = plan.solver.get("seed", 0) if opts.seed is None else opts.seed
     fallback = int(plan.solver.get("steps") or DEFAULT_STEPS)
     calib = calibration_counts(plan)
-    results, drift, verdicts, per_layer, notes = [], [], [], [], []
+    results, drift, verdicts, per_layer, notes, prefetch = [], [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
         notes += [n for n in [dropped_prefill(trace_dir)] if n]
@@ -217,6 +218,9 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                 drift.append(entry)
                 notes += [note] if note else []
             verdicts.append(trace_verdict(name, rows))
+            section, note = prefetch_section(plan, trace_dir, opts.cache_slots)
+            prefetch += [section] if section else []
+            notes += [note] if note else []
     add_step_ranges(results, plan.hardware)
     return {"plan_fingerprint": plan.model["fingerprint"],
             "estimated": estimated_json(plan.hardware),
@@ -224,7 +228,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
             else f"{opts.num_steps} sampled decode steps",
             "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,
             "replicates": opts.replicates, "notes": notes, "results": results, "drift": drift,
-            "verdicts": verdicts, "per_layer": per_layer}
+            "verdicts": verdicts, "per_layer": per_layer, "prefetch": prefetch}
 
 
 def executions(plan: Plan, asked: str | None) -> tuple[str, ...]:

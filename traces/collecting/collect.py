@@ -45,12 +45,16 @@ if TYPE_CHECKING:  # torch loads in seconds: only a run that collects imports it
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PREFILL, DECODE = PHASES.index("prefill"), PHASES.index("decode")
+# Where the speculative routing is taken (traces.collecting.capture): the input of the
+# previous MoE layer's block, one MoE layer ahead.
+SPECULATIVE_POINT = {"point": "moe_input", "depth": 1}
 
 
 @dataclass(frozen=True)
 class _Tokens:
     """The recorded tokens of one batch, sorted by (seq_id, pos): 1-D arrays of length N,
-    `experts` [N, L, k] int16 and `weights` [N, L, k] float32 or None."""
+    `experts` [N, L, k] int16, `weights` [N, L, k] float32 or None and `speculative`
+    [N, L, k] int16 (capture.Routing.speculative, per token)."""
 
     seq_id: np.ndarray
     pos: np.ndarray
@@ -58,6 +62,7 @@ class _Tokens:
     phase: np.ndarray
     experts: np.ndarray
     weights: np.ndarray | None
+    speculative: np.ndarray
 
 
 def check_options(options: CollectOptions) -> None:
@@ -156,7 +161,7 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
     check_generation_memory(model, options, device)
     from traces.collecting.capture import RouterCapture
 
-    capture = RouterCapture(model, weights=options.weights)
+    capture = RouterCapture(model, weights=options.weights, speculative=True)
     if capture.layers != tuple(identity.moe_layers):
         raise TraceError(f"the model routes experts in layers {list(capture.layers)}, the "
                          f"inventory says {list(identity.moe_layers)}")
@@ -172,7 +177,8 @@ def collect(model_dir: Path, corpora: list[Corpus], out_dir: Path, identity: Mod
 def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, out_dir: Path,
                     identity: ModelIdentity, options: CollectOptions,
                     device: str) -> CollectResult:
-    meta = collect_meta(out_dir, corpus, identity, options, weights=options.weights)
+    meta = {**collect_meta(out_dir, corpus, identity, options, weights=options.weights),
+            "speculative": SPECULATIVE_POINT}
     run_id, base = meta["run_id"], meta["seq_id_base"]
     layers = np.asarray(identity.moe_layers, dtype=np.int16)
     path = out_dir / f"{corpus.tag}-{run_id:08x}.parquet"
@@ -197,7 +203,8 @@ def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, ou
                          np.repeat(rows.token, num_layers), np.repeat(rows.phase, num_layers),
                          np.tile(layers, n), rows.experts.reshape(n * num_layers, -1),
                          None if rows.weights is None
-                         else rows.weights.reshape(n * num_layers, -1))
+                         else rows.weights.reshape(n * num_layers, -1),
+                         rows.speculative.reshape(n * num_layers, -1))
             tokens += n
             sequences += len(batch)
             advance(len(batch), n)
@@ -306,7 +313,8 @@ def _score(model, capture: RouterCapture, batch: list[list[int]], seq_ids: np.nd
                    phase=np.full(len(b), DECODE, dtype=np.int32),
                    experts=routing.experts[:, flat].transpose(1, 0, 2),
                    weights=None if routing.weights is None
-                   else routing.weights[:, flat].transpose(1, 0, 2))
+                   else routing.weights[:, flat].transpose(1, 0, 2),
+                   speculative=routing.speculative[:, flat].transpose(1, 0, 2))
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -356,11 +364,13 @@ def _generate(model, capture: RouterCapture, batch: list[list[int]], seq_ids: np
     experts = np.concatenate([p[4].experts[:, p[5]] for p in parts], axis=1)
     weights = (None if prefill.weights is None
                else np.concatenate([p[4].weights[:, p[5]] for p in parts], axis=1))
+    speculative = np.concatenate([p[4].speculative[:, p[5]] for p in parts], axis=1)
     return _Tokens(seq_id=seq_ids[seq[order]], pos=pos[order],
                    token=np.concatenate([p[2] for p in parts])[order],
                    phase=np.concatenate([p[3] for p in parts]).astype(np.int32)[order],
                    experts=experts[:, order].transpose(1, 0, 2),
-                   weights=None if weights is None else weights[:, order].transpose(1, 0, 2))
+                   weights=None if weights is None else weights[:, order].transpose(1, 0, 2),
+                   speculative=speculative[:, order].transpose(1, 0, 2))
 
 
 class _Progress:

@@ -18,6 +18,18 @@ Columns (one row per token and per MoE layer; padding tokens are never recorded)
 | `weights` | fixed_size_list<float32>[top_k]    | their gate weights as passed to the experts    |
 |           | (nullable)                         | (null when collected with `--no-weights`)      |
 | `tag`     | dictionary<int32, string>          | corpus tag (file stem, `--tag`, or `random`)   |
+| `spec_experts` | fixed_size_list<int16>[top_k] | speculative routing (version 2, only in files  |
+|           |                                    | whose metadata has `speculative`): see below   |
+
+Speculative routing (schema version 2; `placer collect` from a checkpoint records it): on
+the row of MoE layer m, `spec_experts` holds the k experts that layer m's router selects when
+applied to the hidden state at the *previous* MoE layer p's prefetch point, the input of p's
+MoE block (the residual stream after p's attention, through p's post-attention norm: what
+p's own router reads), in descending router-score order, with m's own top-k, grouping and
+bias correction. That is what a prefetcher issuing copies for m while p's experts compute
+would have predicted. The first MoE layer has no earlier MoE layer: its `spec_experts` are
+all -1. Metadata key `speculative` names the point (`{"point": "moe_input", "depth": 1}`);
+files without it (version 1, other collectors, imports) have no `spec_experts` column.
 
 Rows are written sorted by (`seq_id`, `pos`, `layer`) within each Parquet row group.
 
@@ -30,7 +42,7 @@ sequence stops at its end-of-sequence token; tokens after it are not recorded.
 
 File metadata: key `placer` holds a JSON object:
 
-    {"schema_version": 1, "kind": "tokens", "placer_version": "0.1.0",
+    {"schema_version": 2, "kind": "tokens", "placer_version": "0.1.0",
      "fingerprint": "<hex: model config + inventory>", "num_layers": 48,
      "moe_layers": [0, 1, ...], "experts_per_layer": 128, "top_k": 8,
      "tag": "chat", "corpus": "chat.jsonl", "corpus_sha256": "<hex>",
@@ -69,7 +81,10 @@ import pyarrow.parquet as pq
 from traces.errors import TraceError, first_line
 from traces.formats.jsontext import loads_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 2 added the optional `spec_experts` column; 1 lacks it
+SPECULATIVE_COLUMN = "spec_experts"
+NO_PREDICTION = -1  # spec_experts of the first MoE layer: nothing before it to predict from
 METADATA_KEY = b"placer"
 KIND_TOKENS = "tokens"
 KIND_COUNTS = "counts"
@@ -82,8 +97,10 @@ MAX_SELECTIONS = 2**53  # per MoE layer of a count matrix: exact in float64, no 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 
-def trace_schema(top_k: int, meta: dict | None = None) -> pa.Schema:
-    """The Arrow schema of a per-token trace file with `top_k` experts per row."""
+def trace_schema(top_k: int, meta: dict | None = None, *,
+                 speculative: bool = False) -> pa.Schema:
+    """The Arrow schema of a per-token trace file with `top_k` experts per row (and the
+    `spec_experts` column where `speculative`)."""
     fields = [
         pa.field("seq_id", pa.int64(), nullable=False),
         pa.field("pos", pa.int32(), nullable=False),
@@ -94,6 +111,8 @@ def trace_schema(top_k: int, meta: dict | None = None) -> pa.Schema:
         pa.field("weights", pa.list_(pa.float32(), top_k), nullable=True),
         pa.field("tag", _DICT, nullable=False),
     ]
+    if speculative:
+        fields.append(pa.field(SPECULATIVE_COLUMN, pa.list_(pa.int16(), top_k), nullable=False))
     return pa.schema(fields, metadata=None if meta is None else encode_meta(meta))
 
 
@@ -121,10 +140,15 @@ def read_meta(path) -> dict:
     meta = loads_json(raw[METADATA_KEY], f"{path}: its placer metadata")
     if not isinstance(meta, dict):
         raise TraceError(f"{path}: its placer metadata is not a JSON object")
-    if meta.get("schema_version") != SCHEMA_VERSION:
+    if meta.get("schema_version") not in READABLE_VERSIONS:
         raise TraceError(f"{path} has trace schema version {meta.get('schema_version')}, "
-                         f"this placer reads version {SCHEMA_VERSION}")
+                         f"this placer reads versions {', '.join(map(str, READABLE_VERSIONS))}")
     return meta
+
+
+def has_speculative(meta: dict) -> bool:
+    """Whether a trace file with metadata `meta` holds the `spec_experts` column."""
+    return bool(meta.get("speculative"))
 
 
 @dataclass(frozen=True)

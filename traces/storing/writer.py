@@ -19,20 +19,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
-from traces.storing.schema import METADATA_KEY, PHASES, encode_meta, trace_schema
+from traces.storing.schema import (
+    METADATA_KEY,
+    PHASES,
+    encode_meta,
+    trace_schema,
+)
 
 ROW_GROUP_ROWS = 1 << 18
 
 
 class TraceWriter:
-    """Append (token, layer) rows to the trace file `path` (schema in `traces.storing.schema`)."""
+    """Append (token, layer) rows to the trace file `path` (schema in `traces.storing.schema`;
+    with the `spec_experts` column where `meta` has `speculative`)."""
 
     def __init__(self, path: Path, *, tag: str, top_k: int, meta: dict,
                  row_group_rows: int = ROW_GROUP_ROWS) -> None:
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self.top_k = top_k
-        self.schema = trace_schema(top_k, meta)
+        self.speculative = bool(meta.get("speculative"))
+        self.schema = trace_schema(top_k, meta, speculative=self.speculative)
         self.row_group_rows = row_group_rows
         self.rows = 0
         self._tag = pa.array([tag])
@@ -53,12 +60,16 @@ class TraceWriter:
 
     def write(self, seq_id: np.ndarray, pos: np.ndarray, token: np.ndarray,
               phase: np.ndarray, layer: np.ndarray, experts: np.ndarray,
-              weights: np.ndarray | None) -> None:
+              weights: np.ndarray | None, speculative: np.ndarray | None = None) -> None:
         """Buffer N rows: 1-D arrays of length N (`phase` = index into PHASES) and
-        `experts` [N, k] int, `weights` [N, k] float32 or None."""
+        `experts` [N, k] int, `weights` [N, k] float32 or None, `speculative` [N, k] int
+        (the spec_experts column: given exactly when the file has it)."""
         n = len(seq_id)
         if n == 0:
             return
+        if (speculative is not None) != self.speculative:
+            raise ValueError(f"{self.path}: spec_experts must be given exactly when the file "
+                             f"has that column (it {'has' if self.speculative else 'has not'})")
         k = self.top_k
         weights_array = (pa.nulls(n, self.schema.field("weights").type) if weights is None
                          else pa.FixedSizeListArray.from_arrays(
@@ -73,6 +84,8 @@ class TraceWriter:
                 pa.array(np.ascontiguousarray(experts, np.int16).ravel()), k),
             weights_array,
             pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), self._tag),
+            *([] if speculative is None else [pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ascontiguousarray(speculative, np.int16).ravel()), k)]),
         ], schema=self.schema)
         self._pending.append(batch)
         self._pending_rows += n
