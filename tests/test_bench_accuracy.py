@@ -86,12 +86,14 @@ def test_bench_table_is_evaluates_figures_and_its_arithmetic_holds(tmp_path):
     predicted = [r["predicted"] for r in group["runs"]]
     assert [r["measured"] for r in group["runs"]] == MEASURED
 
-    # the predictions are placer evaluate --flags' own (same spec, config, dtypes, flags)
+    # the predictions are placer evaluate --flags' own (the spec hardware new makes from the
+    # config and dtypes; the same flags)
     spec = tmp_path / "box.toml"
     runner = CliRunner()
     made = runner.invoke(app, ["hardware", "new", "--card", "RTX 3060", "--cards", "1",
                                "--pcie", "4.0x16", "--ram", "ddr4-3200x2", "--cpu-cores", "8",
-                               "--out", str(spec)])
+                               "--config", str(tmp_path / "config.json"), "--expert-dtype",
+                               "q4_k", "--dense-dtype", "q8_0", "--out", str(spec)])
     assert made.exit_code == 0, made.output
     args = ["evaluate", "--engine", "llamacpp", "--config", str(tmp_path / "config.json"),
             "--hardware", str(spec), "--expert-dtype", "q4_k", "--dense-dtype", "q8_0",
