@@ -123,3 +123,21 @@ def test_traces_without_speculative_routing_add_no_section(setup, cli):
                             "--json").output)
     assert report["prefetch"] == []
     assert not [n for n in report["notes"] if "prefetch" in n]
+
+
+def test_the_prefetch_lines_are_printed_with_their_counts(setup, cli):
+    """The text report shows what --json holds: each line's counts and stall, and the
+    recall by layer (the section was in --json only)."""
+    report = json.loads(cli("evaluate", setup["plan"], "--traces", setup["held"],
+                            "--json").output)
+    [section] = report["prefetch"]
+    text = " ".join(cli("evaluate", setup["plan"], "--traces", setup["held"],
+                        "--verbose").output.split())
+    for name, f in section["lines"].items():
+        row = " ".join(str(f[k]) for k in ("hits", "misses", "prefetched", "useful", "late",
+                                           "wasted"))
+        assert f"{name} {row} {f['stall_ms_per_token']:.4f}" in " ".join(
+            text.replace("│", " ").split()), name
+    first = section["recall"][1]
+    assert "recall of the speculative selection by layer:" in text
+    assert f"{first['layer']}: {first['share']:.2f}" in text

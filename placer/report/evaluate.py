@@ -33,6 +33,7 @@ from placer.report.marks import (
     step_ranges,
     table_marks,
 )
+from placer.report.prefetch import print_prefetch
 
 
 def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = False,
@@ -161,6 +162,7 @@ def print_report(report: dict) -> None:
                           plus_minus(row, "hit_rate", "{:.3f}"),
                           plus_minus(row, "stall_ms_per_step", "{:.4f}"))
         print_table(curve, console)
+    print_prefetch(report.get("prefetch", []), console)
     for v in report["verdicts"]:
         console.print(v["message"], style="bold red" if not v["ok"] and "WARNING" in v[
             "message"] else {"better": "green"}.get(v["verdict"], "yellow"))

@@ -1,0 +1,34 @@
+"""`placer evaluate`'s prefetch section as text: per trace directory, the plan's slots
+replayed with LRU and Belady's MIN, each without and with prefetching from the traffic's
+speculative routing (placer/predict/prefetch.py), and the predictor's recall and precision
+per MoE layer."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from placer.report.figures import print_table
+
+COLUMNS = ("line", "hits", "misses", "prefetched", "useful", "late", "wasted",
+           "stall ms/token")
+
+
+def print_prefetch(sections: list[dict], console: Console) -> None:
+    """One table per section, then its recall and precision by layer."""
+    for s in sections:
+        table = Table(title=f"{s['traces']}: prefetch at B=1, {s['tokens']} tokens; a copy "
+                            f"{s['copy_ms']:.3g} ms, a layer's window {s['window_ms']:.3g} ms "
+                            "(modelled from the spec); exact replays, LRU and Belady")
+        for col in COLUMNS:
+            table.add_column(col, justify="right")
+        for name, f in s["lines"].items():
+            table.add_row(name, *(str(f[k]) for k in COLUMNS[1:-1]),
+                          f"{f['stall_ms_per_token']:.4f}")
+        print_table(table, console)
+        for what in ("recall", "precision"):
+            shares = ", ".join("-" if r["share"] is None else f"{r['layer']}: {r['share']:.2f}"
+                               for r in s[what])
+            console.print(f"{what} of the speculative selection by layer: {shares}",
+                          highlight=False)
+        console.print(f"({s['interval']})", highlight=False)
