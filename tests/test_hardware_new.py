@@ -140,3 +140,13 @@ def test_a_config_gives_the_reserves_and_the_step_before_the_download(tmp_path: 
                        (["--expert-dtype", "q4_k"], "go with --config")):
         assert_one_line_error(invoke("hardware", "new", "--card", "RTX 3060", "--pcie",
                                      "4.0x16", "--ram", "ddr4-3200x2", *args), says)
+
+
+def test_an_unknown_card_names_the_nearest_not_the_whole_table() -> None:
+    """The table holds about a hundred cards: the refusal names the nearest few and where
+    the rest are listed (it printed every name, over 1,400 characters)."""
+    result = invoke("hardware", "new", "--card", "RTX 3075", "--pcie", "4.0x16", "--ram",
+                    "ddr4-3200x2")
+    assert_one_line_error(result, "knows no card 'RTX 3075'; nearest: RTX 3070",
+                          "`placer hardware cards` lists the")
+    assert len(result.output) < 300

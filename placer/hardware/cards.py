@@ -28,6 +28,7 @@ share (H2D_SHARE, STREAM_SHARE), marked ESTIMATED until `placer probe` measures 
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import re
 from dataclasses import dataclass
@@ -109,12 +110,17 @@ def card(name: str) -> CardFigures | None:
 
 
 def known_card(name: str) -> CardFigures:
-    """card(name), or a PlacerError listing the cards placer knows."""
+    """card(name), or a PlacerError naming the nearest cards placer knows (the table has
+    about a hundred: `placer hardware cards` lists them)."""
     found = card(name)
     if found is None:
-        raise PlacerError(f"--card: placer knows no card '{shown(name)}'; known: "
-                          f"{', '.join(c.name for c in CARDS)} (or start from a preset: "
-                          "placer hardware list)")
+        near = difflib.get_close_matches(name[:100].lower(), [c.name.lower() for c in CARDS],
+                                         n=5, cutoff=0.5)
+        names = {c.name.lower(): c.name for c in CARDS}
+        maybe = f"; nearest: {', '.join(names[n] for n in near)}" if near else ""
+        raise PlacerError(f"--card: placer knows no card '{shown(name)}'{maybe} (`placer "
+                          f"hardware cards` lists the {len(CARDS)} it knows; or start from a "
+                          "preset: placer hardware list)")
     return found
 
 
