@@ -66,6 +66,7 @@ def register(app: typer.Typer) -> None:
         from placer.checkpoint.estimate import estimate_inventory
         from placer.checkpoint.inventory import read_inventory
         from placer.plan import engine as dispatch
+        from placer.plan.traffic import sample_notes
         from traces.storing.stats import dropped_prefill
 
         if (model is None) == (config is None):
@@ -87,7 +88,8 @@ def register(app: typer.Typer) -> None:
             plan = dispatch.solve(inv, spec, list(traces or []), opts, target, spinner.stage)
         write_json_atomic(plan.to_json(), out, inputs)
         notes = [] if plan.engine is not None else [
-            note for trace_dir in traces or [] if (note := dropped_prefill(trace_dir))]
+            note for trace_dir in traces or [] if (note := dropped_prefill(trace_dir))
+        ] + sample_notes(plan.calibration)
         report_solve(plan, out, notes, verbose=verbose, quiet=json_out, inputs=inputs)
         if json_out:
             print_json(plan.to_json())

@@ -7,8 +7,10 @@ all of it: the limit). By default every held-out token is replayed
 (`traces.storing.profile.every_token_steps`: at B = 1 each token once, exactly; at B > 1 continuous
 batching of B distinct sequences over `groupings` seeded orders); `num_steps` samples that
 many steps instead, and imported count matrices, which have no tokens, are always sampled
-(with a note). Every figure carries a 95% bootstrap interval over sequences, paired across
-the lines of a row (`solvers.judge.intervals`); the verdict against layer offload is read from the
+(with a note). A trace set too large to replay whole (over
+traces.storing.sample.MAX_REPLAY_SELECTIONS) is replayed on a seeded sample of its whole
+sequences, and its drift's interval is over them: `replay_samples` and a note say so.
+Every figure carries a 95% bootstrap interval over sequences, paired across the lines of a row (`solvers.judge.intervals`); the verdict against layer offload is read from the
 interval of the stall ratio: better, worse or within noise, or too little traffic where
 fewer than MIN_UNITS held-out sequences give no interval (with a note).
 
@@ -49,6 +51,7 @@ from traces.storing.profile import (
     load_profile,
     sampled_token_steps,
 )
+from traces.storing.sample import replay_sample, sample_note
 from traces.storing.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "lfuda", "belady")  # stage execution only
@@ -179,7 +182,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     seed = plan.solver.get("seed", 0) if opts.seed is None else opts.seed
     fallback = int(plan.solver.get("steps") or DEFAULT_STEPS)
     calib = calibration_counts(plan)
-    results, drift, verdicts, per_layer, notes = [], [], [], [], []
+    results, drift, verdicts, per_layer, notes, samples = [], [], [], [], [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
         notes += [n for n in [dropped_prefill(trace_dir)] if n]
@@ -191,10 +194,17 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
         for trace_dir in trace_dirs:
             profile = load_profile(trace_dir)
             name = str(trace_dir)
+            sample = (replay_sample(trace_dir, seed)
+                      if profile.per_token and opts.num_steps is None else None)
+            kept = None if sample is None else set(sample.seq_ids)
+            if sample is not None:
+                samples.append({"traces": name, **sample.json()})
+                notes.append(sample_note(name, sample.json()))
             rows = []
             for b in batches:
                 steps, note = replay_steps(trace_dir, profile, b, opts.num_steps, seed,
-                                           groupings=opts.groupings, fallback_steps=fallback)
+                                           groupings=opts.groupings, fallback_steps=fallback,
+                                           seq_ids=kept)
                 notes += [note] if note else []
                 for mode in modes:
                     item = f"{trace_dir.name} B={b} {mode}"
@@ -212,13 +222,16 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                     bar.advance()
             results += rows
             if calib is not None:
-                entry, note = drift_of(calib, trace_dir, profile, opts.replicates, seed)
+                entry, note = drift_of(calib, trace_dir, profile, opts.replicates, seed,
+                                       kept)
                 drift.append(entry)
                 notes += [note] if note else []
             verdicts.append(trace_verdict(name, rows))
     return {"plan_fingerprint": plan.model["fingerprint"],
-            "replay": "every held-out token" if opts.num_steps is None
-            else f"{opts.num_steps} sampled decode steps",
+            "replay": ("every held-out token" if not samples else
+                       "every held-out token of a seeded sample of whole sequences")
+            if opts.num_steps is None else f"{opts.num_steps} sampled decode steps",
+            "replay_samples": samples,
             "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,
             "replicates": opts.replicates, "notes": notes, "results": results, "drift": drift,
             "verdicts": verdicts, "per_layer": per_layer}
