@@ -10,9 +10,10 @@ many steps instead, and imported count matrices, which have no tokens, are alway
 (with a note). A trace set too large to replay whole (over
 traces.storing.sample.MAX_REPLAY_SELECTIONS) is replayed on a seeded sample of its whole
 sequences, and its drift's interval is over them: `replay_samples` and a note say so.
-Every figure carries a 95% bootstrap interval over sequences, paired across the lines of a row (`solvers.judge.intervals`); the verdict against layer offload is read from the
-interval of the stall ratio: better, worse or within noise, or too little traffic where
-fewer than MIN_UNITS held-out sequences give no interval (with a note).
+Every figure carries a 95% bootstrap interval over sequences, paired across the lines of a
+row (`solvers.judge.intervals`); the verdict against layer offload is read from the interval
+of the stall ratio: better, worse or within noise, or too little traffic where fewer than
+MIN_UNITS held-out sequences give no interval (with a note).
 
 Memory: the replay walks the steps in chunks (solvers.judge.replay.CHUNK_CELLS mask cells); the
 oracle's problem and the `cache_slots` replay (an LRU walks the steps in order) hold the
