@@ -29,6 +29,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_llamacpp.py": ["--quick"],
     "bench_llamacpp_measured.py": ["--quick"],
     "bench_split.py": ["--quick"],
+    "bench_scale.py": ["--quick"],
     "bench_startup.py": ["--quick"],
 }
 
