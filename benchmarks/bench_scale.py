@@ -5,13 +5,13 @@
 
 Model: DeepSeek-V3's shape (examples/deepseek-v3/config.json: 58 MoE layers x 256 experts,
 top-8, MXFP4 experts); box: the `8x-rtx5090d-pcie5` preset; `--offload 0.5 --concurrency 1,8`
-and the defaults otherwise (`--cache auto`, `--solver greedy` for the static candidate: the
-setting of benchmarks/bench_split.py). Traffic: `synthetic.deepseek_like` tokens (model seed
-0), 100 tokens a sequence, made and imported in pieces of 200k tokens (sample seed = the
-piece's index: independent samples of one traffic; pieces past the fourth are copies of the
-first four under other sequence ids), so making the traffic never holds more than one piece;
-a size of N tokens is a trace directory of hard links to the first N / 200k pieces' files
-(`--quick`: pieces of 2k, sizes 2k and 8k).
+and solve's defaults otherwise (`--cache auto`; `--solver ilp` for the static candidate,
+`--solver greedy` for benchmarks/bench_split.py's setting). Traffic:
+`synthetic.deepseek_like` tokens (model seed 0), 100 tokens a sequence, made and imported in
+pieces of 200k tokens (sample seed = the piece's index: independent samples of one traffic;
+pieces past the fourth are copies of the first four under other sequence ids), so making the
+traffic never holds more than one piece; a size of N tokens is a trace directory of hard
+links to the first N / 200k pieces' files (`--quick`: pieces of 2k, sizes 2k and 8k).
 
 Prints per size the wall seconds of `placer solve` (a child process; making and importing
 the traffic is not counted), its peak resident memory (the child's maximum RSS), the
@@ -105,17 +105,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="pieces of 2k, sizes 2k and 8k")
     parser.add_argument("--keep", type=Path, default=None,
                         help="make (or reuse) the traffic in this directory and keep it")
+    parser.add_argument("--solver", default="ilp", help="the static candidate's solver "
+                        "(default ilp, solve's own default, 60 s limit; greedy: bench_split's)")
     args = parser.parse_args()
     per_piece = 2_000 if args.quick else 200_000
     sizes = (2_000, 8_000) if args.quick else tuple(int(s) for s in args.sizes.split(","))
-    print(f"solve, DeepSeek-V3 shape, 8x-rtx5090d-pcie5, --offload 0.5, B = 1, 8 (load "
+    print(f"solve --solver {args.solver}, DeepSeek-V3 shape, 8x-rtx5090d-pcie5, --offload "
+          f"0.5, B = 1, 8 (load "
           f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start)")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         first = None
         for tokens in sizes:
-            seconds, peak, plan = solve(root, traffic(root, tokens, per_piece))
+            seconds, peak, plan = solve(root, traffic(root, tokens, per_piece),
+                                        solver=args.solver)
             first = first or (tokens, seconds)
             linear = first[1] * tokens / first[0]
             sample = [c.get("replay_sample") for c in plan["calibration"]]
