@@ -9,7 +9,7 @@ and solve's defaults otherwise (`--cache auto`; `--solver ilp` for the static ca
 `--solver greedy` for benchmarks/bench_split.py's setting). Traffic:
 `synthetic.deepseek_like` tokens (model seed 0), 100 tokens a sequence, made and imported in
 pieces of 200k tokens (sample seed = the piece's index: independent samples of one traffic;
-pieces past the fourth are copies of the first four under other sequence ids), so making the
+pieces past the second are copies of the first two under other sequence ids), so making the
 traffic never holds more than one piece; a size of N tokens is a trace directory of hard
 links to the first N / 200k pieces' files (`--quick`: pieces of 2k, sizes 2k and 8k).
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_split import CONFIG, TOKENS_PER_SEQUENCE, placer, solve  # noqa: E402
 
 PEAK_BAR_GB = 4.0
-FRESH = 4  # pieces drawn afresh; later ones are copies under other sequence ids
+FRESH = 2  # pieces drawn afresh; later ones are copies under other sequence ids
 
 
 def piece(root: Path, index: int, tokens: int) -> Path:
