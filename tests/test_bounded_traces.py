@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from test_evaluate import BOX, CONFIG, LAYERS, TOP_K, random_seqs, write_trace
 
+from placer.predict import evaluate
 from traces.storing import dataset, sample
 from traces.storing.profile import every_token_steps, load_profile, sequence_counts
 from traces.storing.sample import replay_sample
@@ -71,6 +72,7 @@ def test_the_sample_is_whole_sequences_seeded_and_bounded(traces):
 
 def test_solve_and_evaluate_say_their_sample(traces, cli, monkeypatch, tmp_path):
     monkeypatch.setattr(sample, "MAX_REPLAY_SELECTIONS", BOUND)
+    monkeypatch.setattr(evaluate, "REPLAY_SELECTIONS", BOUND)
     plan = tmp_path / "plan.json"
     args = ["solve", "--config", traces["root"] / "config.json", "--hardware", BOX,
             "--traces", traces["calib"], "--offload", "0.5", "--concurrency", "1,2",
@@ -89,7 +91,7 @@ def test_solve_and_evaluate_say_their_sample(traces, cli, monkeypatch, tmp_path)
     assert "sample of whole sequences" in report["replay"]
     assert {r["tokens"] for r in report["results"] if r["concurrency"] == 1} == {held.tokens}
     assert any("replayed a seeded sample" in n for n in report["notes"])
-    monkeypatch.setattr(sample, "MAX_REPLAY_SELECTIONS", 10 ** 8)  # within it: no sample
+    monkeypatch.setattr(evaluate, "REPLAY_SELECTIONS", 10 ** 8)  # within it: no sample
     report = json.loads(cli("evaluate", plan, "--traces", traces["held"], "--concurrency", "1",
                             "--oracle-time-limit", "1", "--json").output)
     assert report["replay_samples"] == [] and report["replay"] == "every held-out token"

@@ -7,9 +7,9 @@ all of it: the limit). By default every held-out token is replayed
 (`traces.storing.profile.every_token_steps`: at B = 1 each token once, exactly; at B > 1 continuous
 batching of B distinct sequences over `groupings` seeded orders); `num_steps` samples that
 many steps instead, and imported count matrices, which have no tokens, are always sampled
-(with a note). A trace set too large to replay whole (over
-traces.storing.sample.MAX_REPLAY_SELECTIONS) is replayed on a seeded sample of its whole
-sequences, and its drift's interval is over them: `replay_samples` and a note say so.
+(with a note). A trace set too large to replay whole (over REPLAY_SELECTIONS) is replayed
+on a seeded sample of its whole sequences, and its drift's interval is over them:
+`replay_samples` and a note say so.
 Every figure carries a 95% bootstrap interval over sequences, paired across the lines of a
 row (`solvers.judge.intervals`); the verdict against layer offload is read from the interval
 of the stall ratio: better, worse or within noise, or too little traffic where fewer than
@@ -32,7 +32,7 @@ import numpy as np
 from placer.errors import PlacerError
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS, check_steps_memory
 from placer.plan.placement import Plan, check_cache_slots, plan_policy, plan_quotas
-from placer.plan.solve import cards_of, execution_of
+from placer.plan.solve import PREDICT_KEYS, cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from placer.predict.llamacpp import llamacpp_row
 from placer.progress import ItemsBar
@@ -56,6 +56,11 @@ from traces.storing.sample import replay_sample, sample_note
 from traces.storing.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "lfuda", "belady")  # stage execution only
+# Selections a trace set's replay holds at most (a seeded sample of whole sequences past it):
+# solve's bound for its calibration prediction, not solve's own MAX_REPLAY_SELECTIONS, for the
+# oracle is solved on every replayed step (its [S, L, E] mask and MILP): 1e8 selections of a
+# DeepSeek-V3-shaped trace took evaluate past 21 GB.
+REPLAY_SELECTIONS = int(PREDICT_KEYS)
 BEHIND_LRU = "worse than lru"    # a trace verdict: above the plain cache beyond noise
 
 
@@ -195,7 +200,7 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
         for trace_dir in trace_dirs:
             profile = load_profile(trace_dir)
             name = str(trace_dir)
-            sample = (replay_sample(trace_dir, seed)
+            sample = (replay_sample(trace_dir, seed, max_selections=REPLAY_SELECTIONS)
                       if profile.per_token and opts.num_steps is None else None)
             kept = None if sample is None else set(sample.seq_ids)
             if sample is not None:
