@@ -32,7 +32,7 @@ import numpy as np
 from placer.errors import PlacerError
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS, check_steps_memory
 from placer.plan.placement import Plan, check_cache_slots, plan_policy, plan_quotas
-from placer.plan.solve import PREDICT_KEYS, cards_of, execution_of
+from placer.plan.solve import cards_of, execution_of
 from placer.predict.drift import calibration_counts, drift_of
 from placer.predict.llamacpp import llamacpp_row
 from placer.progress import ItemsBar
@@ -57,10 +57,11 @@ from traces.storing.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "lfuda", "belady")  # stage execution only
 # Selections a trace set's replay holds at most (a seeded sample of whole sequences past it):
-# solve's bound for its calibration prediction, not solve's own MAX_REPLAY_SELECTIONS, for the
-# oracle is solved on every replayed step (its [S, L, E] mask and MILP): 1e8 selections of a
-# DeepSeek-V3-shaped trace took evaluate past 21 GB.
-REPLAY_SELECTIONS = int(PREDICT_KEYS)
+# a tenth of solve's MAX_REPLAY_SELECTIONS, for the oracle is solved on every replayed step
+# (its [S, L, E] mask and MILP) and the cache lines walk them all: on a DeepSeek-V3-shaped
+# trace, 1e8 selections took evaluate past 21 GB and 2.5e7 past 11 GB (both stopped); 1e7 is
+# about 21.5k tokens of it (docs/benchmarks.md), 64k of ESFT's DeepSeek-V2-Lite shape.
+REPLAY_SELECTIONS = 10_000_000
 BEHIND_LRU = "worse than lru"    # a trace verdict: above the plain cache beyond noise
 
 
