@@ -62,16 +62,18 @@ def traffic(root: Path, tokens: int) -> Path:
     return out
 
 
-def solve(root: Path, traces: Path, *extra: str) -> tuple[float, float, dict]:
+def solve(root: Path, traces: Path, *extra: str, solver: str = "greedy"
+          ) -> tuple[float, float, dict]:
     """(wall seconds, peak resident GB, plan) of one `placer solve --cache auto` (or `extra`
-    options; run alone in a child process, so the peak is its own)."""
+    options) with `solver` for the static candidate (run alone in a child process, so the
+    peak is its own)."""
     plan = root / f"{traces.name}{'-'.join(('', *extra))}.json"
     cmd = [sys.executable, "-c", "import resource, subprocess, sys; "
            "subprocess.run(sys.argv[1:], check=True); "
            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
            sys.executable, "-m", "placer", "solve", "--config", str(CONFIG), "--expert-dtype",
            "mxfp4", "--hardware", "8x-rtx5090d-pcie5", "--offload", "0.5", "--concurrency",
-           "1,8", "--solver", "greedy", "--traces", str(traces), "--out", str(plan), *extra]
+           "1,8", "--solver", solver, "--traces", str(traces), "--out", str(plan), *extra]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start

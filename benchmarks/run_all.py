@@ -30,6 +30,7 @@ BENCHMARKS = {  # script -> its quick-run arguments
     "bench_llamacpp_measured.py": ["--quick"],
     "bench_accuracy.py": ["--only", "E_rtx5090_gptoss120b,F_rtx4070_gptoss120b"],
     "bench_split.py": ["--quick"],
+    "bench_scale.py": ["--quick"],
     "bench_startup.py": ["--quick"],
 }
 

@@ -65,6 +65,7 @@ def register(app: typer.Typer) -> None:
         from placer.checkpoint.source import model_inventory
         from placer.plan import engine as dispatch
         from placer.plan.estimates import estimated_json
+        from placer.plan.traffic import sample_notes
         from traces.storing.stats import dropped_prefill
 
         if (model is None) == (config is None):
@@ -88,7 +89,8 @@ def register(app: typer.Typer) -> None:
         if ctx_note and not json_out:
             typer.echo(ctx_note)
         notes = [] if plan.engine is not None else [
-            note for trace_dir in traces or [] if (note := dropped_prefill(trace_dir))]
+            note for trace_dir in traces or [] if (note := dropped_prefill(trace_dir))
+        ] + sample_notes(plan.calibration)
         report_solve(plan, out, notes, verbose=verbose, quiet=json_out, inputs=inputs)
         if json_out:  # the plan, and what its predictions rest on (as every --json says it)
             print_json({**plan.to_json(), "estimated": estimated_json(plan.hardware)})

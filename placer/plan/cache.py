@@ -36,7 +36,7 @@ from placer.checkpoint.inventory import Inventory
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions
-from placer.plan.traffic import Traffic, traffic_steps
+from placer.plan.traffic import Traffic, fold_ids, traffic_steps
 from solvers.cache.choice import CHOICES
 from solvers.cache.costs import unlike
 from solvers.cache.replay import Requests
@@ -51,7 +51,7 @@ from solvers.cache.split import (
 from solvers.cache_table import DEFAULT_POLICY, policy_row
 from solvers.staging import fetch_limit, slot_unit
 from traces.errors import TraceError
-from traces.storing.profile import batched_steps, split_sequences
+from traces.storing.profile import batched_steps
 
 
 def no_cache_reason(inv: Inventory, opts: SolveOptions, home: np.ndarray,
@@ -199,7 +199,8 @@ def scenarios_of(traffic: list[Traffic], opts: SolveOptions, experts: int
     weights = opts.weights or tuple(1.0 / len(opts.concurrency) for _ in opts.concurrency)
     out, notes, counts = [], [], []
     for group, t in enumerate(traffic):
-        single = t.steps.get(1) or traffic_steps(t.path, t.profile, 1, None, opts.seed)
+        single = t.steps.get(1) or traffic_steps(t.path, t.profile, 1, None, opts.seed,
+                                                 t.replayed_ids)
         for b, w in zip(opts.concurrency, weights, strict=True):
             k = 1 if len(traffic) > 1 else min(opts.folds, t.profile.sequences // b)
             folds = []
@@ -207,7 +208,7 @@ def scenarios_of(traffic: list[Traffic], opts: SolveOptions, experts: int
                 try:
                     folds = [Requests.of_tokens(batched_steps(single, b, opts.seed, ids).tokens,
                                                 experts)
-                             for ids in split_sequences(t.path, k, opts.seed)]
+                             for ids in fold_ids(t, k, opts.seed)]
                 except TraceError:
                     folds = []
             if not folds:

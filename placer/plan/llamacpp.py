@@ -39,7 +39,7 @@ from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions, check_options
 from placer.plan.placement import Plan, build_plan
 from placer.plan.solve import calibration_json, host_of
-from placer.plan.traffic import Traffic, load_traffic, traffic_steps
+from placer.plan.traffic import Traffic, fold_ids, load_traffic, traffic_steps
 from placer.units import format_bytes
 from solvers.errors import SolverError
 from solvers.llamacpp.builds import Build, build_from_json, default_build
@@ -59,7 +59,6 @@ from solvers.llamacpp.search import (
     tuner_grid,
 )
 from traces.errors import TraceError
-from traces.storing.profile import split_sequences
 
 ENGINE = "llamacpp"
 SOURCE = "ggml-org/llama.cpp src/llama-moe-cache.cpp"
@@ -150,7 +149,7 @@ def scenarios_of(traffic: list[Traffic], opts: SolveOptions) -> tuple[list[Scena
     k = min(min(opts.folds, t.profile.sequences // b) for t in traffic for b in opts.concurrency)
     out = []
     for t in traffic:
-        sets = split_sequences(t.path, k, opts.seed) if k >= 2 else []
+        sets = fold_ids(t, k, opts.seed) if k >= 2 else []
         every = set().union(*sets)
         for b, w in zip(opts.concurrency, weights, strict=True):
             steps = t.steps[b]

@@ -349,7 +349,7 @@ def thin(traffic: list[Traffic], most: int) -> tuple[list[Traffic], str | None]:
             steps[b] = TokenSteps(s.tokens[::every], s.seqs[::every]) if every > 1 else s
             if every > 1:
                 cut.append(f"{t.name} B={b}: {len(steps[b])} of {len(s)}")
-        out.append(Traffic(t.name, t.path, t.profile, steps))
+        out.append(Traffic(t.name, t.path, t.profile, steps, t.sample))
     note = (f"the static placement was solved by the --solver on evenly spaced steps of the "
             f"calibration traffic ({'; '.join(cut)})") if cut else None
     return out, note
@@ -427,4 +427,5 @@ def calibration_json(t: Traffic) -> dict:
     p = t.profile
     return {"name": t.name, "traces": str(t.path), "tokens": p.tokens, "sequences": p.sequences,
             "per_token": p.per_token, "fingerprint": p.fingerprint,
-            "counts": p.counts.tolist()}
+            "counts": p.counts.tolist(),
+            "replay_sample": None if t.sample is None else t.sample.json()}

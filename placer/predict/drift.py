@@ -44,7 +44,7 @@ def js_replicates(calib: np.ndarray, per_seq: np.ndarray, weights: np.ndarray) -
 
 
 def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: int,
-             seed: int) -> tuple[dict, str | None]:
+             seed: int, seq_ids: set[int] | None = None) -> tuple[dict, str | None]:
     """How far one traffic set is from the plan's calibration counts `calib` [L, E]: the
     Jensen-Shannon divergence per layer (`js_per_layer_bits`, [L]) and its mean over layers
     (`js_mean_bits`), and a note when there is no interval.
@@ -58,7 +58,8 @@ def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: i
     reported, not bias-corrected, and when the drift is small beside the noise it can lie
     above the point estimate. Imported count matrices have no sequences, and fewer than
     MIN_UNITS sequences are too few to resample: both intervals are None then, with a
-    note."""
+    note. `seq_ids`: resample only these sequences (a replay's bounded sample: the
+    per-sequence counts are [n, L, E]), the point figure staying over every token."""
     js = js_divergence(calib, profile.counts)
     out = {"traces": str(trace_dir), "js_mean_bits": float(js.mean()),
            "js_per_layer_bits": js.tolist()}
@@ -66,7 +67,7 @@ def drift_of(calib: np.ndarray, trace_dir: Path, profile: Profile, replicates: i
         return ({**out, "js_mean_bits_ci95": None, "js_per_layer_bits_ci95": None},
                 f"{trace_dir}: imported counts have no sequences: drift has no interval "
                 f"(js_mean_bits_ci95 and js_per_layer_bits_ci95 are null)")
-    _, per_seq = sequence_counts(trace_dir)
+    _, per_seq = sequence_counts(trace_dir, seq_ids=seq_ids)
     if len(per_seq) < MIN_UNITS:
         return ({**out, "js_mean_bits_ci95": None, "js_per_layer_bits_ci95": None},
                 f"{trace_dir}: {len(per_seq)} sequences, fewer than {MIN_UNITS}: drift has no "

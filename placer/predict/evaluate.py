@@ -7,10 +7,13 @@ all of it: the limit). By default every held-out token is replayed
 (`traces.storing.profile.every_token_steps`: at B = 1 each token once, exactly; at B > 1 continuous
 batching of B distinct sequences over `groupings` seeded orders); `num_steps` samples that
 many steps instead, and imported count matrices, which have no tokens, are always sampled
-(with a note). Every figure carries a 95% bootstrap interval over sequences, paired across
-the lines of a row (`solvers.judge.intervals`); the verdict against layer offload is read from the
-interval of the stall ratio: better, worse or within noise, or too little traffic where
-fewer than MIN_UNITS held-out sequences give no interval (with a note).
+(with a note). A trace set too large to replay whole (over REPLAY_SELECTIONS) is replayed
+on a seeded sample of its whole sequences, and its drift's interval is over them:
+`replay_samples` and a note say so.
+Every figure carries a 95% bootstrap interval over sequences, paired across the lines of a
+row (`solvers.judge.intervals`); the verdict against layer offload is read from the interval
+of the stall ratio: better, worse or within noise, or too little traffic where fewer than
+MIN_UNITS held-out sequences give no interval (with a note).
 
 Memory: the replay walks the steps in chunks (solvers.judge.replay.CHUNK_CELLS mask cells); the
 oracle's problem and the `cache_slots` replay (an LRU walks the steps in order) hold the
@@ -51,9 +54,16 @@ from traces.storing.profile import (
     load_profile,
     sampled_token_steps,
 )
+from traces.storing.sample import replay_sample, sample_note
 from traces.storing.stats import dropped_prefill
 
 CACHED_LINES = ("lru", "lfuda", "belady")  # stage execution only
+# Selections a trace set's replay holds at most (a seeded sample of whole sequences past it):
+# a tenth of solve's MAX_REPLAY_SELECTIONS, for the oracle is solved on every replayed step
+# (its [S, L, E] mask and MILP) and the cache lines walk them all: on a DeepSeek-V3-shaped
+# trace, 1e8 selections took evaluate past 21 GB and 2.5e7 past 11 GB (both stopped); 1e7 is
+# about 21.5k tokens of it (docs/benchmarks.md), 64k of ESFT's DeepSeek-V2-Lite shape.
+REPLAY_SELECTIONS = 10_000_000
 BEHIND_LRU = "worse than lru"    # a trace verdict: above the plain cache beyond noise
 
 
@@ -181,7 +191,8 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     seed = plan.solver.get("seed", 0) if opts.seed is None else opts.seed
     fallback = int(plan.solver.get("steps") or DEFAULT_STEPS)
     calib = calibration_counts(plan)
-    results, drift, verdicts, per_layer, notes, prefetch = [], [], [], [], [], []
+    results, drift, verdicts, per_layer, notes = [], [], [], [], []
+    prefetch, samples = [], []
     for trace_dir in trace_dirs:
         check_traces(plan, trace_dir)
         notes += [n for n in [dropped_prefill(trace_dir)] if n]
@@ -193,10 +204,17 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
         for trace_dir in trace_dirs:
             profile = load_profile(trace_dir)
             name = str(trace_dir)
+            sample = (replay_sample(trace_dir, seed, max_selections=REPLAY_SELECTIONS)
+                      if profile.per_token and opts.num_steps is None else None)
+            kept = None if sample is None else set(sample.seq_ids)
+            if sample is not None:
+                samples.append({"traces": name, **sample.json()})
+                notes.append(sample_note(name, sample.json()))
             rows = []
             for b in batches:
                 steps, note = replay_steps(trace_dir, profile, b, opts.num_steps, seed,
-                                           groupings=opts.groupings, fallback_steps=fallback)
+                                           groupings=opts.groupings, fallback_steps=fallback,
+                                           seq_ids=kept)
                 notes += [note] if note else []
                 for mode in modes:
                     item = f"{trace_dir.name} B={b} {mode}"
@@ -214,7 +232,8 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
                     bar.advance()
             results += rows
             if calib is not None:
-                entry, note = drift_of(calib, trace_dir, profile, opts.replicates, seed)
+                entry, note = drift_of(calib, trace_dir, profile, opts.replicates, seed,
+                                       kept)
                 drift.append(entry)
                 notes += [note] if note else []
             verdicts.append(trace_verdict(name, rows))
@@ -224,8 +243,10 @@ def evaluate(plan: Plan, trace_dirs: list[Path], opts: EvalOptions,
     add_step_ranges(results, plan.hardware)
     return {"plan_fingerprint": plan.model["fingerprint"],
             "estimated": estimated_json(plan.hardware),
-            "replay": "every held-out token" if opts.num_steps is None
-            else f"{opts.num_steps} sampled decode steps",
+            "replay": ("every held-out token" if not samples else
+                       "every held-out token of a seeded sample of whole sequences")
+            if opts.num_steps is None else f"{opts.num_steps} sampled decode steps",
+            "replay_samples": samples,
             "steps": opts.num_steps, "groupings": opts.groupings, "seed": seed,
             "replicates": opts.replicates, "notes": notes, "results": results, "drift": drift,
             "verdicts": verdicts, "per_layer": per_layer, "prefetch": prefetch}

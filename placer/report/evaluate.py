@@ -51,7 +51,7 @@ def evaluate_summary(report: dict, full: Path | None = None) -> list[str]:
     """An evaluation in a few lines: how it was replayed, per traffic set, concurrency and
     execution the stall against layer offload (-ncmoe N for llama.cpp) and against the plain
     cache with their intervals and the verdict, the warnings, where the full tables are."""
-    how = ("every held-out token" if report["steps"] is None else report["replay"])
+    how = report["replay"]
     lines = [f"predicted on {how}, seed {report['seed']}: the placement's stall / each "
              "baseline's (95% interval)"]
     lines += ratio_lines(report["results"])
@@ -102,7 +102,7 @@ def print_report(report: dict) -> None:
     """Every row reads: placement X, layer offload Y, uniform U, oracle Z, each figure with
     the half-width of its 95% interval; then each row's ratios and verdict."""
     console = rich_console()
-    how = ("every held-out token (B>1: continuous batching, "
+    how = (f"{report['replay']} (B>1: continuous batching, "
            f"{report['groupings']} orders)" if report["steps"] is None else report["replay"])
     by_traces: dict[str, list[dict]] = {}
     for r in report["results"]:

@@ -160,8 +160,16 @@ def split_sequences(trace_dir: Path, folds: int, seed: int = 0, *,
     ids = np.unique(np.concatenate(
         [b["seq_id"] for b in stream_rows(td, ["seq_id"], None, tags, None, first_layer_only=True)]
         or [np.zeros(0, np.int64)]))
+    return split_ids(ids, folds, seed, str(td.root))
+
+
+def split_ids(ids: np.ndarray, folds: int, seed: int, where: str) -> list[set[int]]:
+    """Partition the sorted sequence ids `ids` (of `where`) into `folds` random sets of
+    near-equal size."""
+    if folds < 2:
+        raise TraceError(f"folds must be >= 2, got {folds}")
     if len(ids) < folds:
-        raise TraceError(f"{td.root} has {len(ids)} sequences, fewer than {folds} folds")
+        raise TraceError(f"{where} has {len(ids)} sequences, fewer than {folds} folds")
     perm = np.random.default_rng(seed).permutation(ids)
     return [set(perm[i::folds].tolist()) for i in range(folds)]
 
