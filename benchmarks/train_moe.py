@@ -187,8 +187,13 @@ def train(model, streams: dict, opts: TrainOptions) -> dict:
         opt.zero_grad(set_to_none=True)
         if step % opts.log_every == 0 or step == opts.steps - 1:
             aux = float(out.aux_loss.detach())
-            curve.append({"step": step, "loss": round(float(out.loss.detach()) - opts.aux_coef * aux, 4),
+            cross_entropy = float(out.loss.detach()) - opts.aux_coef * aux
+            curve.append({"step": step, "loss": round(cross_entropy, 4),
                           "aux_loss": round(aux, 4)})
+            if step % (10 * opts.log_every) == 0:
+                print(f"step {step}: training loss {curve[-1]['loss']:.3f} nats/token, "
+                      f"aux {aux:.3f}, {time.monotonic() - start:.0f} s", file=sys.stderr,
+                      flush=True)
     else:
         step = opts.steps
     return {"steps": step, "stopped_by": stopped_by, "curve": curve,
