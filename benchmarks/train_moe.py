@@ -189,7 +189,8 @@ def train(model, streams: dict, opts: TrainOptions) -> dict:
             aux = float(out.aux_loss.detach())
             cross_entropy = float(out.loss.detach()) - opts.aux_coef * aux
             curve.append({"step": step, "loss": round(cross_entropy, 4),
-                          "aux_loss": round(aux, 4)})
+                          "aux_loss": round(aux, 4),
+                          "seconds": round(time.monotonic() - start, 1)})
             if step % (10 * opts.log_every) == 0:
                 print(f"step {step}: training loss {curve[-1]['loss']:.3f} nats/token, "
                       f"aux {aux:.3f}, {time.monotonic() - start:.0f} s", file=sys.stderr,
