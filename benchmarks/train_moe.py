@@ -152,6 +152,18 @@ def evaluate(model, streams: dict, opts: TrainOptions) -> dict[str, dict]:
     return out
 
 
+def check_streams(train: dict, held: dict, opts: TrainOptions) -> None:
+    """ValueError naming the first domain too small to train (longer than a window) or to
+    score (two tokens held out)."""
+    for domain in DOMAINS:
+        if opts.mix.get(domain, 0) > 0 and len(train[domain]) <= opts.seq_len:
+            raise ValueError(f"--mix {domain}: its training split has {len(train[domain])} "
+                             f"tokens, not more than --seq-len {opts.seq_len}")
+        if len(held[domain]) < 2:
+            raise ValueError(f"{domain}: no held-out tokens (every --every-th document is "
+                             "held out; give more text)")
+
+
 def learning_rate(step: int, opts: TrainOptions) -> float:
     """Linear warm-up, then cosine down to a tenth over `opts.steps`."""
     if step < opts.warmup:
@@ -233,6 +245,7 @@ def train_moe(out: Path, opts: TrainOptions, data_dir: Path = DATA,
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp)
         train_streams = token_streams(train_docs, tokenizer)
         held_streams = token_streams(held, tokenizer)
+        check_streams(train_streams, held_streams, opts)
         model = build_model(opts)
         before = evaluate(model, held_streams, opts)
         run = train(model, train_streams, opts)
@@ -288,7 +301,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[Path, TrainOptions, Path]
 
 def main(argv: list[str] | None = None) -> int:
     out, opts, data = parse_args(argv)
-    record = train_moe(out, opts, data)
+    try:
+        record = train_moe(out, opts, data)
+    except ValueError as exc:
+        print(f"train_moe.py: {exc}", file=sys.stderr)
+        return 2
     print(f"{out}: {record['steps']} steps in {record['train_seconds']} s "
           f"(stopped by {record['stopped_by']}), {record['parameters']:,} parameters, "
           f"{record['weights']['bytes']:,} bytes of weights ({opts.save_dtype})")

@@ -13,7 +13,7 @@ from fixtures_models import CHAT, MT_BENCH, PROSE, invoke
 
 from benchmarks.moe_corpus import DOMAINS, load_documents, split_documents
 from benchmarks.moe_routing import locality, routing_figures
-from benchmarks.train_moe import TrainOptions, parse_args, train_moe
+from benchmarks.train_moe import TrainOptions, main, parse_args, train_moe
 
 TINY = TrainOptions(layers=2, experts=4, top_k=2, hidden=32, moe_intermediate=32, vocab=384,
                     seq_len=64, batch=4, steps=20, warmup=5, code_chars=12000, eval_windows=4,
@@ -101,6 +101,14 @@ def test_locality_counts_the_experts_the_previous_token_selected():
     assert reuse == [(0.5 + 1.0) / 2]
     f = np.array([2, 3, 2, 1]) / 4
     assert independent == [pytest.approx(float((f * f).sum() / 2))]
+
+
+def test_a_corpus_too_small_for_a_window_is_refused(data, tmp_path, capsys):
+    out = tmp_path / "m"
+    assert main(["--out", str(out), "--data", str(data), "--seq-len", "100000",
+                 "--code-chars", "2000", "--steps", "1"]) == 2
+    assert "--seq-len 100000" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
 
 
 def test_an_existing_out_is_refused(tmp_path, capsys):
