@@ -27,7 +27,7 @@ LLAMA_SERVER_FLAGS := -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_OPENMP
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF
 
-.PHONY: install llama-env llama-server test demo bench bench-gpu lint clean
+.PHONY: install llama-env llama-server test demo bench bench-gpu train-moe lint clean
 
 install: $(STAMP)
 
@@ -91,6 +91,20 @@ bench: install
 
 bench-gpu: install
 	$(PY) benchmarks/bench_gpu.py
+
+# A small qwen3_moe trained here on prose, the stdlib's code and chat questions, then its
+# routing beside gpt-oss-20b's (issue #54 item 5, docs/trained-moe.md): about an hour on 2
+# cores, into trained-moe/ (checkpoint, training.json) and trained-moe-traces/ (held-out
+# routing). --steps fixes the weights (same steps, same bytes); --minutes only caps the wall
+# time, and training.json says which one stopped it. Refused where trained-moe/ exists.
+TRAIN_MOE_OUT := trained-moe
+TRAIN_MOE_STEPS := 3000
+TRAIN_MOE_MINUTES := 75
+
+train-moe: install
+	nice -n 19 $(PY) benchmarks/train_moe.py --out $(TRAIN_MOE_OUT) \
+	  --steps $(TRAIN_MOE_STEPS) --minutes $(TRAIN_MOE_MINUTES)
+	nice -n 19 $(PY) benchmarks/moe_routing.py $(TRAIN_MOE_OUT)
 
 lint: install
 	$(VENV)/bin/ruff check placer traces solvers tests benchmarks examples
