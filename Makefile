@@ -98,7 +98,7 @@ bench-gpu: install
 # routing). --steps fixes the weights (same steps, same bytes); --minutes only caps the wall
 # time, and training.json says which one stopped it. Refused where trained-moe/ exists.
 TRAIN_MOE_OUT := trained-moe
-TRAIN_MOE_STEPS := 3000
+TRAIN_MOE_STEPS := 3000  # 35 minutes on 2 idle cores (docs/trained-moe.md): ends by steps
 TRAIN_MOE_MINUTES := 75
 
 train-moe: install
