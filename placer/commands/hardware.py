@@ -115,12 +115,7 @@ def register(app: typer.Typer) -> None:
         figures = known_card(card)
         name = backend_named(backend).name if backend is not None else default_backend(figures)
         fit = fit_for(figures, name)
-        if model is not None and config is not None:
-            raise PlacerError("give --model or --config, not both")
-        inv = (None if model is None and config is None
-               else model_inventory(model, config, expert_dtype, dense_dtype))
-        if config is None and model is None and (expert_dtype or dense_dtype):
-            raise PlacerError("--expert-dtype and --dense-dtype go with --config")
+        inv = model_inventory(model, config, expert_dtype, dense_dtype)
         if inv is None and (ctx is not None or kv_type is not None):
             raise PlacerError(f"{'--ctx' if ctx is not None else '--kv-type'}: the KV cache "
                               "is sized from the model's config: give --model or --config")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.checkpoint.kv import trained_context
+from placer.checkpoint.source import DTYPE_FLAGS
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec
 from placer.plan import engine as dispatch
@@ -33,7 +34,6 @@ from traces.storing.profile import TokenSteps, load_profile
 UNIFORM_SEQUENCES = 32
 UNIFORM_TOKENS = 64
 PLAN_LINE = "plan's choice"
-DTYPE_FLAGS = ("--expert-dtype", "--dense-dtype")
 
 
 @dataclass(frozen=True)
