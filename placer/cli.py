@@ -21,6 +21,7 @@ is looked up in `placer.commands.app` on first use (PEP 562's module `__getattr_
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 APP_NAMES = ("app", "PlacerGroup", "usage_message", "version_text", "HELP_WIDTH")
 
@@ -40,12 +41,23 @@ def main() -> None:
 
         app()
     except KeyboardInterrupt as exc:
+        _exiting(signal)
         from placer.errors import interrupted_by
 
         name, status = interrupted_by(exc)
         sys.stderr.write(f"error: interrupted by {name}; nothing was done\n")
         sys.stderr.flush()
         sys.exit(status)
+    finally:
+        _exiting(signal)
+
+
+def _exiting(signal: Any) -> None:
+    """Ignore SIGINT and SIGTERM from here: placer is leaving with its status (130 or 143
+    after an interrupt it handled), and a second signal, or one placer.placed.commit.Signals
+    sends again, arriving now would end the process by the signal (status -2 or -15)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def __getattr__(name: str) -> object:
