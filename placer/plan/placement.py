@@ -105,6 +105,10 @@ class Plan:
     # no weights): {"pooled": bool, "weights": [7] | [L][7] | None, "calibration": [L][E] | None,
     # "transition": [L][E][E] | None}
     cache_params: dict | None = None
+    # whether the runtime prefetches the next MoE layer's predicted experts into the slots
+    # (placer.plan.prefetch): {"on", "reason", "depth", "max_per_layer", "slot_share",
+    # "eviction", "predicted"}; None (a plan written before it): off
+    prefetch: dict | None = None
 
     @property
     def moe_layers(self) -> list[int]:
@@ -140,7 +144,7 @@ class Plan:
                         for e in self.experts],
             "calibration": self.calibration, "predicted": self.predicted, "robust": self.robust,
             "execution": self.execution, "cache": timeless(self.cache),
-            "cache_params": self.cache_params,
+            "cache_params": self.cache_params, "prefetch": self.prefetch,
         } | ({"engine": self.engine} if self.engine is not None else {})
 
 
@@ -229,7 +233,8 @@ def plan_from_json(d: dict, source: str = "plan") -> Plan:
                      for e in d["experts"]],
             calibration=d.get("calibration", []), predicted=d.get("predicted", []),
             robust=d.get("robust"), execution=d.get("execution", "stage"),
-            cache=d.get("cache"), engine=d.get("engine"), cache_params=d.get("cache_params"))
+            cache=d.get("cache"), engine=d.get("engine"), cache_params=d.get("cache_params"),
+            prefetch=d.get("prefetch"))
     except (KeyError, TypeError) as exc:
         raise PlacerError(f"malformed plan: missing or bad field {exc}") from None
 

@@ -27,6 +27,7 @@ from placer.plan.cache import (
 )
 from placer.plan.options import SOLVERS, SolveOptions, check_options, check_steps_memory
 from placer.plan.placement import Plan, build_plan, plan_policy
+from placer.plan.prefetch import off, solve_prefetch
 from placer.plan.traffic import Traffic, load_traffic
 from placer.units import format_bytes
 from solvers import homes
@@ -193,6 +194,7 @@ def resident_plan(inv: Inventory, spec: HardwareSpec, home: np.ndarray, budget: 
                       execution=execution.mode)
     plan.cache = {"mode": "off", "reason": "every expert fits the cards' budgets: nothing is "
                                            "staged, so no cache"}
+    plan.prefetch = off("every expert fits the cards' budgets: nothing is staged")
     plan.calibration = [calibration_json(t) for t in traffic]
     lines = {"placement": Line(result.placement), "layer": Line(result.placement),
              "uniform": Line(result.placement)}
@@ -286,8 +288,11 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                           "values (e.g. 1,8)")
     bare = Problem(inv.expert_bytes(), home, budget - staging, cards_of(spec), [],
                    opts.page_size, **execution.fields)
+    prefetch = off("the plan stages no experts into cache slots")
     if reason is None and opts.cache != 0:
         split, info = solve_cache(inv, spec, home, budget, traffic, opts, progress)
+        progress("prefetch: replaying the split's candidates")
+        split, prefetch = solve_prefetch(inv, spec, home, traffic, split, info, opts)
         if split.kind == "static":  # the split's best candidate: placed by --solver
             thinned, note = thin(traffic, STATIC_STEPS)
             info["notes"] += [note] if note else []
@@ -302,6 +307,7 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                                    make_problem(inv, spec, home, budget - staging, traffic,
                                                 opts, execution), execution, progress)
         plan.cache = {"mode": "off", "reason": reason if opts.cache != 0 else "--cache 0"}
+    plan.prefetch = prefetch
     plan.calibration = [calibration_json(t) for t in traffic]
     baselines_at = {name: run_solver(name, bare, opts, inv.top_k).placement
                     for name in ("layer", "uniform")}

@@ -9,8 +9,10 @@ prefetch; and the predictor's recall and precision per MoE layer. A copy takes t
 latency plus the largest cold expert's bytes over its host link; a layer's window is one
 decoder layer's share of the plan's base decode step at batch 1 (the previous layer's
 experts and this layer's attention, roughly one layer's compute): a model, not a
-measurement. The lines replay with LRU, not the plan's own policy, so they set prefetch
-beside no prefetch under one policy; the main table's lines stay the plan's.
+measurement, and the one `placer solve` decides prefetch with (placer.plan.prefetch). The
+prefetch lines run with the plan's prefetch parameters where it records them. The lines
+replay with LRU, not the plan's own policy, so they set prefetch beside no prefetch under one
+policy (a plan with prefetch on serves LRU); the main table's lines stay the plan's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from placer.plan.placement import Plan, plan_quotas
-from solvers.cache.prefetch import Link, Prefetch, quality, replay
+from placer.plan.prefetch import plan_prefetch, prefetch_link
+from solvers.cache.prefetch import Prefetch, quality, replay
 from traces.storing.speculative import has_speculative_dir, speculative_steps
 
 LINES = (("lru", "lru", False), ("lru+prefetch", "lru", True),
@@ -40,10 +43,12 @@ def why_not(plan: Plan, trace_dir: Path, quotas: np.ndarray) -> str | None:
     return None
 
 
-def prefetch_section(plan: Plan, trace_dir: Path, cache_slots: int | None = None,
-                     prefetch: Prefetch = Prefetch()) -> tuple[dict | None, str | None]:
+def prefetch_section(plan: Plan, trace_dir: Path, cache_slots: int | None = None
+                     ) -> tuple[dict | None, str | None]:
     """(the section, None), or (None, a note saying why there is none) for a trace dir
-    that records speculative routing, or (None, None) for one that does not."""
+    that records speculative routing, or (None, None) for one that does not. The prefetch
+    lines run with the plan's prefetch parameters (its `prefetch`, on or off), or where it
+    has none (a plan written before them) solvers/cache/prefetch.py's defaults."""
     if not has_speculative_dir(trace_dir):
         return None, None
     quotas = plan_quotas(plan, cache_slots)
@@ -53,12 +58,9 @@ def prefetch_section(plan: Plan, trace_dir: Path, cache_slots: int | None = None
     actual, predicted = speculative_steps(trace_dir)
     pinned = plan.matrix("resident_pages") > 0
     sizes = plan.matrix("bytes")
-    card = plan.hardware.cards[0]
-    expert_bytes = int(sizes[~pinned].max(initial=0))
-    link = Link(copy_s=card.latency_s + expert_bytes / card.h2d_bandwidth,
-                window_s=plan.hardware.base_step_s(1) / int(
-                    plan.model.get("num_layers") or len(plan.moe_layers)),
-                expert_bytes=expert_bytes)
+    link = prefetch_link(plan.hardware, int(sizes[~pinned].max(initial=0)),
+                         int(plan.model.get("num_layers") or len(plan.moe_layers)))
+    prefetch = plan_prefetch(plan.prefetch) or Prefetch()
     pooled = bool((plan.cache_params or {}).get("pooled", False))
     slots = int(quotas[0].sum()) if pooled else quotas[0]
     lines = {}
@@ -69,7 +71,9 @@ def prefetch_section(plan: Plan, trace_dir: Path, cache_slots: int | None = None
     q = quality(actual, predicted)
     return {"traces": str(trace_dir), "tokens": len(actual), "pooled": pooled,
             "copy_ms": link.copy_s * 1e3, "window_ms": float(link.window_s) * 1e3,
-            "params": vars(prefetch), "lines": lines,
+            "params": vars(prefetch), "plan_prefetch": None if plan.prefetch is None
+            else {"on": plan.prefetch["on"], "reason": plan.prefetch["reason"]},
+            "lines": lines,
             "recall": _per_layer(plan, q.recall()), "precision": _per_layer(plan, q.precision()),
             "interval": "95% Wilson over selections taken as independent (optimistic); the "
                         "lines are exact replays of this traffic, without an interval"}, None

@@ -1,14 +1,15 @@
 """`placer evaluate`'s prefetch section as text: per trace directory, the plan's slots
 replayed with LRU and Belady's MIN, each without and with prefetching from the traffic's
 speculative routing (placer/predict/prefetch.py), and the predictor's recall and precision
-per MoE layer."""
+per MoE layer; and a plan's prefetch decision (placer/plan/prefetch.py) in a few lines, for
+`placer solve`'s summary and tables."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from placer.report.figures import print_table
+from placer.report.figures import print_table, wrapped
 
 COLUMNS = ("line", "hits", "misses", "prefetched", "useful", "late", "wasted",
            "stall ms/token")
@@ -32,3 +33,18 @@ def print_prefetch(sections: list[dict], console: Console) -> None:
             console.print(f"{what} of the speculative selection by layer: {shares}",
                           highlight=False)
         console.print(f"({s['interval']})", highlight=False)
+
+
+def prefetch_lines(prefetch: dict | None) -> list[str]:
+    """The plan's prefetch: on or off and why; what the decision replayed (ms per token)."""
+    if not prefetch:
+        return []
+    lines = wrapped(f"prefetch: {'on' if prefetch['on'] else 'off'} ({prefetch['reason']})")
+    p = prefetch.get("predicted")
+    if p:
+        share = "" if p["with_ms_per_token"] is None else (
+            f", {p['with_ms_per_token']:.4f} with (slot share {prefetch['slot_share']:g})")
+        lines += wrapped(f"prefetch replayed on {p['tokens']} of {p['of_tokens']} calibration "
+                         f"tokens (in sample, batch 1, exact replays: no interval): stall "
+                         f"{p['without_ms_per_token']:.4f} ms/token without{share}")
+    return lines

@@ -15,6 +15,7 @@ from placer.plan.estimates import STEP_RANGE, estimated_json
 from placer.report.figures import bold, plus_minus, print_table, span
 from placer.report.figures import console as rich_console
 from placer.report.marks import STEP_COLUMN, marked, step_cell, table_marks
+from placer.report.prefetch import prefetch_lines
 from placer.units import format_bytes
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ def print_plan(plan: Plan, out: Path, notes: Sequence[str] = ()) -> None:
     print_table(cards, console)
     estimated = estimated_json(plan.hardware)
     print_cache(plan.cache or {}, estimated)
+    for line in prefetch_lines(plan.prefetch):
+        console.print(line, highlight=False)
     print_table(prediction_table(plan.predicted, "predicted on calibration traffic (± 95% "
                                                  "bootstrap interval over sequences)",
                                  estimated), console)

@@ -13,6 +13,7 @@ from placer.plan.estimates import estimated_json
 from placer.report.figures import beside, capped, columns, finish, label, span, wrapped
 from placer.report.llamacpp import llamacpp_summary, print_llamacpp
 from placer.report.marks import MARK, closing, step_text
+from placer.report.prefetch import prefetch_lines
 from placer.report.solve import print_plan, solver_bound
 from placer.units import format_bytes
 
@@ -35,8 +36,8 @@ def report_solve(plan: Plan, out: Path, notes: Sequence[str] = (), *, verbose: b
 
 def solve_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[str] = ()
                   ) -> list[str]:
-    """A plan for placer's runtime in a few lines: the solver, the cards, the cache, the
-    predicted stall against layer offload per profile and concurrency, the estimates, where
+    """A plan for placer's runtime in a few lines: the solver, the cards, the cache, prefetch,
+    the predicted stall against layer offload per profile and concurrency, the estimates, where
     the full tables are."""
     s = plan.solver
     lines = [f"plan written to {out}",
@@ -44,7 +45,7 @@ def solve_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[str]
              + (f", {s['seconds']:.2f} s" if "seconds" in s else "")
              + f", {len(plan.cards)} card{'s' if len(plan.cards) != 1 else ''}"]
     lines += card_lines(plan)
-    lines += cache_lines(plan.cache or {})
+    lines += cache_lines(plan.cache or {}) + prefetch_lines(plan.prefetch)
     estimated = estimated_json(plan.hardware)
     lines.append("predicted on calibration traffic: stall / layer offload (95% interval)"
                  + (f", tok/s {MARK} (below)" if estimated else ""))

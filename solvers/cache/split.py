@@ -54,8 +54,8 @@ CURVE = (0.0, 0.25, 0.5, 0.75, 1.0)  # shares of a card's most slots, equal per 
 CAPS = (0.25, 0.5, 1.0)  # pin caps tried: p <= cap (p + q)
 RENAMED_KEYS = 1.0e8    # requests the renamed figure of the default replays at most
 
-__all__ = ["CAPS", "CURVE", "RENAMED_KEYS", "Scenario", "Split", "SplitProblem", "replay_count",
-           "solve_split"]
+__all__ = ["CAPS", "CURVE", "RENAMED_KEYS", "Layout", "Scenario", "Split", "SplitProblem",
+           "replay_count", "solve_split"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,16 @@ class _Plan:
     staging: np.ndarray  # [C] experts
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A candidate's pins and slots fitted on all of the calibration entries: pinned [L, E]
+    bool, quotas [C, L] slots, staging [C] experts (what Split holds for the chosen one)."""
+
+    pinned: np.ndarray
+    quotas: np.ndarray
+    staging: np.ndarray
+
+
 @dataclass
 class Split:
     """pinned: [L, E] bool; quotas: [C, L] cache slots; staging: [C] experts of staging
@@ -108,7 +118,9 @@ class Split:
     figures, the chosen one marked; unlike_stall_s: its held-out stall on the renamed twins
     of the scenarios (traffic unlike the calibration; None where there are none); policy:
     the policy chosen to serve it (problem.choose; None: problem.policy), whose figures
-    stall_s, objective and unlike_stall_s then are."""
+    stall_s, objective and unlike_stall_s then are; layouts: each candidate's pins and slots
+    (in the order of `candidates`), for objectives judged beside the split's (prefetch:
+    placer/plan/prefetch.py)."""
 
     pinned: np.ndarray
     quotas: np.ndarray
@@ -119,6 +131,7 @@ class Split:
     candidates: list[dict] = field(default_factory=list)
     unlike_stall_s: float | None = None
     policy: PolicyChoice | None = None
+    layouts: list[Layout] = field(default_factory=list)
 
 
 def families(problem: SplitProblem, slots: int | None, step: int) -> list[Family]:
@@ -216,9 +229,10 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
             RENAMED_KEYS:
         risk = {fam.name: _renamed(table, plans, share, seed)
                 for fam, _, _, plans in judged if fam is best[0] or fam.kind == "cache"}
-    candidates = []
+    candidates, layouts = [], []
     for fam, objective, (stall, unlike), _ in judged:
         plan = _fit(problem, table.weighted(weight), fam)
+        layouts.append(Layout(_pinned(problem, table, plan), plan.q, plan.staging))
         candidates.append({"name": fam.name, "kind": fam.kind, "pin_cap": fam.pin_cap,
                            "slots_share": fam.share,
                            "slots_per_layer": None if fam.share is None
@@ -246,12 +260,17 @@ def solve_split(problem: SplitProblem, scenarios: list[Scenario], slots: int | N
         stall, objective = choice.stall_s, choice.objective
         if choice.unlike_stall_s is not None:  # else (--cache N, no twins): the pins' risk
             unlike = choice.unlike_stall_s
-    pinned = pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
-                     first(plan.p, problem.home.shape[1]), problem.home)
+    pinned = _pinned(problem, table, plan)
     if choice is not None:
         choice = with_weights(choice, table, pinned, plan.q, seed)
     return Split(pinned, plan.q, plan.staging, fam.kind, stall, objective, candidates, unlike,
-                 choice)
+                 choice, layouts)
+
+
+def _pinned(problem: SplitProblem, table: CostTable, plan: _Plan) -> np.ndarray:
+    """[L, E] bool: the plan's pins, ranked for its slots on all of the calibration."""
+    return pins_of(pin_order(table.all_misses(plan.q), table.chosen()),
+                   first(plan.p, problem.home.shape[1]), problem.home)
 
 
 def _regret_weights(problem: SplitProblem, table: CostTable, scenario_of: np.ndarray,
