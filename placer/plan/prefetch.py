@@ -4,13 +4,14 @@ into the cache slots ahead of time, with what parameters, and why (issue #54, "s
 `placer solve` decides it after the cache split (placer.plan.cache) where the calibration
 traces record speculative routing (`spec_experts`, traces/storing/speculative.py) and the
 plan stages cold experts into cache slots on one card: every split candidate with slots is
-replayed with prefetch at each slot share of solvers/cache/prefetch_choice.py's grid, and the
-best is set beside the chosen split under its own policy without prefetch
-(solvers/cache/prefetch_choice.py says the rule). Where prefetch pays, the plan takes that
-candidate's pins and slots, and its caches serve LRU per layer: the eviction the prefetch
-replay models, so the predicted stall is the one it runs. Otherwise prefetch is off and the
-plan says why. The replay walks the first PREFETCH_SELECTIONS selections of the calibration
-(in sequence order, one token a step: batch 1) in plain Python; the plan says how many tokens.
+replayed without and with prefetch at each slot share of solvers/cache/prefetch_choice.py's
+grid, and the best with prefetch is set beside the best without (the chosen split under its
+own policy, or a candidate under LRU; solvers/cache/prefetch_choice.py says the rule). Where
+prefetch pays, the plan takes that candidate's pins and slots, and its caches serve LRU per
+layer: the eviction the prefetch replay models, so the predicted stall is the one it runs.
+Otherwise prefetch is off and the plan says why. The replay walks the first
+PREFETCH_SELECTIONS selections of the calibration (in sequence order, one token a step: batch
+1) in plain Python, a few seconds per candidate and share; the plan says how many tokens.
 
 The copy stream's figures (`prefetch_link`) are the one model evaluate's prefetch section
 uses too: a copy is the card's latency plus an expert's bytes over its host link; a layer's
@@ -123,9 +124,11 @@ def served(split: Split, info: dict, choice: PrefetchChoice, candidates: list[Ca
     info["notes"] = [*info.get("notes", []),
                      f"prefetch is on: the caches serve {EVICTION} per layer (the eviction "
                      f"the prefetch replay models) on {name}'s pins and slots, in place of "
-                     f"{before} on {info['chosen']}'s; the held-out figures above were judged "
-                     "without prefetch"]
-    info |= {"policy": EVICTION, "pooled": False, "chosen": name}
+                     f"{before} on {info['chosen']}'s; the held-out figures were judged "
+                     "without prefetch, under the policy that priced the split"]
+    info |= {"policy": EVICTION, "pooled": False, "chosen": name,
+             "held_out_stall_ms_per_step": info["candidates"][choice.candidate][
+                 "held_out_stall_ms_per_step"]}
     for i, c in enumerate(info.get("candidates", [])):
         c["chosen"] = i == choice.candidate
     return replace(split, pinned=layout.pinned, quotas=layout.quotas, staging=layout.staging,
@@ -144,7 +147,7 @@ def predicted_json(choice: PrefetchChoice, candidates: list[Candidate], link: Li
             "copy_ms": link.copy_s * 1e3, "window_ms": float(link.window_s) * 1e3,
             "recall": choice.recall,
             "without_ms_per_token": choice.without_s * 1e3,
-            "lru_without_ms_per_token": choice.lru_without_s * 1e3,
+            "best_without_ms_per_token": choice.best_without_s * 1e3,
             "with_ms_per_token": None if choice.with_s is None else choice.with_s * 1e3,
             "rows": [{"candidate": candidates[r.candidate].name, "slot_share": r.slot_share,
                       "stall_ms_per_token": r.stall_s * 1e3, "prefetched": r.counts.prefetched,

@@ -43,8 +43,11 @@ def prefetch_lines(prefetch: dict | None) -> list[str]:
     p = prefetch.get("predicted")
     if p:
         share = "" if p["with_ms_per_token"] is None else (
-            f", {p['with_ms_per_token']:.4f} with (slot share {prefetch['slot_share']:g})")
+            f"; with prefetch {p['with_ms_per_token']:.4f} (slot share "
+            f"{prefetch['slot_share']:g})")
         lines += wrapped(f"prefetch replayed on {p['tokens']} of {p['of_tokens']} calibration "
                          f"tokens (in sample, batch 1, exact replays: no interval): stall "
-                         f"{p['without_ms_per_token']:.4f} ms/token without{share}")
+                         f"{p['without_ms_per_token']:.4f} ms/token as the split serves without "
+                         f"prefetch, {p['best_without_ms_per_token']:.4f} at best without "
+                         f"(any candidate under LRU){share}")
     return lines

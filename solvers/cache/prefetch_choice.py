@@ -1,15 +1,17 @@
 """Whether a split's cache should be fed ahead of time, and how: prefetch in the objective.
 
 Each candidate layout of the split (pins and per-layer slots of one card, solvers/cache/split.py)
-is replayed through solvers/cache/prefetch.py with prefetching from the traffic's speculative
-routing at each slot share of SHARES (the share of the slots prefetched-but-unused experts may
-hold), LRU eviction (what that replay models with prefetched experts admitted). The best row
-is set beside what the plan serves without prefetch: the chosen candidate under its own policy
-on the same tokens (the compiled replay, one copy per miss: the staging cost model's stall,
-which the prefetch replay without prefetch equals under LRU). Prefetch is on only where its
-best row stalls at least MIN_GAIN less than that; otherwise it is off and the reason says what
-was replayed, the predictor's recall and the copy against the window (a copy that does not fit
-a layer's window: a slow link; recall under LOW_RECALL: a poor predictor).
+with cache slots is replayed through solvers/cache/prefetch.py at slot share 0 (no prefetch)
+and at each share of SHARES (the share of the slots prefetched-but-unused experts may hold)
+with prefetching from the traffic's speculative routing, under LRU eviction (what that replay
+models with prefetched experts admitted); the chosen layout is also replayed under its own
+policy without prefetch (the compiled replay, one copy per miss: the staging cost model's
+stall, which the prefetch replay without prefetch equals under LRU). Prefetch is on only where
+its best row stalls at least MIN_GAIN less than the best way to serve without it (the chosen
+layout under its own policy, or any layout under LRU): what it gains is then prefetch's, not
+a change of layout or policy's. Otherwise it is off, and the reason gives both figures, the
+predictor's recall and the copy against the window (a copy that does not fit a layer's
+window: a slow link; recall under LOW_RECALL: a poor predictor).
 
 The figures are in sample (the calibration traffic the split was chosen on) and at batch 1
 (one token a step, as the prefetch replay models decode), per token.
@@ -63,16 +65,17 @@ class Row:
 class PrefetchChoice:
     """The decision: `on`, its `reason`, the `candidate` (index) it serves and the `prefetch`
     parameters of the best row (what it would run with where off); per token the stall
-    `without_s` (the chosen candidate, its own policy, no prefetch), `lru_without_s` (the
-    same under LRU) and `with_s` (the best row's, also where it does not pay); the
-    predictor's mean `recall` over layers with predictions; every row replayed."""
+    `without_s` (the chosen layout under its own policy, no prefetch), `best_without_s` (the
+    least of that and every layout under LRU without prefetch) and `with_s` (the best row
+    with prefetch, also where it does not pay; None: no layout has slots); the predictor's
+    mean `recall` over layers with predictions; every row replayed."""
 
     on: bool
     reason: str
     candidate: int
     prefetch: Prefetch
     without_s: float
-    lru_without_s: float
+    best_without_s: float
     with_s: float | None
     recall: float | None
     rows: list[Row]
@@ -82,27 +85,25 @@ def choose_prefetch(traffic: list[tuple[np.ndarray, np.ndarray]], candidates: li
                     chosen: int, link: Link, serving: Serving,
                     shares: tuple[float, ...] = SHARES, max_per_layer: int | None = None
                     ) -> PrefetchChoice:
-    """The best (candidate, slot share) with prefetch against the chosen candidate without it.
+    """The best (candidate, slot share) with prefetch against the best way without it.
 
     traffic: (actual, predicted) [S, L, k] expert ids per trace set (solvers/cache/prefetch);
-    candidates: the candidates, `chosen` the one the split serves; link: the copy stream."""
+    candidates: the split's, `chosen` the one it serves; link: the copy stream."""
     tokens = sum(len(actual) for actual, _ in traffic)
-    rows = [_row(traffic, candidates[chosen], chosen, 0.0, link, max_per_layer, tokens)]
-    for i, candidate in enumerate(candidates):
-        if candidate.quotas.any():
-            rows += [_row(traffic, candidate, i, share, link, max_per_layer, tokens)
-                     for share in shares if share > 0]
+    rows = [_row(traffic, candidate, i, share, link, max_per_layer, tokens)
+            for i, candidate in enumerate(candidates) if candidate.quotas.any()
+            for share in (0.0, *shares)]
     without = sum(_own_stall(a, candidates[chosen], serving) for a, _ in traffic) \
         * link.copy_s / tokens
-    tried = [r for r in rows if r.slot_share > 0]
-    best = min(tried, key=lambda r: (r.stall_s, r.candidate != chosen, r.slot_share),
-               default=None)
+    best_without = min([without, *(r.stall_s for r in rows if r.slot_share == 0)])
+    best = min((r for r in rows if r.slot_share > 0),
+               key=lambda r: (r.stall_s, r.candidate != chosen, r.slot_share), default=None)
     recall = _recall(traffic)
-    on = best is not None and best.stall_s < without * (1 - MIN_GAIN)
+    on = bool(best is not None and best.stall_s < best_without * (1 - MIN_GAIN))
     prefetch = Prefetch(1, max_per_layer, 0.0 if best is None else best.slot_share)
-    return PrefetchChoice(on, _reason(on, best, without, recall, link, candidates),
-                          best.candidate if on else chosen, prefetch, without,
-                          rows[0].stall_s, None if best is None else best.stall_s, recall, rows)
+    return PrefetchChoice(on, _reason(on, best, best_without, recall, link, candidates),
+                          best.candidate if on else chosen, prefetch, without, best_without,
+                          None if best is None else best.stall_s, recall, rows)
 
 
 def _row(traffic: list[tuple[np.ndarray, np.ndarray]], candidate: Candidate, index: int,
@@ -113,7 +114,7 @@ def _row(traffic: list[tuple[np.ndarray, np.ndarray]], candidate: Candidate, ind
                         Prefetch(1, max_per_layer, share), pinned=candidate.pinned)
         for key, value in vars(counts).items():
             setattr(total, key, getattr(total, key) + value)
-    return Row(index, share, total.stall_s / tokens, total)
+    return Row(index, share, float(total.stall_s) / tokens, total)
 
 
 def _own_stall(actual: np.ndarray, candidate: Candidate, serving: Serving) -> int:
@@ -147,7 +148,7 @@ def _reason(on: bool, best: Row | None, without: float, recall: float | None, li
         return "no candidate has cache slots for prefetched experts"
     figures = (f"{candidates[best.candidate].name} with {best.slot_share:g} of the slots for "
                f"prefetch replays {best.stall_s * 1e3:.4g} ms/token against "
-               f"{without * 1e3:.4g} without")
+               f"{without * 1e3:.4g} at best without")
     if on:
         return f"prefetch pays: {figures} ({said}; {copy})"
     if without == 0:
