@@ -16,7 +16,14 @@ from placer.plan.placement import plan_quotas, read_plan
 from placer.plan.prefetch import prefetch_link
 from placer.report.solve_summary import solve_summary
 from solvers.cache.prefetch import Link, Prefetch, replay
-from solvers.cache.prefetch_choice import MIN_GAIN, Candidate, Serving, choose_prefetch
+from solvers.cache.prefetch_choice import (
+    MIN_GAIN,
+    MIN_STEPS,
+    SHARES,
+    Candidate,
+    Serving,
+    choose_prefetch,
+)
 from traces.storing.speculative import speculative_steps
 
 
@@ -174,7 +181,7 @@ def test_choice_weighs_prefetch_against_the_best_way_without_it():
     assert on.with_s < (1 - MIN_GAIN) * on.best_without_s
     # the static candidate has no slots to prefetch into: never replayed with prefetch
     assert {r.candidate for r in on.rows} == {1}
-    assert sorted(r.slot_share for r in on.rows) == [0.0, 0.25, 0.5]
+    assert sorted(r.slot_share for r in on.rows) == [0.0, *SHARES]
     random = choose_prefetch(_traffic("random"), _candidates(), 1, link, Serving("lru"))
     assert not random.on and random.prefetch.slot_share > 0  # what it would run with
     assert "low recall" in random.reason and "slow link" not in random.reason
@@ -188,3 +195,18 @@ def test_a_slow_link_is_named_where_prefetch_does_not_pay():
     none = choose_prefetch(_traffic("right"), _candidates()[:1], 0, slow, Serving("lru"))
     assert not none.on and none.with_s is None
     assert none.reason == "no candidate has cache slots for prefetched experts"
+
+
+def test_the_replays_walk_a_bounded_prefix_and_run_each_layout_once():
+    """Bounded in time: `work` selections over all replays, at least MIN_STEPS steps of each
+    set; a candidate whose layout another has already is not replayed again (same rows)."""
+    traffic = [routing("right", s, 300) for s in range(2)]
+    twins = [*_candidates(), _candidates()[1]]
+    choice = choose_prefetch(traffic, twins, 1, Link(30e-6, 170e-6, 1), Serving("lru"), work=1)
+    assert choice.tokens == 2 * MIN_STEPS < 600
+    mine = {r.slot_share: r for r in choice.rows if r.candidate == 1}
+    twin = {r.slot_share: r for r in choice.rows if r.candidate == 2}
+    assert mine.keys() == twin.keys() == {0.0, *SHARES}
+    assert all(mine[s].counts is twin[s].counts for s in mine)  # one replay for both
+    whole = choose_prefetch(traffic, twins, 1, Link(30e-6, 170e-6, 1), Serving("lru"))
+    assert whole.tokens == 600

@@ -9,9 +9,9 @@ grid, and the best with prefetch is set beside the best without (the chosen spli
 own policy, or a candidate under LRU; solvers/cache/prefetch_choice.py says the rule). Where
 prefetch pays, the plan takes that candidate's pins and slots, and its caches serve LRU per
 layer: the eviction the prefetch replay models, so the predicted stall is the one it runs.
-Otherwise prefetch is off and the plan says why. The replay walks the first
-PREFETCH_SELECTIONS selections of the calibration (in sequence order, one token a step: batch
-1) in plain Python, a few seconds per candidate and share; the plan says how many tokens.
+Otherwise prefetch is off and the plan says why. The replays walk the first decode tokens of
+each calibration set (in sequence order, one token a step: batch 1), as many as
+prefetch_choice.WORK selections over all of them allow (about 20 s); the plan says how many.
 
 The copy stream's figures (`prefetch_link`) are the one model evaluate's prefetch section
 uses too: a copy is the card's latency plus an expert's bytes over its host link; a layer's
@@ -30,13 +30,18 @@ from placer.plan.cache import cache_params
 from placer.plan.options import SolveOptions
 from placer.plan.traffic import Traffic
 from solvers.cache.prefetch import Link, Prefetch
-from solvers.cache.prefetch_choice import Candidate, PrefetchChoice, Serving, choose_prefetch
+from solvers.cache.prefetch_choice import (
+    WORK,
+    Candidate,
+    PrefetchChoice,
+    Serving,
+    choose_prefetch,
+)
 from solvers.cache.split import Split
 from solvers.cache_table import policy_row
 from solvers.staging import slot_unit
 from traces.storing.speculative import has_speculative_dir, speculative_steps
 
-PREFETCH_SELECTIONS = 3.0e5  # selections (tokens x MoE layers x top-k) the decision replays
 EVICTION = "lru"  # the eviction solvers/cache/prefetch.py replays prefetch under
 
 
@@ -86,19 +91,16 @@ def solve_prefetch(inv: Inventory, spec: HardwareSpec, home: np.ndarray,
     reason = why_not(spec, traffic)
     if reason is not None:
         return split, off(reason)
-    layers = len(inv.moe_layers)
-    most = max(1, int(PREFETCH_SELECTIONS / (layers * inv.top_k * len(traffic))))
     steps = [speculative_steps(t.path) for t in traffic]
-    judged = [(a[:most], p[:most]) for a, p in steps]
     unit = int(slot_unit(inv.expert_bytes(), home, 1)[0])
-    link = prefetch_link(spec, unit, int(inv.num_layers or layers))
+    link = prefetch_link(spec, unit, int(inv.num_layers or len(inv.moe_layers)))
     chosen = next(i for i, c in enumerate(split.candidates) if c["chosen"])
     candidates = [Candidate(c["name"], f.pinned, f.quotas[0])
                   for c, f in zip(split.candidates, split.layouts, strict=True)]
-    choice = choose_prefetch(judged, candidates, chosen, link, serving_of(split, info))
+    choice = choose_prefetch(steps, candidates, chosen, link, serving_of(split, info))
     section = {"on": choice.on, "reason": choice.reason, **params_json(choice.prefetch),
                "eviction": EVICTION,
-               "predicted": predicted_json(choice, candidates, link, judged, steps, opts)}
+               "predicted": predicted_json(choice, candidates, link, steps, opts)}
     if not choice.on:
         return split, section
     return served(split, info, choice, candidates), section
@@ -136,14 +138,14 @@ def served(split: Split, info: dict, choice: PrefetchChoice, candidates: list[Ca
 
 
 def predicted_json(choice: PrefetchChoice, candidates: list[Candidate], link: Link,
-                   judged: list, steps: list, opts: SolveOptions) -> dict:
+                   steps: list, opts: SolveOptions) -> dict:
     """What the decision replayed and found, stalls in ms per token."""
     others = ("" if opts.concurrency == (1,) else
               "; the other --concurrency values are not modelled with prefetch")
-    return {"tokens": sum(len(a) for a, _ in judged), "of_tokens": sum(len(a) for a, _ in steps),
+    return {"tokens": choice.tokens, "of_tokens": sum(len(a) for a, _ in steps),
             "judged": "in sample: the first decode tokens of each calibration trace set in "
-                      f"sequence order (at most {PREFETCH_SELECTIONS:.0e} selections in all), "
-                      f"one token a step (batch 1{others})",
+                      f"sequence order (the replays walk at most {WORK:.0e} selections in "
+                      f"all), one token a step (batch 1{others})",
             "copy_ms": link.copy_s * 1e3, "window_ms": float(link.window_s) * 1e3,
             "recall": choice.recall,
             "without_ms_per_token": choice.without_s * 1e3,

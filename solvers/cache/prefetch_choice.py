@@ -1,25 +1,29 @@
 """Whether a split's cache should be fed ahead of time, and how: prefetch in the objective.
 
-Each candidate layout of the split (pins and per-layer slots of one card, solvers/cache/split.py)
-with cache slots is replayed through solvers/cache/prefetch.py at slot share 0 (no prefetch)
-and at each share of SHARES (the share of the slots prefetched-but-unused experts may hold)
-with prefetching from the traffic's speculative routing, under LRU eviction (what that replay
-models with prefetched experts admitted); the chosen layout is also replayed under its own
-policy without prefetch (the compiled replay, one copy per miss: the staging cost model's
-stall, which the prefetch replay without prefetch equals under LRU). Prefetch is on only where
-its best row stalls at least MIN_GAIN less than the best way to serve without it (the chosen
-layout under its own policy, or any layout under LRU): what it gains is then prefetch's, not
-a change of layout or policy's. Otherwise it is off, and the reason gives both figures, the
-predictor's recall and the copy against the window (a copy that does not fit a layer's
-window: a slow link; recall under LOW_RECALL: a poor predictor).
+Each candidate layout of the split (pins and per-layer slots of one card,
+solvers/cache/split.py) with cache slots is replayed through solvers/cache/prefetch.py at slot
+share 0 (no prefetch) and at each share of SHARES (the share of the slots prefetched-but-unused
+experts may hold; a share that leaves no layer a slot for a prefetch is share 0, and a replay
+identical to one done is not run again) with prefetching from the traffic's speculative
+routing, under LRU eviction (what that replay models with prefetched experts admitted); the
+chosen layout is also replayed under its own policy without prefetch (the compiled replay, one
+copy per miss: the staging cost model's stall, which the prefetch replay without prefetch
+equals under LRU). Prefetch is on only where its best row stalls at least MIN_GAIN less than
+the best way to serve without it (the chosen layout under its own policy, or any layout under
+LRU): what it gains is then prefetch's, not a change of layout or policy's. Otherwise it is
+off, and the reason gives both figures, the predictor's recall and the copy against the
+window (a copy that does not fit a layer's window: a slow link; recall under LOW_RECALL: a
+poor predictor).
 
 The figures are in sample (the calibration traffic the split was chosen on) and at batch 1
-(one token a step, as the prefetch replay models decode), per token.
+(one token a step, as the prefetch replay models decode), per token. The replays are plain
+Python (about 20 us a selection): they walk each trace set's first steps, in sequence order,
+as many as WORK selections over all the replays allow (`first_steps`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,9 +31,11 @@ from solvers.cache import make_policy
 from solvers.cache.prefetch import Counts, Link, Prefetch, quality, replay
 from solvers.cache.replay import Requests
 
-SHARES = (0.25, 0.5)  # slot shares tried with prefetch (share 0: none, the reference)
+SHARES = (0.25, 0.5, 1.0)  # slot shares tried with prefetch (share 0: none)
 MIN_GAIN = 0.02       # prefetch is on where it cuts the stall without it by at least this
 LOW_RECALL = 0.5      # below: the reason calls the predictor's recall low
+WORK = 1.0e6          # selections all of a choice's replays walk at most (~20 s on one core)
+MIN_STEPS = 256       # steps of each trace set replayed at least (where it has them)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class PrefetchChoice:
     `without_s` (the chosen layout under its own policy, no prefetch), `best_without_s` (the
     least of that and every layout under LRU without prefetch) and `with_s` (the best row
     with prefetch, also where it does not pay; None: no layout has slots); the predictor's
-    mean `recall` over layers with predictions; every row replayed."""
+    mean `recall` over layers with predictions; every row replayed; the `tokens` replayed."""
 
     on: bool
     reason: str
@@ -79,20 +85,32 @@ class PrefetchChoice:
     with_s: float | None
     recall: float | None
     rows: list[Row]
+    tokens: int
 
 
 def choose_prefetch(traffic: list[tuple[np.ndarray, np.ndarray]], candidates: list[Candidate],
                     chosen: int, link: Link, serving: Serving,
-                    shares: tuple[float, ...] = SHARES, max_per_layer: int | None = None
-                    ) -> PrefetchChoice:
+                    shares: tuple[float, ...] = SHARES, max_per_layer: int | None = None,
+                    work: float = WORK) -> PrefetchChoice:
     """The best (candidate, slot share) with prefetch against the best way without it.
 
     traffic: (actual, predicted) [S, L, k] expert ids per trace set (solvers/cache/prefetch);
-    candidates: the split's, `chosen` the one it serves; link: the copy stream."""
+    candidates: the split's, `chosen` the one it serves; link: the copy stream; work: the
+    selections all the replays walk at most (`first_steps`)."""
+    jobs: dict[tuple, list[tuple[int, float]]] = {}
+    for i, candidate in enumerate(candidates):
+        for share in (0.0, *shares) if candidate.quotas.any() else ():
+            caps = np.floor(share * candidate.quotas).astype(np.int64)
+            if share == 0 or caps.any():  # else no slot for a prefetch: share 0's replay
+                key = (candidate.pinned.tobytes(), candidate.quotas.tobytes(), caps.tobytes())
+                jobs.setdefault(key, []).append((i, share))
+    traffic = first_steps(traffic, work / max(1, len(jobs)))
     tokens = sum(len(actual) for actual, _ in traffic)
-    rows = [_row(traffic, candidate, i, share, link, max_per_layer, tokens)
-            for i, candidate in enumerate(candidates) if candidate.quotas.any()
-            for share in (0.0, *shares)]
+    rows = []
+    for same in jobs.values():
+        i, share = same[0]
+        row = _row(traffic, candidates[i], i, share, link, max_per_layer, tokens)
+        rows += [replace(row, candidate=j, slot_share=s) for j, s in same]
     without = sum(_own_stall(a, candidates[chosen], serving) for a, _ in traffic) \
         * link.copy_s / tokens
     best_without = min([without, *(r.stall_s for r in rows if r.slot_share == 0)])
@@ -103,7 +121,16 @@ def choose_prefetch(traffic: list[tuple[np.ndarray, np.ndarray]], candidates: li
     prefetch = Prefetch(1, max_per_layer, 0.0 if best is None else best.slot_share)
     return PrefetchChoice(on, _reason(on, best, best_without, recall, link, candidates),
                           best.candidate if on else chosen, prefetch, without, best_without,
-                          None if best is None else best.stall_s, recall, rows)
+                          None if best is None else best.stall_s, recall, rows, tokens)
+
+
+def first_steps(traffic: list[tuple[np.ndarray, np.ndarray]], selections: float
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each trace set's first steps (at least MIN_STEPS, where it has them), the sets
+    together holding about `selections` selections (a replay's cost grows with them)."""
+    per_step = sum(int(np.count_nonzero(a[0] >= 0)) if len(a) else 0 for a, _ in traffic)
+    most = max(MIN_STEPS, int(selections / max(1, per_step)))
+    return [(a[:most], p[:most]) for a, p in traffic]
 
 
 def _row(traffic: list[tuple[np.ndarray, np.ndarray]], candidate: Candidate, index: int,
@@ -146,8 +173,8 @@ def _reason(on: bool, best: Row | None, without: float, recall: float | None, li
     copy = f"a copy {link.copy_s * 1e3:.3g} ms against a layer's window {window * 1e3:.3g} ms"
     if best is None:
         return "no candidate has cache slots for prefetched experts"
-    figures = (f"{candidates[best.candidate].name} with {best.slot_share:g} of the slots for "
-               f"prefetch replays {best.stall_s * 1e3:.4g} ms/token against "
+    figures = (f"{candidates[best.candidate].name}, with prefetch at slot share "
+               f"{best.slot_share:g}, replays {best.stall_s * 1e3:.4g} ms/token against "
                f"{without * 1e3:.4g} at best without")
     if on:
         return f"prefetch pays: {figures} ({said}; {copy})"
