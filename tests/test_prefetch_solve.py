@@ -160,6 +160,10 @@ def test_traces_without_speculative_routing_leave_prefetch_off(tmp_path, cli):
     assert plan["prefetch"]["on"] is False
     assert "spec_experts" in plan["prefetch"]["reason"]
     assert plan["prefetch"]["predicted"] is None
+    tables = " ".join((tmp_path / "p.txt").read_text().split())
+    assert f"prefetch: off ({plan['prefetch']['reason']})" in tables
+    summary = solve_summary(read_plan(tmp_path / "p.json"), tmp_path / "p.json", None)
+    assert not [line for line in summary if "prefetch" in line]  # nothing was replayed
 
 
 def _traffic(kind: str) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -35,9 +35,11 @@ def print_prefetch(sections: list[dict], console: Console) -> None:
         console.print(f"({s['interval']})", highlight=False)
 
 
-def prefetch_lines(prefetch: dict | None) -> list[str]:
-    """The plan's prefetch: on or off and why; what the decision replayed (ms per token)."""
-    if not prefetch:
+def prefetch_lines(prefetch: dict | None, replayed_only: bool = False) -> list[str]:
+    """The plan's prefetch: on or off and why; what the decision replayed (ms per token).
+    With `replayed_only`, nothing where it was not replayed (a summary: the reason, e.g. no
+    speculative routing in the traces, is in the full tables and the plan)."""
+    if not prefetch or (replayed_only and not prefetch.get("predicted")):
         return []
     lines = wrapped(f"prefetch: {'on' if prefetch['on'] else 'off'} ({prefetch['reason']})")
     p = prefetch.get("predicted")

@@ -45,7 +45,7 @@ def solve_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[str]
              + (f", {s['seconds']:.2f} s" if "seconds" in s else "")
              + f", {len(plan.cards)} card{'s' if len(plan.cards) != 1 else ''}"]
     lines += card_lines(plan)
-    lines += cache_lines(plan.cache or {}) + prefetch_lines(plan.prefetch)
+    lines += cache_lines(plan.cache or {}) + prefetch_lines(plan.prefetch, replayed_only=True)
     estimated = estimated_json(plan.hardware)
     lines.append("predicted on calibration traffic: stall / layer offload (95% interval)"
                  + (f", tok/s {MARK} (below)" if estimated else ""))
