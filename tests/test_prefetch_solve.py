@@ -126,6 +126,10 @@ def test_one_link_model_for_solve_and_evaluate(setup, cli):
     assert section["window_ms"] == plan.prefetch["predicted"]["window_ms"]
     assert section["lines"]["lru+prefetch"]["stall_ms_per_token"] == pytest.approx(
         plan.prefetch["predicted"]["with_ms_per_token"], rel=1e-12)
+    text = " ".join(cli("evaluate", right["plan"], "--traces", right["traces"],
+                        "--verbose").output.split())
+    assert (f"+prefetch lines: slot share {plan.prefetch['slot_share']:g}, every predicted "
+            "per layer, depth 1: the plan's (its prefetch is on)") in text
 
     old = json.loads(right["plan"].read_text())
     del old["prefetch"]
@@ -137,6 +141,9 @@ def test_one_link_model_for_solve_and_evaluate(setup, cli):
     assert section["plan_prefetch"] is None
     assert section["params"] == {"depth": 1, "max_per_layer": None,
                                  "slot_share": Prefetch().slot_share}
+    text = " ".join(cli("evaluate", before, "--traces", right["traces"], "--verbose"
+                        ).output.split())
+    assert "depth 1: the replay's defaults (the plan records no prefetch)" in text
 
 
 def test_a_bad_prefetch_field_is_refused_by_name(setup, cli):

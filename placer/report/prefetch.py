@@ -27,6 +27,12 @@ def print_prefetch(sections: list[dict], console: Console) -> None:
             table.add_row(name, *(str(f[k]) for k in COLUMNS[1:-1]),
                           f"{f['stall_ms_per_token']:.4f}")
         print_table(table, console)
+        params, decided = s["params"], s.get("plan_prefetch")
+        whose = ("the replay's defaults (the plan records no prefetch)" if decided is None
+                 else f"the plan's (its prefetch is {'on' if decided['on'] else 'off'})")
+        console.print(f"+prefetch lines: slot share {params['slot_share']:g}, "
+                      f"{params['max_per_layer'] or 'every'} predicted per layer, depth "
+                      f"{params['depth']}: {whose}", highlight=False)
         for what in ("recall", "precision"):
             shares = ", ".join("-" if r["share"] is None else f"{r['layer']}: {r['share']:.2f}"
                                for r in s[what])
