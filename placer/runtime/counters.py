@@ -96,15 +96,19 @@ class StagingCounters:
         self.__post_init__()
 
     def to_json(self) -> dict:
-        """Totals, per card and per (layer, card) rows with anything fetched (and, where
-        the runtime prefetches, `prefetch`: prefetch_json)."""
+        """Totals, per card and per (layer, card) rows with anything fetched (where the
+        runtime prefetches, each with its prefetched, useful, late, wasted and prefetch_bytes,
+        and `prefetch`: prefetch_json)."""
         seconds = self.seconds
 
         def row(sel: tuple) -> dict:
+            ahead = {name: int(self.ahead[name][sel].sum())
+                     for name in ("prefetched", "useful", "late", "wasted")} | {
+                "prefetch_bytes": int(self.ahead_bytes[sel].sum())} if self.prefetching else {}
             return {"bytes": int(self.bytes[sel].sum()), "copies": int(self.copies[sel].sum()),
                     "cache_hits": int(self.hits[sel].sum()),
                     "fetches": int(self.fetches[sel].sum()),
-                    "seconds": float(seconds[sel].sum())}
+                    "seconds": float(seconds[sel].sum()), **ahead}
 
         return {
             "total": row((slice(None), slice(None))),
