@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from placed_plans import cached_plan
-from test_runtime import PROMPTS
+from test_runtime_tables import generate_logits
 
 from placer.checkpoint.inventory import read_inventory
 from placer.plan.placement import plan_quotas, read_plan
@@ -24,20 +24,7 @@ from traces.collecting.capture import RouterCapture
 
 pytest_plugins = ["fixtures_models"]
 
-NEW_TOKENS = 16
-
-
-def generate_logits(model, checkpoint: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy tokens and every step's logits for one prompt (batch 1)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    inputs = tokenizer(PROMPTS[0], return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id, output_logits=True,
-                             return_dict_in_generate=True)
-    return out.sequences, torch.stack(out.logits)
+NEW_TOKENS = 16  # one prefill forward, then 15 decode steps of one token
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["per-layer", "pooled"])
@@ -59,7 +46,7 @@ def run(checkpoint: Path, placed: Path, prefetch: Prefetch | None, link: Link | 
                           link=link)
     model = load_staged_model(checkpoint, runtime)
     with RouterCapture(model, weights=False, speculative=True) as capture:
-        tokens, logits = generate_logits(model, checkpoint)
+        tokens, logits = generate_logits(model, checkpoint, NEW_TOKENS)
         routing = capture.take()
     return tokens, logits, runtime, routing
 
@@ -133,6 +120,7 @@ def test_counters_are_the_replays_and_tokens_do_not_change(placed, prefetch, win
     assert counters.late_measured.sum() == 0  # a CPU device measures no landing
 
 
+@pytest.mark.parametrize("placed", [False], indirect=True, ids=["per-layer"])
 def test_run_prefetch_reports_what_it_prefetched(placed, cli):
     """`placer run --prefetch --json`: the same text as without, a prefetch section whose
     counts add up (every prefetch was useful, late or wasted; its bytes copied), on the plan's
