@@ -137,3 +137,6 @@ def test_run_prefetch_reports_what_it_prefetched(placed, cli):
     assert ahead["prefetched"] == ahead["useful"] + ahead["late"] + ahead["wasted"]
     assert ahead["staged_bytes"] == on["staging"]["total"]["bytes"] + ahead["prefetch_bytes"]
     assert on["cache_policy"] == "lru"
+    text = cli(*args[:-1], "--prefetch").stdout
+    assert f"prefetch: {ahead['prefetched']} experts copied ahead" in text
+    assert "prefetch:" not in cli(*args[:-1]).stdout

@@ -30,6 +30,10 @@ Without prefetch this is the staging cost model's stall (one copy per miss). Evi
 nearer than the newcomer's; a prefetch MIN would bypass is not issued). `min` without
 prefetch is exactly solvers.cache.belady's bound on the misses; with prefetch it is the best
 eviction for this predictor, a reference line rather than a proof of a bound.
+
+`Timeline` is that walk for one card, a layer at a time (`issue`, then `serve`): `replay`
+drives it over a trace, and the runtime's prefetch (placer/runtime/prefetch.py) over its own
+forwards, so the runtime's counters are this replay's by construction.
 """
 
 from __future__ import annotations
