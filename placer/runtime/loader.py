@@ -8,7 +8,9 @@ layers' tables once those are bound: `hold`). `fetch` rebuilds the selected
 experts' tensors from their byte streams: bytes that lie in one resident piece or in the
 staged cold part are used in place (views); a tensor that straddles the resident/cold
 boundary of a partly resident expert is joined with one device-side copy of its resident
-head. Only host-to-device bytes count as staged.
+head. Only host-to-device bytes count as staged. With `prefetch` the cache is a
+`PrefetchCache` and `prefetch` copies a layer's predicted experts ahead
+(placer/runtime/prefetch.py).
 """
 
 from __future__ import annotations
