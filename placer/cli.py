@@ -43,9 +43,9 @@ def main() -> None:
     """Console entry point: the command line, imported and run under one interrupt handler."""
     import signal
 
-    import placer.errors  # noqa: F401 - imported before a signal's handler needs it
-
     try:
+        import placer.errors  # noqa: F401 - imported before a signal's handler needs it
+
         for signum, default in ((signal.SIGINT, signal.default_int_handler),
                                 (signal.SIGTERM, signal.SIG_DFL)):
             if signal.getsignal(signum) is default:  # not where one is set or ignored
