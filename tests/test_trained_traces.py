@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "trained-moe-traces"
 DOC = (REPO / "docs" / "trained-moe.md").read_text()
 DOMAINS = ("prose", "code", "chat")
+EXPERTS = json.loads((DATA / "config.json").read_text())["num_local_experts"]  # 16
 # docs/trained-moe.md's prefetch table: `benchmarks/bench_prefetch.py DIR`'s defaults.
 STEPS, COPY_S, WINDOW_S = 5000, 1e-3, 2e-3
 
@@ -109,12 +110,12 @@ def test_prefetch_from_speculative_routing_beats_lru_without_it(domain, steps):
     within the issue's 1.5x of Belady's bound without prefetch; every stall the docs'
     table states, to its three decimals."""
     actual, predicted = (a[:STEPS] for a in steps[domain])
-    slots = actual.shape[1] * 16 // 4
+    slots = actual.shape[1] * EXPERTS // 4
     link = Link(copy_s=COPY_S, window_s=WINDOW_S)
     stall = {}
     for eviction in ("lru", "min"):
         for name, guess in (("", None), ("+prefetch", predicted)):
-            counts = replay(actual, guess, slots, link, Prefetch(), num_experts=16,
+            counts = replay(actual, guess, slots, link, Prefetch(), num_experts=EXPERTS,
                             eviction=eviction)
             stall[eviction + name] = counts.stall_s * 1e3 / len(actual)
     assert stall["lru+prefetch"] < stall["lru"]
