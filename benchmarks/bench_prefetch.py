@@ -5,10 +5,10 @@ and what the copy stream would buy (solvers/cache/prefetch.py).
         [--window-ms MS] [--steps N]
 
 TRACE_DIR: a trace directory collected by `placer collect --model` (it records
-`spec_experts`). Without one, a tiny random-init qwen3_moe checkpoint is built and collected
-over ../shared/data's Shakespeare (the bundled slice where ../shared is absent): that
-exercises the code and measures nothing - a random router's routing says nothing about what
-prefetch buys a trained model (issue #54 item 5 trains one).
+`spec_experts`); default: the held-out prose of the MoE trained here
+(tests/data/trained-moe-traces/prose, its README says where it comes from; `code` and `chat`
+beside it). A random-init router's routing says nothing about what prefetch buys a trained
+model, so the bench no longer builds one.
 
 Replays the decode rows (score mode records every token as decode), one token a step in
 (sequence, position) order, one card, nothing pinned,
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +33,7 @@ from traces.storing.dataset import open_traces
 from traces.storing.speculative import speculative_steps
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "data" / "shakespeare.txt"
-PROSE = SHARED if SHARED.exists() else REPO / "examples" / "data" / "shakespeare_head.txt"
+TRAINED = REPO / "tests" / "data" / "trained-moe-traces" / "prose"
 
 
 def load(trace_dir: Path, steps: int) -> tuple[np.ndarray, np.ndarray, list[int], int]:
@@ -45,47 +43,24 @@ def load(trace_dir: Path, steps: int) -> tuple[np.ndarray, np.ndarray, list[int]
     return actual, predicted, model["moe_layers"], model["experts_per_layer"]
 
 
-def tiny_trace(root: Path) -> Path:
-    """A trace of a tiny random-init qwen3_moe (4 layers, 16 experts, top-2) over prose."""
-    from typer.testing import CliRunner
-
-    from placer.checkpoint.tiny import build_tiny_model
-    from placer.cli import app
-
-    texts = [b for b in PROSE.read_text().split("\n\n") if b.strip()]
-    model = build_tiny_model("qwen3_moe", root / "model", texts=texts[:600], layers=4,
-                             experts=16, router_scale=3.0)
-    corpus = root / "prose.txt"
-    corpus.write_text("\n\n".join(texts[600:700]))
-    result = CliRunner().invoke(app, ["collect", "--model", str(model), "--corpus", str(corpus),
-                                      "--max-length", "64", "--out", str(root / "trace"),
-                                      "--no-progress"])
-    if result.exit_code:
-        sys.exit(result.output)
-    return root / "trace"
-
-
 def interval(figure: tuple[float, float, float] | None) -> str:
     return "-" if figure is None else f"{figure[0]:.3f} [{figure[1]:.3f}, {figure[2]:.3f}]"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trace", nargs="?", type=Path)
+    parser.add_argument("trace", nargs="?", type=Path, default=TRAINED)
     parser.add_argument("--slots", type=int, default=None,
                         help="cache slots (default: a quarter of all experts)")
     parser.add_argument("--copy-ms", type=float, default=1.0)
     parser.add_argument("--window-ms", type=float, default=2.0)
     parser.add_argument("--steps", type=int, default=5000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = args.trace or tiny_trace(Path(tmp))
-        try:
-            actual, predicted, layers, experts = load(trace, args.steps)
-        except TraceError as exc:
-            sys.exit(f"error: {exc}")
-    if args.trace is None:
-        print("tiny random-init model: these figures test the code, they measure nothing")
+    try:
+        actual, predicted, layers, experts = load(args.trace, args.steps)
+    except TraceError as exc:
+        sys.exit(f"error: {exc}")
+    print(f"{args.trace}:")
     slots = args.slots if args.slots is not None else len(layers) * experts // 4
     print(f"{len(actual)} decode tokens x {len(layers)} MoE layers x top-{actual.shape[2]} "
           f"of {experts} experts; {slots} slots; copy {args.copy_ms} ms, window "

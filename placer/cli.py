@@ -1,9 +1,10 @@
 """The `placer` console entry point, cheap to import on purpose.
 
 The console script runs `from placer.cli import main; main()`. This module imports nothing
-at its top, so the script reaches `main` at once; `main` makes SIGTERM raise as SIGINT does
-(a KeyboardInterrupt naming it), then imports the command line (`placer.commands.app`:
-typer; the one command asked for is imported as it is looked up) inside its own handler, so
+at its top, so the script reaches `main` at once; `main` makes SIGINT and SIGTERM raise a
+KeyboardInterrupt naming the signal (once no module is being imported), then imports the
+command line (`placer.commands.app`: typer; the one command asked for is imported as it is
+looked up) inside its own handler, so
 that Ctrl-C or SIGTERM at any moment, while importing too, is one line on stderr and exit
 status 130 (143 after SIGTERM: 128 plus the signal, as a shell reports it), never a
 KeyboardInterrupt traceback. Once a command runs, `placer.commands.common.command` handles
@@ -26,8 +27,16 @@ from typing import Any
 APP_NAMES = ("app", "PlacerGroup", "usage_message", "version_text", "HELP_WIDTH")
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt("SIGTERM")
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGINT or SIGTERM as a KeyboardInterrupt naming it (placer.errors.interrupted_by),
+    once no module is being imported (placer.errors.held_for_import)."""
+    import signal
+
+    from placer.errors import held_for_import
+
+    if held_for_import(signum, frame):
+        return
+    raise KeyboardInterrupt("SIGTERM" if signum == signal.SIGTERM else "")
 
 
 def main() -> None:
@@ -35,8 +44,12 @@ def main() -> None:
     import signal
 
     try:
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # not where one is set
-            signal.signal(signal.SIGTERM, _terminated)
+        import placer.errors  # noqa: F401 - imported before a signal's handler needs it
+
+        for signum, default in ((signal.SIGINT, signal.default_int_handler),
+                                (signal.SIGTERM, signal.SIG_DFL)):
+            if signal.getsignal(signum) is default:  # not where one is set or ignored
+                signal.signal(signum, _interrupted)
         from placer.commands.app import app
 
         app()
@@ -55,9 +68,17 @@ def main() -> None:
 def _exiting(signal: Any) -> None:
     """Ignore SIGINT and SIGTERM from here: placer is leaving with its status (130 or 143
     after an interrupt it handled), and a second signal, or one placer.placed.commit.Signals
-    sends again, arriving now would end the process by the signal (status -2 or -15)."""
+    sends again, arriving now would end the process by the signal (status -2 or -15).
+
+    Then clear CPython's record of an unhandled KeyboardInterrupt. A KeyboardInterrupt raised
+    inside code run by `exec` of a string (dataclasses and namedtuple make their methods so,
+    as placer's imports run) sets it even where it is caught, and `python -m placer` then
+    ends by SIGINT (status -2) whatever status placer exits with (CPython 3.8-3.13,
+    Python/pythonrun.c run_eval_code_obj, Modules/main.c Py_RunMain). Each such `exec`
+    clears it first: an empty one does nothing else."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    exec("")  # noqa: S102 - see the docstring
 
 
 def __getattr__(name: str) -> object:

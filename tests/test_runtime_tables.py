@@ -27,15 +27,16 @@ pytest_plugins = ["fixtures_models"]
 NEW_TOKENS = 5
 
 
-def generate_logits(model, checkpoint: Path) -> tuple[torch.Tensor, torch.Tensor]:
+def generate_logits(model, checkpoint: Path, new_tokens: int = NEW_TOKENS
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy tokens and every step's logits for the first prompt (one sequence: decode
-    steps select at most top-k experts per layer)."""
+    steps select at most top-k experts per layer), `new_tokens` of them."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     inputs = tokenizer(PROMPTS[0], return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+        out = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id, output_logits=True,
                              return_dict_in_generate=True)
     return out.sequences, torch.stack(out.logits)

@@ -188,6 +188,21 @@ def test_models_health_and_metrics(client):
     assert 'placer_requests_total{endpoint="completions",status="ok"} 1.0' in text
 
 
+def test_metrics_show_what_was_prefetched_where_the_runtime_prefetches():
+    """A runtime that prefetches adds its counters by card; one that does not adds none."""
+    counters = StagingCounters((0, 1), 2, prefetching=True)
+    counters.record_ahead(1, 0, {"prefetched": 3, "useful": 1, "late": 1, "wasted": 1})
+    counters.ahead_bytes[1, 0] += 3072
+    text = TestClient(build_app(Served(Engine(), Tokenizer(), "tiny", 64, ServerMetrics(
+        counters, nullcontext())))).get("/metrics").text
+    assert 'placer_prefetched_total{card="0"} 3.0' in text
+    assert 'placer_prefetch_late_total{card="0"} 1.0' in text
+    assert 'placer_prefetch_bytes_total{card="0"} 3072.0' in text
+    assert 'placer_prefetch_wasted_total{card="1"} 0.0' in text
+    plain = TestClient(build_app(served())).get("/metrics").text
+    assert "placer_prefetch" not in plain
+
+
 def test_text_stream_holds_back_an_incomplete_character_and_a_stop_prefix():
     stream = TextStream(Tokenizer(), ["cx", "bcd"])
     assert stream.feed([0], False) == "a"

@@ -7,7 +7,10 @@ A signal whose handler ran inside a finalizer (`__del__`, a weakref callback) us
 lost: Python prints `Exception ignored in ...` for an exception raised there, and further
 signals were ignored, so `collect` ran on to exit 0 with its trace written (1 SIGTERM in 22
 at random times). A SIGTERM before the command line was imported killed Python silently
-(status -15) instead of the one line."""
+(status -15) instead of the one line. A SIGTERM while `collect` imported torch aborted it
+(status -6: raised inside torch's C++ initialisation; 1 in 150), and one while placer
+started ended it by SIGINT (status -2: CPython's record of a KeyboardInterrupt raised in
+`exec`'d code; 3 in 80)."""
 
 from __future__ import annotations
 
@@ -67,6 +70,78 @@ def test_a_signal_inside_a_finalizer_is_not_lost(fallback_sigterm) -> None:
             seen.append(len(seen))
             time.sleep(0.005)
     assert len(seen) < 100
+
+
+def test_a_signal_while_a_module_is_imported_waits_for_the_import(tmp_path: Path,
+                                                                   fallback_sigterm) -> None:
+    """The module sends SIGTERM to this process from its body and runs on: the Interrupted
+    comes once the import has finished, never inside it."""
+    (tmp_path / "signals_mid_import.py").write_text(
+        "import os, signal\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "steps = [n for n in range(100_000)]\n"
+        "done = True\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(Interrupted, match="SIGTERM"), Signals():
+            import signals_mid_import  # noqa: F401
+            for _ in range(1000):  # the thread sends the signal again within IMPORT_POLL_S
+                time.sleep(0.005)
+        assert sys.modules["signals_mid_import"].done
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("signals_mid_import", None)
+
+
+def test_an_interrupt_raised_in_exec_code_exits_with_placers_status(tmp_path: Path) -> None:
+    """A KeyboardInterrupt raised inside `exec`'d code while the command line is imported
+    (there: dataclasses' methods), caught by placer: `python -m` exits 143, not by SIGINT."""
+    (tmp_path / "starts_interrupted.py").write_text(
+        "import sys, types\n"
+        "from placer import cli\n"
+        "app = types.ModuleType('placer.commands.app')\n"
+        "app.__getattr__ = lambda name: exec(\"raise KeyboardInterrupt('SIGTERM')\")\n"
+        "sys.modules['placer.commands.app'] = app\n"
+        "cli.main()\n")
+    proc = subprocess.run([sys.executable, "-m", "starts_interrupted"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        143, "", "error: interrupted by SIGTERM; nothing was done\n")
+
+
+def test_a_signal_while_placer_imports_its_command_line_waits_for_the_import(
+        tmp_path: Path) -> None:
+    """SIGTERM sent from a `__set_name__` while the command line is imported (Python turns an
+    exception raised there into a RuntimeError: a traceback, exit 1): the import finishes,
+    then the interrupt is the one line and 143."""
+    (tmp_path / "app_stand_in.py").write_text(
+        "import os, pathlib, signal, time\n"
+        "class SendsOnSetName:\n"
+        "    def __set_name__(self, owner, name):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        sum(range(100_000))\n"
+        "class Owner:\n"
+        "    field = SendsOnSetName()\n"
+        f"pathlib.Path({str(tmp_path / 'imported')!r}).touch()\n"
+        "def app():\n"
+        "    time.sleep(30)\n")
+    (tmp_path / "starts.py").write_text(
+        "import importlib.util, sys\n"
+        "from placer import cli\n"
+        "class Finder:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'placer.commands.app':\n"
+        f"            return importlib.util.spec_from_file_location(name, "
+        f"{str(tmp_path / 'app_stand_in.py')!r})\n"
+        "sys.meta_path.insert(0, Finder())\n"
+        "cli.main()\n")
+    proc = subprocess.run([sys.executable, "-m", "starts"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        143, "", "error: interrupted by SIGTERM; nothing was done\n")
+    assert (tmp_path / "imported").exists()
 
 
 POINTS = {  # where: (module, attribute), and when: before or after calling it, or inside

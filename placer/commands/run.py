@@ -30,6 +30,12 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str, typer.Option(
             help="torch device for the model and every card: auto, cpu, cuda, cuda:N.")
         ] = "auto",
+        prefetch: Annotated[bool, typer.Option(
+            help="Prefetch: at each MoE layer, apply the next MoE layer's router to this "
+                 "layer's input and copy its top-k cold experts ahead (cache under LRU, "
+                 "whatever the plan's policy; default parameters, or the plan's). Counts "
+                 "prefetched, useful, late and wasted experts; late on the model clock.")
+        ] = False,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
     ) -> None:
@@ -41,7 +47,7 @@ def register(app: typer.Typer) -> None:
         check_run_options(placed, prompt, cache_slots, device)
         result = run_prompt(placed, source_model(placed, model), prompt,
                             max_new_tokens=max_new_tokens,
-                            cache_slots=cache_slots, device=device)
+                            cache_slots=cache_slots, device=device, prefetch=prefetch)
         if json_out:
             print_json(result)
         else:

@@ -47,6 +47,10 @@ def register(app: typer.Typer) -> None:
             help="KV cache tokens on a CPU device (on a GPU transformers sizes the cache "
                  "from free memory); also the longest prompt + completion there.")] = 16384,
         max_prompt_tokens: Annotated[int | None, typer.Option(help=PROMPT_HELP)] = None,
+        prefetch: Annotated[bool, typer.Option(
+            help="Prefetch the next MoE layer's experts as `placer run --prefetch` does "
+                 "(one-token forwards only; /metrics adds placer_prefetched and the "
+                 "useful, late, wasted and bytes counters).")] = False,
     ) -> None:
         """Serve PLACED over HTTP with the OpenAI API: POST /v1/completions and
         /v1/chat/completions (stream: true for server-sent events ending in
@@ -71,7 +75,7 @@ def register(app: typer.Typer) -> None:
         serve(placed, source_model(placed, model), host=host, port=port, device=device,
               cache_slots=cache_slots,
               batching=batching, kv_tokens=kv_tokens, max_prompt_tokens=max_prompt_tokens,
-              announce=lambda line: typer.echo(line))
+              prefetch=prefetch, announce=lambda line: typer.echo(line))
         exit_now()
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from placer.errors import PlacerError
+from placer.errors import PlacerError, held_for_import
 from placer.files import NAME_MAX, fsync_dir
 from placer.placed.layout import entry_len
 from placer.placed.stream import DIRECT_BLOCK
@@ -224,7 +224,10 @@ class Signals:
     the call that sends it, in the hook, and lost there too; the switch interval is cut to
     SWITCH_S meanwhile so that the thread gets its turn within a few bytecodes), to be
     handled at a bytecode outside the finalizer (or lost again in the next one and sent
-    again: each finalizer ends)."""
+    again: each finalizer ends).
+
+    A signal that arrives while the main thread imports a module waits for the import to
+    finish (placer.errors.held_for_import)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
     SWITCH_S = 1e-5
@@ -248,6 +251,8 @@ class Signals:
 
     def _raise(self, signum: int, frame: object) -> None:
         if self.held or self.raised or self.in_hook:
+            return
+        if held_for_import(signum, frame):
             return
         self.raised, self.lost = True, None
         raise Interrupted(signal.Signals(signum).name)

@@ -25,6 +25,16 @@ def print_result(result: dict) -> None:
         table.add_row(str(row["card"]), format_bytes(row["bytes"]), str(row["copies"]),
                       str(row["cache_hits"]), f"{row['seconds']:.4f}")
     print_table(table, console)
+    ahead = staging.get("prefetch")
+    if ahead is not None:
+        console.print(f"prefetch: {ahead['prefetched']} experts copied ahead "
+                      f"({format_bytes(ahead['prefetch_bytes'])}): {ahead['useful']} useful, "
+                      f"{ahead['late']} late, {ahead['wasted']} wasted; {ahead['hits']} other "
+                      f"hits, {ahead['misses']} copied on demand. Useful and late are counted "
+                      "on the replay's clock model (copy and window times), not measured"
+                      + (f"; {ahead['late_measured']} measured late (CUDA events)"
+                         if result["device"].startswith("cuda") else "") + ".",
+                      highlight=False)
 
 
 def print_bench(report: dict) -> None:

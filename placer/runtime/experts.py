@@ -16,7 +16,7 @@ other sources and for what a table cannot take.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -73,6 +73,9 @@ class StagedExperts(nn.Module):
         self.source: ExpertSource | None = None
         self.layout: ExpertLayout | None = None
         self.table: ExpertTable | None = None
+        # a runtime that prefetches (placer/runtime/prefetch.py): called with the hidden
+        # states once this layer's experts are staged; what it returns, once they are queued
+        self.ahead: Callable[[torch.Tensor], Callable[[], None]] | None = None
 
     def attach(self, source: ExpertSource) -> None:
         """Take weights from `source` from now on."""
@@ -104,19 +107,27 @@ class StagedExperts(nn.Module):
         advance = getattr(self.source, "advance", None)
         if advance is not None:
             advance(self.layer, hidden_states.numel() // hidden_states.shape[-1])
+        view, index = self._route(hidden_states, top_k_index)
+        finish = None if self.ahead is None else self.ahead(hidden_states)
+        out = self._original_class.forward(view, hidden_states, index, top_k_weights)
+        if finish is not None:
+            finish()
+        return out
+
+    def _route(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
+               ) -> tuple[nn.Module, torch.Tensor]:
+        """The module to compute with and its indices, the selected cold experts staged."""
         table = self.table
         if table is not None:
             if table.identity:
-                return self._original_class.forward(table.view, hidden_states, top_k_index,
-                                                    top_k_weights)
+                return table.view, top_k_index
             routed = table.route(top_k_index, self.implementation())
             if routed is not None:
-                view, index = routed
-                return self._original_class.forward(view, hidden_states, index, top_k_weights)
-        return self._compact(hidden_states, top_k_index, top_k_weights)
+                return routed
+        return self._compact(hidden_states, top_k_index)
 
-    def _compact(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                 top_k_weights: torch.Tensor) -> torch.Tensor:
+    def _compact(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
+                 ) -> tuple[nn.Module, torch.Tensor]:
         """The selected experts' rows built afresh, the indices renumbered to them."""
         if self.source is None or self.layout is None:
             raise RuntimeError(f"experts of layer {self.layer} have no weight source attached")
@@ -127,8 +138,7 @@ class StagedExperts(nn.Module):
                              device=top_k_index.device)
         compact[ids] = torch.arange(ids.numel(), dtype=top_k_index.dtype,
                                     device=top_k_index.device)
-        return self._original_class.forward(self.original_view(params, ids.numel()),
-                                            hidden_states, compact[top_k_index], top_k_weights)
+        return self.original_view(params, ids.numel()), compact[top_k_index]
 
     def extra_repr(self) -> str:
         return (f"layer={self.layer}, num_experts={self.num_experts}, "

@@ -16,13 +16,16 @@ from placer.runtime.tables import tables_json
 
 
 def run_prompt(placed: Path, checkpoint: Path, prompt: str, *, max_new_tokens: int = 32,
-               cache_slots: int | None = None, device: str = "auto") -> dict:
+               cache_slots: int | None = None, device: str = "auto",
+               prefetch: bool = False) -> dict:
     """Generate greedily from `prompt` with the model of `checkpoint` whose routed experts
-    come from the placed directory `placed`; the text and what the runtime staged."""
+    come from the placed directory `placed` (`prefetch`: prefetching the next MoE layer's
+    experts, placer/runtime/prefetch.py); the text and what the runtime staged."""
     if max_new_tokens < 1:
         raise PlacerError("--max-new-tokens must be >= 1")
     check_generation_memory(checkpoint, max_new_tokens, resolve_device(device))
-    placed_model = load_placed_model(placed, checkpoint, device=device, cache_slots=cache_slots)
+    placed_model = load_placed_model(placed, checkpoint, device=device, cache_slots=cache_slots,
+                                     prefetch=prefetch)
     model, runtime, tokenizer = placed_model.model, placed_model.runtime, placed_model.tokenizer
     inputs = tokenizer(prompt, return_tensors="pt").to(placed_model.device)
     runtime.counters.reset()

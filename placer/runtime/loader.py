@@ -8,7 +8,9 @@ layers' tables once those are bound: `hold`). `fetch` rebuilds the selected
 experts' tensors from their byte streams: bytes that lie in one resident piece or in the
 staged cold part are used in place (views); a tensor that straddles the resident/cold
 boundary of a partly resident expert is joined with one device-side copy of its resident
-head. Only host-to-device bytes count as staged.
+head. Only host-to-device bytes count as staged. With `prefetch` the cache is a
+`PrefetchCache` and `prefetch` copies a layer's predicted experts ahead
+(placer/runtime/prefetch.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import torch
 from safetensors import safe_open
 
 from placer.placed.manifest import read_manifest
-from placer.plan.placement import Plan, plan_caches, plan_from_json
+from placer.plan.placement import Plan, plan_caches, plan_from_json, plan_policy, plan_quotas
+from placer.predict.copy_link import plan_link
 from placer.runtime.counters import StagingCounters
+from placer.runtime.prefetch import PrefetchCache
 from placer.runtime.staging import CardStager
 from solvers.cache import Lookup
+from solvers.cache.prefetch import Link, Prefetch
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                 "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
@@ -88,8 +93,8 @@ class SlotRows(Protocol):
 class PlacedRuntime:
     """A placed directory loaded for every card on one device (see module docstring)."""
 
-    def __init__(self, placed: Path, device: torch.device, cache_slots: int | None = None
-                 ) -> None:
+    def __init__(self, placed: Path, device: torch.device, cache_slots: int | None = None,
+                 prefetch: Prefetch | None = None, link: Link | None = None) -> None:
         self.manifest = read_manifest(placed)
         self.plan: Plan = plan_from_json(self.manifest)
         self.device = device
@@ -128,11 +133,18 @@ class PlacedRuntime:
                 ex["card"], tuple(ex["tensors"]), resident, ex["resident_bytes"], cold, whole)
         moe_layers = self.plan.moe_layers
         self.row = {layer: i for i, layer in enumerate(moe_layers)}
-        self.counters = StagingCounters(tuple(moe_layers), len(self.plan.cards))
+        self.counters = StagingCounters(tuple(moe_layers), len(self.plan.cards),
+                                        prefetching=prefetch is not None)
         cold_max = [max((e.cold.numel() for e in self.experts.values()
                          if e.card == c.index and e.cold is not None), default=0)
                     for c in self.plan.cards]
-        self.cache = plan_caches(self.plan, cache_slots)
+        self.prefetching = prefetch is not None
+        self.cache = plan_caches(self.plan, cache_slots) if prefetch is None else PrefetchCache(
+            plan_quotas(self.plan, cache_slots), len(moe_layers) * self.plan.experts_per_layer,
+            pooled=plan_policy(self.plan).options["pooled"],
+            link=plan_link(self.plan) if link is None else link, prefetch=prefetch,
+            counters=self.counters)
+        self.landing: dict[tuple[int, int], torch.cuda.Event] = {}  # (card, key): prefetch
         # the token clock of the caches (solvers/cache/kernels.py): the tokens of every forward
         # so far, this one's included; a forward starts at a MoE layer no later than the last
         self.now, self._last_row = 0, len(moe_layers)
@@ -174,12 +186,48 @@ class PlacedRuntime:
             found, views = self.stagers[card].stage(
                 row, [row * width + e for e in ids], [self.experts[(layer, e)].cold for e in ids],
                 into_slots=holder is None, now=self.now)
+            self._await(card, row, [row * width + e for e, f in zip(ids, found, strict=True)
+                                    if f.hit])
             for e, f, view in zip(ids, found, views, strict=True):
                 weights = None if view is None else self._tensors(self.experts[(layer, e)], view)
                 if holder is not None and weights is not None and f.slot is not None:
                     holder.keep(card, f.slot, weights)
                 out[e] = Staged(card, f, weights)
         return [out[e] for e in experts]
+
+    def _await(self, card: int, row: int, hits: list[int]) -> None:
+        """On CUDA: the compute stream waits for the prefetch copies of the keys `hits`
+        found in `card`'s cache that are still landing (counted late_measured at `row`)."""
+        for key in hits:
+            event = self.landing.pop((card, key), None)
+            if event is not None:
+                self.counters.late_measured[row, card] += not event.query()
+                torch.cuda.current_stream(self.device).wait_event(event)
+
+    def prefetch(self, layer: int, experts: Sequence[int],
+                 ready: torch.cuda.Event | None = None) -> None:
+        """Prefetch decoder layer `layer`'s predicted `experts` (best first): per home card,
+        those with cold bytes, through the cache's `issue` (placer/runtime/prefetch.py),
+        each copied into its slot (kept in its table row where a table holds the layer's
+        slots); on CUDA after `ready` (None: the compute queued so far)."""
+        row, width = self.row[layer], self.plan.experts_per_layer
+        holder = self.holders.get(layer)
+        by_card: dict[int, list[int]] = {}
+        for e in dict.fromkeys(int(e) for e in experts):
+            if self.experts[(layer, e)].cold is not None:
+                by_card.setdefault(self.experts[(layer, e)].card, []).append(e)
+        for card, ids in by_card.items():
+            stager = self.stagers[card]
+            for key, slot in self.cache.issue(card, row, ids):
+                eb = self.experts[(layer, key - row * width)]
+                view = stager.copy_ahead(row, eb.cold, slot, into_slot=holder is None,
+                                         ready=ready)
+                if holder is not None:
+                    with stager.ahead():
+                        holder.keep(card, slot, self._tensors(eb, view))
+                event = stager.landed()
+                if event is not None:
+                    self.landing[(card, key)] = event
 
     def fetch(self, layer: int, experts: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
         """The weights of `experts` of decoder layer `layer` on the device (cold parts of
@@ -218,7 +266,10 @@ class PlacedRuntime:
 
 
 def load_placed(placed: Path, *, device: torch.device | str = "cpu",
-                cache_slots: int | None = None) -> PlacedRuntime:
+                cache_slots: int | None = None, prefetch: Prefetch | None = None,
+                link: Link | None = None) -> PlacedRuntime:
     """Load the placed directory `placed` for every card onto `device`, with the cache slots
-    its manifest gives (`cache_slots`: that many on every card instead)."""
-    return PlacedRuntime(Path(placed), torch.device(device), cache_slots)
+    its manifest gives (`cache_slots`: that many on every card instead); `prefetch`: prefetch
+    with these parameters (placer/runtime/prefetch.py; None: stage on demand only), on the
+    clock of `link` (None: the plan's card 0, placer.predict.copy_link)."""
+    return PlacedRuntime(Path(placed), torch.device(device), cache_slots, prefetch, link)

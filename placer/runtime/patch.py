@@ -6,6 +6,9 @@
 The model then has no routed-expert parameters, so `from_pretrained` never reads, converts nor
 allocates those bytes (they are unexpected keys, ignored); everything else loads as usual.
 
+A placed runtime that prefetches gives each experts module its `ahead` (the next MoE layer's
+router, placer/runtime/prefetch.py).
+
 `SelectionRecorder` records what the routers selected, per forward, from a forward pre-hook
 on each experts module (original or staged): the input of the cost-model prediction.
 """
@@ -24,7 +27,10 @@ from torch import nn
 from placer.errors import PlacerError
 from placer.runtime.experts import ExpertSource, StagedExperts
 from placer.runtime.loader import PlacedRuntime
+from placer.runtime.prefetch import bind_ahead
 from placer.runtime.tables import bind_tables
+from traces.collecting.capture import find_routers
+from traces.errors import TraceError
 
 EXPERTS_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)"
                             r"\.experts$")
@@ -94,6 +100,13 @@ def load_staged_model(checkpoint: Path, source: ExpertSource, *, device: str = "
     model = model.to(device).eval()
     if isinstance(source, PlacedRuntime):
         bind_tables(modules, source, spare_rows)
+        if source.prefetching:
+            staged = {m.layer: m for m in modules}
+            try:
+                routers = find_routers(model, staged)
+            except TraceError as exc:
+                raise PlacerError(f"{checkpoint}: cannot prefetch: {exc}") from None
+            bind_ahead(staged, routers, source)
     return model
 
 

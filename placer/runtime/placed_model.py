@@ -25,6 +25,7 @@ from placer.runtime.experts import StagedExperts
 from placer.runtime.integrity import check_integrity, check_layout
 from placer.runtime.loader import PlacedRuntime, load_placed
 from placer.runtime.patch import load_staged_model
+from placer.runtime.prefetch import run_prefetch
 from placer.units import format_bytes
 from traces.options import kv_bytes_per_token
 
@@ -93,24 +94,28 @@ def check_generation_memory(checkpoint: Path, tokens: int, device: torch.device,
 
 
 def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
-                      cache_slots: int | None = None, **kwargs: Any) -> PlacedModel:
+                      cache_slots: int | None = None, prefetch: bool = False,
+                      **kwargs: Any) -> PlacedModel:
     """Check and load `placed` for `checkpoint` (see module docstring); `cache_slots` None
-    takes the manifest's cache (slots per card and layer, and policy); `kwargs` go to
-    `from_pretrained` (e.g. `attn_implementation`)."""
+    takes the manifest's cache (slots per card and layer, and policy); `prefetch`: prefetch
+    the next MoE layer's experts (placer/runtime/prefetch.py, run_prefetch's parameters);
+    `kwargs` go to `from_pretrained` (e.g. `attn_implementation`)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stdout/stderr stay the command's own (--json)
     torch_device = resolve_device(device)
     manifest = read_manifest(placed)
-    check_cache_memory(plan_from_json(manifest), cache_slots, torch_device)
+    plan = plan_from_json(manifest)
+    check_cache_memory(plan, cache_slots, torch_device)
     inv = read_inventory(checkpoint, gguf=False)
     if inv.fingerprint != manifest["model"]["fingerprint"]:
         raise PlacerError(f"{placed} was placed for model {manifest['model']['fingerprint']}, "
                           f"but {checkpoint} is model {inv.fingerprint}")
     check_integrity(placed, checkpoint, manifest)
     check_layout(placed, manifest, inv)
-    runtime = load_placed(placed, device=torch_device, cache_slots=cache_slots)
+    runtime = load_placed(placed, device=torch_device, cache_slots=cache_slots,
+                          prefetch=run_prefetch(plan, prefetch))
     model = load_staged_model(checkpoint, runtime, device=str(torch_device), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     return PlacedModel(model, runtime, tokenizer, Path(checkpoint))

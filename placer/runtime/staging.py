@@ -15,8 +15,9 @@ compute stream, so a buffer is never overwritten while earlier compute still rea
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -45,6 +46,9 @@ class CardStager:
         self.slots = torch.empty((0, self.slot_shape[1]), dtype=torch.uint8, device=device)
         self.cache = cache
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # a prefetch's copy lands here when a table keeps it (copy_ahead): one expert at a
+        # time, apart from the staging buffer, which the compute stream may still read
+        self.ahead_buffer = torch.empty(0, dtype=torch.uint8, device=device)
         self.grown = 0  # fetches whose staged bytes exceeded the buffer, which then grew
 
     def stage(self, row: int, keys: Sequence[int], cold: Sequence[torch.Tensor], *,
@@ -106,3 +110,47 @@ class CardStager:
             done.record(self.stream)
         compute.wait_event(done)
         self.counters.add_events(row, self.card, begin, done)
+
+    def copy_ahead(self, row: int, src: torch.Tensor, slot: int, *, into_slot: bool,
+                   ready: torch.cuda.Event | None = None) -> torch.Tensor:
+        """Prefetch one cold part `src` (host uint8) for MoE layer row `row`: into cache slot
+        `slot` (`into_slot`), else into the prefetch buffer for a table to keep (the caller
+        does, under `ahead`, before the next copy_ahead). On CUDA on the copy stream, after
+        the compute stream's `ready` event (None: all the compute queued so far); on a CPU
+        device now. Its device bytes."""
+        if into_slot:
+            if not self.slots.numel():
+                self.slots = torch.empty(self.slot_shape, dtype=torch.uint8, device=self.device)
+            dst = self.slots[slot, :src.numel()]
+        else:
+            if self.ahead_buffer.numel() < src.numel():
+                self.ahead_buffer = torch.empty(self.slot_shape[1], dtype=torch.uint8,
+                                                device=self.device)
+            dst = self.ahead_buffer[:src.numel()]
+        if self.stream is not None:
+            compute = torch.cuda.current_stream(self.device)
+            if ready is None:
+                self.stream.wait_stream(compute)
+            else:
+                self.stream.wait_event(ready)
+        with self.ahead():
+            dst.copy_(src, non_blocking=self.stream is not None)
+        self.counters.ahead_bytes[row, self.card] += src.numel()
+        return dst
+
+    @contextlib.contextmanager
+    def ahead(self) -> Iterator[None]:
+        """Device work of a prefetch: on the copy stream on CUDA (in order after its copy)."""
+        if self.stream is None:
+            yield
+        else:
+            with torch.cuda.stream(self.stream):
+                yield
+
+    def landed(self) -> torch.cuda.Event | None:
+        """An event after the copy stream's work so far (None on a CPU device)."""
+        if self.stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event

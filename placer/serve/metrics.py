@@ -8,6 +8,10 @@ token counters from the server. All are cumulative since the server started:
     placer_cache_hits_total{card}         selected cold experts found in a cache slot
     placer_staging_fetches_total{card}    fetches of a layer's selected cold experts
     placer_staging_seconds_total{card}    time the staging copies took
+    placer_prefetched_total{card}         experts prefetched (`serve --prefetch` only; and
+    placer_prefetch_useful_total{card}    those in time, late and not selected, on the
+    placer_prefetch_late_total{card}      replay's clock model: placer/runtime/prefetch.py;
+    placer_prefetch_wasted_total{card}    their bytes: placer_prefetch_bytes_total{card})
     placer_generated_tokens_total         completion tokens generated
     placer_prompt_tokens_total            prompt tokens taken
     placer_requests_total{endpoint,status}
@@ -30,6 +34,11 @@ PER_CARD = (("staged_bytes", "bytes", "Bytes staged from host memory to the card
             ("cache_hits", "cache_hits", "Selected cold experts found in a cache slot."),
             ("staging_fetches", "fetches", "Fetches of a layer's selected cold experts."),
             ("staging_seconds", "seconds", "Seconds the staging copies took."))
+PREFETCH = (("prefetched", "prefetched", "Experts prefetched for the next MoE layer."),
+            ("prefetch_useful", "useful", "Prefetched experts selected, in time (model clock)."),
+            ("prefetch_late", "late", "Prefetched experts selected, late (model clock)."),
+            ("prefetch_wasted", "wasted", "Prefetched experts their layer did not select."),
+            ("prefetch_bytes", "prefetch_bytes", "Bytes the prefetch copies moved."))
 
 
 class StagingCollector(Collector):
@@ -42,7 +51,7 @@ class StagingCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.gate:
             cards = self.counters.to_json()["per_card"]
-        for name, key, doc in PER_CARD:
+        for name, key, doc in PER_CARD + (PREFETCH if self.counters.prefetching else ()):
             family = CounterMetricFamily(f"placer_{name}", doc, labels=["card"])
             for card in cards:
                 family.add_metric([str(card["card"])], card[key])

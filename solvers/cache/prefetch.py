@@ -30,6 +30,10 @@ Without prefetch this is the staging cost model's stall (one copy per miss). Evi
 nearer than the newcomer's; a prefetch MIN would bypass is not issued). `min` without
 prefetch is exactly solvers.cache.belady's bound on the misses; with prefetch it is the best
 eviction for this predictor, a reference line rather than a proof of a bound.
+
+`Timeline` is that walk for one card, a layer at a time (`issue`, then `serve`): `replay`
+drives it over a trace, and the runtime's prefetch (placer/runtime/prefetch.py) over its own
+forwards, so the runtime's counters are this replay's by construction.
 """
 
 from __future__ import annotations
@@ -189,30 +193,62 @@ def replay(actual: np.ndarray, predicted: np.ndarray | None, slots: int | np.nda
         top = max(int(actual.max(initial=0)), 0 if predicted is None
                   else int(np.asarray(predicted).max(initial=0)))
         pinned = np.zeros((layers, num_experts or top + 1), dtype=bool)
-    windows = np.broadcast_to(np.asarray(link.window_s, dtype=float), (layers,))
     needs, uses = _demand(actual, pinned)
-    in_flight: dict[int, float] = {}
-    if np.ndim(slots) == 0:
-        caches = [_Cache(int(slots), eviction, uses, in_flight, prefetch.slot_share)] * layers
-    else:
-        caches = [_Cache(int(n), eviction, uses, in_flight, prefetch.slot_share)
-                  for n in np.broadcast_to(slots, (layers,))]
-    counts = Counts()
-    most = (prefetch.max_per_layer if prefetch.max_per_layer is not None
-            else 0 if predicted is None else np.shape(predicted)[-1])
     experts = pinned.shape[1]
-    carry, position = 0.0, 0
+    timeline = Timeline(slots, link, prefetch, layers=layers, eviction=eviction, uses=uses)
     for s in range(steps):
         for m in range(layers):
             guesses = [] if predicted is None else _guesses(predicted[s, m], pinned[m])
-            keys = [m * experts + e for e in guesses][:most]
-            issued = _issue(caches[m], keys, position, counts)
-            landed, carry = _serve(caches[m], needs[s][m], issued, position, windows[m],
-                                   carry, link.copy_s, counts)
-            counts.stall_s += landed - windows[m]
-            position += len(needs[s][m])
+            timeline.issue(m, [m * experts + e for e in guesses])
+            timeline.serve(m, needs[s][m])
+    counts = timeline.counts
     counts.staged_bytes = (counts.prefetched + counts.misses) * link.expert_bytes
     return counts
+
+
+class Timeline:
+    """One card's cache and copy stream walked MoE layer by layer (the module docstring's
+    timeline): `issue(m, keys)` at the prefetch point of MoE layer m, then `serve(m, need)`
+    when m's experts run. `replay` walks recorded steps through it; a runtime that prefetches
+    (placer/runtime/prefetch.py) walks its forwards through the very same object, so the two
+    count alike by construction. Keys are `m * E + expert`; `uses` ({key: demand positions},
+    `_demand`) only MIN reads (LRU runs without it)."""
+
+    def __init__(self, slots: int | np.ndarray, link: Link, prefetch: Prefetch, *,
+                 layers: int, eviction: str = "lru", uses: dict | None = None) -> None:
+        uses = {} if uses is None else uses
+        self.link, self.prefetch, self.counts = link, prefetch, Counts()
+        self.windows = np.broadcast_to(np.asarray(link.window_s, dtype=float), (layers,))
+        self.in_flight: dict[int, float] = {}
+        if np.ndim(slots) == 0:
+            self.caches = [_Cache(int(slots), eviction, uses, self.in_flight,
+                                  prefetch.slot_share)] * layers
+        else:
+            self.caches = [_Cache(int(n), eviction, uses, self.in_flight, prefetch.slot_share)
+                           for n in np.broadcast_to(slots, (layers,))]
+        self.carry, self.position = 0.0, 0
+        self._issued: dict[int, int] = {}
+
+    def held(self, m: int) -> OrderedDict:
+        """The keys MoE layer m's cache (its own, or the pool) holds now."""
+        return self.caches[m].held
+
+    def issue(self, m: int, keys: list[int]) -> list[int]:
+        """Prefetch for MoE layer m its predicted `keys` (best first, no repeats, none
+        pinned), at most `max_per_layer` of them; the keys issued, in copy order."""
+        self._issued = _issue(self.caches[m], keys[:self.prefetch.max_per_layer],
+                              self.position, self.counts)
+        return list(self._issued)
+
+    def serve(self, m: int, need: list[int]) -> None:
+        """Serve MoE layer m's needed cold keys (ascending), with what `issue` copied for it
+        (nothing if it was not called since the last `serve`)."""
+        landed, self.carry = _serve(self.caches[m], need, self._issued, self.position,
+                                    self.windows[m], self.carry, self.link.copy_s,
+                                    self.counts)
+        self.counts.stall_s += landed - self.windows[m]
+        self.position += len(need)
+        self._issued = {}
 
 
 def _guesses(row: np.ndarray, pinned: np.ndarray) -> list[int]:
