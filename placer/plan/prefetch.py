@@ -45,12 +45,13 @@ from traces.storing.speculative import has_speculative_dir, speculative_steps
 EVICTION = "lru"  # the eviction solvers/cache/prefetch.py replays prefetch under
 
 
-def prefetch_link(spec: HardwareSpec, expert_bytes: int, num_layers: int) -> Link:
-    """The copy stream of the spec's first card for experts of `expert_bytes`, a layer's
+def prefetch_link(spec: HardwareSpec, expert_bytes: int, num_layers: int, card: int = 0
+                  ) -> Link:
+    """The copy stream of the spec's card `card` for experts of `expert_bytes`, a layer's
     window one of `num_layers` decoder layers' share of the base step at batch 1: a model
-    from the spec, not a measurement."""
-    card = spec.cards[0]
-    return Link(copy_s=card.latency_s + expert_bytes / card.h2d_bandwidth,
+    from the spec, not a measurement (a plan's: placer.predict.copy_link.plan_link)."""
+    link = spec.cards[card]
+    return Link(copy_s=link.latency_s + expert_bytes / link.h2d_bandwidth,
                 window_s=spec.base_step_s(1) / num_layers, expert_bytes=expert_bytes)
 
 

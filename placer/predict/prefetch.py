@@ -9,8 +9,8 @@ prefetch; and the predictor's recall and precision per MoE layer. A copy takes t
 latency plus the largest cold expert's bytes over its host link; a layer's window is one
 decoder layer's share of the plan's base decode step at batch 1 (the previous layer's
 experts and this layer's attention, roughly one layer's compute): a model, not a
-measurement, and the one `placer solve` decides prefetch with (placer.plan.prefetch). The
-prefetch lines run with the plan's prefetch parameters where it records them. The lines
+measurement, and the one `placer solve` decides prefetch with (placer/predict/copy_link.py).
+The prefetch lines run with the plan's prefetch parameters where it records them. The lines
 replay with LRU, not the plan's own policy, so they set prefetch beside no prefetch under one
 policy (a plan with prefetch on serves LRU); the main table's lines stay the plan's.
 """
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from placer.plan.placement import Plan, plan_quotas
-from placer.plan.prefetch import plan_prefetch, prefetch_link
+from placer.plan.prefetch import plan_prefetch
+from placer.predict.copy_link import plan_link
 from solvers.cache.prefetch import Prefetch, quality, replay
 from traces.storing.speculative import has_speculative_dir, speculative_steps
 
@@ -57,9 +58,7 @@ def prefetch_section(plan: Plan, trace_dir: Path, cache_slots: int | None = None
         return None, f"{trace_dir}: no prefetch lines: {reason}"
     actual, predicted = speculative_steps(trace_dir)
     pinned = plan.matrix("resident_pages") > 0
-    sizes = plan.matrix("bytes")
-    link = prefetch_link(plan.hardware, int(sizes[~pinned].max(initial=0)),
-                         int(plan.model.get("num_layers") or len(plan.moe_layers)))
+    link = plan_link(plan)
     prefetch = plan_prefetch(plan.prefetch) or Prefetch()
     pooled = bool((plan.cache_params or {}).get("pooled", False))
     slots = int(quotas[0].sum()) if pooled else quotas[0]
