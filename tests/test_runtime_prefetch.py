@@ -19,6 +19,7 @@ from placer.checkpoint.inventory import read_inventory
 from placer.plan.placement import plan_quotas, read_plan
 from placer.runtime.loader import load_placed
 from placer.runtime.patch import load_staged_model
+from placer.runtime.prefetch import run_prefetch
 from solvers.cache.prefetch import NONE, Counts, Link, Prefetch, replay
 from traces.collecting.capture import RouterCapture
 
@@ -140,3 +141,20 @@ def test_run_prefetch_reports_what_it_prefetched(placed, cli):
     text = cli(*args[:-1], "--prefetch").stdout
     assert f"prefetch: {ahead['prefetched']} experts copied ahead" in text
     assert "prefetch:" not in cli(*args[:-1]).stdout
+
+
+@pytest.mark.parametrize("placed", [False], indirect=True, ids=["per-layer"])
+def test_a_run_prefetches_as_the_plan_decided_unless_told(placed):
+    """run_prefetch: with no --prefetch/--no-prefetch a run does what the plan's `prefetch`
+    says (an older plan, none: off), with the plan's parameters; either option overrides it."""
+    plan = read_plan(placed[1])
+    solved = {"on": True, "reason": "pays", "depth": 1, "max_per_layer": 2,
+              "slot_share": 0.25, "eviction": "lru", "predicted": None}
+    on = dataclasses.replace(plan, prefetch=solved)
+    off = dataclasses.replace(plan, prefetch={**solved, "on": False})
+    assert run_prefetch(on, None) == Prefetch(max_per_layer=2, slot_share=0.25)
+    assert run_prefetch(on, False) is None
+    assert run_prefetch(off, None) is None
+    assert run_prefetch(off, True) == Prefetch(max_per_layer=2, slot_share=0.25)
+    assert run_prefetch(dataclasses.replace(plan, prefetch=None), None) is None
+    assert run_prefetch(dataclasses.replace(plan, prefetch=None), True) == Prefetch()

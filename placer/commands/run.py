@@ -30,12 +30,14 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str, typer.Option(
             help="torch device for the model and every card: auto, cpu, cuda, cuda:N.")
         ] = "auto",
-        prefetch: Annotated[bool, typer.Option(
+        prefetch: Annotated[bool | None, typer.Option(
+            "--prefetch/--no-prefetch",
             help="Prefetch: at each MoE layer, apply the next MoE layer's router to this "
                  "layer's input and copy its top-k cold experts ahead (cache under LRU, "
-                 "whatever the plan's policy; default parameters, or the plan's). Counts "
-                 "prefetched, useful, late and wasted experts; late on the model clock.")
-        ] = False,
+                 "whatever the plan's policy; the plan's parameters, or defaults). Counts "
+                 "prefetched, useful, late and wasted experts; late on the model clock. "
+                 "Default: as the plan decided (`placer solve`; off for an older plan).")
+        ] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
     ) -> None:

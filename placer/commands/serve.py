@@ -47,10 +47,12 @@ def register(app: typer.Typer) -> None:
             help="KV cache tokens on a CPU device (on a GPU transformers sizes the cache "
                  "from free memory); also the longest prompt + completion there.")] = 16384,
         max_prompt_tokens: Annotated[int | None, typer.Option(help=PROMPT_HELP)] = None,
-        prefetch: Annotated[bool, typer.Option(
+        prefetch: Annotated[bool | None, typer.Option(
+            "--prefetch/--no-prefetch",
             help="Prefetch the next MoE layer's experts as `placer run --prefetch` does "
                  "(one-token forwards only; /metrics adds placer_prefetched and the "
-                 "useful, late, wasted and bytes counters).")] = False,
+                 "useful, late, wasted and bytes counters). Default: as the plan decided.")
+        ] = None,
     ) -> None:
         """Serve PLACED over HTTP with the OpenAI API: POST /v1/completions and
         /v1/chat/completions (stream: true for server-sent events ending in

@@ -17,7 +17,7 @@ from placer.runtime.tables import tables_json
 
 def run_prompt(placed: Path, checkpoint: Path, prompt: str, *, max_new_tokens: int = 32,
                cache_slots: int | None = None, device: str = "auto",
-               prefetch: bool = False) -> dict:
+               prefetch: bool | None = None) -> dict:
     """Generate greedily from `prompt` with the model of `checkpoint` whose routed experts
     come from the placed directory `placed` (`prefetch`: prefetching the next MoE layer's
     experts, placer/runtime/prefetch.py); the text and what the runtime staged."""

@@ -94,11 +94,11 @@ def check_generation_memory(checkpoint: Path, tokens: int, device: torch.device,
 
 
 def load_placed_model(placed: Path, checkpoint: Path, *, device: str = "auto",
-                      cache_slots: int | None = None, prefetch: bool = False,
+                      cache_slots: int | None = None, prefetch: bool | None = None,
                       **kwargs: Any) -> PlacedModel:
     """Check and load `placed` for `checkpoint` (see module docstring); `cache_slots` None
     takes the manifest's cache (slots per card and layer, and policy); `prefetch`: prefetch
-    the next MoE layer's experts (placer/runtime/prefetch.py, run_prefetch's parameters);
+    the next MoE layer's experts (True, False; None: as the plan decided: run_prefetch);
     `kwargs` go to `from_pretrained` (e.g. `attn_implementation`)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging

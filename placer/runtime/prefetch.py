@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from placer.plan.placement import Plan
+from placer.plan.prefetch import plan_prefetch
 from placer.runtime.counters import AHEAD, StagingCounters
 from solvers.cache import Lookup
 from solvers.cache.prefetch import Link, Prefetch, Timeline
@@ -180,12 +181,13 @@ def bind_ahead(modules: dict[int, nn.Module], routers: dict[int, nn.Module], run
         modules[here].ahead = Ahead(runtime, here, ahead, routers[ahead] if cold else None)
 
 
-def run_prefetch(plan: Plan, on: bool) -> Prefetch | None:
-    """The prefetch parameters a run of `plan` uses: None unless asked (`--prefetch`), else
-    the plan's own `prefetch` (a Prefetch: the solved parameters, issue #54 item 3) where it
-    has one, else Prefetch()'s defaults. The one place a plan's parameters enter the
-    runtime."""
-    if not on:
+def run_prefetch(plan: Plan, on: bool | None) -> Prefetch | None:
+    """The prefetch parameters a run of `plan` uses, or None for no prefetch. `on` None: as
+    the plan decided (its `prefetch` section's `on`, issue #54 item 3; an older plan has
+    none: off); True or False: as asked (`--prefetch`, `--no-prefetch`). The parameters are
+    the plan's where it has them, else Prefetch()'s defaults. The one place a plan's
+    prefetch enters the runtime."""
+    section = plan.prefetch or {}
+    if not (section.get("on", False) if on is None else on):
         return None
-    solved = getattr(plan, "prefetch", None)
-    return solved if isinstance(solved, Prefetch) else Prefetch()
+    return plan_prefetch(plan.prefetch) or Prefetch()

@@ -51,10 +51,10 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(placed: Path, checkpoint: Path, *, host: str = "127.0.0.1", port: int = 8000,
           device: str = "auto", cache_slots: int | None = None, batching: str = "auto",
           kv_tokens: int = 16384, max_prompt_tokens: int | None = None,
-          prefetch: bool = False, announce: Callable[[str], None] = print) -> None:
+          prefetch: bool | None = None, announce: Callable[[str], None] = print) -> None:
     """Serve `placed` (see module docstring); `announce` gets the ready line. A prompt may
     hold `max_prompt_tokens` tokens (None: the model's context; never more); `prefetch`:
-    the runtime prefetches (placer/runtime/prefetch.py)."""
+    whether the runtime prefetches (None: as the plan decided; placer/runtime/prefetch.py)."""
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise PlacerError(f"--max-prompt-tokens must be at least 1, got {max_prompt_tokens}")
     sock = bind(host, port)
