@@ -65,7 +65,7 @@ def test_the_guard_serves_the_better_engine_where_the_pick_stalls_more_beyond_th
     assert found["fired"] == [ABOVE, LOOSE]  # (its interval's top is past 1 + MIN_GAIN too)
     assert found["renamed_ratio"] == pytest.approx(np.mean(clever))
     assert found["renamed_ratio_ci95"][0] > 1.0
-    assert pick == (PLAIN, "lfuda", False)
+    assert pick == (PLAIN, "lfuda", False) and found["served"] == list(pick)
     assert found["served_renamed_ratio_ci95"] == [pytest.approx(1.0)] * 2
     assert min(objective, key=objective.get) == CLEVER
 
@@ -245,3 +245,30 @@ def test_solve_prints_one_line_where_the_guard_changed_the_choice_and_why():
     assert "(the guard's loose_interval test fired too); lfuda on the plain" in line
     kept = {**found, "switched": False, "instead_of": None}
     assert "guard:" not in printed(kept) and "guard:" not in printed(None)
+
+
+def test_the_guard_line_names_the_guards_choice_where_prefetch_then_serves_lru():
+    """Prefetch on (placer.plan.prefetch.served) makes the cache serve lru after the guard
+    chose lfuda: the guard's line, in the summary and the tables, still names lfuda."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from placer.report.solve import print_policies
+    from placer.report.solve_summary import cache_lines
+
+    found = {"engine": "lfuda", "renamed_ratio": 1.667, "renamed_ratio_ci95": [1.5, 1.8],
+             "switched": True, "fired": [ABOVE], "instead_of": [SPLIT, "learned", True],
+             "served": [PLAIN, "lfuda", False], "why": "above the better engine",
+             "served_renamed_ratio": 1.0, "served_renamed_ratio_ci95": [1.0, 1.0]}
+    cache = {"policy": "lru", "pooled": False, "mode": "auto", "chosen": "pins 50%",
+             "held_out": "in sample", "folds": 0, "held_out_stall_ms_per_step": 1.0,
+             "guard": found, "policies": [
+                 {"plan": PLAIN, "policy": "lfuda", "pooled": False, "chosen": True,
+                  "held_out_stall_ms_per_step": 1.2, "held_out_unlike_stall_ms_per_step": 1.2}]}
+    (line,) = [x for x in cache_lines(cache) if x.startswith("guard:")]
+    assert "learned pooled on the split's pins and slots was set aside for lfuda " in line
+    out = StringIO()
+    print_policies(cache, Console(file=out, width=400))
+    (line,) = [x for x in out.getvalue().splitlines() if x.startswith("guard:")]
+    assert "; lfuda on the plain cache's pins and slots serves instead" in line

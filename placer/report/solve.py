@@ -160,6 +160,7 @@ def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) ->
     """One line: the guard changed the choice (solvers/cache/choice.py), the tests that fired
     (its `fired`, the first's reason `why`), and what serves instead."""
     was, (low, high) = found["instead_of"], found["renamed_ratio_ci95"]
+    now = guard_served(found, cache)
     served_low, served_high = found["served_renamed_ratio_ci95"]
     fired = found.get("fired") or [None]
     why = (f"{found['renamed_ratio']:.3f}x [{low:.3f}, {high:.3f}] the better engine cache "
@@ -176,9 +177,16 @@ def print_guard(found: dict, cache: dict, rows: list[dict], console: Console) ->
             "fired too)") if fired[1:] else ""
     console.print(
         f"guard: {was[1]}{' pooled' if was[2] else ''} on the {was[0]}'s pins and slots "
-        f"{why}{also}; {cache['policy']}{' pooled' if cache['pooled'] else ''} on the "
-        f"{rows_plan(rows)}'s pins and slots serves instead "
+        f"{why}{also}; {now[1]}{' pooled' if now[2] else ''} on the "
+        f"{now[0] or rows_plan(rows)}'s pins and slots serves instead "
         f"({found['served_renamed_ratio']:.3f}x [{served_low:.3f}, {served_high:.3f}] there)")
+
+
+def guard_served(found: dict, cache: dict) -> list:
+    """[plan, policy, pooled]: the row the guard chose. A plan from before the guard named it
+    served what its cache serves (plan None: the chosen policy row's); where prefetch is on
+    the cache serves lru in its place (placer.plan.prefetch.served: its note says so)."""
+    return found.get("served") or [None, cache["policy"], cache.get("pooled")]
 
 
 def rows_plan(rows: list[dict]) -> str:

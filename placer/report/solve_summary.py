@@ -14,7 +14,7 @@ from placer.report.figures import beside, capped, columns, finish, label, span, 
 from placer.report.llamacpp import llamacpp_summary, print_llamacpp
 from placer.report.marks import MARK, closing, step_text
 from placer.report.prefetch import prefetch_lines
-from placer.report.solve import print_plan, solver_bound
+from placer.report.solve import guard_served, print_plan, solver_bound
 from placer.units import format_bytes
 
 if TYPE_CHECKING:
@@ -100,8 +100,9 @@ def cache_lines(cache: dict) -> list[str]:
                     f"judged {judged}: {cache['held_out_stall_ms_per_step']:.4f} ms/step")
     found = cache.get("guard")
     if found and found["switched"]:
-        was = found["instead_of"]
+        was, now = found["instead_of"], guard_served(found, cache)
         lines += wrapped(f"guard: {was[1]}{' pooled' if was[2] else ''} on the {was[0]}'s pins "
-                         f"and slots was set aside for {cache['policy']} (why: the full "
-                         "tables)")
+                         f"and slots was set aside for {now[1]}{' pooled' if now[2] else ''} "
+                         "(why: the full tables)")
     return lines
+

@@ -194,6 +194,7 @@ def guard(objective: dict[Row, float], twin: dict[Row, np.ndarray], share: np.nd
                   "objective_ratio": gain, "min_gain": MIN_GAIN, "switched": pick != chosen,
                   "fired": fired, "why": tests[fired[0]][1] if fired else None,
                   "instead_of": None if pick == chosen else list(chosen),
+                  "served": list(pick),
                   "served_renamed_ratio": served,
                   "served_renamed_ratio_ci95": [served_low, served_high]}
 
