@@ -58,6 +58,7 @@ class Run:
     predicted: float | None = None
     notes: tuple[str, ...] = ()
     step_range: tuple[float, float] | None = None  # the tok/s the step's spread allows
+    spill_mib: int = 0  # MiB placer predicts spilled past VRAM (the box's os and backend)
 
     @property
     def in_range(self) -> bool:
@@ -112,6 +113,7 @@ def predict_group(g: dict, work: Path) -> Group:
     config = Path(g["config"])
     config = config if config.is_absolute() else CONFIGS / config
     backend = ["--backend", g["backend"]] if g.get("backend") else []
+    backend += ["--os", g["os"]] if g.get("os") else []
     made = placer("hardware", "new", "--card", g["card"], "--cards", g.get("cards", 1),
                   "--pcie", g["pcie"], "--ram", g["ram"], "--cpu-cores", g["cpu_cores"],
                   *backend, "--config", config, "--expert-dtype", g["expert_dtype"],
@@ -131,7 +133,8 @@ def predict_group(g: dict, work: Path) -> Group:
     figures = report["results"][0]["lines"]
     predicted = [Run(run.flags, run.posted, run.measured,
                      float(figures[line["name"]]["tokens_per_s"]), tuple(line["notes"]),
-                     step_range(figures[line["name"]].get("tokens_per_s_step")))
+                     step_range(figures[line["name"]].get("tokens_per_s_step")),
+                     sum(line.get("spill_mib", [])))
                  for run, line in zip(runs, lines, strict=True)]
     return Group(g["id"], g, predicted)
 
@@ -222,8 +225,9 @@ def markdown(groups: list[Group]) -> str:
             ids = ", ".join(f"{tag(g)}{notes.index(n) + 1}" for n in run.notes) or "-"
             span = (f" [{run.step_range[0]:.2f}, {run.step_range[1]:.2f}]"
                     if run.step_range else "")
+            spill = f" (spills {run.spill_mib} MiB)" if run.spill_mib else ""
             out.append(f"| {g.id} | `{run.flags}` | {run.measured:.2f} | {run.predicted:.2f}"
-                       f"{span} | {run.predicted / run.measured:.2f} | {box} | {ids} |")
+                       f"{span}{spill} | {run.predicted / run.measured:.2f} | {box} | {ids} |")
     noted = [(g, n) for g in groups if not g.skipped
              for n in dict.fromkeys(n for run in g.runs for n in run.notes)]
     if noted:
@@ -257,6 +261,7 @@ def as_json(groups: list[Group]) -> dict:
                         "skipped": g.skipped or None,
                         "runs": [{"flags": r.flags, "measured": r.measured,
                                   "predicted": r.predicted, "step_range": r.step_range,
+                                  "spill_mib": r.spill_mib,
                                   "notes": list(r.notes)}
                                  for r in g.runs],
                         "pairs": [] if g.skipped else [

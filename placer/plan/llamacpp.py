@@ -117,7 +117,9 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions,
     return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
                    tuple(int(c) for c in capacity), bandwidth, latency, CUDA_ALIGNMENT,
                    host_of(spec, hidden), device, split, pageable_of(spec),
-                   (build or default_build()).cache, alloc_limits(spec))
+                   (build or default_build()).cache, alloc_limits(spec),
+                   tuple(spec.spills(c)[0] for c in spec.cards), tuple(c.vram for c in spec.cards),
+                   tuple(c.vram - c.free_bytes for c in spec.cards))
 
 
 def alloc_limits(spec: HardwareSpec) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ from placer.plan.estimates import add_step_ranges, estimated_json
 from placer.plan.llamacpp import n_cpu_moe
 from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model, ServerFlags
 from placer.predict.evaluate import EvalOptions, check_options, replay_steps
-from solvers.llamacpp.cost import Machine, Setup, judge
+from solvers.llamacpp.cost import MIB, Machine, Setup, judge
 from traces.storing.profile import TokenSteps, load_profile
 
 UNIFORM_SEQUENCES = 32
@@ -122,10 +122,11 @@ def evaluate_flags(req: FlagsRequest) -> dict:
             "estimated": estimated_json(box.spec),
             "replicates": req.opts.replicates,
             "routing": "traces" if req.traces else "uniform",
-            "lines": ([{"name": PLAN_LINE, "flags": None, **setup_json(box, box.plan_line),
+            "lines": ([{"name": PLAN_LINE, "flags": None,
+                        **setup_json(box, box.plan_line, box.machine),
                         "notes": [], "not_modelled": []}] if box.plan_line is not None else [])
             + [{"name": line.name, "flags": line.flags.text,
-                **setup_json(box, line.setup), "notes": list(line.notes),
+                **setup_json(box, line.setup, line.machine), "notes": list(line.notes),
                 "not_modelled": [n.removeprefix(UNMODELLED) for n in line.notes
                                  if n.startswith(UNMODELLED)]} for line in lines],
             "results": results, "notes": notes}
@@ -259,9 +260,13 @@ def flags_row(box: Box, lines: list[FlagLine], name: str, steps: TokenSteps,
     return row
 
 
-def setup_json(box: Box, setup: Setup) -> dict:
-    """How a line runs: its host layers (decoder layers), cache and slots, share, pinning."""
+def setup_json(box: Box, setup: Setup, machine: Machine) -> dict:
+    """How a line runs: its host layers (decoder layers), cache and slots, share, pinning,
+    and the MiB each card spills past its VRAM (`spill`: whether any does; predicted with
+    the spilled share read over the link, solvers/llamacpp/cost.py)."""
     layers = [box.model.moe_layers[i] for i in setup.host_layers]
+    spilled = [int(b) // MIB for b in machine.spill_bytes(setup.host)]
     return {"host_layers": layers, "n_cpu_moe": n_cpu_moe(layers),
             "moe_cache_mib": setup.cache_mib, "slots": list(setup.slots),
-            "cpu_share": setup.cpu_share, "pinned": setup.pinned}
+            "cpu_share": setup.cpu_share, "pinned": setup.pinned,
+            "spill": any(spilled), "spill_mib": spilled}
