@@ -27,6 +27,8 @@ Without any of them the markdown is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import itertools
 import json
 import sys
@@ -78,6 +80,7 @@ class Group:
     fields: dict
     runs: list[Run]
     skipped: str = ""  # the CLI's error line where the group could not be predicted
+    host_share: float | None = None  # the host share fitted without this group (None: none)
 
     @property
     def box_posted(self) -> bool:
@@ -202,13 +205,15 @@ def markdown(groups: list[Group]) -> str:
            f"- runs whose measured tok/s lies in placer's step range (the estimated step's "
            f"spread): {share(s['runs_in_step_range'], s['runs'])}", ""]
     out += ["### Per group", "",
-            "| group | box | runs | pairs within 20% | runs within 2x | pred / meas (min-max) |",
-            "|---|---|---|---|---|---|"]
+            "| group | box | host share (fitted without the group) | runs | pairs within 20% "
+            "| runs within 2x | pred / meas (min-max) |",
+            "|---|---|---|---|---|---|---|"]
     for g in groups:
         if not g.skipped:
             factors = [run.predicted / run.measured for run in g.runs]
             ok = sum(within(r, PAIR_BAR) for _, _, r in pairs(g))
-            out.append(f"| {g.id} | {'posted' if g.box_posted else 'box assumed'} "
+            held = "-" if g.host_share is None else f"{g.host_share:g}"
+            out.append(f"| {g.id} | {'posted' if g.box_posted else 'box assumed'} | {held} "
                        f"| {len(g.runs)} | {share(ok, len(pairs(g)))} "
                        f"| {share(sum(within(f, ABS_BAR) for f in factors), len(factors))} "
                        f"| {min(factors):.2f}-{max(factors):.2f} |")
@@ -258,6 +263,7 @@ def as_json(groups: list[Group]) -> dict:
     """Every figure at full precision: runs, pairs, skipped groups and the summary."""
     return {"summary": summary(groups),
             "groups": [{"id": g.id, "box": "posted" if g.box_posted else "assumed",
+                        "host_share": g.host_share,
                         "skipped": g.skipped or None,
                         "runs": [{"flags": r.flags, "measured": r.measured,
                                   "predicted": r.predicted, "step_range": r.step_range,
@@ -282,12 +288,21 @@ def write_doc(doc: Path, text: str) -> None:
 
 
 def run(groups_file: Path, only: set[str] | None) -> list[Group]:
+    """Every group predicted; a group the host share was fitted without
+    (placer/hardware/data/host_fit.csv, benchmarks/fit_host.py) with that held-out share, so
+    its figures are held out."""
+    from placer.hardware.host_fit import host_fits, using
+
+    fits = host_fits()
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-") as tmp:
         results = []
         for g in load_groups(groups_file, only):
             print(f"bench_accuracy: {g['id']} ({len(g['runs'])} runs)", file=sys.stderr,
                   flush=True)
-            results.append(predict_group(g, Path(tmp)))
+            held = fits.get(g["id"])
+            with using(held.share) if held else contextlib.nullcontext():
+                done = predict_group(g, Path(tmp))
+            results.append(dataclasses.replace(done, host_share=held.share if held else None))
     return results
 
 

@@ -3,6 +3,7 @@ placer/commands/probe.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +19,7 @@ from placer.hardware.backends import default_backend, fit_for
 from placer.hardware.cards import CARDS, known_card
 from placer.hardware.spec import load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
-from placer.hardware.spill import DEFAULT_OS, check_os, with_os
+from placer.hardware.spill import DEFAULT_OS, check_os, spill_note
 from placer.report.hardware import print_known_cards, print_spec
 from placer.units import parse_bytes
 
@@ -127,11 +128,14 @@ def register(app: typer.Typer) -> None:
                               "is sized from the model's config: give --model or --config")
         got = None if inv is None else model_figures(
             inv, str(model or config), figures, name, ram, cpu_cores, cards, ctx, kv_type)
-        check_os(os_name)
-        made = with_os(new_spec(figures, cards, pcie, ram, cpu_cores,
-                                0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
-                                got and got.steps, got.how if got else "", name,
-                                got and got.spread, got and got.reserve), os_name)
+        made = new_spec(figures, cards, pcie, ram, cpu_cores,
+                        0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
+                        got and got.steps, got.how if got else "", name, got and got.spread,
+                        got and got.reserve)
+        spec = dataclasses.replace(made.spec, os=check_os(os_name))
+        made = dataclasses.replace(made, spec=spec,
+                                   card_notes=(*made.card_notes,
+                                               spill_note(*spec.spills(spec.cards[0]))))
         text = spec_toml(made.spec, made.step_note, "\n".join(made.host_notes),
                          "\n".join(made.card_notes))
         if out is None:

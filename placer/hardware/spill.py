@@ -15,17 +15,12 @@ GGML_VK_ALLOW_SYSMEM_FALLBACK set; `false`: the fallback turned off in the drive
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING
 
 from placer.errors import PlacerError
 from traces.errors import shown
-
-if TYPE_CHECKING:
-    from placer.hardware.new_spec import NewSpec
 
 SPILL_TABLE = "data/spill.csv"
 OSES = ("linux", "windows", "wsl2", "macos")
@@ -54,11 +49,10 @@ def default_spills(os: str, backend: str) -> tuple[bool, str]:
     return spill_rows().get(key, (False, f"no row for {os} and {backend}: taken as failing"))
 
 
-def with_os(made: NewSpec, os: str) -> NewSpec:
-    """`hardware new`'s spec on `os`, with a card note saying whether its cards spill."""
-    spec = dataclasses.replace(made.spec, os=check_os(os))
-    spills, why = spec.spills(spec.cards[0])
+
+def spill_note(spills: bool, why: str) -> str:
+    """What `hardware new` writes beside the cards: whether they spill past VRAM, and why
+    (HardwareSpec.spills)."""
     fate = "spills to host memory, read over the link each step" if spills else "fails to load"
-    note = (f"past VRAM: {fate} ({why}); set spills = {str(not spills).lower()} in [card] "
+    return (f"past VRAM: {fate} ({why}); set spills = {str(not spills).lower()} in [card] "
             f"where the box {'has the fallback turned off' if spills else 'is set to spill'}")
-    return dataclasses.replace(made, spec=spec, card_notes=(*made.card_notes, note))
