@@ -80,7 +80,7 @@ class Group:
     fields: dict
     runs: list[Run]
     skipped: str = ""  # the CLI's error line where the group could not be predicted
-    host_share: float | None = None  # the host share fitted without this group (None: none)
+    held_out: object = None  # the HostFit fitted without this group (None: none)
 
     @property
     def box_posted(self) -> bool:
@@ -205,14 +205,15 @@ def markdown(groups: list[Group]) -> str:
            f"- runs whose measured tok/s lies in placer's step range (the estimated step's "
            f"spread): {share(s['runs_in_step_range'], s['runs'])}", ""]
     out += ["### Per group", "",
-            "| group | box | host share (fitted without the group) | runs | pairs within 20% "
-            "| runs within 2x | pred / meas (min-max) |",
+            "| group | box | host share, spill rate (fitted without the group) | runs "
+            "| pairs within 20% | runs within 2x | pred / meas (min-max) |",
             "|---|---|---|---|---|---|---|"]
     for g in groups:
         if not g.skipped:
             factors = [run.predicted / run.measured for run in g.runs]
             ok = sum(within(r, PAIR_BAR) for _, _, r in pairs(g))
-            held = "-" if g.host_share is None else f"{g.host_share:g}"
+            held = ("-" if g.held_out is None
+                    else f"{g.held_out.share:g}, {g.held_out.spill_rate:g}")
             out.append(f"| {g.id} | {'posted' if g.box_posted else 'box assumed'} | {held} "
                        f"| {len(g.runs)} | {share(ok, len(pairs(g)))} "
                        f"| {share(sum(within(f, ABS_BAR) for f in factors), len(factors))} "
@@ -263,7 +264,8 @@ def as_json(groups: list[Group]) -> dict:
     """Every figure at full precision: runs, pairs, skipped groups and the summary."""
     return {"summary": summary(groups),
             "groups": [{"id": g.id, "box": "posted" if g.box_posted else "assumed",
-                        "host_share": g.host_share,
+                        "host_share": g.held_out and g.held_out.share,
+                        "spill_rate": g.held_out and g.held_out.spill_rate,
                         "skipped": g.skipped or None,
                         "runs": [{"flags": r.flags, "measured": r.measured,
                                   "predicted": r.predicted, "step_range": r.step_range,
@@ -300,9 +302,9 @@ def run(groups_file: Path, only: set[str] | None) -> list[Group]:
             print(f"bench_accuracy: {g['id']} ({len(g['runs'])} runs)", file=sys.stderr,
                   flush=True)
             held = fits.get(g["id"])
-            with using(held.share) if held else contextlib.nullcontext():
+            with using(held.share, held.spill_rate) if held else contextlib.nullcontext():
                 done = predict_group(g, Path(tmp))
-            results.append(dataclasses.replace(done, host_share=held.share if held else None))
+            results.append(dataclasses.replace(done, held_out=held))
     return results
 
 

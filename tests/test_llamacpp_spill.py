@@ -6,6 +6,7 @@ llama.cpp would not load it stands."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from llamacpp_boxes import write_one_card_spec
 from typer.testing import CliRunner
 
 from placer.cli import app
+from placer.hardware.host_fit import llamacpp_host_share, using
 from placer.hardware.spec import load_spec
 from solvers.cpu import Host
 from solvers.llamacpp.cost import Machine, Setup, step_costs
@@ -42,6 +44,9 @@ def test_the_spilled_share_of_the_selected_gpu_experts_is_read_over_the_link() -
     gpu = Setup("all on the card", np.zeros(2, dtype=bool))
     assert machine(True).spill_bytes(gpu.host).tolist() == [100.0]
     assert step_costs(machine(True), gpu, tokens)[0, 0] == 5.0
+    # at a quarter of the link's bandwidth: 20 s
+    slow = dataclasses.replace(machine(True), spill_rate=0.25)
+    assert step_costs(slow, gpu, tokens)[0, 0] == 20.0
     assert step_costs(machine(False), gpu, tokens)[0, 0] == 0.0
     # one layer on the host: 400 + 300 fit in 1000, nothing spills
     assert machine(True).spill_bytes(np.array([True, False])).tolist() == [0.0]
@@ -68,26 +73,28 @@ def test_an_unknown_os_is_one_line_naming_the_field(tmp_path) -> None:
     assert_one_line_error(done, "os: unknown OS 'beos'")
 
 
-def evaluate(tmp_path, os_line: str) -> dict:
+def evaluate(tmp_path, os_line: str, spill_rate: float = 0.5) -> dict:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))
     spec = write_one_card_spec(tmp_path / "box.toml", 6 << 20)
     spec.write_text(os_line + spec.read_text())
-    done = CliRunner().invoke(app, ["evaluate", "--config", str(config), "--hardware",
-                                    str(spec), "--flags", "-ngl all", "--json"])
+    with using(llamacpp_host_share(), spill_rate):
+        done = CliRunner().invoke(app, ["evaluate", "--config", str(config), "--hardware",
+                                        str(spec), "--flags", "-ngl all", "--json"])
     assert done.exit_code == 0, done.output
     return json.loads(done.stdout)
 
 
 def test_evaluate_flags_predicts_and_marks_a_spill_on_windows(tmp_path) -> None:
     """24 MiB of experts on a 6 MiB card: 18 MiB spill, 3/4 of them; a token selects 2 of 8
-    experts in each of 4 layers (6 MiB), so a step reads 4.5 MiB over 10 GB/s."""
+    experts in each of 4 layers (6 MiB), so a step reads 4.5 MiB at a spill rate of 0.5 x
+    10 GB/s."""
     report = evaluate(tmp_path, 'os = "windows"\n')
     line = report["lines"][0]
     assert line["spill"] is True and line["spill_mib"] == [18]
     assert any("spilled to host memory (18 MiB past its VRAM" in n for n in line["notes"])
     stall = report["results"][0]["lines"][line["name"]]["stall_ms_per_step"]
-    assert stall == pytest.approx(0.75 * 4 * 2 * EXPERT / 10e9 * 1e3, rel=1e-12)
+    assert stall == pytest.approx(0.75 * 4 * 2 * EXPERT / (0.5 * 10e9) * 1e3, rel=1e-12)
 
 
 def test_on_linux_the_same_flags_are_noted_as_not_loading_and_not_priced(tmp_path) -> None:

@@ -14,6 +14,11 @@ streaming bandwidth, which this module holds, fitted to published llama.cpp runs
 (benchmarks/fit_host.py, leave-one-group-out; placer/hardware/data/host_fit.csv keeps each
 held-out fit and the fit on every group, with their sources). It applies where the spec has
 no measured expert curve (`[[host.expert]]`, which times the expert itself).
+
+The same file holds the share of a card's host-to-device bandwidth at which it reads what
+spilled past its VRAM (solvers/llamacpp/cost.py, "the spill past VRAM"), fitted afterwards,
+leave-one-group-out too, to the ratios between the settings of the groups whose runs spill
+(each predicted with the host share fitted without the held-out group).
 """
 
 from __future__ import annotations
@@ -32,14 +37,19 @@ ALL_GROUPS = "none"  # the held_out of the fit on every group: the one placer us
 
 @dataclass(frozen=True)
 class HostFit:
-    """One fit: the group held out of it (ALL_GROUPS: none), the share, the groups and runs
-    it was fitted on, its root-mean-square log error there, and its sources."""
+    """One fit: the group held out of it (ALL_GROUPS: none), the host share, the groups and
+    runs it was fitted on, its root-mean-square log error there (of tok/s), the spill rate,
+    the spilled groups it was fitted on and their root-mean-square log error of the pairs'
+    ratios, and its sources."""
 
     held_out: str
     share: float
     groups: int
     runs: int
     rms_log_error: float
+    spill_rate: float
+    spill_groups: int
+    spill_rms_log_error: float
     source: str
 
 
@@ -49,22 +59,30 @@ def host_fits() -> dict[str, HostFit]:
     text = resources.files("placer.hardware").joinpath(HOST_FIT_TABLE).read_text(
         encoding="utf-8")
     return {r["held_out"]: HostFit(r["held_out"], float(r["share"]), int(r["groups"]),
-                                   int(r["runs"]), float(r["rms_log_error"]), r["source"])
+                                   int(r["runs"]), float(r["rms_log_error"]),
+                                   float(r["spill_rate"]), int(r["spill_groups"]),
+                                   float(r["spill_rms_log_error"]), r["source"])
             for r in csv.DictReader(io.StringIO(text))}
 
 
-_override: list[float] = []
+_override: list[tuple[float, float]] = []
 
 
 def llamacpp_host_share() -> float:
-    """The share placer uses: the fit on every group, or the one `using` sets."""
-    return _override[-1] if _override else host_fits()[ALL_GROUPS].share
+    """The host share placer uses: the fit on every group, or the one `using` sets."""
+    return _override[-1][0] if _override else host_fits()[ALL_GROUPS].share
+
+
+def llamacpp_spill_rate() -> float:
+    """The spill rate placer uses: the fit on every spilled group, or the one `using` sets."""
+    return _override[-1][1] if _override else host_fits()[ALL_GROUPS].spill_rate
 
 
 @contextmanager
-def using(share: float) -> Iterator[None]:
-    """Predict with `share` in this process (benchmarks: the held-out fits, the fit's grid)."""
-    _override.append(share)
+def using(share: float, spill_rate: float) -> Iterator[None]:
+    """Predict with `share` and `spill_rate` in this process (benchmarks: the held-out fits,
+    the fit's grid)."""
+    _override.append((share, spill_rate))
     try:
         yield
     finally:

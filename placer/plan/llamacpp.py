@@ -35,7 +35,7 @@ from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
 from placer.checkpoint.kv import context_for
 from placer.errors import PlacerError
-from placer.hardware.host_fit import llamacpp_host_share
+from placer.hardware.host_fit import llamacpp_host_share, llamacpp_spill_rate
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions, check_options
 from placer.plan.placement import Plan, build_plan
@@ -121,7 +121,7 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions,
                    llamacpp_host(host_of(spec, hidden)), device, split, pageable_of(spec),
                    (build or default_build()).cache, alloc_limits(spec),
                    tuple(spec.spills(c)[0] for c in spec.cards), tuple(c.vram for c in spec.cards),
-                   tuple(c.vram - c.free_bytes for c in spec.cards))
+                   tuple(c.vram - c.free_bytes for c in spec.cards), llamacpp_spill_rate())
 
 
 def llamacpp_host(host: Host) -> Host:

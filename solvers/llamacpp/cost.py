@@ -27,10 +27,11 @@ load, the overflow lies in host memory and the card reads it over its link whene
 touches it. Which bytes the driver moves out is not known; they are taken from the card's
 expert weights (the bulk of what it holds, and the bytes a step reads least of), as a
 uniform share of them: each step reads that share of the selected experts of its GPU layers
-at the card's host-to-device bandwidth, added to the step's stall (the same bytes' VRAM read
+at `spill_rate` x the card's host-to-device bandwidth (fitted to published spilled runs:
+placer/hardware/host_fit.py), added to the step's stall (the same bytes' VRAM read
 stays in the base step: an over-count of at most the link's over the VRAM's bandwidth, a few
 percent). docs/accuracy.md says how this was chosen: a share of everything the card holds,
-dense weights included, predicted group C's spilled runs 2x too slow.
+dense weights included, at the full bandwidth, predicted group C's spilled runs 2x too slow.
 
 A step's cost is split among its tokens equally (solvers.judge.intervals.attribute), so the
 intervals here are over sequences like evaluate's, with equal shares per token.
@@ -142,6 +143,7 @@ class Machine:
     spills: bool | tuple[bool, ...] = False  # past its VRAM a GPU spills (else: fails to load)
     vram: int | tuple[int, ...] = 0  # each GPU's VRAM (bytes), for the spill
     reserved: int | tuple[int, ...] = 0  # bytes each GPU holds beside its experts
+    spill_rate: float = 1.0  # the share of `bandwidth` a GPU reads its spilled bytes at
 
     def upload_bandwidth(self, pinned: bool) -> np.ndarray:
         """[D] bytes/s of each GPU's uploads from pinned host experts (`bandwidth`) or from
@@ -322,7 +324,8 @@ def spill_stall(machine: Machine, host: np.ndarray, costs: HostCosts) -> np.ndar
     gpu = np.where(host, -1, machine.layer_device)
     read = np.stack([costs.layer_selected[:, gpu == d].sum(axis=1) for d in range(len(share))],
                     axis=1)
-    return (read * (share / machine.per_device(machine.bandwidth))[None]).sum(axis=1)
+    rate = machine.spill_rate * machine.per_device(machine.bandwidth)
+    return (read * (share / rate)[None]).sum(axis=1)
 
 
 def cache_stall(machine: Machine, setup: Setup, fetches: Fetches,
