@@ -63,3 +63,5 @@ def test_evaluate_flags_prices_a_host_layer_at_the_share(tmp_path) -> None:
     stall = report["results"][0]["lines"][report["lines"][0]["name"]]["stall_ms_per_step"]
     per_layer = 2 * EXPERT / (0.25 * 50e9) + 20e-6 + 2 * 512 / 10e9
     assert stall == pytest.approx(4 * per_layer * 1e3, rel=1e-9)
+    assert any(n.startswith("host layers: their experts read at 0.25 x the spec's "
+                            "host.memory_bandwidth, 12.5 GB/s") for n in report["notes"])

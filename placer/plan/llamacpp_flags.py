@@ -412,7 +412,8 @@ def fit_notes(machine: Machine, setup: Setup) -> list[str]:
     notes = [f"card {d}: its experts exceed its VRAM for experts by {int(-r) // MIB} MiB: "
              + (f"{SPILLED} ({int(spilled[d]) // MIB} MiB past its VRAM: the os and backend "
                 "of the spec, or its spills; placer/hardware/data/spill.csv), the share a "
-                "step touches read over the card's link" if spilled[d] > 0 else
+                f"step touches read at {machine.spill_rate:g} x the card's h2d_bandwidth "
+                "(fitted: placer/hardware/data/host_fit.csv)" if spilled[d] > 0 else
                 f"{NOT_LOADED} (it does not spill on the spec's os and backend: "
                 "placer/hardware/data/spill.csv)")
              for d, r in enumerate(room) if r < 0]

@@ -22,6 +22,7 @@ import numpy as np
 from placer.checkpoint.kv import trained_context
 from placer.checkpoint.source import DTYPE_FLAGS
 from placer.errors import PlacerError
+from placer.hardware.host_fit import llamacpp_host_share
 from placer.hardware.spec import HardwareSpec
 from placer.plan import engine as dispatch
 from placer.plan.estimates import add_step_ranges, estimated_json
@@ -117,6 +118,7 @@ def evaluate_flags(req: FlagsRequest) -> dict:
                      f"{box.shape[1]} experts per layer uniformly at random; "
                      f"{UNIFORM_SEQUENCES} sequences x {UNIFORM_TOKENS} tokens, seed "
                      f"{box.seed}): real traffic's skew is what a cache lives on")
+    notes += host_share_note(box, lines)
     add_step_ranges(results, box.spec)
     return {"engine": "llamacpp", "llamacpp_build": box.build, "seed": box.seed,
             "estimated": estimated_json(box.spec),
@@ -205,6 +207,18 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                0 if req.opts.seed is None else req.opts.seed, req.opts.concurrency or (1,),
                check, (len(inv.moe_layers), inv.experts_per_layer, inv.top_k),
                sized=sized), target
+
+
+def host_share_note(box: Box, lines: list[FlagLine]) -> list[str]:
+    """Where a line has host layers read at the fitted share of host.memory_bandwidth."""
+    setups = [line.setup for line in lines] + ([box.plan_line] if box.plan_line else [])
+    host = box.machine.host if box.machine is not None else None
+    if host is None or host.curves or not any(s.host.any() for s in setups):
+        return []
+    share = llamacpp_host_share()
+    return [f"host layers: their experts read at {share:g} x the spec's host.memory_bandwidth, "
+            f"{host.memory_bandwidth / 1e9:.3g} GB/s, the share llama.cpp's CPU expert "
+            "matmuls reach (fitted to published runs: placer/hardware/data/host_fit.csv)"]
 
 
 def flag_context(flags: ServerFlags, config: dict) -> int | None:
