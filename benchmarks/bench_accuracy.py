@@ -9,7 +9,10 @@ spec with `placer hardware new` (card, PCIe link, RAM, cores and backend as the 
 them; `--config` with the GGUF's dtypes, so the reserves and the step are the model's) and
 predicts every setting in one `placer evaluate --engine llamacpp --config CONFIG --flags ...
 --json` call (uniform routing: no traces exist for these runs); it calls the CLI, so it
-measures whatever step and KV model the checkout has. A group whose spec or prediction the
+measures whatever step and KV model the checkout has. A group named in
+placer/hardware/data/host_fit.csv is predicted with the host share and spill rate fitted
+without it (benchmarks/fit_host.py, leave-one-group-out), so its figures are held out. A
+group whose spec or prediction the
 CLI refuses (a card placer's table lacks) is listed as skipped, with the CLI's error line.
 
 Figures, per run: predicted / measured tok/s (within the factor-2 bar when 0.5 <= x <= 2;
