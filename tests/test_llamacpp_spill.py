@@ -114,3 +114,12 @@ def test_hardware_new_writes_the_os_and_says_whether_the_card_spills(tmp_path) -
     text = out.read_text()
     assert 'os = "windows"' in text and "past VRAM: spills to host memory" in text
     assert load_spec(out).spills(load_spec(out).cards[0])[0] is True
+
+
+def test_hardware_show_says_whether_the_cards_spill(tmp_path) -> None:
+    path = write_one_card_spec(tmp_path / "box.toml", 6 << 20)
+    linux = CliRunner().invoke(app, ["hardware", "show", str(path)])
+    path.write_text('os = "windows"\n' + path.read_text())
+    windows = CliRunner().invoke(app, ["hardware", "show", str(path)])
+    assert "card 0 past VRAM: fails to load (linux with unknown" in linux.output
+    assert "card 0 past VRAM: spills to host memory (windows with unknown" in windows.output
