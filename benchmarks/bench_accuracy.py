@@ -9,7 +9,10 @@ spec with `placer hardware new` (card, PCIe link, RAM, cores and backend as the 
 them; `--config` with the GGUF's dtypes, so the reserves and the step are the model's) and
 predicts every setting in one `placer evaluate --engine llamacpp --config CONFIG --flags ...
 --json` call (uniform routing: no traces exist for these runs); it calls the CLI, so it
-measures whatever step and KV model the checkout has. A group whose spec or prediction the
+measures whatever step and KV model the checkout has. A group named in
+placer/hardware/data/host_fit.csv is predicted with the host share and spill rate fitted
+without it (benchmarks/fit_host.py, leave-one-group-out), so its figures are held out. A
+group whose spec or prediction the
 CLI refuses (a card placer's table lacks) is listed as skipped, with the CLI's error line.
 
 Figures, per run: predicted / measured tok/s (within the factor-2 bar when 0.5 <= x <= 2;
@@ -27,6 +30,8 @@ Without any of them the markdown is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import itertools
 import json
 import sys
@@ -58,6 +63,7 @@ class Run:
     predicted: float | None = None
     notes: tuple[str, ...] = ()
     step_range: tuple[float, float] | None = None  # the tok/s the step's spread allows
+    spill_mib: int = 0  # MiB placer predicts spilled past VRAM (the box's os and backend)
 
     @property
     def in_range(self) -> bool:
@@ -77,6 +83,7 @@ class Group:
     fields: dict
     runs: list[Run]
     skipped: str = ""  # the CLI's error line where the group could not be predicted
+    held_out: object = None  # the HostFit fitted without this group (None: none)
 
     @property
     def box_posted(self) -> bool:
@@ -112,6 +119,7 @@ def predict_group(g: dict, work: Path) -> Group:
     config = Path(g["config"])
     config = config if config.is_absolute() else CONFIGS / config
     backend = ["--backend", g["backend"]] if g.get("backend") else []
+    backend += ["--os", g["os"]] if g.get("os") else []
     made = placer("hardware", "new", "--card", g["card"], "--cards", g.get("cards", 1),
                   "--pcie", g["pcie"], "--ram", g["ram"], "--cpu-cores", g["cpu_cores"],
                   *backend, "--config", config, "--expert-dtype", g["expert_dtype"],
@@ -131,7 +139,8 @@ def predict_group(g: dict, work: Path) -> Group:
     figures = report["results"][0]["lines"]
     predicted = [Run(run.flags, run.posted, run.measured,
                      float(figures[line["name"]]["tokens_per_s"]), tuple(line["notes"]),
-                     step_range(figures[line["name"]].get("tokens_per_s_step")))
+                     step_range(figures[line["name"]].get("tokens_per_s_step")),
+                     sum(line.get("spill_mib", [])))
                  for run, line in zip(runs, lines, strict=True)]
     return Group(g["id"], g, predicted)
 
@@ -199,13 +208,16 @@ def markdown(groups: list[Group]) -> str:
            f"- runs whose measured tok/s lies in placer's step range (the estimated step's "
            f"spread): {share(s['runs_in_step_range'], s['runs'])}", ""]
     out += ["### Per group", "",
-            "| group | box | runs | pairs within 20% | runs within 2x | pred / meas (min-max) |",
-            "|---|---|---|---|---|---|"]
+            "| group | box | host share, spill rate (fitted without the group) | runs "
+            "| pairs within 20% | runs within 2x | pred / meas (min-max) |",
+            "|---|---|---|---|---|---|---|"]
     for g in groups:
         if not g.skipped:
             factors = [run.predicted / run.measured for run in g.runs]
             ok = sum(within(r, PAIR_BAR) for _, _, r in pairs(g))
-            out.append(f"| {g.id} | {'posted' if g.box_posted else 'box assumed'} "
+            held = ("-" if g.held_out is None
+                    else f"{g.held_out.share:g}, {g.held_out.spill_rate:g}")
+            out.append(f"| {g.id} | {'posted' if g.box_posted else 'box assumed'} | {held} "
                        f"| {len(g.runs)} | {share(ok, len(pairs(g)))} "
                        f"| {share(sum(within(f, ABS_BAR) for f in factors), len(factors))} "
                        f"| {min(factors):.2f}-{max(factors):.2f} |")
@@ -222,8 +234,9 @@ def markdown(groups: list[Group]) -> str:
             ids = ", ".join(f"{tag(g)}{notes.index(n) + 1}" for n in run.notes) or "-"
             span = (f" [{run.step_range[0]:.2f}, {run.step_range[1]:.2f}]"
                     if run.step_range else "")
+            spill = f" (spills {run.spill_mib} MiB)" if run.spill_mib else ""
             out.append(f"| {g.id} | `{run.flags}` | {run.measured:.2f} | {run.predicted:.2f}"
-                       f"{span} | {run.predicted / run.measured:.2f} | {box} | {ids} |")
+                       f"{span}{spill} | {run.predicted / run.measured:.2f} | {box} | {ids} |")
     noted = [(g, n) for g in groups if not g.skipped
              for n in dict.fromkeys(n for run in g.runs for n in run.notes)]
     if noted:
@@ -254,9 +267,12 @@ def as_json(groups: list[Group]) -> dict:
     """Every figure at full precision: runs, pairs, skipped groups and the summary."""
     return {"summary": summary(groups),
             "groups": [{"id": g.id, "box": "posted" if g.box_posted else "assumed",
+                        "host_share": g.held_out and g.held_out.share,
+                        "spill_rate": g.held_out and g.held_out.spill_rate,
                         "skipped": g.skipped or None,
                         "runs": [{"flags": r.flags, "measured": r.measured,
                                   "predicted": r.predicted, "step_range": r.step_range,
+                                  "spill_mib": r.spill_mib,
                                   "notes": list(r.notes)}
                                  for r in g.runs],
                         "pairs": [] if g.skipped else [
@@ -277,12 +293,21 @@ def write_doc(doc: Path, text: str) -> None:
 
 
 def run(groups_file: Path, only: set[str] | None) -> list[Group]:
+    """Every group predicted; a group the host share was fitted without
+    (placer/hardware/data/host_fit.csv, benchmarks/fit_host.py) with that held-out share, so
+    its figures are held out."""
+    from placer.hardware.host_fit import host_fits, using
+
+    fits = host_fits()
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-") as tmp:
         results = []
         for g in load_groups(groups_file, only):
             print(f"bench_accuracy: {g['id']} ({len(g['runs'])} runs)", file=sys.stderr,
                   flush=True)
-            results.append(predict_group(g, Path(tmp)))
+            held = fits.get(g["id"])
+            with using(held.share, held.spill_rate) if held else contextlib.nullcontext():
+                done = predict_group(g, Path(tmp))
+            results.append(dataclasses.replace(done, held_out=held))
     return results
 
 

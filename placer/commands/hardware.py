@@ -3,6 +3,7 @@ placer/commands/probe.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from placer.hardware.backends import default_backend, fit_for
 from placer.hardware.cards import CARDS, known_card
 from placer.hardware.spec import load_spec, preset_names
 from placer.hardware.spec_toml import spec_toml
+from placer.hardware.spill import DEFAULT_OS, check_os, spill_note
 from placer.report.hardware import print_known_cards, print_spec
 from placer.units import parse_bytes
 
@@ -97,6 +99,11 @@ def register(app: typer.Typer) -> None:
                  "cpu (default: the card vendor's: NVIDIA cuda, AMD rocm, Apple metal, "
                  "Intel vulkan). Picks the step fit, the upload cost and the largest "
                  "allocation (docs/hardware.md).")] = None,
+        os_name: Annotated[str, typer.Option(
+            "--os", help="The box's OS: linux, windows, wsl2, macos. With the backend it says "
+                         "whether a card's buffers past its VRAM spill to host memory "
+                         "(Windows CUDA and ROCm: read over the link each step) or fail to "
+                         "load (placer/hardware/data/spill.csv).")] = DEFAULT_OS,
         out: Annotated[Path | None, typer.Option(
             help="Write the spec to this .toml (default: print it).")] = None,
     ) -> None:
@@ -125,6 +132,10 @@ def register(app: typer.Typer) -> None:
                         0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
                         got and got.steps, got.how if got else "", name, got and got.spread,
                         got and got.reserve)
+        spec = dataclasses.replace(made.spec, os=check_os(os_name))
+        made = dataclasses.replace(made, spec=spec,
+                                   card_notes=(*made.card_notes,
+                                               spill_note(*spec.spills(spec.cards[0]))))
         text = spec_toml(made.spec, made.step_note, "\n".join(made.host_notes),
                          "\n".join(made.card_notes))
         if out is None:

@@ -7,6 +7,8 @@ A spec file looks like (sizes take units, rates take "/s"):
     description = "8 x RTX 5090 D (32 GB) on PCIe 5.0 x16, two sockets"
     host_ram = "1TiB"
     cards = 8                      # or a list of tables, one per card, overriding [card]
+    os = "linux"                   # optional: linux (default), windows, wsl2 or macos: with
+                                   # the backend, whether a card spills past its VRAM
 
     [card]                         # every card, unless a card table says otherwise
     model = "RTX 5090 D"
@@ -18,6 +20,9 @@ A spec file looks like (sizes take units, rates take "/s"):
     h2d_pageable_bandwidth = "26GB/s"  # optional: copies from pageable (mmap'd) host memory
     latency_us = 10.0              # fixed cost of one copy
     backend = "cuda"               # optional: llama.cpp's backend (placer/hardware/backends.py)
+    spills = true                  # optional: buffers past VRAM spill to host memory (read
+                                   # over the link each step) instead of failing to load;
+                                   # default by `os` and backend (placer/hardware/spill.py)
 
     [[link]]                       # cards sharing a host link (socket, PCIe switch)
     name = "socket0"
@@ -83,6 +88,7 @@ from placer.hardware.spec_values import (
     table_list,
     text_of,
 )
+from placer.hardware.spill import DEFAULT_OS, check_os, default_spills
 from placer.hardware.timing import ExpertTiming, parse_timings
 from traces.errors import shown
 from traces.formats.bounded import read_bounded
@@ -90,9 +96,9 @@ from traces.formats.jsontext import MAX_DEPTH, decode_utf8, depth
 from traces.options import MAX_CARDS as OPTION_MAX_CARDS
 
 CARD_FIELDS = ("model", "vram", "reserved_dense", "reserved_kv", "reserved_activations",
-               "h2d_bandwidth", "h2d_pageable_bandwidth", "backend", "latency_us")
+               "h2d_bandwidth", "h2d_pageable_bandwidth", "backend", "spills", "latency_us")
 SPEC_FIELDS = ("name", "description", "host_ram", "estimated", "cards", "card", "link", "decode",
-               "host", "context")
+               "host", "context", "os")
 LINK_FIELDS = ("name", "cards", "bandwidth")
 HOST_FIELDS = ("memory_bandwidth", "flops", "sync_us", "sockets", "offload_min_batch", "expert")
 MAX_CARDS = OPTION_MAX_CARDS  # traces.options bounds --cards by the same
@@ -130,6 +136,7 @@ class Card:
     latency_s: float
     h2d_pageable_bandwidth: float | None = None  # bytes/s from mmap'd memory (None: unknown)
     backend: str = UNKNOWN  # backends.csv's name; its largest allocation caps a cache here
+    spills: bool | None = None  # past VRAM: True spills to host memory, None the OS's default
 
     @property
     def max_alloc(self) -> int | None:
@@ -174,6 +181,15 @@ class HardwareSpec:
     estimated: tuple[str, ...] = ()  # ESTIMABLE's names of the figures not measured
     step_spread: tuple[float, float] = (1.0, 1.0)  # the step lies in base x [lo, hi]
     context: Context | None = None  # [context]: what reserved_kv holds (None: not said)
+    os: str = DEFAULT_OS  # the box's OS (placer/hardware/spill.py): whether cards spill
+
+    def spills(self, card: Card) -> tuple[bool, str]:
+        """Whether `card`'s buffers past its VRAM spill to host memory rather than fail, and
+        why (the card's own `spills`, else the OS and backend's default)."""
+        if card.spills is not None:
+            return card.spills, f"the spec's spills = {str(card.spills).lower()}"
+        spills, _ = default_spills(self.os, card.backend)
+        return spills, f"{self.os} with {card.backend}, by default (placer/hardware/data/spill.csv)"
 
     def base_step_s(self, batch: int) -> float:
         """Decode step time at `batch` with every expert resident: linear interpolation,
@@ -224,7 +240,7 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
     where = f"{source}: hardware"
     if not isinstance(d, dict):
         raise PlacerError(f"{where}: expected a table, got {kind_of(d)}")
-    optional = {"host", "estimated", "step_spread", "context"}  # plans before these were
+    optional = {"host", "estimated", "step_spread", "context", "os"}  # plans before these
     expected = {"name", "description", "host_ram", "cards", "links", "base_step_ms", *optional}
     unknown = set(d) - expected
     if unknown:
@@ -240,7 +256,7 @@ def spec_from_json(d: Any, source: str = "plan") -> HardwareSpec:
             "cards": [{k: v for k, v in c.items() if k != "index"} for c in cards],
             "link": d["links"], "decode": {"base_step_ms": d["base_step_ms"],
                                            "spread": d.get("step_spread", [1.0, 1.0])},
-            "estimated": d.get("estimated", [])}
+            "estimated": d.get("estimated", []), "os": d.get("os", DEFAULT_OS)}
     for key in ("host", "context"):
         if d.get(key) is not None:
             data[key] = d[key]
@@ -330,7 +346,8 @@ def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field:
         host=host, estimated=_estimated(data.get("estimated", []), f"{at}estimated"),
         step_spread=_spread(data["decode"].get("spread", [1.0, 1.0]),
                             f"{decode_at}.{'step_' if seconds else ''}spread"),
-        context=parse_context(data["context"], f"{at}context") if "context" in data else None)
+        context=parse_context(data["context"], f"{at}context") if "context" in data else None,
+        os=check_os(text_of(data.get("os", DEFAULT_OS), f"{at}os"), f"{at}os"))
 
 
 def _estimated(value: Any, where: str) -> tuple[str, ...]:
@@ -378,12 +395,15 @@ def _card(index: int, t: dict, at: str, seconds: bool) -> Card:
     name = text_of(t.get("backend", UNKNOWN), f"{where}.backend")
     if name != UNKNOWN:
         backend(name, f"{where}.backend")
+    spills = t.get("spills")
+    if spills is not None and not isinstance(spills, bool):
+        raise PlacerError(f"{where}.spills: expected true or false, got {kind_of(spills)}")
     return Card(index, text_of(t.get("model", "GPU"), f"{where}.model"), sizes["vram"],
                 sizes["reserved_dense"], sizes["reserved_kv"], sizes["reserved_activations"],
                 bandwidth, latency if seconds else latency / 1e6,
                 None if pageable is None else rate_of(pageable,
                                                     f"{where}.h2d_pageable_bandwidth"),
-                name)
+                name, spills)
 
 
 def _link(index: int, t: dict, num_cards: int, at: str) -> Link:

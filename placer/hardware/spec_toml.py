@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from placer.hardware.backends import UNKNOWN
 from placer.hardware.spec import Card, HardwareSpec, Host
+from placer.hardware.spill import DEFAULT_OS
 from placer.units import parse_bytes, parse_rate
 
 SIZE_UNITS = ("TiB", "GiB", "MiB", "KiB")
@@ -33,6 +34,9 @@ def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = ""
     lines = [HEADER.rstrip("\n"), f"name = {_str(spec.name)}",
              f"description = {_str(spec.description)}",
              f"host_ram = {_size(spec.host_ram)}"]
+    if spec.os != DEFAULT_OS:
+        lines.append(f"os = {_str(spec.os)}  # with each card's backend: whether it spills past "
+                     "its VRAM")
     if spec.estimated:
         lines += ["# estimated: figures that stand in for a measurement (the comments say which",
                   "# probe measures each; a probe that writes one drops it from this list)",
@@ -78,6 +82,7 @@ def _card_fields(card: Card) -> list[str]:
             *([f"h2d_pageable_bandwidth = {_rate(card.h2d_pageable_bandwidth)}"]
               if card.h2d_pageable_bandwidth is not None else []),
             *([f"backend = {_str(card.backend)}"] if card.backend != UNKNOWN else []),
+            *([f"spills = {str(card.spills).lower()}"] if card.spills is not None else []),
             f"latency_us = {_scaled(card.latency_s, 1e6, lambda x: x / 1e6)}"]
 
 

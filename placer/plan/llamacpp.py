@@ -35,12 +35,14 @@ from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
 from placer.checkpoint.kv import context_for
 from placer.errors import PlacerError
+from placer.hardware.host_fit import llamacpp_host_share, llamacpp_spill_rate
 from placer.hardware.spec import HardwareSpec
 from placer.plan.options import SolveOptions, check_options
 from placer.plan.placement import Plan, build_plan
 from placer.plan.solve import calibration_json, host_of
 from placer.plan.traffic import Traffic, fold_ids, load_traffic, traffic_steps
 from placer.units import format_bytes
+from solvers.cpu import Host
 from solvers.errors import SolverError
 from solvers.llamacpp.builds import Build, build_from_json, default_build
 from solvers.llamacpp.cost import Machine, Setup, judge, layer_devices
@@ -116,8 +118,19 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions,
     bandwidth, latency = card_links(spec)
     return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
                    tuple(int(c) for c in capacity), bandwidth, latency, CUDA_ALIGNMENT,
-                   host_of(spec, hidden), device, split, pageable_of(spec),
-                   (build or default_build()).cache, alloc_limits(spec))
+                   llamacpp_host(host_of(spec, hidden)), device, split, pageable_of(spec),
+                   (build or default_build()).cache, alloc_limits(spec),
+                   tuple(spec.spills(c)[0] for c in spec.cards), tuple(c.vram for c in spec.cards),
+                   tuple(c.vram - c.free_bytes for c in spec.cards), llamacpp_spill_rate())
+
+
+def llamacpp_host(host: Host) -> Host:
+    """The spec's host as llama.cpp's CPU runs experts: without a measured expert curve, at
+    the fitted share of its streaming bandwidth (placer/hardware/host_fit.py)."""
+    if host.curves:
+        return host
+    return dataclasses.replace(host, memory_bandwidth=host.memory_bandwidth
+                               * llamacpp_host_share())
 
 
 def alloc_limits(spec: HardwareSpec) -> tuple[int, ...]:
@@ -400,7 +413,7 @@ def plan_machine(plan: Plan, build: Build | None = None) -> Machine:
                    tuple((key, tuple(nb2)) for key, nb2 in engine["layouts"]),
                    int(plan.model["top_k"]), tuple(int(c.budget_bytes) for c in plan.cards),
                    bandwidth, latency, int(engine["alignment"]),
-                   host_of(plan.hardware, int(plan.model["hidden_size"])),
+                   llamacpp_host(host_of(plan.hardware, int(plan.model["hidden_size"]))),
                    tuple(engine.get("devices") or ()), tuple(split) if split else None,
                    pageable_of(plan.hardware), plan_build(plan, build).cache,
                    alloc_limits(plan.hardware))

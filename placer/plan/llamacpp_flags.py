@@ -55,6 +55,8 @@ LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
 PINNED_MODES = ("none", "mlock", "dio")
 KV_NOTE = "parsed, KV size from the spec's reserved_kv"
 UNMODELLED = "not modelled: "  # how a note on a flag placer does not model begins
+SPILLED = "spilled to host memory"  # a card past its VRAM that spills (fit_notes)
+NOT_LOADED = "llama.cpp would not load this as predicted"  # one that does not
 # the GGUF expert tensors of a layer where the model's own names are not at hand (gguf-py
 # constants.py FFN_{GATE,UP,DOWN}_EXP, as placer/exporters/llamacpp.py reads them)
 STANDARD_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -402,10 +404,18 @@ def tensor_place(flags: ServerFlags, tensor: str) -> int | None:
 
 
 def fit_notes(machine: Machine, setup: Setup) -> list[str]:
-    """Where the setup's GPU experts and cache do not fit the cards' VRAM for them."""
+    """Where the setup's GPU experts and cache do not fit the cards' VRAM for them: spilled
+    to host memory where the card spills (predicted so: solvers/llamacpp/cost.py), else a
+    setup llama.cpp would not load."""
     room = machine.per_device(machine.capacity) - machine.gpu_bytes(setup.host)
-    notes = [f"card {d}: its experts exceed its VRAM for experts by "
-             f"{int(-r) // MIB} MiB: llama.cpp would not load this as predicted"
+    spilled = machine.spill_bytes(setup.host)
+    notes = [f"card {d}: its experts exceed its VRAM for experts by {int(-r) // MIB} MiB: "
+             + (f"{SPILLED} ({int(spilled[d]) // MIB} MiB past its VRAM: the os and backend "
+                "of the spec, or its spills; placer/hardware/data/spill.csv), the share a "
+                f"step touches read at {machine.spill_rate:g} x the card's h2d_bandwidth "
+                "(fitted: placer/hardware/data/host_fit.csv)" if spilled[d] > 0 else
+                f"{NOT_LOADED} (it does not spill on the spec's os and backend: "
+                "placer/hardware/data/spill.csv)")
              for d, r in enumerate(room) if r < 0]
     room_mib = max(machine.bank_room(setup.host), 0) // MIB
     if setup.cache_mib and setup.cache_mib > room_mib:

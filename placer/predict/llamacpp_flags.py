@@ -22,13 +22,14 @@ import numpy as np
 from placer.checkpoint.kv import trained_context
 from placer.checkpoint.source import DTYPE_FLAGS
 from placer.errors import PlacerError
+from placer.hardware.host_fit import llamacpp_host_share
 from placer.hardware.spec import HardwareSpec
 from placer.plan import engine as dispatch
 from placer.plan.estimates import add_step_ranges, estimated_json
 from placer.plan.llamacpp import n_cpu_moe
 from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model, ServerFlags
 from placer.predict.evaluate import EvalOptions, check_options, replay_steps
-from solvers.llamacpp.cost import Machine, Setup, judge
+from solvers.llamacpp.cost import MIB, Machine, Setup, judge
 from traces.storing.profile import TokenSteps, load_profile
 
 UNIFORM_SEQUENCES = 32
@@ -117,15 +118,17 @@ def evaluate_flags(req: FlagsRequest) -> dict:
                      f"{box.shape[1]} experts per layer uniformly at random; "
                      f"{UNIFORM_SEQUENCES} sequences x {UNIFORM_TOKENS} tokens, seed "
                      f"{box.seed}): real traffic's skew is what a cache lives on")
+    notes += host_share_note(box, lines)
     add_step_ranges(results, box.spec)
     return {"engine": "llamacpp", "llamacpp_build": box.build, "seed": box.seed,
             "estimated": estimated_json(box.spec),
             "replicates": req.opts.replicates,
             "routing": "traces" if req.traces else "uniform",
-            "lines": ([{"name": PLAN_LINE, "flags": None, **setup_json(box, box.plan_line),
+            "lines": ([{"name": PLAN_LINE, "flags": None,
+                        **setup_json(box, box.plan_line, box.machine),
                         "notes": [], "not_modelled": []}] if box.plan_line is not None else [])
             + [{"name": line.name, "flags": line.flags.text,
-                **setup_json(box, line.setup), "notes": list(line.notes),
+                **setup_json(box, line.setup, line.machine), "notes": list(line.notes),
                 "not_modelled": [n.removeprefix(UNMODELLED) for n in line.notes
                                  if n.startswith(UNMODELLED)]} for line in lines],
             "results": results, "notes": notes}
@@ -206,6 +209,18 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                sized=sized), target
 
 
+def host_share_note(box: Box, lines: list[FlagLine]) -> list[str]:
+    """Where a line has host layers read at the fitted share of host.memory_bandwidth."""
+    setups = [line.setup for line in lines] + ([box.plan_line] if box.plan_line else [])
+    host = box.machine.host if box.machine is not None else None
+    if host is None or host.curves or not any(s.host.any() for s in setups):
+        return []
+    share = llamacpp_host_share()
+    return [f"host layers: their experts read at {share:g} x the spec's host.memory_bandwidth, "
+            f"{host.memory_bandwidth / 1e9:.3g} GB/s, the share llama.cpp's CPU expert "
+            "matmuls reach (fitted to published runs: placer/hardware/data/host_fit.csv)"]
+
+
 def flag_context(flags: ServerFlags, config: dict) -> int | None:
     """The context llama-server allocates KV for: -c N, or with -c 0 or no -c the model's
     trained context (common/common.h: n_ctx 0 is n_ctx_train); None where that is unknown."""
@@ -259,9 +274,13 @@ def flags_row(box: Box, lines: list[FlagLine], name: str, steps: TokenSteps,
     return row
 
 
-def setup_json(box: Box, setup: Setup) -> dict:
-    """How a line runs: its host layers (decoder layers), cache and slots, share, pinning."""
+def setup_json(box: Box, setup: Setup, machine: Machine) -> dict:
+    """How a line runs: its host layers (decoder layers), cache and slots, share, pinning,
+    and the MiB each card spills past its VRAM (`spill`: whether any does; predicted with
+    the spilled share read over the link, solvers/llamacpp/cost.py)."""
     layers = [box.model.moe_layers[i] for i in setup.host_layers]
+    spilled = [int(b) // MIB for b in machine.spill_bytes(setup.host)]
     return {"host_layers": layers, "n_cpu_moe": n_cpu_moe(layers),
             "moe_cache_mib": setup.cache_mib, "slots": list(setup.slots),
-            "cpu_share": setup.cpu_share, "pinned": setup.pinned}
+            "cpu_share": setup.cpu_share, "pinned": setup.pinned,
+            "spill": any(spilled), "spill_mib": spilled}

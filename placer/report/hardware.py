@@ -54,6 +54,12 @@ def print_spec(spec: HardwareSpec) -> None:
     if spec.context is not None:
         console.print(f"context: {spec.context.tokens} tokens of {spec.context.kv_type} K and "
                       "V (reserved_kv is for it; export llamacpp prints -c)")
+    fates: dict[tuple[bool, str], list[int]] = {}
+    for c in spec.cards:
+        fates.setdefault(spec.spills(c), []).append(c.index)
+    for (spills, why), cards in fates.items():
+        console.print(f"card{'s' if len(cards) > 1 else ''} {', '.join(map(str, cards))} past "
+                      f"VRAM: {'spills to host memory' if spills else 'fails to load'} ({why})")
     if spec.host is not None:
         h = spec.host
         console.print(f"host CPU: {h.memory_bandwidth / 1e9:.1f} GB/s from RAM, "

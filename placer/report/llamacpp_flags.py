@@ -42,7 +42,9 @@ def print_flags(report: dict) -> None:
             line = lines[name]
             ratio = ("-" if fig["ratio_to_first"] is None else
                      f"{fig['ratio_to_first']:.3f}x {span(fig['ratio_to_first_ci95'])}")
-            table.add_row(name, host_text(line), str(line["moe_cache_mib"]),
+            spill = (f" (SPILLS {sum(line['spill_mib'])} MiB)"
+                     if line.get("spill") else "")
+            table.add_row(name + spill, host_text(line), str(line["moe_cache_mib"]),
                           ",".join(map(str, line["slots"])) or "-", f"{line['cpu_share']:g}",
                           "pinned" if line["pinned"] else "mmap'd",
                           plus_minus(fig, "tokens_per_s", "{:.2f}"),

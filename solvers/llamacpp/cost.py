@@ -20,6 +20,19 @@ With several GPUs (`-ts`) the layers run one after another, so the step's stall 
 sum over layers: each card's cached layers over its own link, every host layer without the
 cache on the one CPU.
 
+**The spill past VRAM.** Where a card's experts (with its reserves: dense weights, KV cache,
+buffers) exceed its VRAM and its box spills (`Machine.spills`: Windows CUDA with the driver's
+system memory fallback, HIP on Windows; placer/hardware/spill.py) rather than failing to
+load, the overflow lies in host memory and the card reads it over its link whenever a step
+touches it. Which bytes the driver moves out is not known; they are taken from the card's
+expert weights (the bulk of what it holds, and the bytes a step reads least of), as a
+uniform share of them: each step reads that share of the selected experts of its GPU layers
+at `spill_rate` x the card's host-to-device bandwidth (fitted to published spilled runs:
+placer/hardware/host_fit.py), added to the step's stall (the same bytes' VRAM read
+stays in the base step: an over-count of at most the link's over the VRAM's bandwidth, a few
+percent). docs/accuracy.md says how this was chosen: a share of everything the card holds,
+dense weights included, at the full bandwidth, predicted group C's spilled runs 2x too slow.
+
 A step's cost is split among its tokens equally (solvers.judge.intervals.attribute), so the
 intervals here are over sequences like evaluate's, with equal shares per token.
 
@@ -127,6 +140,10 @@ class Machine:
     pageable: float | tuple[float | None, ...] | None = None
     cache: type = LlamaCppCache  # the build's cache (solvers/llamacpp/builds.py cache_class)
     alloc_limit: int | tuple[int, ...] = 0  # bytes of one GPU's largest allocation (0: none)
+    spills: bool | tuple[bool, ...] = False  # past its VRAM a GPU spills (else: fails to load)
+    vram: int | tuple[int, ...] = 0  # each GPU's VRAM (bytes), for the spill
+    reserved: int | tuple[int, ...] = 0  # bytes each GPU holds beside its experts
+    spill_rate: float = 1.0  # the share of `bandwidth` a GPU reads its spilled bytes at
 
     def upload_bandwidth(self, pinned: bool) -> np.ndarray:
         """[D] bytes/s of each GPU's uploads from pinned host experts (`bandwidth`) or from
@@ -166,6 +183,18 @@ class Machine:
         gpu = ~np.asarray(host_layers, dtype=bool)
         return np.bincount(self.layer_device[gpu], weights=self.layer_bytes[gpu],
                            minlength=len(self.per_device(self.capacity)))
+
+    def spill_bytes(self, host_layers: np.ndarray) -> np.ndarray:
+        """[D] bytes past each GPU's VRAM (its reserves and experts over it) where it spills,
+        at most its experts' bytes (0 where it fits or does not spill)."""
+        experts = self.gpu_bytes(host_layers)
+        over = self.per_device(self.reserved) + experts - self.per_device(self.vram)
+        spills = self.per_device(self.spills).astype(bool) & (self.per_device(self.vram) > 0)
+        return np.where(spills, np.clip(over, 0.0, experts), 0.0)
+
+    def spill_share(self, host_layers: np.ndarray) -> np.ndarray:
+        """[D] the share of each GPU's expert bytes in host memory (module docstring)."""
+        return self.spill_bytes(host_layers) / np.maximum(self.gpu_bytes(host_layers), 1.0)
 
     def bank_room(self, host_layers: np.ndarray) -> int:
         """The largest cache (bytes) whose banks fit beside the experts of the GPU layers:
@@ -218,14 +247,19 @@ def with_cache(machine: Machine, name: str, host: np.ndarray, cache_mib: int,
 class HostCosts:
     """The cpu model's figures of every MoE layer as if it were a host layer, for one set of
     steps ([S, L] each): stall, bytes the CPU reads or copies, experts it computes or
-    copies; offloaded: [S] whether a step is op-offloaded; selected: [S] bytes of the
-    experts each step selects (any setup's)."""
+    copies, bytes of the experts each step selects; offloaded: [S] whether a step is
+    op-offloaded."""
 
     stall: np.ndarray
     moved: np.ndarray
     experts: np.ndarray
     offloaded: np.ndarray
-    selected: np.ndarray
+    layer_selected: np.ndarray
+
+    @property
+    def selected(self) -> np.ndarray:
+        """[S] bytes of the experts each step selects (any setup's)."""
+        return self.layer_selected.sum(axis=1)
 
 
 def host_costs(machine: Machine, tokens: np.ndarray) -> HostCosts:
@@ -234,13 +268,13 @@ def host_costs(machine: Machine, tokens: np.ndarray) -> HostCosts:
     eb = np.asarray(machine.expert_bytes)
     loads = cpu_loads(eb, machine.expert_flops, machine.host, np.ones(eb.shape, dtype=bool),
                       tokens)
-    selected = np.zeros(len(tokens))
+    selected = np.zeros((len(tokens), tokens.shape[2]))
     for layer in range(tokens.shape[2]):
         ids = tokens[:, :, layer, :]
         mask = np.zeros((len(tokens), eb.shape[1]), dtype=bool)
         step, _, _ = np.nonzero(ids >= 0)
         mask[step, ids[ids >= 0]] = True
-        selected += mask @ np.asarray(eb[layer], dtype=np.float64)
+        selected[:, layer] = mask @ np.asarray(eb[layer], dtype=np.float64)
     return HostCosts(loads.layer_stall, loads.cold_bytes, loads.cold_experts,
                      machine.host.offloads(step_tokens(tokens)), selected)
 
@@ -276,8 +310,22 @@ def step_costs(machine: Machine, setup: Setup, tokens: np.ndarray,
         stall = np.where(fetches.used, cached, stall)
         moved = np.where(fetches.used, fetches.misses * eb.max(axis=1)[None], moved)
         experts = np.where(fetches.used, fetches.misses, experts)
-    return np.stack([stall[:, host].sum(axis=1), moved[:, host].sum(axis=1),
-                     experts[:, host].sum(axis=1), costs.selected], axis=1)
+    return np.stack([stall[:, host].sum(axis=1) + spill_stall(machine, host, costs),
+                     moved[:, host].sum(axis=1), experts[:, host].sum(axis=1), costs.selected],
+                    axis=1)
+
+
+def spill_stall(machine: Machine, host: np.ndarray, costs: HostCosts) -> np.ndarray:
+    """[S] seconds each step reads its GPUs' spilled share over their links (module
+    docstring): the share x the selected experts of each GPU's layers, at its bandwidth."""
+    share = machine.spill_share(host)
+    if not share.any():
+        return np.zeros(len(costs.layer_selected))
+    gpu = np.where(host, -1, machine.layer_device)
+    read = np.stack([costs.layer_selected[:, gpu == d].sum(axis=1) for d in range(len(share))],
+                    axis=1)
+    rate = machine.spill_rate * machine.per_device(machine.bandwidth)
+    return (read * (share / rate)[None]).sum(axis=1)
 
 
 def cache_stall(machine: Machine, setup: Setup, fetches: Fetches,
