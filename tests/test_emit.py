@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from cli_errors import assert_one_line_error
 from placed_plans import mixed_plan
 from safetensors import safe_open
 from tiny_pipeline import write_sealed
@@ -182,8 +183,20 @@ def test_emit_refuses_another_model_and_non_empty_out(tiny_models, tmp_path: Pat
     result = cli("emit", "--plan", plan, "--model", tiny_models["qwen3_moe"], "--out", out,
                  ok=False)
     assert "--force" in result.output
-    cli("emit", "--plan", plan, "--model", tiny_models["qwen3_moe"], "--out", out, "--force")
-    assert (out / "manifest.json").is_file()
+    cli("emit", "--plan", plan, "--model", tiny_models["qwen3_moe"], "--out", out / "sub")
+    (out / "sub" / "notes").mkdir()  # a placement with a folder of the user's beside it
+    for where, foreign in ((out, "'keep.txt'"), (out / "sub", "'notes'")):
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        result = cli("emit", "--plan", plan, "--model", tiny_models["qwen3_moe"], "--out",
+                     where, "--force", ok=False)
+        assert_one_line_error(result, "--force replaces only", code=1)
+        assert (("is not a placement (its manifest.json has none)" in result.output)
+                if where == out else (f"does not name ({foreign})" in result.output))
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing deleted
+    (out / "sub" / "notes").rmdir()
+    cli("emit", "--plan", plan, "--model", tiny_models["qwen3_moe"], "--out", out / "sub",
+        "--force", "--align", "256")
+    assert json.loads((out / "sub" / "manifest.json").read_text())["align"] == 256
 
 
 def test_a_full_disk_leaves_no_partial_output(tiny_models, tmp_path: Path, cli, monkeypatch

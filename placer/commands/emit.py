@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
             help="Every output tensor (each expert's cold part) starts at a multiple of this "
                  "absolute byte offset.")] = 4096,
         force: Annotated[bool, typer.Option(
-            help="Replace a non-empty --out: the new placement is written beside it and swapped "
+            help="Replace the placement in --out (only a placement: a manifest.json and the "
+                 "files it names, nothing else): the new one is written beside it and swapped "
                  "in once complete, so the old one stays valid until then (room for both is "
                  "needed).")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="Print the output files as JSON.")

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -112,10 +113,30 @@ def prepare_output(out_dir: Path, force: bool) -> str:
         return "in_place"
     if not force:
         raise PlacerError(f"--out {out_dir} is not empty; pass --force to replace it")
+    check_replaceable(out_dir)
     if os.stat(out_dir).st_dev != os.stat(out_dir.parent).st_dev:
         raise PlacerError(f"--out {out_dir} is a mount point: the new placement cannot be "
                           "written beside it and swapped in; empty it first")
     return "swap"
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """What --force may replace: a placement, and nothing else. `out_dir` must hold a
+    manifest.json naming its files, and nothing but that manifest and those files (a typo in
+    --out must not delete a folder of the user's, nor a file put beside a placement)."""
+    manifest = out_dir / "manifest.json"
+    try:
+        names = {f["name"] for f in json.loads(manifest.read_bytes())["files"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = "has none" if isinstance(exc, FileNotFoundError) else "cannot be read as one"
+        raise PlacerError(f"--out {out_dir} is not a placement (its manifest.json {why}): "
+                          "--force replaces only a directory placer emitted") from None
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in names | {manifest.name})
+    if foreign:
+        raise PlacerError(f"--out {out_dir} holds {len(foreign)} entr"
+                          f"{'y' if len(foreign) == 1 else 'ies'} its manifest does not name "
+                          f"({foreign[0]!r}{', ...' if len(foreign) > 1 else ''}): --force "
+                          "replaces only what placer emitted; move them or choose another --out")
 
 
 def check_space(out_dir: Path, where: Path, laid: list, mode: str) -> None:
