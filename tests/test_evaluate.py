@@ -260,7 +260,10 @@ def test_a_paired_ratio_has_the_interval_of_the_ratio():
     ratio = placement.ratio_to(base)
     assert (base.ci95()[1] - base.ci95()[0]) / base.point > 0.2  # each line alone is noisy ...
     np.testing.assert_allclose(ratio.ci95(), [0.5, 0.5], rtol=1e-12)  # ... their ratio is not
-    assert Estimate(0.0, np.zeros(3)).ratio_to(Estimate(0.0, np.zeros(3))).point == 0.0
+    # neither stalls: the same (1, not 0: a placement that ties its baseline is not better)
+    tie = Estimate(0.0, np.zeros(3)).ratio_to(Estimate(0.0, np.zeros(3)))
+    assert tie.point == 1.0 and tie.ci95() == [1.0, 1.0] and verdict(tie.ci95()) != "better"
+    assert Estimate(1.0, np.ones(3)).ratio_to(Estimate(0.0, np.zeros(3))).point == np.inf
 
 
 def test_attribution_and_units():

@@ -175,9 +175,11 @@ class Estimate:
         return [float(low), float(high)]
 
     def ratio_to(self, other: Estimate) -> Estimate:
-        """This figure over `other`, replicate by replicate (paired)."""
-        return Estimate(_divide(self.point, other.point),
-                        _divide(self.replicates, other.replicates))
+        """This figure over `other`, replicate by replicate (paired): a stall over a stall,
+        where neither stalling (0 / 0) is 1, the same, and stalling beside a line that never
+        does is inf."""
+        return Estimate(_ratio(self.point, other.point), _ratio(self.replicates,
+                                                                other.replicates))
 
 
 def _divide(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray | float:
@@ -186,6 +188,13 @@ def _divide(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray | fl
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(den > 0, num / np.where(den > 0, den, 1.0),
                        np.where(num > 0, np.inf, 0.0))
+    return float(out) if out.ndim == 0 else out
+
+
+def _ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray | float:
+    """num / den with 0 / 0 = 1 and x / 0 = inf: two stalls compared (Estimate.ratio_to)."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    out = np.where((num == 0) & (den == 0), 1.0, _divide(num, den))
     return float(out) if out.ndim == 0 else out
 
 
