@@ -27,8 +27,8 @@ do not describe its weights is refused before anything is allocated from it.
 Estimated (`estimate_steps`): a step at batch B reads the dense weights (`dense_read_bytes`:
 the token embedding table only at its B rows where the model has an output head of its own),
 per MoE layer the expected distinct experts selected (E x (1 - (1 - k/E)^B) under
-independent routing) x an expert's bytes, and each sequence's KV cache at its context (`kv_bytes` a sequence); it takes
-`step_ms`: those bytes at the card's effective bandwidth (its published bandwidth x the
+independent routing) x an expert's bytes, and each sequence's KV cache at its context
+(`kv_bytes` a sequence); it takes `step_ms`: those bytes at the card's effective bandwidth (its published bandwidth x the
 backend's fitted share), or the compute where that binds (2 FLOP a weight a token, taking a
 weight for two bytes: a bf16 checkpoint's; a quantized one's weights are counted short),
 plus every decoder layer's fixed cost (kernel launches, syncs). The share, the per-layer cost
