@@ -28,9 +28,10 @@ Estimated (`estimate_steps`): a step at batch B reads the dense weights (`dense_
 the token embedding table only at its B rows where the model has an output head of its own),
 per MoE layer the expected distinct experts selected (E x (1 - (1 - k/E)^B) under
 independent routing) x an expert's bytes, and each sequence's KV cache at its context
-(`kv_bytes` a sequence); it takes `step_ms`: those bytes at the card's effective bandwidth (its published bandwidth x the
-backend's fitted share), or the compute where that binds (2 FLOP a weight a token, taking a
-weight for two bytes: a bf16 checkpoint's; a quantized one's weights are counted short),
+(`kv_bytes` a sequence); it takes `step_ms`: those bytes at the card's effective bandwidth
+(its published bandwidth x the backend's fitted share), or the compute where that binds (2
+FLOP a weight a token, taking a weight for two bytes: a bf16 checkpoint's; a quantized one's
+weights are counted short),
 plus every decoder layer's fixed cost (kernel launches, syncs). The share, the per-layer cost
 and the range the step may lie in come from a fit to published llama.cpp measurements
 (`StepFit`, placer/hardware/step_fit.py); without one (share 1, no per-layer cost) it is the
