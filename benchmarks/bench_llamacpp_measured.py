@@ -135,8 +135,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tests")
     parser.add_argument("--out", type=Path, help="keep the files here (default: temporary)")
+    parser.add_argument("--trials", type=int, help="timed passes per option (5; --quick 3)")
+    parser.add_argument("--prompts", type=int, help="prompts (8; --quick 5)")
+    parser.add_argument("--new-tokens", type=int, help="decode tokens a prompt (8; --quick 3)")
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp's CPU threads")
     args = parser.parse_args()
     trials, prompts, new = (3, 5, 3) if args.quick else (5, 8, 8)
+    trials, prompts, new = args.trials or trials, args.prompts or prompts, args.new_tokens or new
     shape = SHAPES[args.shape]
     print(f"shape {args.shape}: {shape.layers} MoE layers x {shape.experts} experts, top-"
           f"{shape.top_k}, hidden {shape.hidden}; a {shape.card_mib} MiB card")
@@ -147,8 +152,8 @@ def main() -> None:
         text = placer(
             "bench", "--engine", "llamacpp", plan, "--model", gguf, "--prompts", prompt_file,
             "--trials", trials, "--max-new-tokens", new, "--max-prompt-tokens", 4,
-            "--threads", 2, "--spec-out", root / "calibrated.toml", "--allow-other-device",
-            "--json")
+            "--threads", args.threads, "--spec-out", root / "calibrated.toml",
+            "--allow-other-device", "--json")
         (root / "bench.json").write_text(text)
         report = json.loads(text)
     for note in report["notes"]:
