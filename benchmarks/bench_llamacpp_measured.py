@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -156,6 +157,8 @@ def main() -> None:
             "--allow-other-device", "--json")
         (root / "bench.json").write_text(text)
         report = json.loads(text)
+    print(f"load average at the end (1, 5, 15 min; this box's {os.cpu_count()} cores shared): "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     for note in report["notes"]:
         print(f"note: {note}")
     print_calibration(report, trials, new)
