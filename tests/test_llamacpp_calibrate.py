@@ -34,7 +34,7 @@ def test_the_picked_options_fit_the_cpus_expert_time_where_options_compute_on_th
     """Measured times that follow the cost model: calibrated on the 3 options picked, every
     other option is predicted as measured. (The pick took chosen and two cached options that
     differ only in their uploads: the expert time stayed the spec's 4.4 us, and `-cmoe`,
-    which computes 15 experts a step on the CPU, was predicted 2.3x too fast.)"""
+    which computes 15 experts a step on the CPU, was predicted 1.64x too fast.)"""
     data = rows()
     names = pick(data)
     assert len(names) == 3 and names[0] == "chosen"
