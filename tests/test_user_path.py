@@ -95,7 +95,8 @@ def test_probe_step_measures_a_tiny_model_into_a_spec(pipe, tmp_path, monkeypatc
 
 def test_probe_step_estimate_is_bytes_over_bandwidth_and_says_so(pipe, tmp_path):
     """The bytes a step reads at the fitted share of the bandwidth, plus every layer's fitted
-    cost (a card placer does not know: CUDA's fit over every tier)."""
+    cost (a card placer does not know: CUDA's fit over every tier). The tiny model's output
+    head is its own (lm_head), so a token reads one row of its embedding table."""
     from placer.hardware.backends import fit_for
 
     fit = fit_for(None, "cuda")
@@ -106,8 +107,11 @@ def test_probe_step_estimate_is_bytes_over_bandwidth_and_says_so(pipe, tmp_path)
     inv = read_inventory(pipe.model)
     sizes = inv.expert_bytes().mean(axis=1)
     e, k = inv.experts_per_layer, inv.top_k
+    table = next(t for t in inv.dense_tensors if t.name == "model.embed_tokens.weight")
+    assert any(t.name == "lm_head.weight" for t in inv.dense_tensors)
     for b, ms in load_spec(out).base_step_ms:
-        active = inv.dense_bytes + (sizes * e * (1 - (1 - k / e) ** b)).sum()
+        dense = inv.dense_bytes - table.length + b * table.length / table.shape[0]
+        active = dense + (sizes * e * (1 - (1 - k / e) ** b)).sum()
         assert ms == pytest.approx(1e3 * active / (fit.share * 2e9)
                                    + inv.num_layers * fit.layer_us / 1e3, rel=1e-3)
     assert "ESTIMATED, not measured" in out.read_text()

@@ -24,12 +24,14 @@ The stand-in is first built on torch's meta device (no memory) and its bytes com
 the checkpoint's own tensors: a config.json whose sizes (hidden, vocabulary, heads, layers)
 do not describe its weights is refused before anything is allocated from it.
 
-Estimated (`estimate_steps`): a step at batch B reads the dense weights, per MoE layer the
-expected distinct experts selected (E x (1 - (1 - k/E)^B) under independent routing) x an
-expert's bytes, and each sequence's KV cache at its context (`kv_bytes` a sequence); it takes
-`step_ms`: those bytes at the card's effective bandwidth (its published bandwidth x the
-backend's fitted share), or the compute where that binds (2 FLOP a weight a token, taking a
-weight for two bytes: a bf16 checkpoint's; a quantized one's weights are counted short),
+Estimated (`estimate_steps`): a step at batch B reads the dense weights (`dense_read_bytes`:
+the token embedding table only at its B rows where the model has an output head of its own),
+per MoE layer the expected distinct experts selected (E x (1 - (1 - k/E)^B) under
+independent routing) x an expert's bytes, and each sequence's KV cache at its context
+(`kv_bytes` a sequence); it takes `step_ms`: those bytes at the card's effective bandwidth
+(its published bandwidth x the backend's fitted share), or the compute where that binds (2
+FLOP a weight a token, taking a weight for two bytes: a bf16 checkpoint's; a quantized one's
+weights are counted short),
 plus every decoder layer's fixed cost (kernel launches, syncs). The share, the per-layer cost
 and the range the step may lie in come from a fit to published llama.cpp measurements
 (`StepFit`, placer/hardware/step_fit.py); without one (share 1, no per-layer cost) it is the
@@ -133,6 +135,40 @@ def step_ms(read_bytes: float, layers: int, bandwidth: float, fit: StepFit,
     return 1e3 * max(memory, compute) + layers * fit.layer_us / 1e3
 
 
+# The token embedding table (a decode step reads one row of it per token: llama.cpp's
+# get_rows, transformers' nn.Embedding) and the output head (a matmul: read whole), by the
+# names checkpoints and GGUFs give them (a GGUF's head is `output.weight`, llama.cpp
+# src/llama-quant.cpp `tensor_name_match_output_weight`, ggml-org/llama.cpp@007dbbf3).
+EMBEDDING_NAMES = ("embed_tokens.weight", "token_embd.weight", "wte.weight",
+                   "word_embeddings.weight", "tok_embeddings.weight")
+HEAD_NAMES = ("lm_head.weight", "output.weight", "embed_out.weight")
+
+
+def _named(name: str, names: tuple[str, ...]) -> bool:
+    return any(name == n or name.endswith("." + n) for n in names)
+
+
+def dense_read_bytes(inv: Inventory, tokens: int) -> float:
+    """Bytes of dense weights a decode step of `tokens` tokens reads: every dense tensor whole
+    but the token embedding table, of which each token reads its one row. A model with no
+    output head of its own ties its embeddings: the table is the head, read whole (as
+    llama.cpp's quantizer takes a model without `output.weight` to be tied,
+    src/llama-quant.cpp `has_tied_embeddings`, ggml-org/llama.cpp@007dbbf3)."""
+    if not any(_named(t.name, HEAD_NAMES) for t in inv.dense_tensors):
+        return float(inv.dense_bytes)
+    hidden = inv.config.get("hidden_size")
+    total = 0.0
+    for t in inv.dense_tensors:
+        numel = math.prod(t.shape)
+        if _named(t.name, EMBEDDING_NAMES) and numel:
+            width = hidden if isinstance(hidden, int) and hidden > 0 and not numel % hidden \
+                else min(t.shape)  # a row: hidden weights (vocab > hidden where unknown)
+            total += min(t.length, tokens * t.length * width / numel)
+        else:
+            total += t.length
+    return total
+
+
 def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, ...],
                    source: str, fit: StepFit = StepFit(), *, flops: float | None = None,
                    kv_bytes: int = 0) -> StepTimes:
@@ -141,14 +177,14 @@ def estimate_steps(inv: Inventory, memory_bandwidth: float, batches: tuple[int, 
     cache at its context."""
     sizes = inv.expert_bytes().astype(float)
     experts, k = inv.experts_per_layer, inv.top_k
+    per_token = dense_read_bytes(inv, 1) + float(sizes.mean(axis=1).sum() * k)
     points = []
     for b in batches:
         distinct = experts * (1.0 - (1.0 - k / experts) ** b)
-        weights = inv.dense_bytes + float((sizes.mean(axis=1) * distinct).sum())
+        weights = dense_read_bytes(inv, b) + float((sizes.mean(axis=1) * distinct).sum())
         ms = step_ms(weights + b * kv_bytes, inv.num_layers, memory_bandwidth, fit, flops,
-                     b * (inv.dense_bytes + float(sizes.mean(axis=1).sum() * k)))
+                     b * per_token)
         points.append((b, significant(ms)))
-    per_token = inv.dense_bytes + float(sizes.mean(axis=1).sum() * k)
     kv = f" and {kv_bytes / 1e9:.3g} GB of KV cache" if kv_bytes else " (no KV cache counted)"
     return StepTimes(monotone(points), True,
                      f"estimated ({source}): {per_token / 1e9:.3g} GB of weights{kv} read per "

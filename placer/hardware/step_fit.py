@@ -9,7 +9,10 @@ The measurements (read NOTES.md there first): llama.cpp's scoreboards (ggml-org/
 discussions #15013 CUDA, #10879 Vulkan, #15021 ROCm, #4167 Apple; scraped or transcribed by
 third parties, each row naming the path) time `llama-bench -m llama-2-7b.Q4_0.gguf -ngl 99`:
 tg128, 128 tokens decoded from an empty context, so the step reads the weights (3.56 GiB, 32
-layers; Apple's #4167 also F16 and Q8_0 of LLaMA 7B) and no KV. Each row's card is the card
+layers; Apple's #4167 also F16 and Q8_0 of LLaMA 7B) and no KV: every weight but the token
+embedding table (32,000 x 4,096), of which a token reads one row (`read_bytes`; the table is
+in the file's own type: 3.56 GiB is LLaMA 7B's 6.74 B weights at Q4_0's 4.5 bits with the
+output head at Q6_K, llama.cpp's quantizer's rule, src/llama-quant.cpp). Each row's card is the card
 table's (placer/hardware/cards.py, whose bandwidth the estimate divides by); a row is left out
 where its card's bandwidth is ambiguous or unposted (the research cards.csv says so) or
 where NOTES.md finds it wrong (`SUSPECT`), and a repeat of a row (one run transcribed twice)
@@ -48,6 +51,8 @@ from placer.hardware.cards import STREAM_SHARE, CardFigures, card
 
 GIB = 2**30
 LAYERS = 32  # LLaMA (v1, 2) 7B's decoder layers
+VOCAB, HIDDEN = 32000, 4096  # LLaMA (v1, 2) 7B's token embedding table
+TABLE_BYTES_A_WEIGHT = {"Q4_0": 18 / 32, "Q8_0": 34 / 32, "F16": 2.0}  # ggml's block sizes
 MIN_ROWS = 4
 BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "Vulkan": "vulkan", "Metal": "metal", "CPU": "cpu"}
 SUSPECT = {("Vulkan", "Apple M3"): "1.01 of its bandwidth: its label or bandwidth is wrong "
@@ -110,9 +115,20 @@ def read_runs(scoreboard: str, research_cards: str) -> tuple[list[Run], list[tup
         key = (found.name, r["backend"], size, tok_s)
         if key not in seen:
             seen.add(key)
-            runs.append(Run(label, BACKENDS[r["backend"]], found, float(size) * GIB, tok_s,
+            runs.append(Run(label, BACKENDS[r["backend"]], found,
+                            read_bytes(float(size) * GIB, r["model"]), tok_s,
                             f"{r['source']}, {r['date']}"))
     return runs, sorted(left.items())
+
+
+def read_bytes(file_bytes: float, model: str) -> float:
+    """Bytes a decode token of LLaMA 7B in the file of `file_bytes` reads: all but the token
+    embedding table's other rows (the table in the file's type, named in `model`)."""
+    kind = next((q for q in TABLE_BYTES_A_WEIGHT if q in model), None)
+    if kind is None:
+        raise PlacerError(f"dense_scoreboard.csv: model {model!r}: expected a LLaMA 7B in "
+                          f"{', '.join(TABLE_BYTES_A_WEIGHT)}")
+    return file_bytes - (VOCAB - 1) * HIDDEN * TABLE_BYTES_A_WEIGHT[kind]
 
 
 def fit_runs(runs: list[Run]) -> StepFit:
@@ -174,7 +190,7 @@ def nographs(rows: list[FitRow]) -> list[FitRow]:
     whole = next(r for r in rows if r.backend == "cuda" and r.tier == ANY_TIER)
     h100 = card(NOGRAPHS_CARD)
     assert h100 is not None
-    step = step_ms(3.56 * GIB, LAYERS, h100.bandwidth, whole.step_fit())
+    step = step_ms(read_bytes(3.56 * GIB, "Q4_0"), LAYERS, h100.bandwidth, whole.step_fit())
     extra = round((NOGRAPHS_GAIN - 1) * step / LAYERS * 1e3, 1)
     return [FitRow("cuda-nographs", row.tier, row.share, round(row.layer_us + extra, 1),
                    (round(row.spread[0] / NOGRAPHS_GAIN, 2), row.spread[1]), 0, 0.0, 0.0,

@@ -16,7 +16,13 @@ The predicted time of a decode token under an option is, with the plan's spec (p
 With the per-option counts from the recorded routing and each option's measured time per
 token, the figures are a non-negative least-squares fit on at most 3 options (relative
 error), fitted in the order base, sync, expert, latency: with n options the first n
-figures that the options tell apart are fitted, the others kept as the spec says. The
+figures that the options tell apart are fitted, the others kept as the spec says. Without
+--calibrate-on the options are picked (`pick`) so that they tell apart as many figures as
+any 3 of the options run can, the earliest in that order first: two cached options that
+differ only in their uploads tell the latency apart but leave the CPU's expert time at the
+spec's figure, which a held-out option computing its experts on the CPU then pays (a
+software device's CPU backend, contended, ran its host layers 50% slower than the spec's
+figure said). The
 upload bandwidth (`h2d_bandwidth`) is kept: it multiplies the misses' bytes, which at a
 bench's size are not told apart from the per-copy latency (the report says so).
 The other options are then predicted with the fitted figures, and their error against
@@ -26,6 +32,7 @@ their measured tok/s is reported. The output target is checked before anything r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -74,18 +81,34 @@ def design(row: dict) -> np.ndarray:
     return np.array([1.0, *(terms[t] for t in TERMS)])
 
 
+def free_figures(x: np.ndarray) -> list[int]:
+    """The columns of design rows `x` a fit on them tells apart, taken in order (base, sync,
+    expert, latency): each one kept where it raises the rank, while the rank stays below
+    the number of rows."""
+    free: list[int] = []
+    for j in range(x.shape[1]):
+        trial = [*free, j]
+        if len(trial) <= len(x) and np.linalg.matrix_rank(x[:, trial]) == len(trial):
+            free = trial
+    return free
+
+
 def pick(rows: list[dict], count: int = MAX_CALIBRATION) -> tuple[str, ...]:
-    """`count` options whose design rows differ most (greedy: each next one the farthest
-    from the span of those taken), starting with the first option."""
+    """`count` options, the first among them, that tell apart the most figures, the earliest
+    first (`free_figures`), and among those the ones whose design rows (each figure scaled
+    to its largest term) span the largest volume over the figures they fit."""
     x = np.array([design(r) for r in rows])
-    x = x / np.maximum(np.abs(x).max(axis=0), 1e-30)
-    taken = [0]
-    while len(taken) < min(count, len(rows)):
-        basis = x[taken].T
-        residual = [np.linalg.norm(x[i] - basis @ np.linalg.lstsq(basis, x[i], rcond=None)[0])
-                    if i not in taken else -1.0 for i in range(len(rows))]
-        taken.append(int(np.argmax(residual)))
-    return tuple(rows[i]["option"] for i in taken)
+    scaled = x / np.maximum(np.abs(x).max(axis=0), 1e-30)
+    best: tuple | None = None
+    for rest in itertools.combinations(range(1, len(rows)), min(count, len(rows)) - 1):
+        taken = [0, *rest]
+        free = free_figures(x[taken])
+        volume = float(np.prod(np.linalg.svd(scaled[np.ix_(taken, free)], compute_uv=False)))
+        key = (len(free), [-j for j in free], volume)
+        if best is None or key > best[0]:
+            best = (key, taken)
+    assert best is not None
+    return tuple(rows[i]["option"] for i in best[1])
 
 
 def fit(rows: list[dict], names: tuple[str, ...], spec_figures: np.ndarray) -> np.ndarray:
@@ -94,11 +117,7 @@ def fit(rows: list[dict], names: tuple[str, ...], spec_figures: np.ndarray) -> n
     x = np.array([design(r) for r in chosen])
     y = np.array([1.0 / r["measured_tokens_per_s"] - r["model_terms"]["fixed_s"]
                   for r in chosen])
-    free = []
-    for j in range(x.shape[1]):
-        trial = [*free, j]
-        if len(trial) <= len(chosen) and np.linalg.matrix_rank(x[:, trial]) == len(trial):
-            free = trial
+    free = free_figures(x)
     figures = spec_figures.copy()
     kept = [j for j in range(x.shape[1]) if j not in free]
     target = (y - x[:, kept] @ figures[kept]) / y
