@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from placer.plan.placement import read_plan
 from solvers.judge.intervals import verdict as verdict_of
 
 pytest_plugins = ["regression_plan"]  # `setup`: the solved tiny plan, once per session
@@ -111,7 +112,6 @@ def test_cache_slots_replay_what_the_runtime_would_stage(setup, cli):
     """The placement line stages what the runtime's own cache class stages for the same
     steps in order: a cached plan with its own slots, a static one given 4 per card, and
     with none (then the cost model's figure exactly)."""
-    from placer.plan.placement import read_plan
     from placer.predict.staging import expected_staging
     from traces.storing.profile import every_token_steps, step_mask
 
@@ -154,3 +154,20 @@ def test_curve_and_plot_come_out(setup, cli, tmp_path):
             widths.append(high - low)
     assert max(widths) > 0  # the folds differ somewhere: the intervals are not all points
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_curve_replays_a_bounded_sample_of_whole_sequences(setup, monkeypatch):
+    """Past the replay bound --curve cuts its folds from evaluate's seeded sample of whole
+    sequences (fewer tokens trained on at every fraction, a note saying so); within it,
+    every sequence and no note."""
+    import placer.predict.curve as curve
+
+    plan = read_plan(setup["plan"])
+    whole, note = curve.calibration_curve(plan, folds=2, fractions=(1.0,))
+    assert note is None
+    monkeypatch.setattr(curve, "REPLAY_SELECTIONS", 400)
+    cut, note = curve.calibration_curve(plan, folds=2, fractions=(1.0,))
+    assert note.startswith("--curve: ") and "seeded sample" in note
+    (full,) = [r for r in whole if r["line"] == "placement"]
+    (part,) = [r for r in cut if r["line"] == "placement"]
+    assert part["tokens"] < full["tokens"]

@@ -142,7 +142,9 @@ def register(app: typer.Typer) -> None:
         report = evaluate(plan, trace_dirs, opts,
                           progress=not json_out and sys.stderr.isatty())
         if curve:
-            report["curve"] = calibration_curve(plan, folds=folds, seed=seed, num_steps=steps)
+            report["curve"], note = calibration_curve(plan, folds=folds, seed=seed,
+                                                      num_steps=steps)
+            report["notes"] += [note] if note else []
         if plot:
             report["plot"] = str(plot_evaluation(plan, report, trace_dirs, plot))
         report_evaluate(report, out, verbose=verbose, quiet=json_out)

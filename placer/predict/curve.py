@@ -10,24 +10,27 @@ import numpy as np
 from placer.errors import PlacerError
 from placer.plan.placement import Plan
 from placer.plan.solve import figures
-from placer.predict.evaluate import plan_problem, replay_steps
+from placer.predict.evaluate import REPLAY_SELECTIONS, plan_problem, replay_steps
 from solvers.judge.replay import make_steps
 from solvers.problem import Steps
 from solvers.static import baselines, greedy
 from traces.storing.profile import load_profile, split_sequences
+from traces.storing.sample import replay_sample, sample_note
 
 
 def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] = (
         0.125, 0.25, 0.5, 1.0), batch: int | None = None, seed: int | None = None,
-        num_steps: int | None = None) -> list[dict]:
+        num_steps: int | None = None) -> tuple[list[dict], str | None]:
     """Held-out hit rate and stall against how much calibration traffic a plan sees.
 
     k-fold over the sequences of the plan's first calibration trace set: for each fold, a
     greedy plan (same homes and budgets as `plan`) is solved on `fraction` of the other
     folds' sequences and replayed on the held-out fold, beside the uniform baseline and the
     oracle (greedy solved on the held-out fold itself). Every token of a fold is replayed
-    (and trained on) unless `num_steps` asks for that many sampled steps. Figures are means
-    over folds, with 95% intervals over folds.
+    (and trained on) unless `num_steps` asks for that many sampled steps; past evaluate's
+    REPLAY_SELECTIONS the folds are cut from a seeded sample of whole sequences, as
+    evaluate's replay is, and the note (else None) says so. Figures are means over folds,
+    with 95% intervals over folds.
     """
     if plan.engine is not None:
         raise PlacerError(f"--curve replays greedy placements for placer's runtime; this plan "
@@ -43,6 +46,11 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
     top_k = int(plan.model["top_k"])
     profile = load_profile(trace_dir)
     splits = split_sequences(trace_dir, folds, seed)
+    sample = (replay_sample(trace_dir, seed, max_selections=REPLAY_SELECTIONS)
+              if num_steps is None else None)
+    if sample is not None:
+        kept = set(sample.seq_ids)
+        splits = [s & kept for s in splits]
     rng = np.random.default_rng(seed)
     rows: dict[float, list[dict]] = {f: [] for f in fractions}
     lines: dict[str, list[dict]] = {"uniform": [], "oracle": []}
@@ -71,7 +79,7 @@ def calibration_curve(plan: Plan, folds: int = 4, fractions: tuple[float, ...] =
         out.append({"line": "placement", "fraction": f, **_mean(rows[f])})
     for name, values in lines.items():
         out.append({"line": name, "fraction": None, **_mean(values)})
-    return out
+    return out, None if sample is None else f"--curve: {sample_note(trace_dir, sample.json())}"
 
 
 def _mean(rows: list[dict]) -> dict:
