@@ -159,7 +159,9 @@ def run_stages(req: PlanRequest, inv: Inventory, spec: HardwareSpec, target: Tar
                       "corpora": [[str(c.path), c.sha256] for c in corpora],
                       "options": {k: v for k, v in asdict(req.collect).items()
                                   if k not in ("progress", "device", "tokenizer")},
-                      "text_field": req.text_field}
+                      "text_field": req.text_field,
+                      **({"tokenizer": model_files(req.collect.tokenizer)}
+                         if req.collect.tokenizer is not None else {})}
     stage("collect", collect_inputs, (collected,),
           lambda: run_collect(req, inv, corpora, collected, progress))
     split_inputs = {"traces": stages["collect"].key, "fraction": req.fraction, "seed": req.seed}
@@ -202,8 +204,13 @@ def check_paths(req: PlanRequest) -> None:
     inside an input."""
     if not req.corpora:
         raise PlacerError("give at least one --corpus to collect routing on")
+    tokenizer = req.collect.tokenizer
+    if tokenizer is not None and not Path(tokenizer).is_dir():
+        raise PlacerError(f"--tokenizer {tokenizer}: expected a directory holding a "
+                          "tokenizer (a checkpoint's tokenizer.json, tokenizer_config.json)")
     spec_file = Path(req.hardware) if os.path.isfile(req.hardware) else None
     check_outputs([("--out", req.out)], [("the checkpoint", req.model),
+                                         ("the tokenizer", req.collect.tokenizer),
                                          ("the hardware spec", spec_file),
                                          *(("the corpus", c) for c in req.corpora)],
                   directory=True)
@@ -336,8 +343,8 @@ def digest(obj: Any) -> str:
 
 
 def model_files(model: Path) -> list:
-    """The model's files (a GGUF file, or the checkpoint directory's) by name, size and
-    modification time: a model rewritten in place changes its key."""
+    """The model's files (a GGUF file, or the checkpoint or tokenizer directory's) by name,
+    size and modification time: a model rewritten in place changes its key."""
     paths = [model] if model.is_file() else sorted(p for p in model.iterdir() if p.is_file())
     return [[p.name, st.st_size, st.st_mtime_ns] for p in paths for st in [p.stat()]]
 

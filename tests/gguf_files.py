@@ -37,10 +37,11 @@ def write_moe_gguf(path: Path, *, arch: str = "qwen3moe", layers: int = 2, exper
                        GGMLQuantizationType.Q8_0),
                    dense_layers: tuple[int, ...] = (), shared: bool = False,
                    biases: bool = False, nextn: int = 0, split_max_tensors: int = 0,
-                   seed: int = 0,
+                   seed: int = 0, heads: tuple[int, int] | None = None,
                    ) -> dict[str, np.ndarray]:
     """A tiny MoE GGUF at `path`: gate, up, down experts in `types` (one per projection),
-    dense attention/norm/router tensors; {tensor name: its bytes as written}."""
+    dense attention/norm/router tensors; `heads`: (attention heads, KV heads) recorded, which
+    size its KV cache (else it has no attention shape); {tensor name: its bytes as written}."""
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     writer.add_block_count(layers)
@@ -48,6 +49,9 @@ def write_moe_gguf(path: Path, *, arch: str = "qwen3moe", layers: int = 2, exper
     writer.add_expert_count(experts)
     writer.add_expert_used_count(top_k)
     writer.add_expert_feed_forward_length(ff)
+    if heads is not None:
+        writer.add_head_count(heads[0])
+        writer.add_head_count_kv(heads[1])
     if shared:
         writer.add_expert_shared_count(1)
     if nextn:

@@ -517,3 +517,12 @@ def test_bad_inputs_give_one_line_and_exit_1(tmp_path, trace_models, placer_run,
     assert_one_line_error(placer_run("collect", "--model", model, "--corpus", csv_corpus,
                                       "--out", out, ok=False), "unknown format")
     assert not out.exists() or not list(out.glob("*.parquet"))
+
+
+def test_no_progress_bar_where_stderr_is_not_a_terminal(tmp_path, trace_models, placer_run):
+    """docs/cli.md: progress shows on stderr when it is a terminal; collect's bar (on by
+    default) was written to a pipe or a log file all the same, its last frame left there."""
+    done = placer_run("collect", "--model", trace_models["qwen3_moe"], "--random-tokens", 32,
+                      "--max-length", 16, "--out", tmp_path / "t")
+    assert "random: 32 tokens" in done.stdout
+    assert "tok/s" not in done.stderr and "random (tokens)" not in done.stderr, done.stderr

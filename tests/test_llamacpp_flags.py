@@ -118,13 +118,13 @@ def test_two_cards_flags_with_ts_predict_what_the_plan_predicts(tmp_path) -> Non
 
 
 def test_flags_side_by_side_and_unmodelled_flags_named(one) -> None:
-    first = "-ngl 99 -ncmoe 3 --moe-cache-mib 1 -c 4096 -ctk q8_0 -t 8 --port 8080 -fa on"
+    first = "-ngl 99 -ncmoe 3 --moe-cache-mib 1 -ctk q8_0 -t 8 --port 8080 -fa on"
     second = "llama-server -m x.gguf --n_cpu_moe 4 --mystery-knob 7 --no-warmup"
     done = run("evaluate", one["plan"], "--flags", first, "--flags", second)
     assert done.exit_code == 0, done.output
     text = " ".join(done.output.split())
     for said in ("not modelled: --mystery-knob 7", "not modelled: --no-warmup",
-                 "not modelled: -t 8", "-c 4096, -ctk q8_0: parsed, KV size from the spec's "
+                 "not modelled: -t 8", "-ctk q8_0: parsed, KV size from the spec's "
                  "reserved_kv", "does not change placement: --port 8080, -fa on",
                  "uniform routing", "flags 1", "flags 2"):
         assert said in text, said
@@ -278,3 +278,29 @@ def test_experts_sent_to_another_card_than_their_layer_are_named(tmp_path) -> No
     notes = report["lines"][1]["not_modelled"]
     assert any(n.startswith("-ot puts layer 3's experts on card 0, the layer on card 1")
                for n in notes), notes
+
+
+def test_c_sizes_the_kv_cache_beside_a_plan_as_beside_its_gguf(tmp_path) -> None:
+    """`evaluate PLAN --flags '... -c N'` sizes the KV cache from the plan's recorded KV shape
+    exactly as `evaluate --model GGUF --hardware SPEC --flags` does (4 layers x 256 cells x
+    (K + V of 2 heads x 64) f16 values = 512 KiB): the same note, setup and figures; a plan
+    written before plans recorded the shape refuses -c rather than ignore it."""
+    model = tiny_gguf(tmp_path, heads=(4, 2))
+    traces = tiny_traces(tmp_path, model)
+    spec = one_card(tmp_path, 2.5)
+    plan, _ = solve(tmp_path, model, traces, spec)
+    flags = "-ngl all -ncmoe 2 -c 256"
+    common = ("--flags", flags, "--traces", traces, "--concurrency", "1")
+    beside = run_json("evaluate", plan, *common)
+    alone = run_json("evaluate", "--model", model, "--hardware", spec, *common)
+    line, = (x for x in beside["lines"] if x["name"] == "flags")
+    assert line == alone["lines"][0]
+    assert any(n.startswith("context 256 tokens, f16 K and V (-c 256): reserved_kv 512.00 KiB")
+               for n in line["notes"]), line["notes"]
+    assert flag_figures(beside) == flag_figures(alone)
+    old = json.loads(plan.read_text())
+    del old["model"]["kv_shape"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert_one_line_error(run("evaluate", tmp_path / "old.json", "--flags", flags),
+                          "written before plans recorded the model's KV shape")
+    assert run("evaluate", tmp_path / "old.json", "--flags", "-ngl all -ncmoe 2").exit_code == 0

@@ -104,6 +104,21 @@ def test_export_option_prints_any_option_and_names_the_build(tiny):
         assert "# predicted for llama.cpp b12170 (ClassLRU cache, CPU share)" in output
     code, output = run("export", "llamacpp", plan, "--option", "nope")
     assert code == 1 and "no option 'nope'" in output
+    # the names hold commas ("tuner 1 MiB, share 0"): each is quoted, the list unambiguous
+    listed = output.split("its options: ", 1)[1].strip()
+    assert listed == ", ".join(repr(n) for n in names), listed
+
+
+def test_the_solve_tables_fit_100_columns(tiny, tmp_path):
+    """`solve --engine llamacpp --verbose` and the plan.txt beside the plan: every table line
+    at most 100 columns (docs/cli.md), a long cell wrapped, nothing cut."""
+    root, model, traces, _ = tiny
+    plan, output = solve(root, model, traces, one_card(root, 2.5), "--verbose",
+                         out="wide.json")
+    for text in (output, plan.with_suffix(".txt").read_text()):
+        rows = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+        assert rows and max(map(len, rows)) <= 100, max(map(len, rows))
+        assert "…" not in text and any("ncmoe" in row for row in rows)  # folded, not cut
 
 
 def test_export_refuses_a_flag_the_named_build_lacks(tiny):

@@ -228,3 +228,18 @@ def test_check_target_accepts_what_can_be_written(tmp_path: Path) -> None:
     check_target(Path("/dev/null"))
     check_target(tmp_path, directory=True)
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("command", ["solve", "evaluate"])
+def test_a_trace_directory_given_twice_is_refused(tmp_path: Path, monkeypatch, command: str
+                                                  ) -> None:
+    """The same --traces directory twice (by another path to it too) counted its sequences
+    twice (evaluate's folds went from 4 to 2): one line naming the option, before any work."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tr").mkdir()
+    first = ["plan.json"] if command == "evaluate" else ["--model", "m", "--hardware", "h",
+                                                         "--out", "p.json"]
+    done = CliRunner().invoke(app, [command, *first, "--traces", "tr", "--traces",
+                                    str(tmp_path / "tr") + "/"])
+    assert_one_line_error(done, f"--traces {tmp_path / 'tr'}: given twice (as tr too)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tr"]

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from cli_errors import assert_one_line_error
 from llamacpp_boxes import write_one_card_spec
 from tiny_pipeline import invoke
 
@@ -101,3 +102,26 @@ def test_a_config_plan_exports_with_a_named_placeholder(user, tmp_path):
     as_json = json.loads(invoke("export", "llamacpp", plan_path, "--json").stdout)
     assert as_json["model_placeholder"]["must_match"] == f"fingerprint {fingerprint}"
 
+
+
+def test_a_gguf_plan_templates_a_chat_corpus_with_the_tokenizer_given(user, gguf_bench,
+                                                                        monkeypatch):
+    """A chat corpus and a GGUF without a chat template: llama.cpp cannot template the
+    messages and says to give --tokenizer; `plan --tokenizer DIR` passes it to collect, which
+    templates them with it, and the collect key changes with it (a rerun collects again)."""
+    monkeypatch.chdir(user)
+    chat = [{"messages": [{"role": "user", "content": t}]} for t in ("Hello there.",
+                                                                   "What is a router?")] * 6
+    (user / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
+    args = ("plan", "--model", "model.gguf", "--corpus", "chat.jsonl", "--hardware",
+            "fast.toml", "--out", "pl-chat", "--max-length", 24, "--concurrency", "1")
+    refused = invoke(*args)
+    assert refused.exit_code == 1 and "give --tokenizer DIR" in refused.output
+    done = invoke(*args, "--tokenizer", gguf_bench[0], "--json")
+    assert done.exit_code == 0, done.output
+    stages = json.loads(done.stdout)["stages"]
+    assert not stages["collect"]["skipped"]
+    record = json.loads((user / "pl-chat" / "stages.json").read_text())
+    assert record["collect"]["inputs"]["tokenizer"]
+    not_a_dir = invoke(*args, "--tokenizer", "chat.jsonl")
+    assert_one_line_error(not_a_dir, "--tokenizer chat.jsonl: expected a directory")

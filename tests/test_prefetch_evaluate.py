@@ -141,3 +141,8 @@ def test_the_prefetch_lines_are_printed_with_their_counts(setup, cli):
     first = section["recall"][1]
     assert "recall of the speculative selection by layer:" in text
     assert f"{first['layer']}: {first['share']:.2f}" in text
+    # the default summary says the section exists: its stall without and with prefetch
+    summary = " ".join(cli("evaluate", setup["plan"], "--traces", setup["held"]).output.split())
+    lru, pre = (section["lines"][n]["stall_ms_per_token"] for n in ("lru", "lru+prefetch"))
+    assert (f"stall {lru:.4f} ms/token with LRU, {pre:.4f} with prefetch (the section: the "
+            "full tables)") in summary, summary

@@ -67,6 +67,7 @@ SWA_PATTERNS = {"gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False
                 "llama4": (4, False), "smallthinker": (4, True), "olmo2": (4, False)}
 # Hybrid architectures whose loader marks every 4th layer full attention by default.
 HYBRID = ("qwen3next", "qwen35", "qwen35moe")
+SHAPE_KEY = "kv_shape"  # a plan's model section: the KV shape it records (kv_shape)
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,24 @@ def row_bytes(values: int, kv_type: str, heads: int = 1) -> int:
     return values // block * size
 
 
+def kv_shape(config: dict) -> dict | None:
+    """What a plan records of its model's KV cache (its `model.kv_shape`, SHAPE_KEY): each
+    layer's [k, v, window, heads] (kv_layers) and the trained context (trained_context), so a
+    plan's model section sizes the cache as the config does (`evaluate PLAN --flags '-c N'`);
+    None where the config lacks the attention shape."""
+    layers = kv_layers(config)
+    if layers is None:
+        return None
+    return {"layers": [[x.k, x.v, x.window, x.heads] for x in layers],
+            "trained_context": trained_context(config)}
+
+
 def kv_layers(config: dict) -> tuple[LayerKv, ...] | None:
     """Each layer's KV shape from a config.json (or a GGUF inventory's config: its "gguf"
-    metadata), as llama.cpp caches it (module docstring); None where the config lacks the
-    attention shape."""
+    metadata; or a plan's model section: its recorded `kv_shape`), as llama.cpp caches it
+    (module docstring); None where the config lacks the attention shape."""
+    if isinstance(config.get(SHAPE_KEY), dict):
+        return tuple(LayerKv(*layer) for layer in config[SHAPE_KEY]["layers"])
     if isinstance(config.get("gguf"), dict):
         return _gguf_layers({**config["gguf"], "num_hidden_layers": config.get(
             "num_hidden_layers")}, str(config.get("model_type", "")))
@@ -281,7 +296,10 @@ def context_for(config: dict, budget: int, kv_type: str = DEFAULT_KV_TYPE) -> in
 def trained_context(config: dict) -> int | None:
     """The context the model was trained with (llama.cpp's n_ctx_train, what -c 0 or no -c
     gives: common/common.h `n_ctx = 0`): a config.json's max_position_embeddings or a GGUF's
-    `<arch>.context_length`; None where neither is given."""
+    `<arch>.context_length` (a plan's model section: the one its kv_shape records); None where
+    neither is given."""
+    if isinstance(config.get(SHAPE_KEY), dict):
+        return config[SHAPE_KEY].get("trained_context")
     meta = config.get("gguf")
     n = (meta.get(f"{config.get('model_type', '')}.context_length")
          if isinstance(meta, dict) else config.get("max_position_embeddings"))

@@ -3,6 +3,7 @@ running server that returns routed experts) and record its routing."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -80,7 +81,8 @@ def register(app: typer.Typer) -> None:
             help="With --server: seconds for the whole of one reply, however slowly it comes "
                  "(then retried, 3 times at most, as after a connection error or a 5xx).")
         ] = 600.0,
-        progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+        progress: Annotated[bool, typer.Option(
+            help="Show a progress bar on stderr (only where it is a terminal).")] = True,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")
                             ] = False,
     ) -> None:
@@ -105,6 +107,7 @@ def register(app: typer.Typer) -> None:
         from traces.llamacpp.collect import collect_gguf
 
         corpus, tag = corpus or [], tag or []
+        progress = progress and sys.stderr.isatty()  # a bar only on a terminal (docs/cli.md)
         check_outputs([("--out", out)], [("the checkpoint", model), ("the config", config),
                                          ("the tokenizer", tokenizer), ("the GGUF", gguf),
                                          *(("the corpus", c) for c in corpus)], directory=True)

@@ -43,6 +43,7 @@ def command(app: typer.Typer, name: str, **kwargs: Any) -> Callable[[Callable], 
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
                 check_values(kw)
+                check_repeats(kw)
                 check_rules(kw, name, name_of=option_name, error=PlacerError)
                 with printable_output():  # what the command prints, shown printable
                     return fn(*args, **kw)
@@ -83,6 +84,19 @@ def check_values(values: dict[str, Any]) -> None:
             problem = _value_problem(item)
             if problem:
                 raise PlacerError(f"{option_name(name)}: {problem}")
+
+
+def check_repeats(values: dict[str, Any]) -> None:
+    """Refuse a trace directory given twice to --traces (by any path to it): its sequences
+    would count twice in a solve or an evaluation (and in its folds)."""
+    seen: dict[str, Path] = {}
+    for path in values.get("traces") or ():
+        key = os.path.realpath(path)
+        if key in seen:
+            raise PlacerError(f"{option_name('traces')} {path}: given twice (as {seen[key]} "
+                              "too): its sequences would count twice; give each trace "
+                              "directory once")
+        seen[key] = path
 
 
 def _value_problem(value: Any) -> str | None:

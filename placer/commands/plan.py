@@ -53,6 +53,10 @@ def register(app: typer.Typer) -> None:
                               ] = 8,
         device: Annotated[str, typer.Option(
             help="collect: auto (cuda when present), cpu, cuda, cuda:N.")] = "auto",
+        tokenizer: Annotated[Path | None, typer.Option(
+            help="collect: tokenizer directory (default: the checkpoint's own; for a GGUF, "
+                 "llama.cpp's, whose chat template may be missing: give the model's "
+                 "tokenizer to template a chat corpus).")] = None,
         solver: so.Solver = "ilp",
         time_limit: so.TimeLimit = 60.0,
         ep: so.Ep = "contiguous",
@@ -88,7 +92,7 @@ def register(app: typer.Typer) -> None:
         gguf = is_gguf(model)
         collect = CollectOptions(mode=mode, batch_size=batch_size, max_length=max_length,
                                  max_tokens=max_tokens, device=device, seed=seed,
-                                 weights=not gguf)
+                                 weights=not gguf, tokenizer=tokenizer)
         solve = so.solve_options(
             solver=solver, budget=budget, offload=offload, concurrency=concurrency,
             weights=weights, ep=ep, page_size=page_size, robust=robust, time_limit=time_limit,

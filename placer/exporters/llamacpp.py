@@ -340,5 +340,5 @@ def plan_option(plan: Plan, name: str | None) -> dict:
         return options.get("chosen", plan.engine)
     if name not in options:
         raise PlacerError(f"--option: the plan has no option {name!r}; its options: "
-                          f"{', '.join(options)}")
+                          f"{', '.join(map(repr, options))}")  # quoted: names hold commas
     return options[name]

@@ -399,19 +399,27 @@ def plan_build(plan: Plan, override: Build | None = None) -> Build:
         raise PlacerError(str(exc)) from None
 
 
-def plan_machine(plan: Plan, build: Build | None = None) -> Machine:
+def plan_machine(plan: Plan, build: Build | None = None,
+                 spec: HardwareSpec | None = None) -> Machine:
     """The Machine a llama.cpp plan was solved for (from its experts, hardware and engine
-    section), replaying `build`'s cache (plan_build)."""
+    section), replaying `build`'s cache (plan_build); on `spec` (the plan's hardware with
+    another KV reserve: `evaluate PLAN --flags '-c N'`), each card's VRAM for experts is its
+    free VRAM there, within the plan's --budget where one was given (as machine_of)."""
     engine = plan.engine
     flops = plan.model.get("expert_flops")
     if plan.hardware.host is None or flops is None or not plan.model.get("hidden_size"):
         raise PlacerError("this llama.cpp plan lacks the host, expert FLOPs or hidden size "
                           "its replay needs: solve it again")
+    capacity = tuple(int(c.budget_bytes) for c in plan.cards)
+    if spec is not None:
+        given = plan.budget.get("mode") == "budget"
+        capacity = tuple(min(b, c.free_bytes) if given else c.free_bytes
+                         for b, c in zip(capacity, spec.cards, strict=True))
     bandwidth, latency = card_links(plan.hardware)
     split = engine.get("tensor_split")
     return Machine(plan.matrix("bytes"), np.asarray(flops, dtype=np.float64),
                    tuple((key, tuple(nb2)) for key, nb2 in engine["layouts"]),
-                   int(plan.model["top_k"]), tuple(int(c.budget_bytes) for c in plan.cards),
+                   int(plan.model["top_k"]), capacity,
                    bandwidth, latency, int(engine["alignment"]),
                    llamacpp_host(host_of(plan.hardware, int(plan.model["hidden_size"]))),
                    tuple(engine.get("devices") or ()), tuple(split) if split else None,

@@ -17,6 +17,7 @@ import numpy as np
 
 from placer.checkpoint.flops import expert_flops
 from placer.checkpoint.inventory import Inventory
+from placer.checkpoint.kv import SHAPE_KEY, kv_shape
 from placer.errors import PlacerError
 from placer.hardware.spec import HardwareSpec, spec_from_json
 from placer.plan.check import check_plan
@@ -87,7 +88,8 @@ class CardPlan:
 class Plan:
     """A placement plan (see module docstring). `experts` is sorted by (layer, expert)."""
 
-    model: dict                 # fingerprint, architecture, moe_layers, experts_per_layer, top_k
+    model: dict                 # fingerprint, architecture, moe_layers, experts_per_layer, top_k,
+    #                             the KV shape (placer.checkpoint.kv.kv_shape), ...
     hardware: HardwareSpec
     budget: dict                # how the budget was given: {"mode", "value", "concurrency"}
     page_size: int | None
@@ -289,6 +291,6 @@ def build_plan(inv: Inventory, spec: HardwareSpec, *, home: np.ndarray,
              "moe_layers": list(inv.moe_layers), "experts_per_layer": inv.experts_per_layer,
              "top_k": inv.top_k, "estimated": inv.estimated,
              "hidden_size": inv.config.get("hidden_size"),
-             "expert_flops": expert_flops(inv).tolist()}
+             "expert_flops": expert_flops(inv).tolist(), SHAPE_KEY: kv_shape(inv.config)}
     return Plan(model, spec, budget, page_size, ep, solver, cards, experts,
                 execution=execution, cache_params=cache_params)

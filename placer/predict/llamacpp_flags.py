@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from placer.checkpoint.kv import trained_context
+from placer.checkpoint.kv import SHAPE_KEY, trained_context
 from placer.checkpoint.source import DTYPE_FLAGS
 from placer.errors import PlacerError
 from placer.hardware.host_fit import llamacpp_host_share
@@ -27,7 +27,7 @@ from placer.hardware.spec import HardwareSpec
 from placer.plan import engine as dispatch
 from placer.plan.estimates import add_step_ranges, estimated_json
 from placer.plan.llamacpp import n_cpu_moe
-from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model, ServerFlags
+from placer.plan.llamacpp_flags import UNMODELLED, FlagLine, Model, ServerFlags, parse_flags
 from placer.predict.evaluate import EvalOptions, check_options, replay_steps
 from solvers.llamacpp.cost import MIB, Machine, Setup, judge
 from traces.storing.profile import TokenSteps, load_profile
@@ -153,17 +153,25 @@ def plan_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
                   tuple(plan.moe_layers))
     batches = req.opts.concurrency or tuple(plan.budget.get("concurrency") or (1,))
     seed = plan.solver.get("seed", 0) if req.opts.seed is None else req.opts.seed
-    return Box(plan_machine(plan, target.build) if llama else None, model,
-               plan.hardware, target.build.label if llama else "", seed, batches,
-               lambda d: check_traces(plan, d),
+    machine = plan_machine(plan, target.build) if llama else None
+    if llama and SHAPE_KEY not in plan.model:
+        sized_kv = next((f for f in req.flags if parse_flags(f).kv()), None)
+        if sized_kv is not None:
+            raise PlacerError(f"--flags {sized_kv!r}: this plan was written before plans "
+                              "recorded the model's KV shape, so its -c/-ctk/-ctv cannot size "
+                              "the KV cache: solve the plan again, or give --model (or "
+                              "--config) and --hardware in place of the plan")
+    return Box(machine, model, plan.hardware, target.build.label if llama else "", seed,
+               batches, lambda d: check_traces(plan, d),
                (len(plan.moe_layers), plan.experts_per_layer, int(plan.model["top_k"])),
-               engine_setup(plan, PLAN_LINE) if llama else None), target
+               engine_setup(plan, PLAN_LINE) if llama else None,
+               kv_sizer(machine, plan.hardware, plan.model, lambda s: plan_machine(
+                   plan, target.build, s)) if llama else None), target
 
 
 def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
     """The box of a model (a checkpoint, GGUF or config.json) on a spec."""
     from placer.checkpoint.source import model_inventory
-    from placer.hardware.context import with_context
     from placer.hardware.spec import load_spec
     from placer.plan.llamacpp import machine_of
     from placer.plan.options import SolveOptions
@@ -193,20 +201,32 @@ def model_box(req: FlagsRequest) -> tuple[Box, dispatch.Target]:
         else:
             check_compatible(trace_dir, inv.fingerprint, inv.moe_layers, inv.experts_per_layer)
 
-    def sized(flags: ServerFlags) -> tuple[Machine | None, str | None]:
-        if not flags.kv() or not llama:
-            return machine, None
-        ctx = flag_context(flags, inv.config)
-        if ctx is None:
-            return machine, None
-        with_kv, note = with_context(spec, inv.config, ctx, flags.get("-ctk", "f16"),
-                                     flags.get("-ctv"), said=", ".join(flags.kv()))
-        return machine_of(inv, with_kv, SolveOptions(), target.build), note
-
     return Box(machine, model, spec, target.build.label if llama else "",
                0 if req.opts.seed is None else req.opts.seed, req.opts.concurrency or (1,),
                check, (len(inv.moe_layers), inv.experts_per_layer, inv.top_k),
-               sized=sized), target
+               sized=kv_sizer(machine, spec, inv.config, lambda s: machine_of(
+                   inv, s, SolveOptions(), target.build)) if llama else None), target
+
+
+def kv_sizer(machine: Machine, spec: HardwareSpec, config: dict,
+             machine_on: Callable[[HardwareSpec], Machine]
+             ) -> Callable[[ServerFlags], tuple[Machine, str | None]]:
+    """Box.sized for a model of `config` (a config.json, a GGUF's, or a plan's model section
+    with its kv_shape) on `spec`: a line's -c/-ctk/-ctv size the KV cache in place of the
+    spec's reserved_kv (placer.hardware.context.with_context), and `machine_on` makes the
+    machine of that spec; `machine` where the line gives none, or gives -ctk/-ctv alone for a
+    model whose trained context is unknown (said so: KV_NOTE)."""
+    from placer.hardware.context import with_context
+
+    def sized(flags: ServerFlags) -> tuple[Machine, str | None]:
+        ctx = flag_context(flags, config) if flags.kv() else None
+        if ctx is None:
+            return machine, None
+        with_kv, note = with_context(spec, config, ctx, flags.get("-ctk", "f16"),
+                                     flags.get("-ctv"), said=", ".join(flags.kv()))
+        return machine_on(with_kv), note
+
+    return sized
 
 
 def host_share_note(box: Box, lines: list[FlagLine]) -> list[str]:

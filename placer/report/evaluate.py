@@ -33,7 +33,7 @@ from placer.report.marks import (
     step_ranges,
     table_marks,
 )
-from placer.report.prefetch import print_prefetch
+from placer.report.prefetch import prefetch_summary, print_prefetch
 
 
 def report_evaluate(report: dict, out: Path | None = None, *, verbose: bool = False,
@@ -63,6 +63,7 @@ def evaluate_summary(report: dict, full: Path | None = None) -> list[str]:
             lines += wrapped(v["message"])
     lines += [line for e in spec_estimates(estimated(report), SUMMARY_PROBES)
               for line in wrapped(f"estimate: {e}")]
+    lines += [line for s in report.get("prefetch", []) for line in prefetch_summary(s)]
     notes = report["notes"]
     said = f"{len(notes)} note{'s' if len(notes) != 1 else ''}, drift and the" if notes else \
         "drift and the"

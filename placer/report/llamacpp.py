@@ -94,7 +94,7 @@ def print_llamacpp(plan: Plan, out: Path) -> None:
                           *([step_cell(fig)] if steps else []),
                           plus_minus(fig, "stall_ms_per_step"),
                           f"{fig['ratio_to_ncmoe']:.3f}x {span(fig['ratio_to_ncmoe_ci95'])}")
-        console.print(table)
+        print_table(table, console)
     for line in table_marks(estimated):
         console.print(line, highlight=False)
     grid = [o["name"] for o in engine["options"] if o.get("tuner")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from placer.report.figures import print_table, wrapped
+from placer.report.figures import label, print_table, wrapped
 
 COLUMNS = ("line", "hits", "misses", "prefetched", "useful", "late", "wasted",
            "stall ms/token")
@@ -39,6 +39,16 @@ def print_prefetch(sections: list[dict], console: Console) -> None:
             console.print(f"{what} of the speculative selection by layer: {shares}",
                           highlight=False)
         console.print(f"({s['interval']})", highlight=False)
+
+
+def prefetch_summary(section: dict) -> list[str]:
+    """One evaluate prefetch section in a summary: its LRU stall without and with prefetch
+    (the full tables hold the rest)."""
+    lines = section["lines"]
+    return wrapped(f"prefetch on {label(section['traces'])} (B=1, exact replay, no interval): "
+                   f"stall {lines['lru']['stall_ms_per_token']:.4f} ms/token with LRU, "
+                   f"{lines['lru+prefetch']['stall_ms_per_token']:.4f} with prefetch (the "
+                   "section: the full tables)")
 
 
 def prefetch_lines(prefetch: dict | None, replayed_only: bool = False) -> list[str]:
