@@ -106,7 +106,7 @@ MAX_BATCH = 1 << 20
 MAX_MS = 1e6               # a decode step, latency or sync longer than this is a typo
 MAX_SOCKETS = 64
 MAX_SPREAD = 100.0         # an estimated step off by more than 100x is no estimate
-_PROBE = "placer probe on the box (it prints the [card] figures to copy into SPEC)"
+_PROBE = "placer probe on the box (it prints the card figures to copy into SPEC)"
 _HOST_PROBE = "placer probe --host --model M --hardware SPEC --out SPEC"
 # The figures a spec may hold before anything is measured, and what replaces each.
 ESTIMABLE = {
