@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
         cards: Annotated[int, typer.Option(help="How many of the card.")] = 1,
         cpu_cores: Annotated[int, typer.Option(help="The host's CPU cores.")] = 8,
         host_ram: Annotated[str | None, typer.Option(
-            help="The host's RAM (e.g. 64GiB; recorded, not used by the solvers).")] = None,
+            help="The host's RAM (e.g. 64GiB): the llama.cpp solve keeps pinned (-lm none) "
+                 "host experts within it; not given, 0, and they are not checked.")] = None,
         model: Annotated[Path | None, typer.Option(
             help="A checkpoint (or model.gguf) to estimate the decode step for, from the "
                  "bytes it reads a token (its KV cache at --ctx included) at the backend's "
@@ -126,12 +127,11 @@ def register(app: typer.Typer) -> None:
         if inv is None and (ctx is not None or kv_type is not None):
             raise PlacerError(f"{'--ctx' if ctx is not None else '--kv-type'}: the KV cache "
                               "is sized from the model's config: give --model or --config")
-        got = None if inv is None else model_figures(
-            inv, str(model or config), figures, name, ram, cpu_cores, cards, ctx, kv_type)
+        got = None if inv is None else model_figures(inv, str(model or config), figures,
+                                                     cards, ctx, kv_type)
         made = new_spec(figures, cards, pcie, ram, cpu_cores,
                         0 if host_ram is None else parse_bytes(host_ram, "--host-ram"),
-                        got and got.steps, got.how if got else "", name, got and got.spread,
-                        got and got.reserve)
+                        name, got)
         spec = dataclasses.replace(made.spec, os=check_os(os_name))
         made = dataclasses.replace(made, spec=spec,
                                    card_notes=(*made.card_notes,
@@ -151,4 +151,7 @@ def register(app: typer.Typer) -> None:
                    "latency_us), `placer probe --host --hardware SPEC --out SPEC` ([host]), "
                    "`placer probe --step --model M --hardware SPEC --out SPEC` ([decode])",
                    err=True)
+        if made.spec.host_ram == 0:
+            typer.echo("host_ram = 0: not given (--host-ram); the llama.cpp solve will not "
+                       "check a pinned (-lm none) option against the host's RAM", err=True)
 

@@ -28,7 +28,7 @@ through the loader before it is printed or written (`check_loads`).
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from placer.checkpoint.step import significant, step_ms
@@ -48,6 +48,7 @@ from placer.hardware.context import ModelReserve
 from placer.hardware.spec import ESTIMABLE, Card, HardwareSpec, Host, parse_spec
 from placer.hardware.spec_toml import spec_toml
 from placer.hardware.spec_values import MAX_BYTES
+from placer.hardware.step_estimate import spec_steps
 from placer.units import format_bytes
 
 if TYPE_CHECKING:
@@ -62,33 +63,22 @@ FLOOR_LAYERS = 32  # decoder layers of the step without --model (LLaMA 7B's)
 
 @dataclass(frozen=True)
 class ModelFigures:
-    """What `hardware new --model` (or `--config`) takes from the model: the step by batch,
-    how it was estimated and its range, and the dense and KV reserves."""
+    """What `hardware new --model` (or `--config`) takes from the model: its inventory (the
+    step is estimated from it on the spec made: placer/hardware/step_estimate.py), where it
+    was read, and the dense and KV reserves."""
 
-    steps: tuple[tuple[int, float], ...]
-    how: str
-    spread: tuple[float, float]
+    inv: Inventory
+    source: str
     reserve: ModelReserve
 
 
-def model_figures(inv: Inventory, source: str, card: CardFigures, backend: str, ram: str,
-                  cpu_cores: int, cards: int, ctx: int | None, kv_type: str | None
-                  ) -> ModelFigures:
-    """The reserves of the model `inv` (read from `source`) on `cards` x `card`, and its step
-    estimated for `backend`: the bytes a token reads, one sequence's KV cache at the context
-    included, at the backend's fitted share of the bandwidth plus its per-layer cost."""
-    from placer.checkpoint.kv import kv_bytes
-    from placer.checkpoint.step import estimate_steps
+def model_figures(inv: Inventory, source: str, card: CardFigures, cards: int,
+                  ctx: int | None, kv_type: str | None) -> ModelFigures:
+    """The reserves of the model `inv` (read from `source`) on `cards` x `card`."""
     from placer.hardware.context import model_reserve
 
-    reserve = model_reserve(inv, source, [round(card.vram_gib * GIB)] * cards, ctx, kv_type)
-    bandwidth, flops = step_inputs(card, backend, ram, cpu_cores)
-    one = kv_bytes(inv.config, reserve.context.tokens, reserve.context.kv_type, parallel=1)
-    times = estimate_steps(inv, bandwidth, BATCHES, f"hardware new, {card.name} on {backend}",
-                           fit_for(card, backend).step_fit(), flops=flops, kv_bytes=one)
-    return ModelFigures(times.base_step_ms,
-                        times.note() + "; `placer probe --step` on the box replaces it",
-                        times.step_spread, reserve)
+    return ModelFigures(inv, source, model_reserve(inv, source, [round(card.vram_gib * GIB)]
+                                                   * cards, ctx, kv_type))
 
 
 @dataclass(frozen=True)
@@ -112,15 +102,12 @@ def step_inputs(card: CardFigures, backend: str, ram: str, cpu_cores: int
 
 
 def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
-             host_ram: int, steps: tuple[tuple[int, float], ...] | None = None,
-             step_how: str = "", backend: str | None = None,
-             step_spread: tuple[float, float] | None = None,
-             reserve: ModelReserve | None = None) -> NewSpec:
+             host_ram: int, backend: str | None = None, model: ModelFigures | None = None
+             ) -> NewSpec:
     """The spec of `cards` x `card` run with `backend` (None: its vendor's default) on `pcie`
-    links with `ram` host memory and `cpu_cores` cores; `steps` (batch, ms) where a model's
-    step was estimated (`step_how` says how, `step_spread` its range), else the dense-reserve
-    step (module docstring); `reserve` the model's dense and KV reserves (module docstring),
-    else shares of VRAM."""
+    links with `ram` host memory and `cpu_cores` cores; with `model`, its dense and KV
+    reserves and its step estimated on the spec (module docstring), else shares of VRAM and
+    the dense-reserve step."""
     if not 0 <= host_ram <= MAX_BYTES:
         raise PlacerError(f"--host-ram: expected a size up to 2**60 bytes (what a spec "
                           f"holds), got {host_ram:.3g} bytes")
@@ -132,6 +119,7 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
     reserved = {k: round(share * card.vram_gib * 4) * GIB // 4
                 for k, share in RESERVED_SHARES.items()}
     h2d = float(f"{link_peak * H2D_SHARE / 1e9:.3g}") * 1e9
+    reserve = model.reserve if model else None
     dense = reserve.dense if reserve else (reserved["reserved_dense"],) * cards
     kv = reserve.kv if reserve else (reserved["reserved_kv"],) * cards
     if reserve and dense[0] + kv[0] + reserved["reserved_activations"] > vram:
@@ -145,17 +133,16 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
     stream = float(f"{ram_peak * STREAM_SHARE / 1e9:.3g}") * 1e9
     host = Host(memory_bandwidth=stream, flops=FLOPS_PER_CORE * cpu_cores,
                 sync_s=costs.sync_us / 1e6)
-    if steps is None:
-        fit = fit_for(card, name)
-        bandwidth, _ = step_inputs(card, name, ram, cpu_cores)
-        floor = significant(step_ms(reserved["reserved_dense"], FLOOR_LAYERS, bandwidth,
-                                    fit.step_fit()))
-        steps, step_spread = tuple((b, floor) for b in BATCHES), fit.spread
-        step_how = (f"ESTIMATED (no --model): the {reserved['reserved_dense'] / GIB:g} GiB of "
-                    f"dense weights the card reserves, read at {fit.share:g} x its "
-                    f"{card.bandwidth_gbps:g} GB/s, plus {FLOOR_LAYERS} layers x "
-                    f"{fit.layer_us:g} us ({fit.step_fit().name}); `placer probe --step "
-                    "--model M --hardware THIS.toml --out THIS.toml` on the box replaces it")
+    fit = fit_for(card, name)  # the dense-reserve step, which a model's replaces below
+    bandwidth, _ = step_inputs(card, name, ram, cpu_cores)
+    floor = significant(step_ms(reserved["reserved_dense"], FLOOR_LAYERS, bandwidth,
+                                fit.step_fit()))
+    steps, step_spread = tuple((b, floor) for b in BATCHES), fit.spread
+    step_how = (f"ESTIMATED (no --model): the {reserved['reserved_dense'] / GIB:g} GiB of "
+                f"dense weights the card reserves, read at {fit.share:g} x its "
+                f"{card.bandwidth_gbps:g} GB/s, plus {FLOOR_LAYERS} layers x "
+                f"{fit.layer_us:g} us ({fit.step_fit().name}); `placer probe --step "
+                "--model M --hardware THIS.toml --out THIS.toml` on the box replaces it")
     spec = HardwareSpec(
         name=f"{cards}x-{card.name.lower().replace(' ', '-')}",
         description=(f"{cards} x {card.name} ({card.vram_gib:g} GB) on PCIe {gen} x{lanes}, "
@@ -164,7 +151,11 @@ def new_spec(card: CardFigures, cards: int, pcie: str, ram: str, cpu_cores: int,
         host_ram=host_ram, cards=built, links=(), base_step_ms=steps, host=host,
         estimated=tuple(e for e in ESTIMABLE if not (
             reserve and e == "card.reserved" and "ESTIMATED" not in reserve.notes[0])),
-        context=reserve.context if reserve else None, step_spread=step_spread or (1.0, 1.0))
+        context=reserve.context if reserve else None, step_spread=step_spread)
+    if model is not None:
+        times = spec_steps(model.inv, spec, BATCHES, f"hardware new, {card.name} on {name}")
+        spec = replace(spec, base_step_ms=times.base_step_ms, step_spread=times.step_spread)
+        step_how = times.note() + "; `placer probe --step` on the box replaces it"
     made = NewSpec(spec, card_notes(card, gen, lanes, link_peak, name, reserve), host_notes(
         kind, rate, channels, ram_peak, cpu_cores, name), step_how)
     check_loads(made)

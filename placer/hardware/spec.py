@@ -106,7 +106,7 @@ MAX_BATCH = 1 << 20
 MAX_MS = 1e6               # a decode step, latency or sync longer than this is a typo
 MAX_SOCKETS = 64
 MAX_SPREAD = 100.0         # an estimated step off by more than 100x is no estimate
-_PROBE = "placer probe --hardware SPEC --out SPEC"
+_PROBE = "placer probe on the box (it prints the card figures to copy into SPEC)"
 _HOST_PROBE = "placer probe --host --model M --hardware SPEC --out SPEC"
 # The figures a spec may hold before anything is measured, and what replaces each.
 ESTIMABLE = {
@@ -272,6 +272,11 @@ def preset_names() -> list[str]:
 
 def load_spec(name_or_path: str | Path) -> HardwareSpec:
     """A spec from a TOML file path, or a preset by name."""
+    return spec_of_text(spec_text(name_or_path), str(name_or_path))
+
+
+def spec_text(name_or_path: str | Path) -> str:
+    """The TOML text of a spec file path, or of a preset by name."""
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
@@ -282,7 +287,11 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
             raise PlacerError(f"unknown hardware preset '{shown(name_or_path)}'; presets: "
                               f"{', '.join(preset_names())} (or give a .toml path)")
         raw = PRESETS.joinpath(f"{name_or_path}.toml").read_bytes()
-    text = decode_utf8(raw, f"hardware spec {name_or_path}", PlacerError)
+    return decode_utf8(raw, f"hardware spec {name_or_path}", PlacerError)
+
+
+def spec_of_text(text: str, name_or_path: str) -> HardwareSpec:
+    """The spec a TOML text holds (`name_or_path`: where it came from, for errors)."""
     try:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: 5000-digit integers
@@ -293,7 +302,7 @@ def load_spec(name_or_path: str | Path) -> HardwareSpec:
     if depth(data) > MAX_DEPTH:
         raise PlacerError(f"hardware spec {name_or_path}: nested deeper than {MAX_DEPTH} "
                           "levels (a spec needs 3)")
-    return parse_spec(data, str(name_or_path))
+    return parse_spec(data, name_or_path)
 
 
 def parse_spec(data: Any, source: str = "spec", *, seconds: bool = False, field: str = ""

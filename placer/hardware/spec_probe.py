@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING
 
 from placer.errors import PlacerError
 from placer.files import check_apart, write_text_atomic
-from placer.hardware.cards import card, memory_bandwidth, same_card
+from placer.hardware.cards import card, same_card
 from placer.hardware.devices import check_device
-from placer.hardware.spec import MAX_MS, load_spec
+from placer.hardware.spec import MAX_MS, spec_of_text, spec_text
 from placer.hardware.spec_values import MAX_BYTES
+from placer.hardware.step_estimate import spec_steps
 from placer.hardware.timing import DEFAULT_SHAPE
 from placer.units import parse_rate
 
 if TYPE_CHECKING:
-    from placer.checkpoint.step import StepFit, StepTimes
+    from placer.checkpoint.step import StepTimes
     from placer.hardware.probe import HostProbe
     from placer.hardware.spec import HardwareSpec
 
@@ -68,7 +69,8 @@ class HostRequest:
     out: Path | None
 
 
-def probe_host_spec(req: HostRequest) -> HostProbe:
+def probe_host_spec(req: HostRequest, say: Callable[[str], None] = lambda line: print(
+        line, file=sys.stderr)) -> HostProbe:
     """`placer probe --host`: measure the host; with --out, write it into a copy of
     --hardware's spec there (a merge, never a second `[host]`)."""
     from placer.hardware.probe import parse_shape, probe_host
@@ -76,7 +78,8 @@ def probe_host_spec(req: HostRequest) -> HostProbe:
     if req.model is not None and (req.expert or req.gguf_type):
         raise PlacerError("--model gives the experts' shape (and a GGUF's type): drop "
                           "--expert and --gguf-type")
-    spec = load_spec(req.hardware) if req.hardware is not None else None
+    text = spec_text(req.hardware) if req.hardware is not None else None
+    spec = spec_of_text(text, req.hardware) if text is not None else None
     if req.model is not None:
         shapes, gguf_type, source = model_experts(req.model)
     else:
@@ -86,10 +89,10 @@ def probe_host_spec(req: HostRequest) -> HostProbe:
                         experts=shapes, expert_tokens=req.expert_tokens,
                         gguf_type=gguf_type, source=source)
     if req.out is not None:
-        assert spec is not None
+        assert spec is not None and text is not None
         measured = ("host.memory_bandwidth", "host.flops",
                     *(("host.sync_us",) if result.sync_measured else ()))
-        write_spec(merged_host(spec, result).measured(*measured), req,
+        write_spec(merged_host(spec, result).measured(*measured), text, req, say,
                    host_note=host_note(result))
     return result
 
@@ -185,18 +188,19 @@ def probe_step(req: StepRequest, say: Callable[[str], None] = lambda line: print
     is refused for --out (unless --allow-other-device) before anything runs; `say` hears
     which device is timed."""
     from placer.checkpoint.inventory import read_inventory
-    from placer.checkpoint.step import estimate_steps, fits, measure_steps
+    from placer.checkpoint.step import fits, measure_steps
     from placer.hardware.devices import device_name
 
     if req.model is None:
         raise PlacerError("--step needs --model, the checkpoint whose decode step to time")
-    spec = load_spec(req.hardware) if req.hardware is not None else None
+    text = spec_text(req.hardware) if req.hardware is not None else None
+    spec = spec_of_text(text, req.hardware) if text is not None else None
     batches = req.batch or (
         tuple(b for b, _ in spec.base_step_ms) if spec is not None else (1, 8))
     if any(not 1 <= b <= MAX_STEP_BATCH for b in batches):
         raise PlacerError(f"--batch: batches must lie in 1..{MAX_STEP_BATCH}, got {batches}")
     check_device(req.device)
-    bandwidth = step_bandwidth(req, spec) if req.memory_bandwidth is not None else None
+    bandwidth = given_bandwidth(req.memory_bandwidth)
     if req.out is not None:
         check_apart(req.out, [("the checkpoint", req.model)], what="--out")
     inv = read_inventory(req.model)
@@ -206,8 +210,7 @@ def probe_step(req: StepRequest, say: Callable[[str], None] = lambda line: print
     if req.estimate or gguf or not fits(inv, device):
         why = ("--estimate" if req.estimate else "a GGUF file is not run here" if gguf
                else f"the model does not fit {device} here")
-        times = estimate_steps(inv, bandwidth or step_bandwidth(req, spec), batches, why,
-                               spec_fit(spec), flops=spec_flops(spec, bandwidth))
+        times = spec_steps(inv, spec, batches, why, bandwidth)
     else:
         name = device_name(device)
         warning = other_device(spec, device, name)
@@ -221,34 +224,14 @@ def probe_step(req: StepRequest, say: Callable[[str], None] = lambda line: print
     note = times.note() + (f"; NOT THE SPEC'S CARD ({warning}; --allow-other-device)"
                            if warning else "")
     if req.out is not None:
-        assert spec is not None
+        assert spec is not None and text is not None
         stepped = dataclasses.replace(spec, base_step_ms=times.base_step_ms,
                                       step_spread=times.step_spread)
         if times.estimated and "base_step_ms" not in spec.estimated:
             stepped = dataclasses.replace(stepped, estimated=(*spec.estimated, "base_step_ms"))
-        write_spec(stepped if times.estimated else stepped.measured("base_step_ms"), req,
-                   step_note=note)
+        write_spec(stepped if times.estimated else stepped.measured("base_step_ms"), text, req,
+                   say, step_note=note)
     return StepProbe(times, note, warning)
-
-
-def spec_fit(spec: HardwareSpec | None) -> StepFit:
-    """The step fit for the spec's first card on its backend (placer/hardware/backends.py):
-    its tier's where the table knows the card, else the backend's over every tier; no spec,
-    CUDA's."""
-    from placer.hardware.backends import UNKNOWN, fit_for
-
-    if spec is None:
-        return fit_for(None, UNKNOWN).step_fit()
-    return fit_for(card(spec.cards[0].model), spec.cards[0].backend).step_fit()
-
-
-def spec_flops(spec: HardwareSpec | None, given_bandwidth: float | None) -> float | None:
-    """The spec's card's dense bf16 FLOP/s where the table publishes them (and no
-    --memory-bandwidth names another card), else None: compute is then not counted."""
-    known = card(spec.cards[0].model) if spec is not None else None
-    if known is None or known.bf16_tflops is None or given_bandwidth is not None:
-        return None
-    return known.bf16_tflops * 1e12
 
 
 def other_device(spec: HardwareSpec | None, device: str, name: str) -> str | None:
@@ -275,32 +258,34 @@ def check_steps(times: StepTimes) -> None:
                           f"({MAX_MS:g} ms): check --memory-bandwidth")
 
 
-def write_spec(spec: HardwareSpec, req: StepRequest | HostRequest, *, step_note: str = "",
-               host_note: str = "") -> None:
-    """Write `spec` to --out (atomically; onto --hardware's own file too: it was read
-    whole before); the checkpoint is never written onto."""
-    from placer.hardware.spec_toml import spec_toml
+def write_spec(spec: HardwareSpec, text: str, req: StepRequest | HostRequest,
+               say: Callable[[str], None], *, step_note: str | None = None,
+               host_note: str | None = None) -> None:
+    """Write `spec` to --out as --hardware's `text` with the measured tables rewritten, its
+    other lines and comments kept (placer/hardware/spec_update.py; `say` warns where they
+    could not be), atomically (onto --hardware's own file too: it was read whole before);
+    the checkpoint is never written onto."""
+    from placer.hardware.spec_update import updated_text
 
-    assert req.out is not None
-    write_text_atomic(spec_toml(spec, step_note, host_note), req.out,
-                      [("the checkpoint", req.model)], what="--out")
+    assert req.out is not None and req.hardware is not None
+    written, kept = updated_text(text, spec, req.hardware, step_note=step_note,
+                                 host_note=host_note)
+    if not kept:
+        say(f"warning: {req.hardware}'s lines could not be edited in place (its tables are not "
+            f"written as [table] headers?): {req.out} is the spec written afresh, its other "
+            "comments dropped")
+    write_text_atomic(written, req.out, [("the checkpoint", req.model)], what="--out")
 
 
-def step_bandwidth(req: StepRequest, spec: HardwareSpec | None) -> float:
-    """The memory bandwidth an estimate divides by: --memory-bandwidth (a card's: 1 GB/s up
-    to 2**60 B/s), else the spec's first card's by its model name."""
-    if req.memory_bandwidth is not None:
-        rate = parse_rate(req.memory_bandwidth, "--memory-bandwidth")
-        if not MIN_CARD_BANDWIDTH <= rate <= MAX_BYTES:
-            raise PlacerError(f"--memory-bandwidth: expected a card's memory bandwidth, from "
-                              f"1GB/s up to 2**60 B/s, got {req.memory_bandwidth!r}")
-        return rate
-    known = memory_bandwidth(spec.cards[0].model) if spec is not None else None
-    if known is None:
-        card = f"card {spec.cards[0].model!r}" if spec is not None else "card (no --hardware)"
-        raise PlacerError(f"--step: cannot run the model here and the {card} has no known "
-                          "memory bandwidth: give --memory-bandwidth, e.g. 1008GB/s")
-    return known
+def given_bandwidth(text: str | None) -> float | None:
+    """--memory-bandwidth (a card's: 1 GB/s up to 2**60 B/s), or None where not given."""
+    if text is None:
+        return None
+    rate = parse_rate(text, "--memory-bandwidth")
+    if not MIN_CARD_BANDWIDTH <= rate <= MAX_BYTES:
+        raise PlacerError(f"--memory-bandwidth: expected a card's memory bandwidth, from "
+                          f"1GB/s up to 2**60 B/s, got {text!r}")
+    return rate
 
 
 def resolve_device(name: str) -> str:

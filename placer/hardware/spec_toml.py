@@ -24,6 +24,11 @@ FLOPS_UNITS = (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9), ("MFLOPS", 1
 HEADER = ("# A placer hardware spec (docs/hardware.md lists every field). Edit the\n"
           "# figures to your box: `placer probe` measures the cards' copies, `placer probe\n"
           "# --host` the CPU, `placer probe --step` the decode step.\n")
+ESTIMATED_COMMENT = (
+    "# estimated: figures that stand in for a measurement (the comments say which",
+    "# probe measures each; a probe that writes one drops it from this list)")
+HOST_RAM_UNSET = ("0: not given (hardware new --host-ram): the llama.cpp solve cannot check "
+                  "a pinned (-lm none) option against the host's RAM")
 
 
 def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = "",
@@ -33,14 +38,13 @@ def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = ""
     `card_comment` above the cards (how their figures were obtained)."""
     lines = [HEADER.rstrip("\n"), f"name = {_str(spec.name)}",
              f"description = {_str(spec.description)}",
-             f"host_ram = {_size(spec.host_ram)}"]
+             f"host_ram = {_size(spec.host_ram)}" + (f"  # {HOST_RAM_UNSET}"
+                                                     if spec.host_ram == 0 else "")]
     if spec.os != DEFAULT_OS:
         lines.append(f"os = {_str(spec.os)}  # with each card's backend: whether it spills past "
                      "its VRAM")
     if spec.estimated:
-        lines += ["# estimated: figures that stand in for a measurement (the comments say which",
-                  "# probe measures each; a probe that writes one drops it from this list)",
-                  f"estimated = [{', '.join(map(_str, spec.estimated))}]"]
+        lines += [*ESTIMATED_COMMENT, estimated_line(spec)]
     first = spec.cards[0]
     above = _comment(card_comment)
     if all(_card_fields(c) == _card_fields(first) for c in spec.cards):
@@ -53,19 +57,44 @@ def spec_toml(spec: HardwareSpec, step_comment: str = "", host_comment: str = ""
         lines += ["", "[[link]]", f"name = {_str(link.name)}",
                   f"cards = [{', '.join(map(str, link.cards))}]",
                   f"bandwidth = {_rate(link.bandwidth)}"]
-    steps = ", ".join(f"{b} = {_float(ms)}" for b, ms in spec.base_step_ms)
-    comment = f"  # {step_comment}" if step_comment else ""
-    lines += ["", "[decode]", f"base_step_ms = {{ {steps} }}{comment}"]
-    if spec.step_spread != (1.0, 1.0):
-        lo, hi = spec.step_spread
-        lines += [f"spread = [{_float(lo)}, {_float(hi)}]  # where the estimated step may lie, "
-                  "as factors of base_step_ms"]
+    lines += ["", *decode_lines(spec, step_comment)]
     if spec.host is not None:
-        lines += ["", *_comment(host_comment), *_host_lines(spec.host)[1:]]
+        lines += ["", *host_lines(spec.host, host_comment)]
     if spec.context is not None:
         lines += ["", "[context]", f"tokens = {spec.context.tokens}",
                   f"kv_type = {_str(spec.context.kv_type)}"]
     return "\n".join(lines) + "\n"
+
+
+def estimated_line(spec: HardwareSpec) -> str:
+    """The top-level `estimated = [...]` line of `spec`."""
+    return f"estimated = [{', '.join(map(_str, spec.estimated))}]"
+
+
+def decode_lines(spec: HardwareSpec, step_comment: str = "") -> list[str]:
+    """The `[decode]` table of `spec`, `step_comment` beside base_step_ms."""
+    steps = ", ".join(f"{b} = {_float(ms)}" for b, ms in spec.base_step_ms)
+    comment = f"  # {step_comment}" if step_comment else ""
+    lines = ["[decode]", f"base_step_ms = {{ {steps} }}{comment}"]
+    if spec.step_spread != (1.0, 1.0):
+        lo, hi = spec.step_spread
+        lines += [f"spread = [{_float(lo)}, {_float(hi)}]  # where the estimated step may lie, "
+                  "as factors of base_step_ms"]
+    return lines
+
+
+def host_lines(host: Host, comment: str = "") -> list[str]:
+    """The `[host]` table and its `[[host.expert]]` tables, `comment` above them."""
+    lines = [*_comment(comment), "[host]", f"memory_bandwidth = {_rate(host.memory_bandwidth)}",
+             f"flops = {_flops(host.flops)}",
+             f"sync_us = {_scaled(host.sync_s, 1e6, lambda x: x / 1e6)}",
+             f"sockets = {host.sockets}", f"offload_min_batch = {host.offload_min_batch}"]
+    for t in host.expert:
+        ms = ", ".join(_scaled(s, 1e3, lambda x: x * 1e-3) for s in t.seconds)
+        lines += ["", "[[host.expert]]", f"hidden = {t.hidden}", f"inter = {t.inter}",
+                  f"dtype = {_str(t.dtype)}", f"tokens = [{', '.join(map(str, t.tokens))}]",
+                  f"ms = [{ms}]"]
+    return lines
 
 
 def _comment(text: str) -> list[str]:
@@ -84,19 +113,6 @@ def _card_fields(card: Card) -> list[str]:
             *([f"backend = {_str(card.backend)}"] if card.backend != UNKNOWN else []),
             *([f"spills = {str(card.spills).lower()}"] if card.spills is not None else []),
             f"latency_us = {_scaled(card.latency_s, 1e6, lambda x: x / 1e6)}"]
-
-
-def _host_lines(host: Host) -> list[str]:
-    lines = ["", "[host]", f"memory_bandwidth = {_rate(host.memory_bandwidth)}",
-             f"flops = {_flops(host.flops)}",
-             f"sync_us = {_scaled(host.sync_s, 1e6, lambda x: x / 1e6)}",
-             f"sockets = {host.sockets}", f"offload_min_batch = {host.offload_min_batch}"]
-    for t in host.expert:
-        ms = ", ".join(_scaled(s, 1e3, lambda x: x * 1e-3) for s in t.seconds)
-        lines += ["", "[[host.expert]]", f"hidden = {t.hidden}", f"inter = {t.inter}",
-                  f"dtype = {_str(t.dtype)}", f"tokens = [{', '.join(map(str, t.tokens))}]",
-                  f"ms = [{ms}]"]
-    return lines
 
 
 def _str(text: str) -> str:

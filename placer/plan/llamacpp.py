@@ -357,15 +357,17 @@ def plan_of(inv: Inventory, spec: HardwareSpec, machine: Machine, chosen: Setup,
                    "alignment": machine.alignment, "folds": folds,
                    "tensor_split": list(machine.tensor_split) if machine.tensor_split else None,
                    "devices": machine.layer_device.tolist(),
-                   "choice": choice_label(result, len(inv.moe_layers)), "options": options,
+                   "choice": choice_label(result, len(inv.moe_layers), spec.host_ram),
+                   "options": options,
                    "search": [{"candidate": c.label, "held_out_tokens_per_s": v}
                               for c, v in result.scores.items()]}
     plan.predicted = predicted
     return plan
 
 
-def choice_label(result: SearchResult, layers: int) -> str:
-    """How the choice reads: its host layers and cache."""
+def choice_label(result: SearchResult, layers: int, host_ram: int) -> str:
+    """How the choice reads: its host layers and cache, and whether its pinned host experts
+    were checked against the spec's `host_ram` (0: not given, so not checked: search.py)."""
     best = result.best
     if best.count == 0:
         return "every expert on the GPUs (-ngl all), no host layer"
@@ -374,7 +376,9 @@ def choice_label(result: SearchResult, layers: int) -> str:
     cache = ("no cache" if best.share == 0 else
              f"{'all' if best.share == 1 else f'{best.share:g}'} of the VRAM they free as "
              "--moe-cache-mib" + (f", CPU share {best.cpu_share:g}" if best.cpu_share else ""))
-    memory = "pinned (-lm none)" if best.pinned else "mmap'd"
+    memory = ("mmap'd" if not best.pinned else "pinned (-lm none)" if host_ram else
+              "pinned (-lm none; not checked against host RAM: the spec's host_ram is 0, not "
+              "given)")
     return f"{host}, {cache}, {memory}"
 
 

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
+from placer.plan.estimates import estimated_json
 from placer.report.figures import console as rich_console
 from placer.report.figures import print_table
+from placer.report.marks import MARK, table_marks
 from placer.units import format_bytes
 
 if TYPE_CHECKING:
@@ -36,9 +38,17 @@ def print_known_cards() -> None:
 
 
 def print_spec(spec: HardwareSpec) -> None:
-    """A human table of a spec."""
+    """A human table of a spec: every figure its `estimated` lists marked ESTIMATED, and
+    under it what rests on them and the probe that measures each."""
+    from placer.hardware.spec_toml import HOST_RAM_UNSET
+
+    def mark(text: str, figure: str) -> str:
+        return f"{text} {MARK}" if figure in spec.estimated else text
+
     table = Table(title=f"{spec.name}: {spec.description}")
-    for col in ("card", "model", "vram", "reserved", "free for experts", "H2D", "latency"):
+    for col in ("card", "model", "vram", mark("reserved", "card.reserved"),
+                mark("free for experts", "card.reserved"), mark("H2D", "card.h2d_bandwidth"),
+                mark("latency", "card.latency_us")):
         table.add_column(col)
     for c in spec.cards:
         table.add_row(str(c.index), c.model, format_bytes(c.vram),
@@ -50,7 +60,10 @@ def print_spec(spec: HardwareSpec) -> None:
         console.print(f"link {link.name}: cards {list(link.cards)}, "
                       f"{link.bandwidth / 1e9:.1f} GB/s shared")
     steps = ", ".join(f"B={b}: {ms:.4g} ms" for b, ms in spec.base_step_ms)
-    console.print(f"base decode step: {steps}; host RAM {format_bytes(spec.host_ram)}")
+    lo, hi = spec.step_spread
+    spread = f" (it may lie in {lo:g}-{hi:g} x it)" if (lo, hi) != (1.0, 1.0) else ""
+    console.print(f"{mark('base decode step', 'base_step_ms')}: {steps}{spread}; host RAM "
+                  + (HOST_RAM_UNSET if spec.host_ram == 0 else format_bytes(spec.host_ram)))
     if spec.context is not None:
         console.print(f"context: {spec.context.tokens} tokens of {spec.context.kv_type} K and "
                       "V (reserved_kv is for it; export llamacpp prints -c)")
@@ -62,8 +75,10 @@ def print_spec(spec: HardwareSpec) -> None:
                       f"VRAM: {'spills to host memory' if spills else 'fails to load'} ({why})")
     if spec.host is not None:
         h = spec.host
-        console.print(f"host CPU: {h.memory_bandwidth / 1e9:.1f} GB/s from RAM, "
-                      f"{h.flops / 1e12:.2f} TFLOP/s, {h.sync_s * 1e6:.1f} us sync per layer, "
+        ram = mark(f"{h.memory_bandwidth / 1e9:.1f} GB/s", "host.memory_bandwidth")
+        console.print(f"host CPU: {ram} from RAM, "
+                      f"{mark(f'{h.flops / 1e12:.2f} TFLOP/s', 'host.flops')}, "
+                      f"{mark(f'{h.sync_s * 1e6:.1f} us', 'host.sync_us')} sync per layer, "
                       f"{h.sockets} socket{'s' if h.sockets > 1 else ''}; the GPU computes cold "
                       + (f"experts at >= {h.offload_min_batch} tokens a step"
                          if h.offload_min_batch else "experts never"))
@@ -74,6 +89,8 @@ def print_spec(spec: HardwareSpec) -> None:
                           f"{points}")
     else:
         console.print("host CPU: not given (add a [host] table to predict CPU execution)")
+    for line in table_marks(estimated_json(spec)):
+        console.print(line)
 
 
 def print_cards(results: list[ProbeResult]) -> None:
