@@ -112,7 +112,9 @@ def test_gptoss_slow_8gb_card_keeps_the_cache_off(tmp_path):
     plan, output = solve(tmp_path, "1x-8gb-pcie3x4", calib, "--llamacpp-version", "b11669",
                          "--verbose")
     engine = plan["engine"]
-    assert "vs -ncmoe" in output and "] │" in output  # the options with their intervals
+    assert "-ncmoe ┃" in output and "] │" in output  # the options with their intervals
+    assert "10-19," in output and "21-23" in output  # host layers as runs of layers
+    assert max(len(x) for x in output.splitlines() if "│" in x or "┃" in x) <= 100
     assert engine["moe_cache_mib"] == 0 and "the cache loses" in output
     names = [o["name"] for o in engine["options"]]
     assert {"chosen", "no cache", "ncmoe", "cmoe + cache"} <= set(names)

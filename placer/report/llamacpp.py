@@ -75,10 +75,10 @@ def print_llamacpp(plan: Plan, out: Path) -> None:
         table = Table(title=f"{row['profile']} B={row['concurrency']}: predicted decode "
                             "(± 95% bootstrap interval over sequences)")
         steps = any(STEP_RANGE in fig for fig in row["options"].values())
-        for col in ("option", "host layers", "--moe-cache-mib", "slots", "cpu share",
+        for col in ("option", "host layers", "cache MiB", "slots", "cpu share",
                     "host experts", marked("tok/s", estimated), *([STEP_COLUMN] if steps else []),
                     marked("stall ms/step", estimated, stall=True), "vs -ncmoe"):
-            table.add_column(col, justify="right")
+            table.add_column(col, justify="right", ratio=2 if col == "host layers" else None)
         for name, fig in row["options"].items():
             o = options[name]
             if o.get("tuner") and name != pick:
@@ -113,7 +113,19 @@ def _layers(option: dict) -> str:
         return "none"
     if option["n_cpu_moe"] is not None:
         return f"-ncmoe {option['n_cpu_moe']}"
-    return f"{len(option['host_layers'])}: {','.join(map(str, option['host_layers']))}"
+    return f"{len(option['host_layers'])}: {layer_runs(option['host_layers'])}"
+
+
+def layer_runs(layers: Sequence[int]) -> str:
+    """Ascending layer numbers with each run of consecutive ones as FIRST-LAST:
+    [8, 10, 11, 12, 13] -> "8, 10-13" (a table cell that wraps between runs)."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def cache_losses(plan: Plan) -> list[str]:
