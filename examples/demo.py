@@ -6,8 +6,13 @@
 2. placer inspect: the inventory;
 3. placer collect: routing traces on calibration prose, held-out prose, chat prompts, and
    uniform random token ids (the traffic on which the motivating placement regressed);
-4. placer solve: an ILP plan learned from the calibration prose, and a robust plan over
-   prose + random tokens, on a toy 2-card box scaled to the tiny model;
+4. placer solve, on a toy 2-card box scaled to the tiny model: an ILP plan learned from the
+   calibration prose, and a robust plan over prose + random tokens (the robust MILP: never
+   worse than layer offload on either, the least mean regret). Both are static placements
+   (--cache 0: pinned experts, the rest staged), because only a static placement is placed
+   by --solver and bounded by --time-limit; solve's default, --cache auto, splits the budget
+   between pins and cache slots by replaying held-out folds, and on this tiny model picks
+   the same plain cache for both (solve's summary notes where --solver did not apply);
 5. placer emit + placer verify: the repacked shards, proven byte for byte;
 6. placer evaluate: each plan on every traffic set against layer offload, uniform and the
    oracle, with a WARNING where a plan is predicted worse than layer offload;
@@ -52,7 +57,7 @@ def main() -> None:
 
     box = HERE / "tiny-box.toml"
     common = ["--model", model, "--hardware", box, "--offload", 0.5, "--concurrency", "1,8",
-              "--time-limit", seconds]
+              "--cache", 0, "--time-limit", seconds]
     placer("solve", *common, "--traces", out / "traces" / "calib", "--solver", "ilp",
            "--out", out / "plan.json")
     placer("solve", *common, "--traces", out / "traces" / "calib", "--traces",
