@@ -170,6 +170,9 @@ def test_auto_places_its_static_candidate_with_the_solver_asked(pinned_traffic, 
     plan = json.loads(out.read_text())
     assert plan["cache"]["mode"] == "auto" and plan["cache"]["chosen"] == "static"
     assert plan["solver"]["name"] == solver
+    said = ("--time-limit 5 bounded that solver, not the replays" if solver == "ilp"
+            else "--time-limit does not apply to it")
+    assert f"static placement, placed by --solver {solver}; {said}" in plan["solver"]["note"]
     assert all(c["cache_slots"] == 0 for c in plan["cards"])
     pins = np.array([[e["card"], e["layer"], e["expert"]] for e in plan["experts"]
                      if e["resident_bytes"] > 0])
@@ -194,6 +197,28 @@ def test_robust_hedges_the_pins_against_traffic_unlike_the_calibration(pinned_tr
     assert cache["chosen"] != "static" and all(c > 0 for c in cache["slots"])
     assert cache["held_out_unlike_stall_ms_per_step"] < rows["static"][
         "held_out_unlike_stall_ms_per_step"]
+
+
+def test_a_split_with_slots_says_solver_and_time_limit_did_not_apply(solved, placer_run):
+    """make demo's old trap: --solver ilp --time-limit 2 with the default --cache auto gives
+    a split with cache slots, chosen by replays that neither option touches: the summary,
+    the tables and the plan say so; --help says what each bounds; --cache 0 has no note."""
+    out = solved["root"] / "ilp.json"
+    common = [a for a in solved["common"] if a not in ("--solver", "greedy")]
+    result = placer_run("solve", *common, "--solver", "ilp", "--time-limit", "2", "--out", out)
+    plan = json.loads(out.read_text())
+    assert plan["solver"]["name"] == "split" and all(c["cache_slots"] for c in plan["cards"])
+    note = plan["solver"]["note"]
+    assert note.startswith("--solver ilp and --time-limit 2 did not apply: the cache split's "
+                           "replays (") and note.endswith("--cache 0 asks for a static "
+                                                          "placement by --solver")
+    assert "note: --solver ilp and --time-limit 2 did not apply" in result.output
+    assert "note: --solver ilp and --time-limit 2 did not apply" in \
+        out.with_suffix(".txt").read_text()
+    assert "note" not in json.loads(solved["none"].read_text())["solver"]
+    helped = " ".join(placer_run("solve", "--help").output.replace("│", " ").split())
+    assert "the cache split's replays (--cache auto or N) are not bounded by it" in helped
+    assert "a split with cache slots is chosen by replays instead" in helped
 
 
 def test_a_fixed_count_gives_every_card_that_many_and_zero_none(solved):

@@ -156,7 +156,8 @@ def test_recorded_routing_equals_router_recomputation(arch, mode, trace_models, 
                 assert ids == expected_docs[index], "recorded tokens != the document's tokens"
         else:
             phases = [e["phase"] for _, e in entries]
-            prompt = expected_docs[index]
+            prompt = expected_docs[index][:len(entries)]  # --max-tokens cuts the last one
+            assert len(prompt) == len(expected_docs[index]) or seq == max(seqs)
             assert phases[:len(prompt)] == ["prefill"] * len(prompt)
             assert ids[:len(prompt)] == prompt, "prefill tokens != the rendered prompt"
             assert set(phases[len(prompt):]) <= {"decode"}
@@ -190,6 +191,24 @@ def test_recorded_routing_equals_router_recomputation(arch, mode, trace_models, 
         assert decode_rows >= 20
     if arch == "deepseek_v3":
         assert bias_mattered > 0, "the correction bias never changed a selection: test too weak"
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_generate_mode_records_exactly_max_tokens(arch, collected):
+    """--max-tokens 400 in generate mode (batches of 3 prompts of up to 40 tokens, 6 new
+    tokens each): exactly 400 tokens, each with one row per MoE layer, every sequence a
+    prompt then its decode rows at positions 0..n-1 (the last cut: the test above checks
+    its tokens and routing, and the speculative test its spec_experts)."""
+    rows = _read(collected[(arch, "generate")])
+    tokens = _by_token(rows)
+    assert len(tokens) == 400 and len(rows["seq_id"]) == 400 * len(
+        next(iter(tokens.values()))["layers"])
+    assert len({len(e["layers"]) for e in tokens.values()}) == 1
+    seqs = _sequences(tokens)
+    for entries in seqs.values():
+        assert [p for p, _ in entries] == list(range(len(entries)))
+        phases = [e["phase"] for _, e in entries]
+        assert phases == sorted(phases, key=["prefill", "decode"].index)
 
 
 def _differs_without_bias(router, hidden, config, experts) -> int:

@@ -29,6 +29,16 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         assert f"$ placer {step}" in text
     assert verify_placed(out / "placed", out / "model").ok
     assert "demo done" in text
+    # what its docstring says: an ILP plan and a robust plan, static, and not the same plan
+    ilp, robust = (json.loads((out / name).read_text())
+                   for name in ("plan.json", "plan-robust.json"))
+    assert ilp["solver"]["name"] == "ilp" and robust["solver"]["name"] == "robust"
+    assert ilp["cache"]["mode"] == robust["cache"]["mode"] == "off"
+    assert set(robust["robust"]["ratios"]) == {f"{name} B={b}" for b in (1, 8)
+                                               for name in ("shakespeare_head", "random")}
+    assert "did not apply" not in text  # --solver and --time-limit placed both plans
+    pinned = [[e["resident_bytes"] > 0 for e in plan["experts"]] for plan in (ilp, robust)]
+    assert pinned[0] != pinned[1]  # so the demo's two evaluate tables compare two plans
 
 
 def test_plan_deepseek_v3_from_config_alone(tmp_path: Path) -> None:

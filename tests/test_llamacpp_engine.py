@@ -82,6 +82,10 @@ def test_collect_gguf_generate_mode_decodes_as_hugging_face(gguf_pair, tmp_path,
     g, ge = rows(tmp_path / "g")
     h, he = rows(tmp_path / "h")
     assert set(g.phase) == {"prefill", "decode"}
+    # --max-tokens 150: exactly 150 tokens, one row per MoE layer each (the last sequence cut)
+    assert len(g.drop_duplicates(["seq_id", "pos"])) == 150 == len(
+        h.drop_duplicates(["seq_id", "pos"]))
+    assert len(g) == 150 * g.layer.nunique()
     for column in ("pos", "token", "phase", "layer"):
         assert (g[column].values == h[column].values).all(), column
     assert (ge == he).all(axis=1).mean() >= 0.99

@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
         max_length: Annotated[int, typer.Option(
             help="Truncate each document / prompt to this many tokens.")] = 512,
         max_tokens: Annotated[int | None, typer.Option(
-            help="Stop each corpus after this many recorded tokens.")] = None,
+            help="Record at most this many tokens of each corpus, prompt and generated "
+                 "tokens alike (the last sequence is cut to it).")] = None,
         device: Annotated[str, typer.Option(help="auto (cuda when present), cpu, cuda, cuda:N.")
                           ] = "auto",
         dtype: Annotated[str, typer.Option(

@@ -22,7 +22,10 @@ ExpertDtype = Annotated[str | None, typer.Option(
 DenseDtype = Annotated[str | None, typer.Option(
     help=f"With --config: dense weight dtype ({DTYPE_HELP}; default: the config's "
          "torch_dtype, else bf16).")]
-Solver = Annotated[str, typer.Option(help=f"One of {', '.join(SOLVERS)}.")]
+Solver = Annotated[str, typer.Option(
+    help=f"One of {', '.join(SOLVERS)}: what places a static placement (--cache 0, or where "
+         "the cache split's best candidate is static); a split with cache slots is chosen by "
+         "replays instead, and the summary says so.")]
 Budget = Annotated[str | None, typer.Option(
     help="VRAM per card for expert pages and the staging buffer, e.g. 20GiB (default: each "
          "card's free VRAM; a model that fits gets a plan with every expert resident).")]
@@ -42,7 +45,9 @@ Robust = Annotated[bool, typer.Option(
          "worse than layer offload on any of them; a cache split also counts each set's "
          "held-out folds with their experts renamed (traffic unlike the calibration, e.g. "
          "another task).")]
-TimeLimit = Annotated[float, typer.Option(help="ILP time limit in seconds.")]
+TimeLimit = Annotated[float, typer.Option(
+    help="Seconds for the ILP (--solver ilp, --robust's MILP) where it places the plan; the "
+         "cache split's replays (--cache auto or N) are not bounded by it.")]
 Steps = Annotated[int | None, typer.Option(
     help="Sample this many decode steps per profile and concurrency instead of using every "
          "calibration token (imported counts are always sampled: 256 by default).")]

@@ -31,6 +31,8 @@ def print_plan(plan: Plan, out: Path, notes: Sequence[str] = ()) -> None:
     console.print(f"solver {s['name']}: objective {s['objective']:.6g} ({s['objective_unit']}), "
                   f"{bound}" + (f", {s['seconds']:.2f} s" if "seconds" in s else "")
                   + f", {s['status']}")
+    if s.get("note"):
+        console.print(f"note: {s['note']}", highlight=False)
     cards = Table(title="cards")
     for col in ("card", "budget", "staging", "pinned", "cache slots", "homed experts",
                 "cold"):

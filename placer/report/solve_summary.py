@@ -44,6 +44,7 @@ def solve_summary(plan: Plan, out: Path, full: Path | None, notes: Sequence[str]
              f"solver {s['name']}: {s['status']}, {solver_bound(s)}"
              + (f", {s['seconds']:.2f} s" if "seconds" in s else "")
              + f", {len(plan.cards)} card{'s' if len(plan.cards) != 1 else ''}"]
+    lines += wrapped(f"note: {s['note']}") if s.get("note") else []
     lines += card_lines(plan)
     lines += cache_lines(plan.cache or {}) + prefetch_lines(plan.prefetch, replayed_only=True)
     estimated = estimated_json(plan.hardware)

@@ -12,8 +12,9 @@ Modes:
   the model is a `decode` row, until the sequence's end-of-sequence token.
 
 Padding tokens (attention mask 0) are never recorded. `max_tokens` bounds the recorded
-tokens of each corpus (exactly in score mode: the last batch is trimmed; in generate mode
-no new batch starts once it is reached).
+tokens of each corpus exactly: the last batch's documents are trimmed to it, and its rows
+(sorted by sequence and position; in generate mode prompt then generated tokens) are cut
+to it, so the last sequence recorded may end early, as a prefix of itself (`keep_rows`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,19 @@ class _Tokens:
     experts: np.ndarray
     weights: np.ndarray | None
     speculative: np.ndarray
+
+    def head(self, n: int) -> _Tokens:
+        """The first `n` tokens (every column cut alike): whole sequences, then a prefix of
+        the one the cut falls in."""
+        return _Tokens(self.seq_id[:n], self.pos[:n], self.token[:n], self.phase[:n],
+                       self.experts[:n], None if self.weights is None else self.weights[:n],
+                       self.speculative[:n])
+
+
+def keep_rows(recorded: int, n: int, max_tokens: int | None) -> int:
+    """How many of `n` new tokens, in (sequence, position) order, to record after `recorded`
+    so that a corpus holds at most `max_tokens` (--max-tokens) of them."""
+    return n if max_tokens is None else max(0, min(n, max_tokens - recorded))
 
 
 def check_options(options: CollectOptions) -> None:
@@ -190,14 +204,16 @@ def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, ou
             if budget is not None:
                 if tokens >= budget:
                     break
-                if options.mode == "score":
-                    batch = _trim(batch, budget - tokens)
+                # a prompt's tokens are recorded before what it generates: the documents
+                # past the budget's prompts would be cut away below
+                batch = _trim(batch, budget - tokens)
             ids = base + sequences + np.arange(len(batch), dtype=np.int64)
             if options.mode == "score":
                 rows = _score(model, capture, batch, ids, tokenizer, device)
             else:
                 rows = _generate(model, capture, batch, ids, tokenizer, device, options)
             _check_top_k(rows, identity)
+            rows = rows.head(keep_rows(tokens, len(rows.seq_id), budget))
             n, num_layers = len(rows.seq_id), len(layers)
             writer.write(np.repeat(rows.seq_id, num_layers), np.repeat(rows.pos, num_layers),
                          np.repeat(rows.token, num_layers), np.repeat(rows.phase, num_layers),
@@ -206,7 +222,7 @@ def _collect_corpus(model, tokenizer, capture: RouterCapture, corpus: Corpus, ou
                          else rows.weights.reshape(n * num_layers, -1),
                          rows.speculative.reshape(n * num_layers, -1))
             tokens += n
-            sequences += len(batch)
+            sequences += len(np.unique(rows.seq_id))
             advance(len(batch), n)
         if tokens == 0:
             raise TraceError(f"corpus {corpus.source} produced no tokens")
@@ -377,8 +393,9 @@ class _Progress:
     """A rich progress bar on stderr (tokens/s, ETA); yields `advance(documents, tokens)`.
 
     It counts tokens when the total is known (`max_tokens`, random tokens), else documents;
-    the total grows to the count where the count passes it (generate mode records generated
-    tokens beyond the prompts' budget), and the bar ends at the true total."""
+    the total grows to the count where the count passes it (generate mode without
+    `max_tokens`: random tokens count the prompts, the rows add generated tokens), and the
+    bar ends at the true total."""
 
     def __init__(self, corpus: Corpus, options: CollectOptions) -> None:
         self.corpus, self.options = corpus, options
@@ -416,7 +433,7 @@ class _Progress:
                         rate=f"{self.tokens} tok, {rate:,.0f} tok/s")
         task = self.bar.tasks[0]
         if task.total is not None and task.completed > task.total:
-            # generate mode: the budget counts prompts, the rows add generated tokens too
+            # generate mode: random tokens count prompts, the rows add generated tokens too
             self.bar.update(self.task, total=task.completed)
 
     def __exit__(self, exc_type: type | None, *exc: object) -> None:

@@ -83,6 +83,7 @@ from traces.collecting.collect import (
     CollectOptions,
     CollectResult,
     _encode,
+    keep_rows,
     load_tokenizer,
 )
 from traces.collecting.corpora import Corpus
@@ -107,7 +108,7 @@ class ServerOptions:
 
     max_new_tokens: int = 32
     max_length: int = 512
-    max_tokens: int | None = None  # a corpus ends at the reply that reaches this many
+    max_tokens: int | None = None  # a corpus's rows, the reply that reaches it cut to it
     concurrency: int = 4
     retries: int = 3           # further tries of a request after a connection error or 5xx
     backoff_s: float = 0.5     # wait before retry i: backoff_s * 2**i
@@ -393,11 +394,11 @@ def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
             closing(_replies(client, prompts, options.concurrency)) as replies:
         for reply in replies:
             pos, token, phase = _rows(reply)
-            n, num_layers = len(pos), len(layers)
+            n, num_layers = keep_rows(tokens, len(pos), options.max_tokens), len(layers)
             writer.write(np.full(n * num_layers, base + sequences, dtype=np.int64),
-                         np.repeat(pos, num_layers), np.repeat(token, num_layers),
-                         np.repeat(phase, num_layers), np.tile(layers, n),
-                         reply.experts.reshape(n * num_layers, -1), None)
+                         np.repeat(pos[:n], num_layers), np.repeat(token[:n], num_layers),
+                         np.repeat(phase[:n], num_layers), np.tile(layers, n),
+                         reply.experts[:n].reshape(n * num_layers, -1), None)
             tokens += n
             sequences += 1
             advance(n)

@@ -3,7 +3,8 @@
 Each document runs as its own sequence in llama.cpp (`runner.LlamaCpp`, CPU backend): in
 score mode one llama_decode of its tokens (rows phase `decode`, as the Hugging Face
 collector's score mode); in generate mode its prompt (`prefill` rows) then greedy decoding,
-each generated token fed back a `decode` row, until `max_new_tokens` or an end token. The
+each generated token fed back a `decode` row, until `max_new_tokens` or an end token;
+`max_tokens` cuts the last sequence's rows to it, as the Hugging Face collector does. The
 trace files are the Hugging Face collector's (`traces.collecting.collect`): same schema,
 metadata, run ids and refusals, without gate weights. Documents are tokenized by the Hugging Face
 tokenizer at `tokenizer` when given (the ids `placer collect --model` would use), else by
@@ -25,6 +26,7 @@ from traces.collecting.collect import (
     _Progress,
     check_options,
     encode_document,
+    keep_rows,
     load_tokenizer,
 )
 from traces.collecting.corpora import Corpus, Document, random_corpus
@@ -90,20 +92,20 @@ def _collect_corpus(llama: LlamaCpp, tokenizer, corpus: Corpus, out_dir: Path,
             if options.max_tokens is not None and tokens >= options.max_tokens:
                 break
             ids = _tokens(llama, tokenizer, doc, options)
-            if options.max_tokens is not None and options.mode == "score":
+            if options.max_tokens is not None:
                 ids = ids[:options.max_tokens - tokens]
             if not ids:
                 continue
             run = llama.run(ids, new)
             _check(run.layers, run.experts, identity)
-            n, num_layers = len(run.tokens), len(layers)
+            n, num_layers = keep_rows(tokens, len(run.tokens), options.max_tokens), len(layers)
             phase = np.full(n, DECODE, dtype=np.int32)
             if options.mode == "generate":
                 phase[:run.prompt] = PREFILL
             writer.write(np.full(n * num_layers, base + sequences, dtype=np.int64),
                          np.repeat(np.arange(n, dtype=np.int32), num_layers),
-                         np.repeat(run.tokens, num_layers), np.repeat(phase, num_layers),
-                         np.tile(layers, n), run.experts.reshape(n * num_layers, -1), None)
+                         np.repeat(run.tokens[:n], num_layers), np.repeat(phase, num_layers),
+                         np.tile(layers, n), run.experts[:n].reshape(n * num_layers, -1), None)
             tokens += n
             sequences += 1
             advance(1, n)
