@@ -18,9 +18,9 @@ minimal so that the experts of the other layers fit the card's expert capacity (
 the staging reserve: placer/plan/capacity.py, the very N `placer evaluate` replays as layer
 offload); on several, N is minimal so that the other layers, in order, fill the devices one
 after another within each card's expert capacity (a device takes a contiguous run of
-layers, as llama.cpp's layer split does). The plan's expert-parallel homes spread a layer over cards,
-which llama.cpp cannot express, so that N can exceed the plan's own layer baseline: the
-export says so. Every MoE layer cold is `--cpu-moe`.
+layers, as llama.cpp's layer split does). The plan's expert-parallel homes spread a layer
+over cards, which llama.cpp cannot express, so that N can exceed the plan's own layer
+baseline: the export says so. Every MoE layer cold is `--cpu-moe`.
 
 GGUF tensor names (GGUF block N = decoder layer N): llama.cpp's own `gguf-py` 0.19.0 (PyPI
 `gguf`), `gguf/constants.py`: `MODEL_TENSORS[arch]` lists FFN_GATE_EXP, FFN_UP_EXP,
