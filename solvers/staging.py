@@ -1,17 +1,23 @@
 """What each card reserves for cold experts in flight: cache slots and the staging buffer.
 
 A fetch (one layer's selected cold experts homed on a card) needs all its experts on the
-device at once: at most n = min(B * k, the most experts the card homes in one layer). Misses
-go into cache slots (`solvers.cache`), and only what the slots cannot take (every slot holds
-an expert of the same fetch) into the staging buffer. A layer's fetch uses only its own
-layer's q_l slots, so the buffer holds max(0, n - min_l q_l) experts at most. Every slot and
-every part of the buffer is as large as the card's largest expert, so a card's VRAM for
-experts splits as
+device at once: at most n = min(B * k, the most experts the card homes in one layer), B the
+largest concurrency solved for. Misses go into cache slots (`solvers.cache`), and what the
+slots cannot take (every slot holds an expert of the same fetch) into the staging buffer.
 
-    pinned pages + S * unit + max(0, n - min_l q_l) * unit <= budget,
+The staging buffer is a reserve of n experts whatever the slots: slots are counted as expert
+VRAM, like pinned pages, and never as staging. Every slot and every part of the buffer is as
+large as the card's largest expert, so a card's VRAM for experts splits as
+
+    pinned pages + S * unit <= budget - n * unit   (the card's capacity),
     S = sum_l q_l,   unit = largest expert on c.
 
-With no slots that is the plain staging buffer of n experts.
+The capacity is what every line judged at the budget holds in VRAM (the plan's pins and
+slots, layer offload's resident layers, a plain cache's slots, a static placement's pins),
+so `solve --offload X` keeps at most 1 - X of a card's homed expert bytes in VRAM and the
+baselines get the same expert VRAM as the placement. Slots could double as staging (a fetch
+whose layer has q_l >= n slots needs no buffer at run time), but counting them so would hand
+the placement n experts of cache the layer-offload baseline cannot use beside its own buffer.
 """
 
 from __future__ import annotations
@@ -43,14 +49,7 @@ def staging_bytes(expert_bytes: np.ndarray, home: np.ndarray, num_cards: int, ma
     return limit * slot_unit(expert_bytes, home, num_cards)
 
 
-def cache_only_slots(units: np.ndarray, limit: np.ndarray, layers: int) -> np.ndarray:
+def cache_only_slots(units: np.ndarray, limit: np.ndarray) -> np.ndarray:
     """[C] the most cache slots each card's budget of `units` experts holds with nothing
-    pinned, spread evenly over its `layers` layers: S slots leave the smallest layer
-    floor(S / L), so the staging buffer holds max(0, limit - floor(S / L)) experts beside."""
-    out = np.zeros(len(units), dtype=np.int64)
-    for c, (room, n) in enumerate(zip(units, limit, strict=True)):
-        slots = int(room)
-        while slots > 0 and slots + max(0, int(n) - slots // layers) > room:
-            slots -= 1
-        out[c] = slots
-    return out
+    pinned: all of it but the staging reserve of `limit` experts (none below 0)."""
+    return np.maximum(0, np.asarray(units, dtype=np.int64) - np.asarray(limit, dtype=np.int64))

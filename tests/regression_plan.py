@@ -43,5 +43,7 @@ def build_setup(root: Path, cli) -> dict[str, Path]:
     cli("solve", *common, "--traces", out["calib"], "--traces", out["random"], "--robust",
         "--out", out["robust"])
     out["cached"] = root / "cached.json"  # every calibration token, in order: a cache split
-    cli("solve", *common[:-2], "--traces", out["calib"], "--out", out["cached"])
+    # of 8 slots per card (auto picks the static candidate here since slots no longer double
+    # as staging: docs/cache-split.md, the budget rule)
+    cli("solve", *common[:-2], "--traces", out["calib"], "--cache", "8", "--out", out["cached"])
     return out

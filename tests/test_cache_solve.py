@@ -56,10 +56,13 @@ def chosen_policy(cache: dict) -> dict:
     if cache["guard"] is not None and cache["guard"]["switched"]:  # not backed by the renamed
         assert cache["guard"]["instead_of"] == [least["plan"], least["policy"], least["pooled"]]
         found = cache["guard"]
-        engine = least["policy"] in ("lru", "lfuda") and not least["pooled"]
+        engine = (least["policy"] in ("lru", "lfuda") and not least["pooled"]
+                  and least["plan"] == found["served"][0])  # the guard's engines: one plan's
         # above the better engine on the renamed folds, or (not an engine) under 5% below it
-        assert found["renamed_ratio_ci95"][0] > 1.0 or (
-            not engine and found["objective_ratio"] > 0.95)
+        # or its renamed interval's top more than 5% above it (solvers/cache/choice.py)
+        gain = found["min_gain"]
+        assert found["renamed_ratio_ci95"][0] > 1.0 or (not engine and (
+            found["objective_ratio"] > 1.0 - gain or found["renamed_ratio_ci95"][1] > 1.0 + gain))
         assert not row["pooled"] and row["policy"] == found["engine"]  # that engine serves
     else:
         assert row["held_out_objective"] == least["held_out_objective"]
@@ -116,7 +119,11 @@ def test_robust_regret_is_a_ratio_in_the_table_the_json_and_the_plan(solved, pla
     rows = {r["kind"]: r for r in cache["candidates"]}
     assert rows["cache"]["held_out_regret"] == pytest.approx(1.0, rel=1e-12)
     (chosen,) = [r for r in cache["candidates"] if r["chosen"]]
-    assert chosen["held_out_regret"] == min(r["held_out_regret"] for r in cache["candidates"])
+    if cache["guard"]["switched"] and cache["guard"]["served"][0] == "plain cache":
+        assert chosen["kind"] == "cache"  # the guard's: the plain cache's pins and slots
+    else:
+        assert chosen["held_out_regret"] == min(r["held_out_regret"]
+                                                for r in cache["candidates"])
     policy = chosen_policy(cache)  # the policy served the split: its regret no worse
     assert cache["held_out_regret"] == policy["held_out_objective"]
     if not cache["guard"]["switched"]:  # (else an engine's, which may be above lfru's 1)

@@ -77,7 +77,7 @@ def test_the_split_fits_the_budget(units: int):
     for c in range(2):
         pins = (split.pinned & (prob.home == c)).sum(axis=1)
         assert pins.sum() + split.quotas[c].sum() + split.staging[c] <= units
-        assert split.staging[c] == max(0, 3 - split.quotas[c].min())
+        assert split.staging[c] == 3  # the reserve stays staging, whatever the slots
     assert split.stall_s > 0
 
 
@@ -113,7 +113,7 @@ def test_every_candidate_is_judged_on_the_same_held_out_folds():
     prob = problem(12)
     split = solve_split(prob, [sc])
     rows = {c["kind"]: c for c in split.candidates}
-    quotas = even_quotas(cache_only_slots(prob.units, prob.fetch_limit, 3), 3)
+    quotas = even_quotas(cache_only_slots(prob.units, prob.fetch_limit), 3)
     want = sum(float(f.misses(make_policy("lru", quotas, 36), np.ones((3, 12), bool),
                               prob.home).sum()) for f in sc.folds) * 1e-3 / len(selected)
     assert rows["cache"]["stall_s"] == pytest.approx(want)
@@ -142,8 +142,8 @@ def test_fixed_slots_are_spread_evenly_and_the_rest_is_pinned():
     prob = problem(16)
     split = solve_split(prob, [scenario(traffic(2))], slots=7)
     assert split.quotas.tolist() == [[3, 2, 2]]
-    assert split.pinned.sum() + 7 + split.staging[0] <= 16
-    assert split.pinned.sum() >= 16 - 7 - 1 - 1  # the rest is pinned, bar the staging buffer
+    assert split.pinned.sum() + 7 + split.staging[0] <= 16 and split.staging[0] == 3
+    assert split.pinned.sum() >= 16 - 7 - 3 - 1  # the rest is pinned, bar the staging reserve
 
 
 def test_fixed_slots_beyond_the_budget_are_refused():

@@ -30,7 +30,8 @@ Budget = Annotated[str | None, typer.Option(
     help="VRAM per card for expert pages and the staging buffer, e.g. 20GiB (default: each "
          "card's free VRAM; a model that fits gets a plan with every expert resident).")]
 Offload = Annotated[float | None, typer.Option(
-    help="Share of each card's expert bytes that stays on the host, e.g. 0.3.")]
+    help="Share of each card's expert bytes that stays on the host, e.g. 0.3: pinned "
+         "experts and cache slots hold at most the rest, the staging buffer comes on top.")]
 Concurrency = Annotated[str, typer.Option(
     help="Concurrent sequences to optimize for and judge at, e.g. 1,8.")]
 Weights = Annotated[str | None, typer.Option(

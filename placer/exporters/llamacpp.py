@@ -14,12 +14,13 @@ explicit `-ngl`, `-ts` or `-ot` turns `--fit`'s own allocation off, so these fla
 llama.cpp offloads whole expert tensors, one per layer and kind (a layer's experts are one
 3-D tensor), so its equivalent at the plan's budget is a layer-offload baseline: the first N
 MoE layers cold (on the CPU), each other layer's experts on one device. On one card, N is
-minimal so that the experts of the other layers fit the card's capacity (budget - staging);
-on several, N is minimal so that the other layers, in order, fill the devices one after
-another within each card's capacity (a device takes a contiguous run of layers, as
-llama.cpp's layer split does). The plan's expert-parallel homes spread a layer over cards,
-which llama.cpp cannot express, so that N can exceed the plan's own layer baseline: the
-export says so. Every MoE layer cold is `--cpu-moe`.
+minimal so that the experts of the other layers fit the card's expert capacity (budget less
+the staging reserve: placer/plan/capacity.py, the very N `placer evaluate` replays as layer
+offload); on several, N is minimal so that the other layers, in order, fill the devices one
+after another within each card's expert capacity (a device takes a contiguous run of
+layers, as llama.cpp's layer split does). The plan's expert-parallel homes spread a layer
+over cards, which llama.cpp cannot express, so that N can exceed the plan's own layer
+baseline: the export says so. Every MoE layer cold is `--cpu-moe`.
 
 GGUF tensor names (GGUF block N = decoder layer N): llama.cpp's own `gguf-py` 0.19.0 (PyPI
 `gguf`), `gguf/constants.py`: `MODEL_TENSORS[arch]` lists FFN_GATE_EXP, FFN_UP_EXP,
@@ -48,6 +49,7 @@ import numpy as np
 
 from placer.checkpoint.kv import DEFAULT_KV_TYPE, Context
 from placer.errors import PlacerError
+from placer.plan.capacity import expert_capacity, layer_offload_cold
 from placer.plan.placement import Plan
 from placer.units import format_bytes
 from solvers.llamacpp.builds import CACHE_FLAG, SHARE_FLAG, Build
@@ -144,18 +146,6 @@ class LlamaCppOffload:
                     "tokens": self.context.tokens, "kv_type": self.context.kv_type}}
 
 
-def layer_offload_cold(plan: Plan) -> int:
-    """N: the fewest leading MoE layers to make cold so that on every card the experts it
-    homes in the other MoE layers fit its capacity_bytes (the plan's own layer baseline)."""
-    home, nbytes = plan.matrix("card"), plan.matrix("bytes")
-    num_cards = len(plan.cards)
-    per_layer = np.stack([np.bincount(h, weights=b, minlength=num_cards)
-                          for h, b in zip(home, nbytes, strict=True)])
-    resident = np.vstack([np.cumsum(per_layer[::-1], axis=0)[::-1], np.zeros(num_cards)])
-    capacity = np.array([c.capacity_bytes for c in plan.cards])
-    return int(np.flatnonzero((resident <= capacity).all(axis=1))[0])
-
-
 def pack_layers(layer_bytes: np.ndarray, capacity: np.ndarray) -> tuple[int, list[int]]:
     """(N, [device of each MoE layer from the N-th on]) with N minimal such that those layers,
     in order, fill the devices one after another within `capacity` (every layer cold, N = L,
@@ -193,7 +183,7 @@ def llamacpp_offload(plan: Plan, devices: list[str] | None = None) -> LlamaCppOf
     arch = gguf_arch(plan.model.get("model_type") or "")
     warnings = stage_warning(plan)
     layer_bytes = plan.matrix("bytes").sum(axis=1).astype(np.float64)
-    capacity = np.array([c.capacity_bytes for c in plan.cards], dtype=np.float64)
+    capacity = expert_capacity(plan).astype(np.float64)
     baseline = layer_offload_cold(plan)
     count, owner = (baseline, []) if num_cards == 1 else pack_layers(layer_bytes, capacity)
     if count > baseline:

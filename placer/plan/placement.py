@@ -65,12 +65,13 @@ class ExpertPlacement:
 @dataclass(frozen=True)
 class CardPlan:
     """One card's budget, split (solvers/staging.py): pinned (resident) expert pages, cache
-    slots of `slot_bytes` each under `cache_policy`, and the staging buffer for what a fetch
-    needs beyond the slots."""
+    slots of `slot_bytes` each under `cache_policy`, and the staging buffer, the reserve for
+    one fetch at the largest concurrency (a plan written before the reserve was kept whole
+    may record less: what a fetch needs beyond the slots)."""
 
     index: int
     budget_bytes: int     # VRAM for expert pages, cache slots and the staging buffer
-    staging_bytes: int    # the staging buffer for the chosen concurrency and slots
+    staging_bytes: int    # the staging reserve for the largest concurrency
     resident_bytes: int   # pinned expert pages (<= capacity_bytes)
     homed_bytes: int      # all experts homed on this card
     cache_slots: int = 0  # staged experts kept for reuse, each in a slot of slot_bytes

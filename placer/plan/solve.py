@@ -112,7 +112,13 @@ def choose_homes(inv: Inventory, spec: HardwareSpec, ep: str, traffic: list[Traf
 def card_budgets(inv: Inventory, spec: HardwareSpec, home: np.ndarray, opts: SolveOptions,
                  execution: str = "stage") -> tuple[np.ndarray, np.ndarray]:
     """([C] budget bytes, [C] staging bytes) per card, or a PlacerError when infeasible.
-    Cold experts computed by the CPU are never staged: no staging buffer then."""
+
+    The staging bytes are the reserve for one fetch at the largest --concurrency
+    (solvers/staging.py); budget - staging is the card's expert capacity, what the plan's
+    pinned pages and cache slots hold together and what every baseline is judged at
+    (placer/plan/capacity.py). --offload X gives a capacity of (1 - X) x the card's homed
+    expert bytes (floored), the reserve on top; --budget and the free VRAM include it.
+    Cold experts computed by the CPU are never staged: no reserve then."""
     sizes = inv.expert_bytes()
     num_cards = len(spec.cards)
     staging = (staging_bytes(sizes, home, num_cards, max(opts.concurrency), inv.top_k)

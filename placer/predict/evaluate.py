@@ -2,8 +2,9 @@
 
 For each trace set and concurrency B, decode steps are replayed against the plan's placement
 with the cost model the solver optimizes (`solvers.cost`), and against the baselines at the
-same budget: layer offload, uniform (no profile) and the oracle (solved on this very traffic,
-all of it: the limit). By default every held-out token is replayed
+same expert VRAM (placer/plan/capacity.py: the budget less the staging reserve, what the
+plan's pins and slots hold): layer offload, uniform (no profile) and the oracle (solved on
+this very traffic, all of it: the limit). By default every held-out token is replayed
 (`traces.storing.profile.every_token_steps`: at B = 1 each token once, exactly; at B > 1 continuous
 batching of B distinct sequences over `groupings` seeded orders); `num_steps` samples that
 many steps instead, and imported count matrices, which have no tokens, are always sampled
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError
+from placer.plan.capacity import expert_capacity
 from placer.plan.estimates import add_step_ranges, estimated_json
 from placer.plan.options import DEFAULT_STEPS, EXECUTIONS, check_steps_memory
 from placer.plan.placement import Plan, check_cache_slots, plan_policy, plan_quotas
@@ -42,7 +44,7 @@ from solvers.cache import even_quotas
 from solvers.judge.intervals import MIN_UNITS, REPLICATES, TOO_LITTLE, verdict
 from solvers.judge.replay import BELADY, Line, make_steps, replay_with_intervals
 from solvers.problem import Placement, Problem, SolveResult, Steps
-from solvers.staging import cache_only_slots, fetch_limit, slot_unit, staging_bytes
+from solvers.staging import slot_unit
 from solvers.static import baselines, ilp
 from solvers.static.ilp import Progress, no_progress
 from traces.options import check_rules
@@ -100,8 +102,8 @@ def check_options(opts: EvalOptions, plan: Plan | None = None) -> None:
 
 def plan_problem(plan: Plan, steps: list[Steps], execution: str | None = None) -> Problem:
     """The plan's problem (sizes, homes, capacities, cards) over the given steps, under
-    `execution` (default: the plan's own). The baselines are taken at the plan's capacities
-    under either execution model."""
+    `execution` (default: the plan's own). The baselines are taken at the plan's expert
+    capacity (placer.plan.capacity.expert_capacity) under either execution model."""
     mode = execution or plan.execution
     flops = plan.model.get("expert_flops")
     if mode == "cpu" and flops is None:
@@ -114,20 +116,8 @@ def plan_problem(plan: Plan, steps: list[Steps], execution: str | None = None) -
             0 < e.resident_pages < len(e.pages) for e in plan.experts):
         raise PlacerError("this plan keeps some experts partly resident: cpu execution "
                           "computes whole experts (solve it with --execution cpu)")
-    return Problem(plan.matrix("bytes"), plan.matrix("card"), static_capacity(plan, mode),
+    return Problem(plan.matrix("bytes"), plan.matrix("card"), expert_capacity(plan, mode),
                    cards_of(plan.hardware), steps, page_size, **run.fields)
-
-
-def static_capacity(plan: Plan, execution: str) -> np.ndarray:
-    """[C] bytes a static placement may pin at the plan's budget: the budget less the staging
-    buffer of a card without cache slots (the plan's own pinned pages, beside its slots, take
-    at most this). cpu execution stages nothing."""
-    budget = np.array([c.budget_bytes for c in plan.cards], dtype=np.int64)
-    if execution == "cpu":
-        return budget
-    return budget - staging_bytes(plan.matrix("bytes"), plan.matrix("card"), len(plan.cards),
-                                  max(plan.budget.get("concurrency") or [1]),
-                                  int(plan.model["top_k"]))
 
 
 def traffic_problem(plan: Plan, name: str, steps: TokenSteps, base_step_s: float,
@@ -318,17 +308,15 @@ def plan_line(plan: Plan, placement: Placement, cache_slots: int | None = None) 
 def cache_lines(plan: Plan, problem: Problem, placement: Placement, cache_slots: int | None
                 ) -> dict[str, Line]:
     """The plan as deployed (`plan_line`: its pinned pages and cache slots per layer, or
-    `cache_slots` on every card, under its own policy and cache_params), the whole budget as
-    per-layer LRU caches with nothing pinned (what an engine's expert cache does with the same
+    `cache_slots` on every card, under its own policy and cache_params), the plan's expert
+    capacity (what its pins and slots hold, expert_capacity) as per-layer LRU caches with
+    nothing pinned (what an engine's expert cache does with the same
     VRAM: llama.cpp PR #27861, vLLM PR #37190), and the same as per-layer LFUDA caches (BigRig
     0.9.1's engine cache), and Belady's MIN with the plan's slots and pinned set (the limit of
     any policy for that split, solvers/cache/belady.py)."""
     quotas = plan_quotas(plan, cache_slots)
-    budget = np.array([c.budget_bytes for c in plan.cards], dtype=np.int64)
     unit = slot_unit(problem.expert_bytes, problem.home, problem.num_cards)
-    limit = fetch_limit(problem.home, problem.num_cards,
-                        max(plan.budget.get("concurrency") or [1]), int(plan.model["top_k"]))
-    whole = cache_only_slots(budget // np.maximum(unit, 1), limit, problem.num_layers)
+    whole = expert_capacity(plan) // np.maximum(unit, 1)
     bare = Placement(np.zeros_like(placement.resident_pages))
     out = {"lru": Line(bare, "lru", even_quotas(whole, problem.num_layers)),
            "lfuda": Line(bare, "lfuda", even_quotas(whole, problem.num_layers)),

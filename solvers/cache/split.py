@@ -24,9 +24,9 @@ Pins are ranked for the cache, not by frequency: by the misses of each expert un
 layer's cache with q slots and nothing pinned (ties: selections). An expert the cache keeps
 warm gains little from a pin; one with long reuse distances gains a miss per use.
 
-A layer's fetch uses only its own slots, so the staging buffer must hold what a fetch needs
-beyond the smallest layer quota: max(0, n - min_l q_l) experts (solvers/staging.py). The
-knapsack runs once per candidate floor m of the quotas, with the buffer's units taken off.
+The staging buffer is a reserve of n experts (a fetch's most, solvers/staging.py) whatever
+the slots: pins and slots share the rest of the budget, so the split never holds more expert
+VRAM than the baselines it is judged against at the same budget.
 
 Cost of a miss: one copy of a whole expert, latency + bytes / bandwidth of its card, summed
 over a card's layers. On one card that is the stall exactly; with several cards the stall of
@@ -62,7 +62,8 @@ __all__ = ["CAPS", "CURVE", "RENAMED_KEYS", "Layout", "Scenario", "Split", "Spli
 class SplitProblem:
     """home: [L, E] card of each expert; miss_s: [C] seconds one miss costs on each card;
     units: [C] budget of each card in experts (pins, slots and staging, whole experts of one
-    size); fetch_limit: [C] the most experts one layer's fetch needs on each card."""
+    size); fetch_limit: [C] the most experts one layer's fetch needs on each card: its
+    staging reserve, taken off the units before pins and slots."""
 
     home: np.ndarray
     miss_s: np.ndarray
@@ -144,7 +145,7 @@ def families(problem: SplitProblem, slots: int | None, step: int) -> list[Family
         quotas = even_quotas([slots] * problem.num_cards, layers)
         return [Family(f"{slots} slots per card", "slots", _slot_cells(quotas, grid, width),
                        quotas)]
-    most = cache_only_slots(problem.units, problem.fetch_limit, layers)
+    most = cache_only_slots(problem.units, problem.fetch_limit)
     plain = even_quotas(most, layers)
     out = [Family("static", "static", [(p, 0) for p in grid]),
            Family("plain cache", "cache", [(0, int(q)) for q in np.unique(plain)], plain)]
@@ -277,7 +278,7 @@ def _regret_weights(problem: SplitProblem, table: CostTable, scenario_of: np.nda
                     count: int) -> np.ndarray:
     """[F] 1 / (scenarios x its plain cache's held-out stall) for each entry's scenario."""
     layers = problem.home.shape[0]
-    plain = even_quotas(cache_only_slots(problem.units, problem.fetch_limit, layers), layers)
+    plain = even_quotas(cache_only_slots(problem.units, problem.fetch_limit), layers)
     per_entry = sum(table.cost[(0, int(plain[c, layer]))][:, c, layer]
                     for c in range(problem.num_cards) for layer in range(layers))
     stall = np.bincount(scenario_of, weights=per_entry, minlength=count)
@@ -325,8 +326,7 @@ def _judge(table: CostTable, plan: _Plan, weights: np.ndarray) -> float:
 def _fit(problem: SplitProblem, costs: dict[Cell, np.ndarray], fam: Family) -> _Plan:
     """The candidate's plan at these costs."""
     if fam.kind == "cache":
-        staging = np.maximum(0, problem.fetch_limit - fam.quotas.min(axis=1))
-        return _Plan(np.zeros_like(fam.quotas), fam.quotas.copy(), staging)
+        return _Plan(np.zeros_like(fam.quotas), fam.quotas.copy(), problem.fetch_limit.copy())
     if fam.kind == "slots":
         return _fixed(problem, costs, fam.quotas, fam.cells)
     return _knapsack(problem, costs, fam.cells)
@@ -334,30 +334,22 @@ def _fit(problem: SplitProblem, costs: dict[Cell, np.ndarray], fam: Family) -> _
 
 def _knapsack(problem: SplitProblem, costs: dict[Cell, np.ndarray], allowed: list[Cell]
               ) -> _Plan:
-    """Per card, the (p_l, q_l) of least summed cost within its units, over every floor m
-    of the quotas (the staging buffer holds fetch_limit - m experts)."""
+    """Per card, the (p_l, q_l) of least summed cost within its units less its staging
+    reserve."""
     layers = problem.home.shape[0]
     p = np.zeros((problem.num_cards, layers), dtype=np.int64)
     q = np.zeros_like(p)
-    staging = np.zeros(problem.num_cards, dtype=np.int64)
     for c in range(problem.num_cards):
         homes = (problem.home == c).any(axis=1)
-        best = None
-        for floor in sorted({0, *(q for _, q in allowed if q <= problem.fetch_limit[c])}):
-            room = int(problem.units[c]) - max(0, int(problem.fetch_limit[c]) - floor)
-            options = [[cell for cell in allowed if cell[1] >= floor] if homes[layer]
-                       else [(0, 0)] for layer in range(layers)]
-            found = _layer_knapsack([[costs[cell][c, layer] for cell in options[layer]]
-                                     for layer in range(layers)],
-                                    [[sum(cell) for cell in row] for row in options], room)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = (found[0], [options[layer][i] for layer, i in enumerate(found[1])],
-                        floor)
-        if best is None:
+        options = [allowed if homes[layer] else [(0, 0)] for layer in range(layers)]
+        found = _layer_knapsack([[costs[cell][c, layer] for cell in options[layer]]
+                                 for layer in range(layers)],
+                                [[sum(cell) for cell in row] for row in options],
+                                int(problem.units[c]) - int(problem.fetch_limit[c]))
+        if found is None:
             raise ValueError(f"card {c}: {problem.units[c]} experts of budget hold no split")
-        p[c], q[c] = np.array(best[1]).T
-        staging[c] = max(0, int(problem.fetch_limit[c]) - best[2])
-    return _Plan(p, q, staging)
+        p[c], q[c] = np.array([options[layer][i] for layer, i in enumerate(found[1])]).T
+    return _Plan(p, q, problem.fetch_limit.copy())
 
 
 def _layer_knapsack(costs: list[list[float]], units: list[list[int]], room: int
@@ -398,7 +390,6 @@ def _fixed(problem: SplitProblem, costs: dict[Cell, np.ndarray], quotas: np.ndar
     """quotas[c, l] slots; the pins that fit beside them in each card's budget, by the
     knapsack (ValueError when the slots alone do not fit)."""
     layers = problem.home.shape[0]
-    staging = np.maximum(0, problem.fetch_limit - quotas.min(axis=1))
     p = np.zeros_like(quotas)
     for c in range(problem.num_cards):
         options = [[cell for cell in cells if cell[1] == quotas[c, layer]]
@@ -406,9 +397,9 @@ def _fixed(problem: SplitProblem, costs: dict[Cell, np.ndarray], quotas: np.ndar
         found = _layer_knapsack([[costs[cell][c, layer] for cell in options[layer]]
                                  for layer in range(layers)],
                                 [[sum(cell) for cell in row] for row in options],
-                                int(problem.units[c]) - int(staging[c]))
+                                int(problem.units[c]) - int(problem.fetch_limit[c]))
         if found is None:
             raise ValueError(f"card {c}: {int(quotas[c].sum())} cache slots do not fit its "
                              f"budget of {problem.units[c]} experts")
         p[c] = [options[layer][i][0] for layer, i in enumerate(found[1])]
-    return _Plan(p, quotas.copy(), staging)
+    return _Plan(p, quotas.copy(), problem.fetch_limit.copy())

@@ -13,19 +13,25 @@ from solvers.problem import Placement, Problem, SolveResult, validate
 
 def layer_offload_pages(problem: Problem) -> np.ndarray:
     """[L, E] resident pages of the layer-offload baseline: the first N MoE layers' experts
-    all cold on every card, N the fewest for which every card's experts in the remaining
-    layers fit its capacity. This is what llama.cpp can express (`--n-cpu-moe N`, `-ot` per
-    layer: whole expert tensors of whole layers), so `placer export llamacpp` runs it."""
+    all cold on every card, N = cold_layer_count. This is what llama.cpp can express
+    (`--n-cpu-moe N`, `-ot` per layer: whole expert tensors of whole layers), so `placer
+    export llamacpp` runs it."""
     pages = problem.num_pages().copy()
-    eb = np.asarray(problem.expert_bytes, dtype=np.int64)
-    onehot = np.eye(problem.num_cards, dtype=np.int64)[np.asarray(problem.home)]
+    pages[:cold_layer_count(problem.expert_bytes, problem.home, problem.capacity)] = 0
+    return pages
+
+
+def cold_layer_count(expert_bytes: np.ndarray, home: np.ndarray, capacity: np.ndarray) -> int:
+    """N: the fewest leading MoE layers to leave cold so that every card's experts in the
+    remaining layers fit its `capacity` ([C] bytes); expert_bytes, home: [L, E]."""
+    eb = np.asarray(expert_bytes, dtype=np.int64)
+    num_cards = len(capacity)
+    onehot = np.eye(num_cards, dtype=np.int64)[np.asarray(home)]
     per_layer = np.einsum("le,lec->lc", eb, onehot)  # [L, C] bytes each layer homes per card
     suffix = np.vstack([np.cumsum(per_layer[::-1], axis=0)[::-1],
-                        np.zeros((1, problem.num_cards), dtype=np.int64)])
-    fits = np.all(suffix <= np.asarray(problem.capacity), axis=1)
-    cold_layers = int(np.flatnonzero(fits)[0])  # the last row (all cold) always fits
-    pages[:cold_layers] = 0
-    return pages
+                        np.zeros((1, num_cards), dtype=np.int64)])
+    fits = np.all(suffix <= np.asarray(capacity), axis=1)
+    return int(np.flatnonzero(fits)[0])  # the last row (all cold) always fits
 
 
 def layer_offload(problem: Problem) -> SolveResult:
