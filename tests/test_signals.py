@@ -103,11 +103,7 @@ def test_an_interrupt_raised_in_exec_code_exits_with_placers_status(tmp_path: Pa
         "app.__getattr__ = lambda name: exec(\"raise KeyboardInterrupt('SIGTERM')\")\n"
         "sys.modules['placer.commands.app'] = app\n"
         "cli.main()\n")
-    proc = subprocess.run([sys.executable, "-m", "starts_interrupted"], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
-                          capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (
-        143, "", "error: interrupted by SIGTERM; nothing was done\n")
+    assert_ended_by_sigterm_in_one_line(tmp_path, "starts_interrupted")
 
 
 def test_a_signal_while_placer_imports_its_command_line_waits_for_the_import(
@@ -136,12 +132,17 @@ def test_a_signal_while_placer_imports_its_command_line_waits_for_the_import(
         f"{str(tmp_path / 'app_stand_in.py')!r})\n"
         "sys.meta_path.insert(0, Finder())\n"
         "cli.main()\n")
-    proc = subprocess.run([sys.executable, "-m", "starts"], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+    assert_ended_by_sigterm_in_one_line(tmp_path, "starts")
+    assert (tmp_path / "imported").exists()
+
+
+def assert_ended_by_sigterm_in_one_line(where: Path, module: str) -> None:
+    """`python -m MODULE` (a file in `where`) exits 143 with placer's one line, no more."""
+    proc = subprocess.run([sys.executable, "-m", module], cwd=where,
+                          env={**os.environ, "PYTHONPATH": f"{where}:{REPO}"},
                           capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         143, "", "error: interrupted by SIGTERM; nothing was done\n")
-    assert (tmp_path / "imported").exists()
 
 
 POINTS = {  # where: (module, attribute), and when: before or after calling it, or inside
