@@ -307,7 +307,7 @@ def solve_plan(inv: Inventory, spec: HardwareSpec, trace_dirs: list[Path], opts:
                                                     opts, execution), execution, progress)
         else:
             plan, lines = _cached_plan(inv, spec, home, budget, split, info, opts)
-        plan.solver["note"] = split_note(opts, info["seconds"], split.kind == "static")
+        plan.solver["note"] = split_note(opts, split.kind == "static")
         plan.cache = info
     else:
         plan, lines = _static_plan(inv, spec, home, budget, staging, traffic, opts,
@@ -368,11 +368,12 @@ def thin(traffic: list[Traffic], most: int) -> tuple[list[Traffic], str | None]:
     return out, note
 
 
-def split_note(opts: SolveOptions, seconds: float, static: bool) -> str:
-    """What --solver and --time-limit did where the cache split ran (`seconds`): a split with
-    cache slots is chosen by replays on held-out folds, which neither names nor bounds; a
-    static candidate is placed by the solver, whose time limit bounds it alone."""
-    split = f"the cache split's replays ({seconds:.1f} s, not time-limited)"
+def split_note(opts: SolveOptions, static: bool) -> str:
+    """What --solver and --time-limit did where the cache split ran: a split with cache slots
+    is chosen by replays on held-out folds, which neither names nor bounds; a static
+    candidate is placed by the solver, whose time limit bounds it alone. (No seconds: the
+    plan is the same file for the same inputs; the solver line prints them.)"""
+    split = "the cache split's replays (not time-limited)"
     if not static:
         return (f"--solver {opts.solver} and --time-limit {opts.time_limit:g} did not apply: "
                 f"{split} chose pins and cache slots; --cache 0 asks for a static placement by "
