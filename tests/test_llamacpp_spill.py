@@ -123,3 +123,25 @@ def test_hardware_show_says_whether_the_cards_spill(tmp_path) -> None:
     windows = CliRunner().invoke(app, ["hardware", "show", str(path)])
     assert "card 0 past VRAM: fails to load (linux with unknown" in linux.output
     assert "card 0 past VRAM: spills to host memory (windows with unknown" in windows.output
+
+
+def test_a_plans_machine_spills_as_its_spec_says(tmp_path) -> None:
+    """`evaluate PLAN --flags` replays plan_machine: on a Windows box its cards spill past
+    their VRAM, with the VRAM, reserve and rate machine_of gives the same spec (they were
+    left at no spill there)."""
+    from llamacpp_tiny import one_card, solve, tiny_gguf, tiny_traces
+
+    from placer.checkpoint.inventory import read_inventory
+    from placer.plan.llamacpp import machine_of, plan_machine
+    from placer.plan.options import SolveOptions
+    from placer.plan.placement import read_plan
+
+    model = tiny_gguf(tmp_path)
+    spec = one_card(tmp_path)
+    spec.write_text('os = "windows"\n' + spec.read_text())
+    plan, _ = solve(tmp_path, model, tiny_traces(tmp_path, model), spec)
+    mine = plan_machine(read_plan(plan))
+    theirs = machine_of(read_inventory(model), load_spec(str(spec)), SolveOptions())
+    fields = ("spills", "vram", "reserved", "spill_rate")
+    assert mine.spills == (True,)
+    assert [getattr(mine, f) for f in fields] == [getattr(theirs, f) for f in fields]

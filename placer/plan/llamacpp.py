@@ -119,9 +119,14 @@ def machine_of(inv: Inventory, spec: HardwareSpec, opts: SolveOptions,
     return Machine(inv.expert_bytes(), expert_flops(inv), expert_layout(inv), inv.top_k,
                    tuple(int(c) for c in capacity), bandwidth, latency, CUDA_ALIGNMENT,
                    llamacpp_host(host_of(spec, hidden)), device, split, pageable_of(spec),
-                   (build or default_build()).cache, alloc_limits(spec),
-                   tuple(spec.spills(c)[0] for c in spec.cards), tuple(c.vram for c in spec.cards),
-                   tuple(c.vram - c.free_bytes for c in spec.cards), llamacpp_spill_rate())
+                   (build or default_build()).cache, alloc_limits(spec), *spill_of(spec))
+
+
+def spill_of(spec: HardwareSpec) -> tuple:
+    """Machine's spill fields for `spec`'s cards: whether each spills past its VRAM, its
+    VRAM, what it holds beside experts, and the fitted rate it reads spilled bytes at."""
+    return (tuple(spec.spills(c)[0] for c in spec.cards), tuple(c.vram for c in spec.cards),
+            tuple(c.vram - c.free_bytes for c in spec.cards), llamacpp_spill_rate())
 
 
 def llamacpp_host(host: Host) -> Host:
@@ -428,4 +433,4 @@ def plan_machine(plan: Plan, build: Build | None = None,
                    llamacpp_host(host_of(plan.hardware, int(plan.model["hidden_size"]))),
                    tuple(engine.get("devices") or ()), tuple(split) if split else None,
                    pageable_of(plan.hardware), plan_build(plan, build).cache,
-                   alloc_limits(plan.hardware))
+                   alloc_limits(plan.hardware), *spill_of(spec or plan.hardware))
