@@ -80,11 +80,15 @@ def held_for_import(signum: int, frame: Any) -> bool:
 
 
 def _send_after_import(signum: int) -> None:
+    """Send `signum` to the main thread once it imports nothing. The signal leaves `_held`
+    before it is sent: its handler may run (and find another import under way) before this
+    thread runs again, and must then start a thread of its own, not count on this one."""
     main = threading.main_thread().ident
     try:
         while callable(signal.getsignal(signum)):
             frame = sys._current_frames().get(main)
             if frame is None or not importing(frame):
+                _held.discard(signum)
                 signal.pthread_kill(main, signum)
                 return
             time.sleep(IMPORT_POLL_S)

@@ -207,3 +207,23 @@ def test_a_signal_stops_collect_with_a_request_in_flight(model: Path, corpus: Pa
     assert proc.returncode == 128 + signum, (proc.returncode, stderr)
     assert stderr == f"error: interrupted by {name}; nothing partial was left behind\n"
     assert not out.exists()
+
+
+def test_requests_run_in_threads_that_leave_the_signals_to_the_main_thread() -> None:
+    """A signal the kernel gave to a worker blocked on a silent server would wake nothing
+    (Python runs handlers in the main thread only): the workers block SIGINT and SIGTERM,
+    and the main thread does not."""
+    from traces.collecting import server
+
+    class Masks:
+        def generate(self, prompt: object) -> set:
+            return signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+        class connections:  # noqa: N801 - what _replies closes when it ends
+            @staticmethod
+            def close_all() -> None:
+                pass
+
+    (mask,) = server._replies(Masks(), iter([[1]]), concurrency=1)
+    assert {signal.SIGINT, signal.SIGTERM} <= mask
+    assert not {signal.SIGINT, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])

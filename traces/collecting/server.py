@@ -66,6 +66,7 @@ from __future__ import annotations
 import base64
 import binascii
 import http.client
+import signal
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -412,8 +413,9 @@ def _collect_corpus(client: Client, tokenizer, corpus: Corpus, out_dir: Path,
 
 def _replies(client: Client, prompts: Iterator[Prompt],
              concurrency: int) -> Iterator[Reply]:
-    """The replies in prompt order, at most `concurrency` requests in flight."""
-    pool = ThreadPoolExecutor(max_workers=concurrency)
+    """The replies in prompt order, at most `concurrency` requests in flight (each in a
+    worker that leaves SIGINT and SIGTERM to the main thread: `main_thread_signals`)."""
+    pool = ThreadPoolExecutor(max_workers=concurrency, initializer=main_thread_signals)
     pending = []
     try:
         for prompt in prompts:
@@ -425,6 +427,15 @@ def _replies(client: Client, prompts: Iterator[Prompt],
     finally:  # on an error or an interrupt, stop the requests still in flight
         client.connections.close_all()
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def main_thread_signals() -> None:
+    """Block SIGINT and SIGTERM in this (worker) thread. The kernel hands a signal sent to
+    the process to any thread that does not block it, and Python runs its handler only in
+    the main thread, which a signal taken by a worker does not wake from a blocking wait:
+    `collect --server` then waited on a silent server for the whole request timeout (about
+    1 SIGINT in 30 under load). Blocked here, the signal goes to the main thread."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def generated_ids(value: object, where: str) -> list[int]:
