@@ -2,7 +2,7 @@
 
 The console script runs `from placer.cli import main; main()`. This module imports nothing
 at its top, so the script reaches `main` at once; `main` makes SIGINT and SIGTERM raise a
-KeyboardInterrupt naming the signal (once no module is being imported), then imports the
+KeyboardInterrupt naming the signal, then imports the
 command line (`placer.commands.app`: typer; the one command asked for is imported as it is
 looked up) inside its own handler, so
 that Ctrl-C or SIGTERM at any moment, while importing too, is one line on stderr and exit
@@ -28,14 +28,12 @@ APP_NAMES = ("app", "PlacerGroup", "usage_message", "version_text", "HELP_WIDTH"
 
 
 def _interrupted(signum: int, frame: object) -> None:
-    """SIGINT or SIGTERM as a KeyboardInterrupt naming it (placer.errors.interrupted_by),
-    once no module is being imported (placer.errors.held_for_import)."""
+    """SIGINT or SIGTERM as a KeyboardInterrupt naming it (placer.errors.interrupted_by), at
+    once: while the command line is imported nothing has been done, and a signal held until
+    the import ends (as a running command holds one: placer.errors.held_for_import) would
+    land while help is being printed, half of it out."""
     import signal
 
-    from placer.errors import held_for_import
-
-    if held_for_import(signum, frame):
-        return
     raise KeyboardInterrupt("SIGTERM" if signum == signal.SIGTERM else "")
 
 
@@ -44,8 +42,6 @@ def main() -> None:
     import signal
 
     try:
-        import placer.errors  # noqa: F401 - imported before a signal's handler needs it
-
         for signum, default in ((signal.SIGINT, signal.default_int_handler),
                                 (signal.SIGTERM, signal.SIG_DFL)):
             if signal.getsignal(signum) is default:  # not where one is set or ignored

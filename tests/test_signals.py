@@ -106,36 +106,6 @@ def test_an_interrupt_raised_in_exec_code_exits_with_placers_status(tmp_path: Pa
     assert_ended_by_sigterm_in_one_line(tmp_path, "starts_interrupted")
 
 
-def test_a_signal_while_placer_imports_its_command_line_waits_for_the_import(
-        tmp_path: Path) -> None:
-    """SIGTERM sent from a `__set_name__` while the command line is imported (Python turns an
-    exception raised there into a RuntimeError: a traceback, exit 1): the import finishes,
-    then the interrupt is the one line and 143."""
-    (tmp_path / "app_stand_in.py").write_text(
-        "import os, pathlib, signal, time\n"
-        "class SendsOnSetName:\n"
-        "    def __set_name__(self, owner, name):\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        sum(range(100_000))\n"
-        "class Owner:\n"
-        "    field = SendsOnSetName()\n"
-        f"pathlib.Path({str(tmp_path / 'imported')!r}).touch()\n"
-        "def app():\n"
-        "    time.sleep(30)\n")
-    (tmp_path / "starts.py").write_text(
-        "import importlib.util, sys\n"
-        "from placer import cli\n"
-        "class Finder:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'placer.commands.app':\n"
-        f"            return importlib.util.spec_from_file_location(name, "
-        f"{str(tmp_path / 'app_stand_in.py')!r})\n"
-        "sys.meta_path.insert(0, Finder())\n"
-        "cli.main()\n")
-    assert_ended_by_sigterm_in_one_line(tmp_path, "starts")
-    assert (tmp_path / "imported").exists()
-
-
 def assert_ended_by_sigterm_in_one_line(where: Path, module: str) -> None:
     """`python -m MODULE` (a file in `where`) exits 143 with placer's one line, no more."""
     proc = subprocess.run([sys.executable, "-m", module], cwd=where,
