@@ -31,7 +31,7 @@ LINES = (("lru", "lru", False), ("lru+prefetch", "lru", True),
          ("belady", "min", False), ("belady+prefetch", "min", True))
 
 
-def why_not(plan: Plan, trace_dir: Path, quotas: np.ndarray) -> str | None:
+def why_not(plan: Plan, quotas: np.ndarray) -> str | None:
     """Why the prefetch section is left out for this plan (None: it is not)."""
     if plan.engine is not None or plan.execution != "stage":
         return "the plan does not stage cold experts into cache slots"
@@ -53,7 +53,7 @@ def prefetch_section(plan: Plan, trace_dir: Path, cache_slots: int | None = None
     if not has_speculative_dir(trace_dir):
         return None, None
     quotas = plan_quotas(plan, cache_slots)
-    reason = why_not(plan, trace_dir, quotas)
+    reason = why_not(plan, quotas)
     if reason is not None:
         return None, f"{trace_dir}: no prefetch lines: {reason}"
     actual, predicted = speculative_steps(trace_dir)
